@@ -1,0 +1,105 @@
+"""RunSpec: one fully expanded configuration, as the engine consumes it.
+
+``rapidfire_nb.automl`` turns the user's RF*Config objects and search groups into a list of
+RunSpecs; the engine never sees ``List``/``Range`` or the RF* wrappers.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+TRAINER_TYPES = ("SFT", "DPO", "GRPO")
+
+
+@dataclass
+class RunSpec:
+    trainer_type: str                         # "SFT" | "DPO" | "GRPO"
+    model_name: str
+    model_type: str = "causal_lm"
+    model_kwargs: dict = field(default_factory=dict)
+    tokenizer_kwargs: dict = field(default_factory=dict)
+    ref_model_name: str | None = None
+    ref_model_type: str | None = None
+    ref_model_kwargs: dict = field(default_factory=dict)
+    # kwargs of TRL's SFTConfig/DPOConfig/GRPOConfig (JSON values), already validated and
+    # normalized for this machine (e.g. use_cpu=True without an accelerator).
+    training_args: dict = field(default_factory=dict)
+    # kwargs of peft.LoraConfig, or None for full fine-tuning
+    peft_config: dict | None = None
+    formatting_func: Callable | None = None
+    compute_metrics: Callable | None = None
+    generation_config: dict | None = None
+    reward_funcs: list | None = None
+    # flat {"training_args.learning_rate": 1e-3, ...}: only the values that vary in the group
+    knobs: dict = field(default_factory=dict)
+    # extra RFModelConfig keyword arguments not otherwise modelled (kept, JSON-able)
+    extra: dict = field(default_factory=dict)
+
+    def model_config(self) -> dict:
+        """The dict passed to the user's ``create_model`` (RapidFire-compatible keys)."""
+        return {
+            "model_name": self.model_name,
+            "model_type": self.model_type,
+            "model_kwargs": copy.deepcopy(self.model_kwargs),
+            "tokenizer_kwargs": copy.deepcopy(self.tokenizer_kwargs),
+            "ref_model_name": self.ref_model_name,
+            "ref_model_type": self.ref_model_type,
+            "ref_model_kwargs": copy.deepcopy(self.ref_model_kwargs),
+            "peft_config": copy.deepcopy(self.peft_config),
+            "training_args": copy.deepcopy(self.training_args),
+            "trainer_type": self.trainer_type,
+        }
+
+    def base_key(self) -> str:
+        """Runs with equal base keys share one copy of the base model."""
+        return json.dumps(
+            {"n": self.model_name, "t": self.model_type, "k": self.model_kwargs,
+             "tk": self.tokenizer_kwargs},
+            sort_keys=True, default=repr,
+        )
+
+    def config_dict(self) -> dict:
+        """The full JSON leaf config (what is stored, logged and editable)."""
+        return {
+            "trainer_type": self.trainer_type,
+            "model_name": self.model_name,
+            "model_type": self.model_type,
+            "model_kwargs": _jsonable(self.model_kwargs),
+            "tokenizer_kwargs": _jsonable(self.tokenizer_kwargs),
+            "ref_model_name": self.ref_model_name,
+            "ref_model_type": self.ref_model_type,
+            "ref_model_kwargs": _jsonable(self.ref_model_kwargs),
+            "training_args": _jsonable(self.training_args),
+            "peft_config": _jsonable(self.peft_config),
+            "generation_config": _jsonable(self.generation_config),
+            "formatting_func": _callable_name(self.formatting_func),
+            "compute_metrics": _callable_name(self.compute_metrics),
+            "reward_funcs": [_callable_name(f) for f in self.reward_funcs or []] or None,
+        }
+
+    def fingerprint(self) -> str:
+        """Stable hash of the config; seeds adapter init so it depends on (seed, config) only."""
+        blob = json.dumps(self.config_dict(), sort_keys=True, default=repr)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _callable_name(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "value") and value.__class__.__module__.startswith(("enum", "transformers", "trl", "peft")):
+        return _jsonable(value.value)
+    return repr(value)
