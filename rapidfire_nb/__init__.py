@@ -1,0 +1,31 @@
+"""rapidfire_nb: train many fine-tuning configurations at once, by chunk interleaving, from a notebook.
+
+    %load_ext rapidfire
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.automl import List, RFModelConfig, RFLoraConfig, RFSFTConfig, RFGridSearch
+"""
+
+from rapidfire_nb._version import __version__
+
+__all__ = ["Experiment", "__version__", "load_ipython_extension", "unload_ipython_extension"]
+
+
+def __getattr__(name):
+    # Importing torch/transformers takes seconds: keep `import rapidfire_nb` (and %load_ext) light.
+    if name == "Experiment":
+        from rapidfire_nb.experiment import Experiment
+
+        return Experiment
+    raise AttributeError(f"module 'rapidfire_nb' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython):
+    from rapidfire_nb.notebook.magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    from rapidfire_nb.notebook.magics import unload_ipython_extension as _unload
+
+    _unload(ipython)

@@ -1,0 +1,152 @@
+"""Offline building blocks: a tiny Llama-architecture model, a byte-level BPE tokenizer trained
+in-process, and small synthetic datasets with a learnable task.
+
+Used by ``rapidfire demo``, the smoke mode of the notebooks, the benchmark and the tests, so that
+nothing ever needs a model or dataset hub.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+
+COLORS = ["red", "blue", "green", "yellow", "black", "white", "orange", "purple"]
+ANIMALS = ["cat", "dog", "fox", "owl", "bee", "cow", "pig", "bat", "eel", "yak", "emu", "ant"]
+WORDS = ["apple", "river", "stone", "cloud", "light", "sugar", "tiger", "piano", "lemon", "grass",
+         "honey", "metal", "ocean", "paper", "robot", "salt", "table", "water", "zebra", "wind"]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def _corpus() -> list[str]:
+    lines = []
+    for w in WORDS + ANIMALS + COLORS:
+        lines += [f"Reverse the word: {w}\nAnswer: {w[::-1]}", f"Spell {w} in capitals: {w.upper()}"]
+    for a in range(20):
+        for b in range(20):
+            lines.append(f"What is {a} plus {b}? {a + b}")
+    lines += ["<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+    return lines
+
+
+@lru_cache(maxsize=4)
+def _tokenizer_json(vocab_size: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus() * 3, trainer=trainer)
+    return tok.to_str()
+
+
+def make_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer (any text encodes), with pad/bos/eos and a chat template."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json(vocab_size)),
+        pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    tok.model_max_length = 512
+    return tok
+
+
+def make_tiny_model(tokenizer=None, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                    intermediate_size: int | None = None, seed: int = 0, dtype=None):
+    """A randomly initialised Llama-architecture causal LM; same seed, same weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tokenizer or make_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = LlamaForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(state)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def make_tiny_model_and_tokenizer(**model_kwargs):
+    tokenizer = make_tokenizer()
+    return make_tiny_model(tokenizer, **model_kwargs), tokenizer
+
+
+def tiny_create_model(model_config: dict):
+    """A ``create_model`` for ``run_fit``: builds the tiny model offline from ``model_kwargs``."""
+    kwargs = dict(model_config.get("model_kwargs") or {})
+    return make_tiny_model_and_tokenizer(**kwargs)
+
+
+def make_sft_dataset(n: int, seed: int = 0, task: str = "reverse"):
+    """Prompt/completion pairs of a small learnable task (word reversal or addition)."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        if task == "add":
+            a, b = rng.randrange(20), rng.randrange(20)
+            rows.append({"prompt": f"What is {a} plus {b}?", "completion": f" {a + b}"})
+        else:
+            w = rng.choice(WORDS + ANIMALS)
+            rows.append({"prompt": f"Reverse the word: {w}\nAnswer:", "completion": f" {w[::-1]}"})
+    return Dataset.from_list(rows)
+
+
+def make_demo_datasets(n_train: int = 256, n_eval: int = 32, seed: int = 0):
+    return make_sft_dataset(n_train, seed=seed), make_sft_dataset(n_eval, seed=seed + 1)
+
+
+def make_dpo_dataset(n: int, seed: int = 0):
+    """Preference pairs: the reversed word is chosen, the unreversed one rejected."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        w = rng.choice(WORDS + ANIMALS)
+        rows.append({"prompt": f"Reverse the word: {w}\nAnswer:", "chosen": f" {w[::-1]}", "rejected": f" {w}"})
+    return Dataset.from_list(rows)
+
+
+def make_grpo_dataset(n: int, seed: int = 0):
+    """Prompts with their answers (extra column passed to reward functions)."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randrange(10), rng.randrange(10)
+        rows.append({"prompt": f"What is {a} plus {b}?", "answer": str(a + b)})
+    return Dataset.from_list(rows)

@@ -1,0 +1,503 @@
+"""The background training thread: mechanism only (policy lives in scheduler.py).
+
+One ``Engine`` owns the shared base models, every run's ``RunTrainer``, the op queue and the
+thread. The thread loops: apply queued ops, ask the scheduler for the next run, swap it in, train
+one chunk, evaluate, write the chunk-boundary checkpoint, then append the chunk's events. It never
+touches a widget or prints: everything it has to say goes into the event log or the run's log file.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import queue
+import sys
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rapidfire_nb.engine import runs as R
+from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.engine.runs import RunRecord
+from rapidfire_nb.engine.runspec import RunSpec
+from rapidfire_nb.engine.scheduler import FairScheduler, RunView
+from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json
+from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, rng_fork, trainer_class)
+from rapidfire_nb.errors import ConfigError, RapidFireError
+
+
+@dataclass
+class Base:
+    """One distinct base model, shared by every LoRA run built on it."""
+
+    model: Any
+    tokenizer: Any
+    pristine: Any = None          # untouched copy for full fine-tuning runs
+    peft_model: Any = None        # PeftModel holding the adapters of LoRA runs
+    adapters: set = field(default_factory=set)
+
+
+@dataclass
+class Op:
+    kind: str                     # stop | resume | delete | clone
+    run_id: int
+    spec: RunSpec | None = None
+    warm_start: bool = False
+    changes: dict | None = None
+    new_run_id: int | None = None
+    submitted: float = field(default_factory=time.time)
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine thread must never print into a notebook cell: its warnings and library logs go to
+# the experiment's log file. Other threads keep the normal behaviour.
+
+_ENGINE_THREADS: dict[int, Any] = {}
+_original_showwarning = warnings.showwarning
+
+
+def _thread_aware_showwarning(message, category, filename, lineno, file=None, line=None):
+    sink = _ENGINE_THREADS.get(threading.get_ident())
+    if sink is not None:
+        try:
+            sink.write(warnings.formatwarning(message, category, filename, lineno, line))
+            sink.flush()
+        except Exception:
+            pass
+        return
+    _original_showwarning(message, category, filename, lineno, file, line)
+
+
+class _EngineThreadFilter(logging.Filter):
+    """Keeps library log records emitted by engine threads off the console handlers."""
+
+    def filter(self, record):
+        return threading.get_ident() not in _ENGINE_THREADS
+
+
+def _install_output_routing():
+    if warnings.showwarning is not _thread_aware_showwarning:
+        warnings.showwarning = _thread_aware_showwarning
+    for name in ("transformers", "trl", "peft", "accelerate", "datasets", ""):
+        lg = logging.getLogger(name)
+        for h in lg.handlers:
+            if not any(isinstance(f, _EngineThreadFilter) for f in h.filters):
+                h.addFilter(_EngineThreadFilter())
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(self, store: ExperimentStore, events: EventLog, create_model: Callable,
+                 train_dataset, eval_dataset, num_chunks: int, seed: int,
+                 build_args: Callable, build_lora: Callable, devices=("cpu",)):
+        self.store = store
+        self.events = events
+        self.create_model = create_model
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.num_chunks = num_chunks
+        self.seed = seed
+        self.build_args = build_args
+        self.build_lora = build_lora
+        self.scheduler = FairScheduler(devices)
+        self.device_name = devices[0]
+        self.lock = threading.RLock()
+        self.idle = threading.Condition(self.lock)
+        self.runs: dict[int, RunRecord] = {}
+        self.bases: dict[str, Base] = {}
+        self.trainers: dict[int, RunTrainer] = {}
+        self.ops: queue.SimpleQueue[Op] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.on_device: int | None = None
+        self.pending_weights: dict[int, dict] = {}
+        self.create_model_calls = 0
+        self.closed = False
+        self.op_latencies: list[dict] = []
+        self._log_file = None
+
+    # -- bases -------------------------------------------------------------------------------
+    def load_base(self, spec: RunSpec, need_pristine: bool) -> Base:
+        """Call ``create_model`` once per distinct base (in the caller's thread: errors show)."""
+        key = spec.base_key()
+        if key in self.bases:
+            return self.bases[key]
+        result = self.create_model(spec.model_config())
+        self.create_model_calls += 1
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ConfigError(
+                f"create_model must return (model, tokenizer); it returned {type(result).__name__}"
+                + (f" of length {len(result)}" if isinstance(result, tuple) else ""))
+        model, tokenizer = result
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"create_model returned {type(model).__name__} as the model; "
+                              "expected a transformers PreTrainedModel")
+        if tokenizer is None or not callable(tokenizer):
+            raise ConfigError(f"create_model returned {type(tokenizer).__name__} as the tokenizer; "
+                              "expected a transformers tokenizer")
+        if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None):
+            tokenizer.pad_token = tokenizer.eos_token
+        base = Base(model=model, tokenizer=tokenizer)
+        if need_pristine:
+            base.pristine = copy.deepcopy(model)
+        self.bases[key] = base
+        return base
+
+    # -- runs ---------------------------------------------------------------------------------
+    def next_run_id(self) -> int:
+        return max(self.runs, default=0) + 1
+
+    def plan_run(self, spec: RunSpec):
+        cls = trainer_class(spec.trainer_type)
+        args = self.build_args(spec, output_dir=str(self.store.root / "outputs" / "_plan"),
+                               seed=self.seed, **RunTrainer.ENGINE_ARGS)
+        plan = cls.plan_for(args, len(self.train_dataset), self.num_chunks, self.seed)
+        return plan, plan.total_steps(args.max_steps, args.num_train_epochs)
+
+    def add_run(self, spec: RunSpec, run_id: int | None = None, parent: RunRecord | None = None,
+                warm_start: bool = False, changes: dict | None = None, emit: bool = True) -> RunRecord:
+        plan, total = self.plan_run(spec)
+        with self.lock:
+            rid = run_id if run_id is not None else self.next_run_id()
+            rec = RunRecord(run_id=rid, spec=spec, parent_run_id=parent.run_id if parent else None,
+                            warm_start=warm_start, changes=changes or {}, total_steps=total,
+                            steps_per_epoch=plan.steps_per_epoch)
+            if warm_start and parent is not None:
+                rec.epoch, rec.chunk = parent.epoch, parent.chunk
+                rec.step_offset = plan.chunk_start_step(parent.epoch, parent.chunk)
+                rec.completed_steps = rec.step_offset
+                rec.samples_seen = parent.samples_seen
+                rec.chunks_done = parent.chunks_done
+            self.runs[rid] = rec
+            if emit:
+                self.events.append(
+                    "run_created", run_id=rid, trainer_type=spec.trainer_type,
+                    config=spec.config_dict(), knobs=spec.knobs, parent_run_id=rec.parent_run_id,
+                    warm_start=warm_start, total_steps=total, steps_per_epoch=plan.steps_per_epoch,
+                    num_chunks=self.num_chunks, base_samples_seen=rec.samples_seen,
+                    base_step=rec.completed_steps)
+                self.events.append("run_status", run_id=rid, status=rec.status, error=None, reason=None)
+            self.save_runs()
+        return rec
+
+    def save_runs(self) -> None:
+        with self.lock:
+            atomic_write_json(self.store.runs_path, {str(k): r.to_json() for k, r in self.runs.items()})
+
+    def _set_status(self, rec: RunRecord, status: str, error: str | None = None,
+                    reason: str | None = None) -> None:
+        with self.lock:
+            if rec.status == status:
+                return
+            rec.set_status(status)
+            if error is not None:
+                rec.error = error
+            self.events.append("run_status", run_id=rec.run_id, status=status, error=error, reason=reason)
+            self.save_runs()
+            self.idle.notify_all()
+
+    # -- thread -------------------------------------------------------------------------------
+    def start(self) -> None:
+        with self.lock:
+            if self.closed:
+                raise RapidFireError("this experiment has ended; create a new Experiment")
+            if self.thread is not None and self.thread.is_alive():
+                return
+            _install_output_routing()
+            self.thread = threading.Thread(target=self._main, name="rapidfire-engine", daemon=True)
+            self.thread.start()
+
+    def submit(self, op: Op) -> None:
+        self.ops.put(op)
+        self.start()
+
+    def busy(self) -> bool:
+        with self.lock:
+            return any(r.status in R.ACTIVE for r in self.runs.values()) or not self.ops.empty()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            t = self.thread
+            if t is None or not t.is_alive():
+                if not self.busy():
+                    return True
+                if t is None:
+                    return False
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if remaining == 0.0:
+                return not self.busy() and not (self.thread and self.thread.is_alive())
+            t.join(timeout=0.2 if remaining is None else min(0.2, remaining))
+
+    def _main(self) -> None:
+        log_path = self.store.root / "logs" / "engine.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(log_path, "a", encoding="utf-8")
+        _ENGINE_THREADS[threading.get_ident()] = self._log_file
+        handler = logging.StreamHandler(self._log_file)
+        handler.addFilter(lambda r: threading.get_ident() in _ENGINE_THREADS)
+        for name in ("transformers", "trl", "peft", "accelerate", "datasets"):
+            logging.getLogger(name).addHandler(handler)
+        try:
+            self._loop()
+        except BaseException:  # the loop itself must never die silently
+            self._log_file.write(traceback.format_exc())
+        finally:
+            for name in ("transformers", "trl", "peft", "accelerate", "datasets"):
+                logging.getLogger(name).removeHandler(handler)
+            _ENGINE_THREADS.pop(threading.get_ident(), None)
+            self._log_file.close()
+            with self.lock:
+                self.idle.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                self._apply_ops()
+                views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE) for r in self.runs.values()]
+                choice = self.scheduler.choose(views, self.device_name, self.on_device)
+                if choice is None:
+                    if self.ops.empty():
+                        return
+                    continue
+                rec = self.runs[choice]
+                if rec.status == R.PENDING:
+                    self._set_status(rec, R.RUNNING)
+            try:
+                self._train_chunk(rec)
+            except Exception as exc:  # failure isolation: this run fails, the others go on
+                self._fail(rec, exc)
+
+    # -- ops ----------------------------------------------------------------------------------
+    def _apply_ops(self) -> None:
+        while True:
+            try:
+                op = self.ops.get_nowait()
+            except queue.Empty:
+                return
+            rec = self.runs.get(op.run_id)
+            ok, reason = True, None
+            try:
+                if op.kind == "stop":
+                    if rec.status in R.ACTIVE:
+                        self._set_status(rec, R.STOPPED, reason="stopped by user")
+                    else:
+                        ok, reason = False, f"run {op.run_id} is {rec.status}"
+                elif op.kind == "resume":
+                    if rec.status == R.STOPPED:
+                        self._set_status(rec, R.PENDING, reason="resumed by user")
+                    else:
+                        ok, reason = False, f"run {op.run_id} is {rec.status}"
+                elif op.kind == "delete":
+                    self._delete(rec)
+                elif op.kind == "clone":
+                    self._clone(op, rec)
+            except Exception as exc:
+                ok, reason = False, f"{type(exc).__name__}: {exc}"
+            latency = time.time() - op.submitted
+            self.op_latencies.append({"op": op.kind, "run_id": op.run_id, "latency_s": latency})
+            self.events.append("op", op=op.kind, run_id=op.run_id, accepted=ok, reason=reason,
+                               new_run_id=op.new_run_id, latency_s=latency)
+
+    def _delete(self, rec: RunRecord) -> None:
+        if rec.status == R.DELETED:
+            return
+        self._release(rec)
+        self.store.delete_checkpoints(rec.run_id)
+        self._set_status(rec, R.DELETED, reason="deleted by user")
+
+    def _release(self, rec: RunRecord) -> None:
+        """Free a run's trainer, optimizer, adapter and device memory."""
+        rt = self.trainers.pop(rec.run_id, None)
+        self.pending_weights.pop(rec.run_id, None)
+        if self.on_device == rec.run_id:
+            self.on_device = None
+        if rt is not None:
+            base = self.bases.get(rec.spec.base_key())
+            if rt.adapter_name is not None and base is not None and base.peft_model is not None:
+                try:
+                    base.peft_model.delete_adapter(rt.adapter_name)
+                except Exception:
+                    # PEFT refuses to delete the last adapter; it is then just left inactive
+                    pass
+                base.adapters.discard(rt.adapter_name)
+            rt.close()
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+    def _clone(self, op: Op, parent: RunRecord) -> None:
+        rec = self.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
+                           changes=op.changes)
+        if op.warm_start:
+            rt = self.trainers.get(parent.run_id)
+            if rt is not None:
+                self.pending_weights[rec.run_id] = rt.weights()
+            else:
+                ckpt = self.store.load_checkpoint(parent.run_id)
+                if ckpt is not None:
+                    self.pending_weights[rec.run_id] = ckpt["trainer"]["weights"]
+                elif parent.run_id in self.pending_weights:
+                    self.pending_weights[rec.run_id] = self.pending_weights[parent.run_id]
+        return rec
+
+    def _fail(self, rec: RunRecord, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        with self.lock:
+            self._release(rec)
+            if rec.status not in R.TERMINAL:
+                self._set_status(rec, R.FAILED, error=tb, reason=f"{type(exc).__name__}: {exc}")
+
+    # -- one chunk ----------------------------------------------------------------------------
+    def _trainer_for(self, rec: RunRecord) -> RunTrainer:
+        rt = self.trainers.get(rec.run_id)
+        if rt is not None:
+            return rt
+        spec = rec.spec
+        base = self.load_base(spec, need_pristine=spec.peft_config is None)
+        cls = trainer_class(spec.trainer_type)
+        out_dir = str(self.store.output_dir(rec.run_id))
+        init_seed = derive_seed(self.seed, spec.fingerprint())
+        if spec.peft_config is not None:
+            from peft import get_peft_model
+
+            name = f"run_{rec.run_id}"
+            lora = self.build_lora(spec)
+            with rng_fork():
+                import torch
+
+                torch.manual_seed(init_seed)  # adapter init depends on (seed, config) only
+                if base.peft_model is None:
+                    base.peft_model = get_peft_model(base.model, lora, adapter_name=name)
+                else:
+                    base.peft_model.add_adapter(name, lora)
+            base.adapters.add(name)
+            model, adapter = base.peft_model, name
+        else:
+            source = base.pristine if base.pristine is not None else base.model
+            model, adapter = copy.deepcopy(source), None
+        import datasets
+
+        was = datasets.utils.logging.is_progress_bar_enabled()
+        datasets.utils.logging.disable_progress_bar()
+        try:
+            rt = cls(rec, model, base.tokenizer, self.train_dataset, self.eval_dataset,
+                     self.num_chunks, self.seed, out_dir, adapter, self.build_args)
+        finally:
+            if was:
+                datasets.utils.logging.enable_progress_bar()
+        rt.build_optimizer(rec.total_steps - rec.step_offset)
+        ckpt = self.store.load_checkpoint(rec.run_id)
+        if ckpt is not None:
+            rt.load_state_dict(ckpt["trainer"])
+            for key in ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done"):
+                setattr(rec, key, ckpt["counters"][key])
+        elif rec.run_id in self.pending_weights:
+            rt.load_weights(self.pending_weights.pop(rec.run_id))
+        self.trainers[rec.run_id] = rt
+        return rt
+
+    def _train_chunk(self, rec: RunRecord) -> None:
+        t_start = time.time()
+        rt = self._trainer_for(rec)
+        t_built = time.time()
+        # swap: make this run's adapter active and its RNG current
+        t0 = time.perf_counter()
+        if self.on_device is not None and self.on_device != rec.run_id:
+            prev = self.trainers.get(self.on_device)
+            if prev is not None:
+                prev.swap_out()
+        rt.swap_in()
+        self.on_device = rec.run_id
+        swap_s = time.perf_counter() - t0
+
+        plan = rt.plan
+        epoch, chunk = rec.epoch, rec.chunk
+        first = max(rec.completed_steps, plan.chunk_start_step(epoch, chunk))
+        if chunk + 1 < plan.num_chunks:
+            end = plan.chunk_start_step(epoch, chunk + 1)
+        else:
+            end = plan.chunk_start_step(epoch + 1, 0)
+        end = min(end, rec.total_steps)
+        batch: list[tuple[str, dict]] = []
+        t0 = time.perf_counter()
+        samples = rec.samples_seen
+        for g in range(first, end):
+            e, s = plan.position(g)
+            out = rt.train_step(e, s, g - rec.step_offset)
+            samples += out["examples"]
+            batch.append(("metric", dict(run_id=rec.run_id, split="train", step=g + 1,
+                                         samples_seen=samples, epoch=epoch, chunk=chunk,
+                                         metrics=out["metrics"])))
+        train_s = time.perf_counter() - t0
+        rt.swap_out()  # capture the RNG at the boundary (it is part of the checkpoint)
+
+        t0 = time.perf_counter()
+        eval_metrics = rt.evaluate()
+        eval_s = time.perf_counter() - t0
+        if eval_metrics:
+            batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=end,
+                                         samples_seen=samples, epoch=epoch, chunk=chunk,
+                                         metrics=eval_metrics)))
+        # advance the stream position
+        next_epoch, next_chunk = (epoch, chunk + 1) if chunk + 1 < plan.num_chunks else (epoch + 1, 0)
+        counters = dict(completed_steps=end, samples_seen=samples, epoch=next_epoch,
+                        chunk=next_chunk, chunks_done=rec.chunks_done + 1)
+        done = end >= rec.total_steps
+        t_end = time.time()
+        chunk_event = dict(run_id=rec.run_id, epoch=epoch, chunk=chunk, device=self.device_name,
+                           start=t_start, end=t_end, train_s=train_s, eval_s=eval_s,
+                           swap_s=swap_s, setup_s=t_built - t_start, other_s=0.0,
+                           completed_steps=end, total_steps=rec.total_steps, samples_seen=samples,
+                           chunks_done=counters["chunks_done"])
+        t0 = time.perf_counter()
+        self.store.save_checkpoint(rec.run_id, {"trainer": rt.state_dict(), "counters": counters,
+                                                "events": batch, "chunk_event": chunk_event})
+        ckpt_s = time.perf_counter() - t0
+        chunk_event["checkpoint_s"] = ckpt_s
+        chunk_event["end"] = time.time()
+        chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - swap_s)
+        with self.lock:
+            for k, v in counters.items():
+                setattr(rec, k, v)
+            if eval_metrics:
+                rec.last_metrics.update(eval_metrics)
+            self.events.extend(batch + [("chunk_done", chunk_event)])
+            if done:
+                self._set_status(rec, R.COMPLETED)
+                self._release_optimizer(rec)
+            self.save_runs()
+
+    def _release_optimizer(self, rec: RunRecord) -> None:
+        """A completed run keeps its weights (for export/warm clones) but not its optimizer."""
+        rt = self.trainers.get(rec.run_id)
+        if rt is not None:
+            rt.optimizer = rt.scheduler = None
+            rt.trainer.optimizer = rt.trainer.lr_scheduler = None
+
+    # -- queries --------------------------------------------------------------------------------
+    def run_weights(self, run_id: int) -> dict | None:
+        with self.lock:
+            rt = self.trainers.get(run_id)
+            if rt is not None:
+                return rt.weights()
+        ckpt = self.store.load_checkpoint(run_id)
+        return ckpt["trainer"]["weights"] if ckpt else None
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            for rid in list(self.trainers):
+                self._release(self.runs[rid])

@@ -1,0 +1,44 @@
+"""Scheduling policy: which run trains which chunk next. Pure Python, no torch.
+
+Like Ray Tune's TrialScheduler, this module only decides; ``controller.py`` does the work.
+Fairness (DESIGN §4.2): on one device, no run starts chunk k+1 while another schedulable run
+has not finished chunk k. The rule that guarantees it: always pick the schedulable run with the
+least progress (progress = chunks of the data stream already done, epochs included); ties go to
+the run already on the device (no swap), then to the lowest run id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the policy needs to know about a run."""
+
+    run_id: int
+    progress: int          # epoch * num_chunks + chunk index of the next chunk to train
+    schedulable: bool      # pending or running, with steps left
+    busy: bool = False     # being trained on some device right now
+
+
+class FairScheduler:
+    """Least-progress-first round robin over runs, for a list of devices."""
+
+    def __init__(self, devices: Sequence[str] = ("cpu",)):
+        if not devices:
+            raise ValueError("FairScheduler needs at least one device")
+        self.devices = list(devices)
+
+    def choose(self, runs: Iterable[RunView], device: str, on_device: int | None = None) -> int | None:
+        """The run that ``device`` should train next, or None when nothing is schedulable."""
+        candidates = [r for r in runs if r.schedulable and not r.busy]
+        if not candidates:
+            return None
+        least = min(r.progress for r in candidates)
+        front = [r for r in candidates if r.progress == least]
+        for r in front:
+            if r.run_id == on_device:
+                return r.run_id
+        return min(r.run_id for r in front)
