@@ -1,0 +1,683 @@
+/**
+ * The panel's state, rebuilt from the experiment's event log: no DOM, no Plotly, no widget model,
+ * so vitest can drive it with event sequences (snapshot + deltas, duplicates, gaps, late render).
+ *
+ * Events arrive twice over (pushed by Python's publisher thread and pulled by the view's timer) and
+ * possibly out of order; `ingest` applies each seq exactly once, in seq order, buffering what comes
+ * after a gap until the gap is filled. The event schema is the one documented in
+ * rapidfire_nb/engine/events.py, as trimmed for the wire by rapidfire_nb/notebook/panel.py
+ * (`run_status.error` becomes `has_error`; `run_created.config` is dropped).
+ */
+
+export type RunStatus = "pending" | "running" | "stopped" | "completed" | "failed" | "deleted";
+
+export interface WireEvent {
+  seq: number;
+  type: string;
+  time?: number;
+  [key: string]: unknown;
+}
+
+export interface Series {
+  x: number[];
+  y: (number | null)[];
+}
+
+export interface TimeSplit {
+  train: number;
+  eval: number;
+  swap: number;
+  other: number;
+}
+
+export interface RunState {
+  id: number;
+  status: RunStatus;
+  trainerType: string;
+  knobs: Record<string, unknown>;
+  parent: number | null;
+  warmStart: boolean;
+  totalSteps: number | null;
+  numChunks: number | null;
+  completedSteps: number;
+  samplesSeen: number;
+  chunksDone: number;
+  epoch: number | null;
+  chunk: number | null;
+  hasError: boolean;
+  reason: string | null;
+  /** Latest value of every metric (train and eval), by metric name. */
+  latest: Record<string, number | null>;
+  /** Best value of every metric so far (see `lowerIsBetter`). */
+  best: Record<string, number>;
+  /** Train metrics: x = optimizer step. */
+  train: Record<string, Series>;
+  /** Eval metrics: x = samples seen, so runs compare at equal data. */
+  eval: Record<string, Series>;
+  time: TimeSplit;
+  /** The last IC op the controller applied (or refused) for this run. */
+  lastOp: { op: string; accepted: boolean; reason: string | null } | null;
+}
+
+export interface PanelState {
+  /** Highest seq applied; every seq <= lastSeq has been applied exactly once. */
+  lastSeq: number;
+  /** Highest seq Python says exists (snapshot trait, pull replies); > lastSeq means pull. */
+  knownSeq: number;
+  experiment: string | null;
+  path: string | null;
+  resumed: boolean;
+  ended: boolean;
+  runs: Map<number, RunState>;
+  /** Events after a gap, waiting for the missing seqs. */
+  pending: Map<number, WireEvent>;
+  trainMetrics: Set<string>;
+  evalMetrics: Set<string>;
+  time: TimeSplit;
+  /** Bumped on every applied event; views compare it to skip work. */
+  version: number;
+}
+
+export interface IngestResult {
+  applied: number;
+  duplicates: number;
+  buffered: number;
+  invalid: number;
+  changedRuns: Set<number>;
+  newRuns: number[];
+  newMetrics: boolean;
+  timeChanged: boolean;
+}
+
+/** Beyond this many buffered out-of-order events, drop the newest: a pull refetches them. */
+export const MAX_PENDING = 20000;
+
+export const STATUSES: RunStatus[] = ["pending", "running", "stopped", "completed", "failed", "deleted"];
+
+export function createState(): PanelState {
+  return {
+    lastSeq: 0,
+    knownSeq: 0,
+    experiment: null,
+    path: null,
+    resumed: false,
+    ended: false,
+    runs: new Map(),
+    pending: new Map(),
+    trainMetrics: new Set(),
+    evalMetrics: new Set(),
+    time: zeroTime(),
+    version: 0,
+  };
+}
+
+function zeroTime(): TimeSplit {
+  return { train: 0, eval: 0, swap: 0, other: 0 };
+}
+
+function isInt(v: unknown): v is number {
+  return typeof v === "number" && Number.isInteger(v);
+}
+
+function num(v: unknown): number | null {
+  return typeof v === "number" && Number.isFinite(v) ? v : null;
+}
+
+function str(v: unknown): string | null {
+  return typeof v === "string" ? v : null;
+}
+
+/** Metrics where smaller is better; everything else (accuracy, reward, ...) is maximised. */
+export function lowerIsBetter(metric: string): boolean {
+  const m = metric.toLowerCase();
+  return /loss|perplexity|ppl|error|wer|cer|mse|mae|rmse/.test(m);
+}
+
+/** Bookkeeping metrics HF logs beside the real ones; not worth a "best". */
+export function isBookkeepingMetric(metric: string): boolean {
+  return /(_runtime|_per_second|^epoch$|^step$|^total_flos$|num_tokens)/.test(metric);
+}
+
+function newRun(id: number): RunState {
+  return {
+    id,
+    status: "pending",
+    trainerType: "",
+    knobs: {},
+    parent: null,
+    warmStart: false,
+    totalSteps: null,
+    numChunks: null,
+    completedSteps: 0,
+    samplesSeen: 0,
+    chunksDone: 0,
+    epoch: null,
+    chunk: null,
+    hasError: false,
+    reason: null,
+    latest: {},
+    best: {},
+    train: {},
+    eval: {},
+    time: zeroTime(),
+    lastOp: null,
+  };
+}
+
+/** The snapshot trait: `{protocol, experiment, path, last_seq, runs: {id: status}}`. */
+export function applySnapshot(state: PanelState, snapshot: unknown): void {
+  if (!snapshot || typeof snapshot !== "object") return;
+  const s = snapshot as Record<string, unknown>;
+  if (typeof s.experiment === "string") state.experiment = s.experiment;
+  if (typeof s.path === "string") state.path = s.path;
+  if (isInt(s.last_seq) && s.last_seq > state.knownSeq) state.knownSeq = s.last_seq;
+}
+
+/** Record that Python has events up to `seq` (from a pull reply or a push). */
+export function noteKnownSeq(state: PanelState, seq: unknown): void {
+  if (isInt(seq) && seq > state.knownSeq) state.knownSeq = seq;
+}
+
+/** True when events exist that this view has not applied (a gap or a newer known seq). */
+export function needsPull(state: PanelState): boolean {
+  return state.pending.size > 0 || state.knownSeq > state.lastSeq;
+}
+
+/**
+ * Apply a batch of events. Idempotent: a seq at or below `lastSeq`, or already buffered, is a
+ * duplicate and ignored; events after a gap are buffered until the gap is filled.
+ */
+export function ingest(state: PanelState, events: unknown): IngestResult {
+  const result: IngestResult = {
+    applied: 0,
+    duplicates: 0,
+    buffered: 0,
+    invalid: 0,
+    changedRuns: new Set(),
+    newRuns: [],
+    newMetrics: false,
+    timeChanged: false,
+  };
+  if (!Array.isArray(events)) return result;
+  for (const raw of events) {
+    if (!raw || typeof raw !== "object" || !isInt((raw as WireEvent).seq) || (raw as WireEvent).seq < 1
+        || typeof (raw as WireEvent).type !== "string") {
+      result.invalid++;
+      continue;
+    }
+    const ev = raw as WireEvent;
+    if (ev.seq <= state.lastSeq || state.pending.has(ev.seq)) {
+      result.duplicates++;
+      continue;
+    }
+    state.pending.set(ev.seq, ev);
+    result.buffered++;
+  }
+  // Drain the contiguous run of seqs that follows lastSeq.
+  let next = state.pending.get(state.lastSeq + 1);
+  while (next !== undefined) {
+    state.pending.delete(next.seq);
+    result.buffered--;
+    applyEvent(state, next, result);
+    state.lastSeq = next.seq;
+    result.applied++;
+    next = state.pending.get(state.lastSeq + 1);
+  }
+  if (state.lastSeq > state.knownSeq) state.knownSeq = state.lastSeq;
+  if (state.pending.size > 0) {
+    // Events exist beyond the gap, so Python knows of them: make sure a pull is scheduled.
+    const maxPending = Math.max(...state.pending.keys());
+    if (maxPending > state.knownSeq) state.knownSeq = maxPending;
+  }
+  if (state.pending.size > MAX_PENDING) {
+    const keys = [...state.pending.keys()].sort((a, b) => a - b);
+    for (const k of keys.slice(MAX_PENDING)) state.pending.delete(k);
+  }
+  if (result.applied > 0) state.version++;
+  return result;
+}
+
+function runFor(state: PanelState, id: number, result: IngestResult): RunState {
+  let run = state.runs.get(id);
+  if (!run) {
+    run = newRun(id);
+    state.runs.set(id, run);
+    result.newRuns.push(id);
+  }
+  result.changedRuns.add(id);
+  return run;
+}
+
+function pushPoint(series: Record<string, Series>, metric: string, x: number, y: number | null): void {
+  let s = series[metric];
+  if (!s) {
+    s = { x: [], y: [] };
+    series[metric] = s;
+  }
+  s.x.push(x);
+  s.y.push(y);
+}
+
+function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): void {
+  const runId = isInt(ev.run_id) ? ev.run_id : null;
+  switch (ev.type) {
+    case "experiment": {
+      if (typeof ev.name === "string") state.experiment = ev.name;
+      if (typeof ev.path === "string") state.path = ev.path;
+      state.resumed = ev.resumed === true;
+      state.ended = false;
+      break;
+    }
+    case "experiment_end":
+      state.ended = true;
+      break;
+    case "run_created": {
+      if (runId === null) return;
+      const run = runFor(state, runId, result);
+      run.trainerType = str(ev.trainer_type) ?? run.trainerType;
+      if (ev.knobs && typeof ev.knobs === "object" && !Array.isArray(ev.knobs)) {
+        run.knobs = { ...(ev.knobs as Record<string, unknown>) };
+      }
+      run.parent = isInt(ev.parent_run_id) ? ev.parent_run_id : null;
+      run.warmStart = ev.warm_start === true;
+      run.totalSteps = num(ev.total_steps);
+      run.numChunks = num(ev.num_chunks);
+      const base = num(ev.base_samples_seen);
+      if (base !== null && base > run.samplesSeen) run.samplesSeen = base;
+      break;
+    }
+    case "run_status": {
+      if (runId === null) return;
+      const run = runFor(state, runId, result);
+      const status = str(ev.status);
+      if (status && (STATUSES as string[]).includes(status)) run.status = status as RunStatus;
+      run.hasError = ev.has_error === true || (typeof ev.error === "string" && ev.error.length > 0);
+      run.reason = str(ev.reason);
+      break;
+    }
+    case "metric": {
+      if (runId === null) return;
+      const run = runFor(state, runId, result);
+      const split = ev.split === "eval" ? "eval" : "train";
+      const metrics = ev.metrics && typeof ev.metrics === "object" ? (ev.metrics as Record<string, unknown>) : {};
+      const step = num(ev.step);
+      const samples = num(ev.samples_seen);
+      if (step !== null && split === "train" && step > run.completedSteps) run.completedSteps = step;
+      if (samples !== null && samples > run.samplesSeen) run.samplesSeen = samples;
+      if (num(ev.epoch) !== null) run.epoch = num(ev.epoch);
+      if (num(ev.chunk) !== null) run.chunk = num(ev.chunk);
+      const x = split === "train" ? step : samples;
+      const names = split === "train" ? state.trainMetrics : state.evalMetrics;
+      for (const [name, rawValue] of Object.entries(metrics)) {
+        const value = num(rawValue);
+        // A metric that is not a number at all (a string, a list) has no curve.
+        if (value === null && rawValue !== null && typeof rawValue !== "number") continue;
+        if (!names.has(name)) {
+          names.add(name);
+          result.newMetrics = true;
+        }
+        run.latest[name] = value;
+        if (value !== null) {
+          const best = run.best[name];
+          const better = best === undefined || (lowerIsBetter(name) ? value < best : value > best);
+          if (better) run.best[name] = value;
+        }
+        if (x !== null) pushPoint(split === "train" ? run.train : run.eval, name, x, value);
+      }
+      break;
+    }
+    case "chunk_done": {
+      if (runId === null) return;
+      const run = runFor(state, runId, result);
+      const cs = num(ev.completed_steps);
+      if (cs !== null) run.completedSteps = cs;
+      const ts = num(ev.total_steps);
+      if (ts !== null) run.totalSteps = ts;
+      const ss = num(ev.samples_seen);
+      if (ss !== null) run.samplesSeen = ss;
+      const cd = num(ev.chunks_done);
+      if (cd !== null) run.chunksDone = cd;
+      if (num(ev.epoch) !== null) run.epoch = num(ev.epoch);
+      if (num(ev.chunk) !== null) run.chunk = num(ev.chunk);
+      for (const key of ["train", "eval", "swap", "other"] as const) {
+        const v = num(ev[`${key}_s`]);
+        if (v !== null && v > 0) {
+          run.time[key] += v;
+          state.time[key] += v;
+        }
+      }
+      result.timeChanged = true;
+      break;
+    }
+    case "op": {
+      if (runId === null) return;
+      // An op on an unknown run (refused by the controller) must not invent a run row.
+      const run = state.runs.get(runId);
+      if (!run) return;
+      result.changedRuns.add(runId);
+      run.lastOp = { op: str(ev.op) ?? "?", accepted: ev.accepted === true, reason: str(ev.reason) };
+      break;
+    }
+    default:
+      // Unknown event types come from newer engines; ignoring them keeps old views working.
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the view derives from the state.
+
+export interface LegalOps {
+  stop: boolean;
+  resume: boolean;
+  delete: boolean;
+  clone: boolean;
+}
+
+/** Which buttons a run's status enables (DESIGN §5). */
+export function legalOps(status: RunStatus): LegalOps {
+  return {
+    stop: status === "pending" || status === "running",
+    resume: status === "stopped",
+    delete: status !== "deleted",
+    clone: status !== "deleted",
+  };
+}
+
+/** Knob columns of the run table: every knob that any run varies, in a stable order. */
+export function knobColumns(state: PanelState): string[] {
+  const keys = new Set<string>();
+  for (const run of state.runs.values()) for (const k of Object.keys(run.knobs)) keys.add(k);
+  return [...keys].sort();
+}
+
+export function statusCounts(state: PanelState): Record<RunStatus, number> {
+  const counts = { pending: 0, running: 0, stopped: 0, completed: 0, failed: 0, deleted: 0 };
+  for (const run of state.runs.values()) counts[run.status]++;
+  return counts;
+}
+
+/** The eval metric shown by default: eval_loss if any run logged it, else the first real one. */
+export function defaultMetric(names: Set<string>, preferred: string): string | null {
+  if (names.has(preferred)) return preferred;
+  const real = [...names].filter((n) => !isBookkeepingMetric(n)).sort();
+  if (real.length) return real[0];
+  const all = [...names].sort();
+  return all.length ? all[0] : null;
+}
+
+const PALETTE = [
+  "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+  "#393b79", "#ad494a", "#637939", "#7b4173", "#3182bd",
+];
+
+/** One colour per run id, the same in every chart and in the table. */
+export function runColor(runId: number): string {
+  return PALETTE[(((runId - 1) % PALETTE.length) + PALETTE.length) % PALETTE.length];
+}
+
+export const STATUS_COLORS: Record<RunStatus, string> = {
+  pending: "#8a8a8a",
+  running: "#1a7f37",
+  stopped: "#b58900",
+  completed: "#0b61a4",
+  failed: "#c62828",
+  deleted: "#6e6e6e",
+};
+
+// ---------------------------------------------------------------------------------------------
+// Curves: which traces to add and which points to append, so the view never redraws a chart
+// except when the user picks another metric.
+
+export interface TraceSpec {
+  runId: number;
+  name: string;
+  color: string;
+  x: number[];
+  y: (number | null)[];
+  dash: "solid" | "dot";
+}
+
+export interface ChartPlan {
+  /** Draw from scratch (first draw or another metric): `traces` is the whole figure. */
+  reset: boolean;
+  traces: TraceSpec[];
+  /** New traces to add after the existing ones (one per new run). */
+  add: TraceSpec[];
+  /** Points to append to existing traces, by trace index. */
+  extend: { indices: number[]; x: number[][]; y: (number | null)[][] };
+  /** Traces whose line style changed (a run was deleted). */
+  restyle: { indices: number[]; dash: ("solid" | "dot")[] };
+}
+
+/** What one chart has drawn: its metric, the run of each trace, points drawn per run. */
+export interface ChartBook {
+  split: "train" | "eval";
+  metric: string | null;
+  drawnMetric: string | null;
+  order: number[];
+  drawn: Map<number, number>;
+  dash: Map<number, "solid" | "dot">;
+}
+
+export function createChartBook(split: "train" | "eval", metric: string | null = null): ChartBook {
+  return { split, metric, drawnMetric: null, order: [], drawn: new Map(), dash: new Map() };
+}
+
+function traceName(run: RunState): string {
+  return run.status === "deleted" ? `run ${run.id} (deleted)` : `run ${run.id}`;
+}
+
+/**
+ * Compare the state with what the chart has drawn and return the minimal update; the book is
+ * updated as if the plan were applied (apply it, or reset the book on failure).
+ */
+export function planChart(state: PanelState, book: ChartBook): ChartPlan {
+  const plan: ChartPlan = {
+    reset: false,
+    traces: [],
+    add: [],
+    extend: { indices: [], x: [], y: [] },
+    restyle: { indices: [], dash: [] },
+  };
+  const metric = book.metric;
+  const seriesOf = (run: RunState): Series | undefined =>
+    metric === null ? undefined : (book.split === "train" ? run.train : run.eval)[metric];
+  const runsWithData = [...state.runs.values()]
+    .filter((run) => (seriesOf(run)?.x.length ?? 0) > 0)
+    .sort((a, b) => a.id - b.id);
+
+  let mustReset = book.drawnMetric !== metric;
+  if (!mustReset) {
+    for (const run of runsWithData) {
+      if ((seriesOf(run)?.x.length ?? 0) < (book.drawn.get(run.id) ?? 0)) mustReset = true;
+    }
+  }
+  const spec = (run: RunState, from: number): TraceSpec => {
+    const s = seriesOf(run) ?? { x: [], y: [] };
+    return {
+      runId: run.id,
+      name: traceName(run),
+      color: runColor(run.id),
+      x: s.x.slice(from),
+      y: s.y.slice(from),
+      dash: run.status === "deleted" ? "dot" : "solid",
+    };
+  };
+  if (mustReset) {
+    plan.reset = true;
+    book.drawnMetric = metric;
+    book.order = [];
+    book.drawn = new Map();
+    book.dash = new Map();
+    for (const run of runsWithData) {
+      const t = spec(run, 0);
+      plan.traces.push(t);
+      book.order.push(run.id);
+      book.drawn.set(run.id, t.x.length);
+      book.dash.set(run.id, t.dash);
+    }
+    return plan;
+  }
+  for (const run of runsWithData) {
+    const s = seriesOf(run)!;
+    const idx = book.order.indexOf(run.id);
+    const dash = run.status === "deleted" ? "dot" : "solid";
+    if (idx < 0) {
+      const t = spec(run, 0);
+      plan.add.push(t);
+      book.order.push(run.id);
+      book.drawn.set(run.id, t.x.length);
+      book.dash.set(run.id, dash);
+      continue;
+    }
+    const drawn = book.drawn.get(run.id) ?? 0;
+    if (s.x.length > drawn) {
+      plan.extend.indices.push(idx);
+      plan.extend.x.push(s.x.slice(drawn));
+      plan.extend.y.push(s.y.slice(drawn));
+      book.drawn.set(run.id, s.x.length);
+    }
+    if (book.dash.get(run.id) !== dash) {
+      plan.restyle.indices.push(idx);
+      plan.restyle.dash.push(dash);
+      book.dash.set(run.id, dash);
+    }
+  }
+  return plan;
+}
+
+export function planIsEmpty(plan: ChartPlan): boolean {
+  return !plan.reset && plan.add.length === 0 && plan.extend.indices.length === 0 && plan.restyle.indices.length === 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine time split (train / eval / swap / other), summed from chunk_done events.
+
+export interface TimeSplitFigure {
+  categories: (keyof TimeSplit)[];
+  rows: string[];
+  values: Record<keyof TimeSplit, number[]>;
+  total: number;
+  /** Share of engine time spent outside training and evaluation (swaps + other), 0..1. */
+  overhead: number;
+}
+
+export function timeSplitFigure(state: PanelState): TimeSplitFigure {
+  const categories: (keyof TimeSplit)[] = ["train", "eval", "swap", "other"];
+  const runs = [...state.runs.values()]
+    .filter((r) => r.time.train + r.time.eval + r.time.swap + r.time.other > 0)
+    .sort((a, b) => a.id - b.id);
+  const rows = ["all runs", ...runs.map((r) => `run ${r.id}`)];
+  const values = { train: [], eval: [], swap: [], other: [] } as Record<keyof TimeSplit, number[]>;
+  for (const c of categories) {
+    values[c].push(state.time[c]);
+    for (const r of runs) values[c].push(r.time[c]);
+  }
+  const total = state.time.train + state.time.eval + state.time.swap + state.time.other;
+  const overhead = total > 0 ? (state.time.swap + state.time.other) / total : 0;
+  return { categories, rows, values, total, overhead };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clone editor: turn the text a user typed back into the knob's JSON value.
+
+export type ParseResult = { ok: true; value: unknown } | { ok: false; error: string };
+
+/**
+ * Parse an edited knob. The original value's type decides: numbers must stay numbers, booleans
+ * booleans, strings are taken verbatim; lists, objects and nulls are read as JSON.
+ */
+export function parseKnobInput(original: unknown, text: string): ParseResult {
+  const t = text.trim();
+  if (typeof original === "string") return { ok: true, value: text };
+  if (typeof original === "number") {
+    if (t === "") return { ok: false, error: "a number is required" };
+    const v = Number(t);
+    if (!Number.isFinite(v)) return { ok: false, error: `not a number: ${JSON.stringify(text)}` };
+    return { ok: true, value: v };
+  }
+  if (typeof original === "boolean") {
+    if (t === "true") return { ok: true, value: true };
+    if (t === "false") return { ok: true, value: false };
+    return { ok: false, error: "true or false" };
+  }
+  if (t === "") return { ok: true, value: null };
+  try {
+    return { ok: true, value: JSON.parse(t) };
+  } catch {
+    // A null knob (e.g. an unset optional) may well be set to a bare word.
+    if (original === null && /^[A-Za-z_][\w.\-]*$/.test(t)) return { ok: true, value: t };
+    return { ok: false, error: `not valid JSON: ${t.slice(0, 60)}` };
+  }
+}
+
+export function formatKnobValue(value: unknown): string {
+  if (typeof value === "string") return value;
+  if (typeof value === "number") return String(value);
+  return JSON.stringify(value);
+}
+
+function jsonEqual(a: unknown, b: unknown): boolean {
+  return JSON.stringify(a) === JSON.stringify(b);
+}
+
+/** The knobs whose parsed value differs from the original: the clone's `changes`. */
+export function knobChanges(
+  original: Record<string, unknown>,
+  edited: Record<string, string>,
+): { changes: Record<string, unknown>; errors: Record<string, string> } {
+  const changes: Record<string, unknown> = {};
+  const errors: Record<string, string> = {};
+  for (const [key, text] of Object.entries(edited)) {
+    if (!(key in original)) continue;
+    const parsed = parseKnobInput(original[key], text);
+    if (!parsed.ok) errors[key] = parsed.error;
+    else if (!jsonEqual(parsed.value, original[key])) changes[key] = parsed.value;
+  }
+  return { changes, errors };
+}
+
+/** The knob an error message is about, so the editor can mark that field. */
+export function knobNamedIn(error: string, keys: string[]): string | null {
+  // Longest first: "training_args.learning_rate" before "learning_rate".
+  const sorted = [...keys].sort((a, b) => b.length - a.length);
+  for (const k of sorted) if (error.includes(k)) return k;
+  for (const k of sorted) {
+    const leaf = k.split(".").pop()!;
+    if (new RegExp(`\\b${leaf.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}\\b`).test(error)) return k;
+  }
+  return null;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formatting.
+
+export function fmtNumber(v: number | null | undefined): string {
+  if (v === null || v === undefined || !Number.isFinite(v)) return "–";
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(2);
+  if (Number.isInteger(v)) return String(v);
+  return v.toPrecision(4).replace(/\.?0+$/, "");
+}
+
+export function fmtSeconds(s: number): string {
+  if (s < 1) return `${(s * 1000).toFixed(0)} ms`;
+  if (s < 120) return `${s.toFixed(1)} s`;
+  return `${(s / 60).toFixed(1)} min`;
+}
+
+export function progressText(run: RunState): string {
+  const parts: string[] = [];
+  if (run.numChunks !== null) parts.push(`chunk ${run.chunksDone}/${run.numChunks}`);
+  else parts.push(`chunks ${run.chunksDone}`);
+  if (run.epoch !== null) parts.push(`epoch ${fmtNumber(run.epoch)}`);
+  parts.push(run.totalSteps !== null ? `step ${run.completedSteps}/${run.totalSteps}` : `step ${run.completedSteps}`);
+  return parts.join(" · ");
+}
+
+export function progressFraction(run: RunState): number {
+  if (!run.totalSteps || run.totalSteps <= 0) return 0;
+  return Math.max(0, Math.min(1, run.completedSteps / run.totalSteps));
+}

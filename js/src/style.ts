@@ -1,0 +1,68 @@
+/**
+ * The panel's CSS, scoped under `.rf-panel`. Colours fall back through JupyterLab's and VS Code's
+ * theme variables so the panel reads well in light and dark themes of every front-end.
+ */
+export const CSS = `
+.rf-panel {
+  --rf-fg: var(--jp-ui-font-color1, var(--vscode-editor-foreground, #1f2328));
+  --rf-fg2: var(--jp-ui-font-color2, var(--vscode-descriptionForeground, #59636e));
+  --rf-bg: var(--jp-layout-color1, var(--vscode-editor-background, #ffffff));
+  --rf-bg2: var(--jp-layout-color2, var(--vscode-editorWidget-background, #f3f4f6));
+  --rf-border: var(--jp-border-color2, var(--vscode-panel-border, #d0d7de));
+  --rf-accent: var(--jp-brand-color1, var(--vscode-focusBorder, #0b61a4));
+  --rf-error: var(--jp-error-color1, #c62828);
+  color: var(--rf-fg);
+  font-family: var(--jp-ui-font-family, -apple-system, BlinkMacSystemFont, "Segoe UI", Helvetica, Arial, sans-serif);
+  font-size: 13px;
+  line-height: 1.4;
+  box-sizing: border-box;
+  max-width: 100%;
+  padding: 6px 2px;
+}
+.rf-panel * { box-sizing: border-box; }
+.rf-header { display: flex; align-items: baseline; gap: 12px; flex-wrap: wrap; margin-bottom: 6px; }
+.rf-title { font-weight: 600; font-size: 14px; }
+.rf-counts { display: flex; gap: 6px; flex-wrap: wrap; }
+.rf-count { padding: 0 6px; border-radius: 8px; color: #fff; font-size: 11px; }
+.rf-live { margin-left: auto; color: var(--rf-fg2); font-size: 11px; }
+.rf-charts { display: flex; gap: 8px; flex-wrap: wrap; }
+.rf-chart { flex: 1 1 360px; min-width: 300px; border: 1px solid var(--rf-border); border-radius: 4px; padding: 4px; }
+.rf-chart-head { display: flex; gap: 6px; align-items: center; font-size: 12px; color: var(--rf-fg2); }
+.rf-chart-plot { width: 100%; height: 260px; }
+.rf-panel select, .rf-panel input[type=text] {
+  font: inherit; color: var(--rf-fg); background: var(--rf-bg);
+  border: 1px solid var(--rf-border); border-radius: 3px; padding: 1px 4px;
+}
+.rf-table-wrap { overflow-x: auto; margin-top: 8px; }
+.rf-table { border-collapse: collapse; width: 100%; font-size: 12px; }
+.rf-table th, .rf-table td { padding: 3px 6px; border-bottom: 1px solid var(--rf-border); text-align: left; white-space: nowrap; }
+.rf-table th { color: var(--rf-fg2); font-weight: 600; background: var(--rf-bg2); }
+.rf-table td.rf-num { text-align: right; font-variant-numeric: tabular-nums; }
+.rf-swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; vertical-align: -1px; }
+.rf-status { padding: 0 6px; border-radius: 8px; color: #fff; font-size: 11px; }
+.rf-progress { display: inline-block; width: 60px; height: 6px; background: var(--rf-bg2); border: 1px solid var(--rf-border); border-radius: 3px; vertical-align: middle; margin-right: 6px; overflow: hidden; }
+.rf-progress > span { display: block; height: 100%; background: var(--rf-accent); }
+.rf-actions { display: flex; gap: 3px; }
+.rf-panel button {
+  font: inherit; font-size: 11px; padding: 1px 7px; cursor: pointer;
+  color: var(--rf-fg); background: var(--rf-bg2); border: 1px solid var(--rf-border); border-radius: 3px;
+}
+.rf-panel button:disabled { opacity: 0.4; cursor: default; }
+.rf-panel button.rf-primary { background: var(--rf-accent); color: #fff; border-color: var(--rf-accent); }
+.rf-panel button.rf-danger { color: var(--rf-error); }
+.rf-note { color: var(--rf-fg2); font-size: 11px; }
+.rf-box { border: 1px solid var(--rf-border); border-radius: 4px; padding: 6px 8px; margin-top: 8px; background: var(--rf-bg); }
+.rf-box h4 { margin: 0 0 6px 0; font-size: 13px; }
+.rf-form { display: grid; grid-template-columns: max-content minmax(120px, 320px) 1fr; gap: 3px 8px; align-items: center; }
+.rf-form label { font-family: var(--jp-code-font-family, monospace); font-size: 12px; }
+.rf-form input.rf-invalid { border-color: var(--rf-error); }
+.rf-form input.rf-changed { border-color: var(--rf-accent); }
+.rf-field-error { color: var(--rf-error); font-size: 11px; }
+.rf-error { color: var(--rf-error); white-space: pre-wrap; }
+.rf-ok { color: #1a7f37; }
+.rf-buttons { display: flex; gap: 6px; margin-top: 6px; align-items: center; }
+.rf-traceback { max-height: 320px; overflow: auto; font-size: 11px; background: var(--rf-bg2); padding: 6px; margin: 0; white-space: pre; }
+.rf-time-plot { width: 100%; }
+.rf-messages { margin-top: 4px; font-size: 11px; min-height: 1em; }
+.rf-panel details > summary { cursor: pointer; color: var(--rf-fg2); margin-top: 8px; }
+`;

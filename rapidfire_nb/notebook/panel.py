@@ -1,0 +1,328 @@
+"""The in-notebook control panel: one anywidget over an Experiment's event log.
+
+``Panel(exp)`` (or ``panel_for(exp)``, which reuses a live one) is what an Experiment displays as.
+Its view is the ESM bundle ``rapidfire_nb/static/panel.js``, built from ``js/`` (TypeScript +
+plotly.js) by ``npm run build`` there, and during ``pip install``/wheel builds.
+
+How state reaches the view (the wire format is in ``_panel_protocol``):
+
+- ``snapshot`` (a synced trait): experiment name, path, last seq and run statuses; small.
+- Deltas are the events of ``exp.events`` themselves, identified by their ``seq``:
+  a publisher thread *pushes* new events (coalesced, a few messages a second at most), and the
+  view *pulls* "events since N" on a timer, because Colab does not deliver messages sent from
+  background threads. Seqs make both idempotent, and a view rendered later rebuilds itself by
+  pulling from 0.
+- The training thread never touches the widget: its only contact is the EventLog listener, which
+  sets a ``threading.Event``.
+
+Front-end messages (button clicks, pulls) are validated against a strict schema, then call the
+Experiment's op methods, which themselves only validate and enqueue. Handlers may run on a
+subshell thread concurrently with user code, so they hold a lock, return at once, and never let
+an exception reach the kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+from rapidfire_nb.errors import RapidFireError
+from rapidfire_nb.notebook import _panel_protocol as proto
+
+__all__ = ["Panel", "panel_for", "bundle_path"]
+
+log = logging.getLogger(__name__)
+
+_BUNDLE = Path(__file__).resolve().parent.parent / "static" / "panel.js"
+
+# Shown instead of the panel when the JavaScript bundle was never built (a source checkout
+# installed without the build hook); it tells the user how to build it.
+_MISSING_BUNDLE_ESM = """
+export default {
+  render({ el }) {
+    const box = document.createElement("div");
+    box.style.cssText = "border:1px solid #c62828;border-radius:4px;padding:8px;color:#c62828;font-family:sans-serif;font-size:13px";
+    const title = document.createElement("b");
+    title.textContent = "rapidfire_nb: the panel's JavaScript bundle is missing";
+    const text = document.createElement("div");
+    text.textContent = %s;
+    box.append(title, text);
+    el.append(box);
+  },
+};
+"""
+_MISSING_BUNDLE_TEXT = (
+    "rapidfire_nb/static/panel.js was not built. From a source checkout run "
+    "`cd js && npm install && npm run build` (Node.js 18+), or reinstall with `pip install .`, "
+    "which builds it. Training is unaffected: exp.get_runs_info() and %rapidfire status work."
+)
+
+PUSH_INTERVAL_S = 0.3
+SNAPSHOT_INTERVAL_S = 1.0
+
+
+def bundle_path() -> Path:
+    """Where the built view is expected."""
+    return _BUNDLE
+
+
+def _load_esm() -> str:
+    try:
+        return _BUNDLE.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        log.warning(_MISSING_BUNDLE_TEXT)
+        import json
+
+        return _MISSING_BUNDLE_ESM % json.dumps(_MISSING_BUNDLE_TEXT)
+
+
+class Panel(anywidget.AnyWidget):
+    """Live curves, a run table and Stop / Resume / Delete / Clone-modify buttons for ``exp``.
+
+    ``exp`` needs ``name``, ``path``, ``events`` (an EventLog) and the op methods ``stop``,
+    ``resume``, ``delete``, ``clone_modify``, ``validate_clone`` and ``editable_knobs``.
+    """
+
+    snapshot = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, exp: Any, **kwargs: Any):
+        events = getattr(exp, "events", None)
+        if events is None or not callable(getattr(events, "since", None)):
+            raise TypeError(
+                f"Panel needs an Experiment with an event log (exp.events), got {type(exp).__name__}"
+            )
+        # anywidget reads `_esm` in __init__; read per instance so a bundle built after import counts.
+        self._esm = _load_esm()
+        self._exp = exp
+        self._events = events
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._statuses: dict[int, str] = {}
+        self._scanned_seq = 0
+        self._closed = False
+        super().__init__(**kwargs)
+        self._scan_statuses()
+        self.snapshot = self._make_snapshot()
+        self.on_msg(self._on_frontend_msg)
+        self._publisher = _Publisher(self)
+        self._publisher.start()
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _scan_statuses(self) -> None:
+        """Fold new run_status events into the status map the snapshot carries."""
+        for event in self._events.since(self._scanned_seq):
+            if event.get("type") in ("run_status", "run_created") and isinstance(event.get("run_id"), int):
+                if event["type"] == "run_status":
+                    self._statuses[event["run_id"]] = str(event.get("status"))
+                else:
+                    self._statuses.setdefault(event["run_id"], "pending")
+            self._scanned_seq = event["seq"]
+
+    def _make_snapshot(self) -> dict:
+        return {
+            "protocol": proto.PROTOCOL_VERSION,
+            "experiment": str(getattr(self._exp, "name", "")),
+            "path": str(getattr(self._exp, "path", "")),
+            "last_seq": self._scanned_seq,
+            "runs": {str(k): v for k, v in sorted(self._statuses.items())},
+        }
+
+    def _refresh_snapshot(self) -> None:
+        with self._lock:
+            self._scan_statuses()
+            snap = self._make_snapshot()
+        if snap != self.snapshot and not self._closed:
+            self.snapshot = snap
+
+    def __repr__(self) -> str:
+        counts: dict[str, int] = {}
+        for status in self._statuses.values():
+            counts[status] = counts.get(status, 0) + 1
+        detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs yet"
+        return f"<rapidfire panel: {getattr(self._exp, 'name', '?')} ({detail})>"
+
+    # -- Python -> view ------------------------------------------------------------------------
+
+    def _send_custom(self, content: dict) -> None:
+        if self._closed:
+            return
+        with self._send_lock:
+            self.send(content)
+
+    def _push(self, events: list[dict]) -> None:
+        self._send_custom({"type": "events", "events": events, "last_seq": self._events.last_seq})
+
+    # -- view -> Python ------------------------------------------------------------------------
+
+    def _on_frontend_msg(self, _widget: Any, content: Any, buffers: Any) -> None:
+        """The registered comm callback: answer every message with exactly one reply."""
+        try:
+            rid = proto.request_id_of(content)
+        except Exception:
+            rid = None
+        try:
+            answer = self.handle_message(content, buffers)
+        except Exception as exc:  # handle_message catches everything; this is the last fence
+            log.exception("rapidfire panel: unexpected error in message handler")
+            answer = proto.reply(rid, False, f"internal error: {type(exc).__name__}")
+        try:
+            self._send_custom(answer)
+        except Exception:
+            log.exception("rapidfire panel: could not send a reply")
+
+    def handle_message(self, content: Any, buffers: Any = None) -> dict:
+        """Validate one front-end message, act on it, and return the reply (never raises)."""
+        rid = proto.request_id_of(content)
+        try:
+            request = proto.parse_message(content, buffers)
+        except proto.MessageError as exc:
+            return proto.reply(rid, False, f"malformed message: {exc}")
+        except Exception as exc:
+            return proto.reply(rid, False, f"malformed message ({type(exc).__name__})")
+        with self._lock:
+            try:
+                return self._dispatch(request)
+            except RapidFireError as exc:
+                return proto.reply(rid, False, str(exc) or type(exc).__name__)
+            except (ValueError, KeyError, TypeError, LookupError) as exc:
+                msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+                return proto.reply(rid, False, f"{type(exc).__name__}: {msg}")
+            except Exception as exc:
+                log.exception("rapidfire panel: %s failed", request.type)
+                return proto.reply(rid, False, f"internal error: {type(exc).__name__}: {exc}")
+
+    def _dispatch(self, req: proto.Request) -> dict:
+        rid = req.request_id
+        if req.type == "pull":
+            pending = self._events.since(req.since, limit=proto.MAX_BATCH_EVENTS + 1)
+            events, more = proto.batch_events(pending)
+            return proto.reply(rid, True, events=events, last_seq=self._events.last_seq, more=more)
+        if req.type == "traceback":
+            return self._traceback(req)
+        if req.type == "editable":
+            knobs = self._exp.editable_knobs(req.run_id)
+            if not isinstance(knobs, dict):
+                raise TypeError(f"editable_knobs returned {type(knobs).__name__}, not a dict")
+            return proto.reply(rid, True, run_id=req.run_id, knobs=proto.to_json(knobs, max_string=proto.MAX_STRING_LEN))
+        if req.op == "clone":
+            if req.validate_only:
+                self._exp.validate_clone(req.run_id, dict(req.changes), warm_start=req.warm_start)
+                return proto.reply(rid, True, run_id=req.run_id, validated=True)
+            new_id = self._exp.clone_modify(req.run_id, dict(req.changes), warm_start=req.warm_start)
+            return proto.reply(rid, True, run_id=req.run_id, new_run_id=proto.to_json(new_id))
+        getattr(self._exp, req.op)(req.run_id)
+        return proto.reply(rid, True, run_id=req.run_id, op=req.op)
+
+    def _traceback(self, req: proto.Request) -> dict:
+        known = False
+        status = None
+        traceback = None
+        for event in self._events.since(0):
+            if event.get("run_id") != req.run_id:
+                continue
+            if event.get("type") == "run_created":
+                known = True
+            elif event.get("type") == "run_status":
+                status = event.get("status")
+                if event.get("error"):
+                    traceback = str(event["error"])
+        if not known:
+            return proto.reply(req.request_id, False, f"no run {req.run_id} in this experiment")
+        if traceback is not None and len(traceback) > proto.MAX_TRACEBACK_CHARS:
+            # The end of a traceback names the error; keep that.
+            traceback = "…" + traceback[-proto.MAX_TRACEBACK_CHARS :]
+        return proto.reply(req.request_id, True, run_id=req.run_id, status=status, traceback=traceback)
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._closed = True
+        publisher = getattr(self, "_publisher", None)
+        if publisher is not None:
+            publisher.stop()
+        super().close()
+
+
+class _Publisher(threading.Thread):
+    """Pushes new events to the view, coalesced: at most one message per PUSH_INTERVAL_S.
+
+    The EventLog listener (which runs on the training thread) only sets ``_wake``; everything that
+    touches the widget happens here.
+    """
+
+    def __init__(self, panel: Panel):
+        super().__init__(name="rapidfire-panel-publisher", daemon=True)
+        # A weak reference: a panel nobody displays any more can be collected with its thread.
+        self._panel = weakref.ref(panel)
+        self._events = panel._events
+        self._wake = threading.Event()
+        self._halt = threading.Event()
+        self._last_pushed = self._events.last_seq
+        self._unsubscribe = self._events.subscribe(lambda _event: self._wake.set())
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._wake.set()
+        try:
+            self._unsubscribe()
+        except Exception:
+            pass
+
+    def run(self) -> None:
+        last_send = 0.0
+        last_snapshot = 0.0
+        while not self._halt.is_set():
+            self._wake.wait(timeout=SNAPSHOT_INTERVAL_S)
+            if self._halt.is_set():
+                break
+            self._wake.clear()
+            # Coalesce: events arriving within the interval go out in one message.
+            delay = PUSH_INTERVAL_S - (time.monotonic() - last_send)
+            if delay > 0 and self._halt.wait(delay):
+                break
+            panel = self._panel()
+            if panel is None or panel._closed:
+                break
+            try:
+                pending = self._events.since(self._last_pushed, limit=proto.MAX_BATCH_EVENTS + 1)
+                if pending:
+                    batch, more = proto.batch_events(pending)
+                    panel._push(batch)
+                    self._last_pushed = batch[-1]["seq"]
+                    last_send = time.monotonic()
+                    if more:
+                        self._wake.set()
+                if time.monotonic() - last_snapshot >= SNAPSHOT_INTERVAL_S:
+                    panel._refresh_snapshot()
+                    last_snapshot = time.monotonic()
+            except Exception:
+                # A closed comm or a dead kernel connection: the view still pulls.
+                log.debug("rapidfire panel: push failed", exc_info=True)
+            del panel
+        self.stop()
+
+
+_PANELS: "weakref.WeakKeyDictionary[Any, Panel]" = weakref.WeakKeyDictionary()
+_PANELS_LOCK = threading.Lock()
+
+
+def panel_for(exp: Any) -> Panel:
+    """The experiment's live panel, created on first use; displaying it twice shows two views
+    of one widget (both stay in sync), rather than two widgets with two publisher threads."""
+    with _PANELS_LOCK:
+        try:
+            panel = _PANELS.get(exp)
+        except TypeError:  # not weak-referenceable: no reuse
+            return Panel(exp)
+        if panel is None or panel._closed or panel.comm is None:
+            panel = Panel(exp)
+            _PANELS[exp] = panel
+        return panel
