@@ -118,6 +118,7 @@ class Engine:
         self.pending_weights: dict[int, dict] = {}
         self.create_model_calls = 0
         self.closed = False
+        self.stop_all = False
         self.op_latencies: list[dict] = []
         self._log_file = None
 
@@ -260,6 +261,8 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self.lock:
+                if self.stop_all:
+                    return
                 self._apply_ops()
                 views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE) for r in self.runs.values()]
                 choice = self.scheduler.choose(views, self.device_name, self.on_device)
@@ -413,12 +416,9 @@ class Engine:
         t_start = time.time()
         rt = self._trainer_for(rec)
         t_built = time.time()
-        # swap: make this run's adapter active and its RNG current
+        # swap: make this run's adapter active and its RNG current (the previous run's RNG was
+        # captured at its chunk boundary; building a trainer since then may have reseeded)
         t0 = time.perf_counter()
-        if self.on_device is not None and self.on_device != rec.run_id:
-            prev = self.trainers.get(self.on_device)
-            if prev is not None:
-                prev.swap_out()
         rt.swap_in()
         self.on_device = rec.run_id
         swap_s = time.perf_counter() - t0

@@ -1,0 +1,601 @@
+"""Experiment: the user's facade over the engine (DESIGN §3).
+
+    exp = Experiment("sft-demo")
+    exp.run_fit(config_group, create_model, train_dataset, eval_dataset, num_chunks=4)
+    exp            # in a notebook: the live control panel
+    exp.get_results()
+
+Everything the user calls is validated here, in the caller's thread; accepted interactive ops are
+queued for the engine thread, which applies them at the next chunk boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import threading
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+from rapidfire_nb._version import __version__
+from rapidfire_nb.engine import runs as R
+from rapidfire_nb.engine.controller import Engine, Op
+from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.engine.runspec import RunSpec
+from rapidfire_nb.engine.store import ExperimentStore, atomic_write_bytes, atomic_write_json, read_json
+from rapidfire_nb.engine.trainers import trainer_class
+from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
+
+_current: "weakref.ref[Experiment] | None" = None
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def current_experiment() -> "Experiment | None":
+    """The most recently created, not yet ended Experiment of this process."""
+    exp = _current() if _current is not None else None
+    return exp if exp is not None and not exp._ended else None
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+    except Exception:
+        return False
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+def _dataset_fingerprint(ds) -> str:
+    if ds is None:
+        return "none"
+    fp = getattr(ds, "_fingerprint", None)
+    if fp:
+        return f"{len(ds)}:{fp}"
+    h = hashlib.sha256(str(len(ds)).encode())
+    for i in range(min(len(ds), 64)):
+        h.update(json.dumps(ds[i], sort_keys=True, default=repr).encode())
+    return h.hexdigest()
+
+
+# -- TRL/PEFT objects from a RunSpec (automl owns validation; this is the engine's entry) --------
+
+def build_training_args(spec: RunSpec, **overrides):
+    from rapidfire_nb import automl
+
+    return automl.build_training_args(spec, **overrides)
+
+
+def build_lora_config(spec: RunSpec):
+    from rapidfire_nb import automl
+
+    return automl.build_lora_config(spec)
+
+
+class Experiment:
+    """A named experiment: a folder, an event log, and the runs trained in it.
+
+    Args:
+        experiment_name: folder name under ``experiment_path``.
+        experiment_path: parent folder (default ``./rapidfire_experiments``).
+        resume: continue an existing experiment folder after a dead kernel; call ``run_fit`` with
+            the same arguments again (datasets and callables cannot be stored).
+        tracking: trackers to feed (``["tensorboard", "mlflow", "trackio"]``); default from the
+            ``RF_*_ENABLED`` environment switches (TensorBoard on).
+        mode: accepted for RapidFire AI compatibility (``"fit"``).
+    """
+
+    def __init__(self, experiment_name: str, experiment_path: str | Path | None = None, *,
+                 mode: str = "fit", resume: bool = False, tracking: list[str] | None = None):
+        global _current
+        if not isinstance(experiment_name, str) or not _NAME_RE.match(experiment_name):
+            raise ConfigError(
+                f"experiment_name must be 1-128 letters, digits, '.', '_' or '-' (got {experiment_name!r})")
+        if mode not in ("fit",):
+            raise ConfigError(f"mode={mode!r} is not supported; only 'fit'")
+        parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
+        root = parent / experiment_name
+        if resume and not (root / "experiment.json").exists():
+            raise ConfigError(f"resume=True but there is no experiment at {root}")
+        if not resume and (root / "experiment.json").exists():
+            # a re-executed cell must not mix two experiments in one folder
+            n = 2
+            while (parent / f"{experiment_name}_{n}" / "experiment.json").exists():
+                n += 1
+            warnings.warn(f"{root} already holds an experiment; this one goes to "
+                          f"{parent / f'{experiment_name}_{n}'} (pass resume=True to continue the old one)",
+                          stacklevel=2)
+            experiment_name, root = f"{experiment_name}_{n}", parent / f"{experiment_name}_{n}"
+        root.mkdir(parents=True, exist_ok=True)
+        self.name = experiment_name
+        self.path = root.resolve()
+        self.resumed = resume
+        self.store = ExperimentStore(self.path)
+        self.events = EventLog(self.store.events_path)
+        self.engine: Engine | None = None
+        self._ended = False
+        self._lock = threading.RLock()
+        self._reserved_ids: set[int] = set()
+        self._panel = None
+        self._tb = None
+        self.meta = read_json(self.store.meta_path, {}) if resume else {}
+        if not resume:
+            atomic_write_json(self.store.meta_path, {"name": self.name, "version": __version__})
+        self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(resume))
+        self._trackers = None
+        self._start_trackers(tracking)
+        _current = weakref.ref(self)
+
+    def _start_trackers(self, tracking):
+        try:
+            from rapidfire_nb.tracking import TrackerHub, resolve_trackers
+        except ImportError:
+            return
+        names = resolve_trackers(tracking)
+        if names:
+            self._trackers = TrackerHub(self.events, self.path, self.name, names)
+            self._trackers.start()
+
+    # -- training ----------------------------------------------------------------------------
+    def run_fit(self, config_group, create_model: Callable, train_dataset, eval_dataset=None,
+                num_chunks: int = 4, seed: int = 42, block: bool | None = None) -> "Experiment":
+        """Expand and validate ``config_group``, then train every run, chunk by chunk.
+
+        Returns at once inside an IPython kernel (training goes on in a background thread and the
+        returned Experiment displays as the live panel); blocks elsewhere, or when ``block=True``.
+        Every error that can be found before training (configs, data columns, ``num_chunks``,
+        ``create_model``'s return value) is raised here and nothing is started.
+        """
+        self._check_open()
+        if self.engine is not None:
+            raise RapidFireError("run_fit was already called on this Experiment; use clone_modify "
+                                 "to add runs, or create a new Experiment")
+        if not callable(create_model):
+            raise ConfigError("create_model must be a function model_config -> (model, tokenizer)")
+        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
+            raise ConfigError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        for name, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            if ds is None and name == "eval_dataset":
+                continue
+            if not hasattr(ds, "column_names") or not hasattr(ds, "__len__"):
+                raise ConfigError(f"{name} must be a datasets.Dataset, got {type(ds).__name__}")
+            if len(ds) == 0:
+                raise ConfigError(f"{name} is empty")
+        specs = _expand(config_group)
+        for spec in specs:
+            cls = trainer_class(spec.trainer_type)
+            cls.check_dataset(spec, train_dataset, "train_dataset")
+            if eval_dataset is not None:
+                cls.check_dataset(spec, eval_dataset, "eval_dataset")
+
+        engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
+                        num_chunks, seed, build_training_args, build_lora_config)
+        for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
+            engine.plan_run(spec)
+        data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
+        if self.resumed:
+            self._check_resume(specs, data_fp, num_chunks, seed)
+        # create_model once per distinct base, in this thread so its errors show here
+        need_pristine = {}
+        for spec in specs:
+            need_pristine[spec.base_key()] = need_pristine.get(spec.base_key(), False) or spec.peft_config is None
+        for spec in specs:
+            engine.load_base(spec, need_pristine[spec.base_key()])
+        self.engine = engine
+        if self.resumed and read_json(self.store.runs_path):
+            self._restore_runs(specs)
+        else:
+            for spec in specs:
+                engine.add_run(spec)
+            meta = {"name": self.name, "version": __version__, "num_chunks": num_chunks, "seed": seed,
+                    "data": data_fp, "runs": [s.fingerprint() for s in specs]}
+            atomic_write_json(self.store.meta_path, meta)
+            self.meta = meta
+        engine.start()
+        if block is None:
+            block = not _in_kernel()
+        if block:
+            self.wait()
+        return self
+
+    def _check_resume(self, specs, data_fp, num_chunks, seed) -> None:
+        meta = self.meta
+        if meta.get("data") and meta["data"] != data_fp:
+            raise ConfigError("resume=True but the datasets differ from the ones this experiment was "
+                              "started with (fingerprints do not match); pass the same train/eval data")
+        if meta.get("num_chunks") not in (None, num_chunks) or meta.get("seed") not in (None, seed):
+            raise ConfigError(f"resume=True needs the same num_chunks and seed as the original run_fit "
+                              f"(num_chunks={meta.get('num_chunks')}, seed={meta.get('seed')})")
+        if meta.get("runs") and meta["runs"] != [s.fingerprint() for s in specs]:
+            raise ConfigError("resume=True but the config group differs from the original one")
+
+    def _restore_runs(self, specs: list[RunSpec]) -> None:
+        """Rebuild runs (clones included) from runs.json and their checkpoints; mend the log."""
+        from rapidfire_nb import automl
+
+        engine = self.engine
+        stored = read_json(self.store.runs_path, {})
+        logged_chunks: dict[int, int] = {}
+        created = set()
+        for ev in self.events.since(0):
+            if ev["type"] == "chunk_done":
+                logged_chunks[ev["run_id"]] = logged_chunks.get(ev["run_id"], 0) + 1
+            elif ev["type"] == "run_created":
+                created.add(ev["run_id"])
+        by_id = {int(k): v for k, v in stored.items()}
+        for rid in sorted(by_id):
+            info = by_id[rid]
+            if rid <= len(specs) and info.get("parent_run_id") is None:
+                spec = specs[rid - 1]
+            else:
+                parent = engine.runs[info["parent_run_id"]]
+                spec = automl.apply_changes(parent.spec, info.get("changes") or {})
+            rec = engine.add_run(spec, run_id=rid, parent=None, warm_start=info["warm_start"],
+                                 changes=info.get("changes"), emit=rid not in created)
+            rec.parent_run_id = info.get("parent_run_id")
+            rec.step_offset = info.get("step_offset", 0)
+            for key in ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done", "error"):
+                setattr(rec, key, info.get(key, getattr(rec, key)))
+            status = info["status"]
+            ckpt = self.store.load_checkpoint(rid) if status not in (R.DELETED,) else None
+            if ckpt is not None:
+                for k, v in ckpt["counters"].items():
+                    setattr(rec, k, v)
+                # a crash between checkpoint and log append: the checkpoint carries the events
+                if ckpt.get("chunk_event") and not _chunk_logged(self.events, rid, ckpt["chunk_event"]):
+                    self.events.extend(ckpt["events"] + [("chunk_done", ckpt["chunk_event"])])
+            elif status not in (R.DELETED, R.COMPLETED, R.FAILED) and not rec.warm_start:
+                # no checkpoint yet: the run starts from scratch
+                rec.completed_steps, rec.samples_seen, rec.epoch, rec.chunk, rec.chunks_done = 0, 0, 0, 0, 0
+            warm = self.store.checkpoint_path(rid).parent / "warm_start.pt"
+            if ckpt is None and warm.exists():
+                import torch
+
+                engine.pending_weights[rid] = torch.load(warm, map_location="cpu", weights_only=False)
+            if status == R.RUNNING:
+                status = R.PENDING
+            if rec.completed_steps >= rec.total_steps and status in R.ACTIVE:
+                status = R.COMPLETED
+            rec.status = status
+            if status != info["status"] or rid not in created:
+                self.events.append("run_status", run_id=rid, status=status, error=rec.error,
+                                   reason="restored after restart")
+        engine.save_runs()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until no run is pending or running; True if so, False on timeout.
+
+        Panel buttons are handled by the kernel only between cell executions, so while a cell is
+        blocked here clicks wait until it returns; in a notebook, prefer to let ``run_fit`` return
+        and call ``wait`` only at the end.
+        """
+        if self.engine is None:
+            return True
+        done = self.engine.wait(timeout)
+        if done and self._trackers is not None:
+            self._trackers.flush(timeout=30)
+        return done
+
+    def end(self) -> None:
+        """Stop the engine thread after the chunk in flight, flush trackers, free memory."""
+        global _current
+        if self._ended:
+            return
+        if self.engine is not None:
+            self._drain_and_join()
+            self.engine.close()
+        self.events.append("experiment_end")
+        if self._trackers is not None:
+            try:
+                self._trackers.flush(timeout=30)
+                self._trackers.close()
+            except Exception as exc:
+                warnings.warn(f"trackers did not close cleanly: {exc}")
+        if self._panel is not None:
+            try:
+                self._panel.close_publisher()
+            except Exception:
+                pass
+        self.events.close()
+        self._ended = True
+        if _current is not None and _current() is self:
+            _current = None
+
+    def _drain_and_join(self) -> None:
+        engine = self.engine
+        # ask the loop to leave: mark active runs so nothing more is scheduled
+        with engine.lock:
+            engine.stop_all = True
+            for rec in engine.runs.values():
+                if rec.status in R.ACTIVE:
+                    rec.stop_requested = True
+        t = engine.thread
+        if t is not None:
+            t.join()
+
+    def _check_open(self) -> None:
+        if self._ended:
+            raise RapidFireError(f"experiment {self.name!r} has ended; create a new Experiment")
+
+    # -- interactive control ops --------------------------------------------------------------
+    def _run(self, run_id) -> R.RunRecord:
+        self._check_open()
+        if self.engine is None:
+            raise OpRefused("no runs yet: call run_fit first")
+        if isinstance(run_id, bool) or not isinstance(run_id, int):
+            raise OpRefused(f"run_id must be an integer, got {run_id!r}")
+        rec = self.engine.runs.get(run_id)
+        if rec is None:
+            raise OpRefused(f"unknown run {run_id}; runs are {sorted(self.engine.runs)}")
+        return rec
+
+    def stop(self, run_id: int) -> None:
+        """Stop a pending or running run at its next chunk boundary; its checkpoint stays."""
+        with self._lock:
+            rec = self._run(run_id)
+            if rec.status not in R.ACTIVE:
+                raise OpRefused(f"run {run_id} is {rec.status}; only pending or running runs can be stopped")
+            self.engine.submit(Op("stop", run_id))
+
+    def resume(self, run_id: int) -> None:
+        """Resume a stopped run from its checkpoint."""
+        with self._lock:
+            rec = self._run(run_id)
+            if rec.status != R.STOPPED:
+                raise OpRefused(f"run {run_id} is {rec.status}; only stopped runs can be resumed")
+            self.engine.submit(Op("resume", run_id))
+
+    def delete(self, run_id: int) -> None:
+        """Remove a run from scheduling for good and free its memory and checkpoints (metrics stay)."""
+        with self._lock:
+            rec = self._run(run_id)
+            if rec.status == R.DELETED:
+                raise OpRefused(f"run {run_id} is already deleted")
+            self.engine.submit(Op("delete", run_id))
+
+    def validate_clone(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> RunSpec:
+        """Check a clone_modify without creating anything; returns the new run's spec."""
+        from rapidfire_nb import automl
+
+        rec = self._run(run_id)
+        if rec.status == R.DELETED:
+            raise OpRefused(f"run {run_id} is deleted; it cannot be cloned")
+        if not isinstance(warm_start, bool):
+            raise OpRefused(f"warm_start must be True or False, got {warm_start!r}")
+        if changes is None:
+            changes = {}
+        if not isinstance(changes, dict):
+            raise ConfigError(f"changes must be a dict of knob -> value, got {type(changes).__name__}")
+        spec = automl.apply_changes(rec.spec, changes)
+        parent = rec.spec
+        if (spec.peft_config is None) != (parent.peft_config is None):
+            raise OpRefused("a clone cannot switch between LoRA and full fine-tuning; start a new experiment")
+        if spec.base_key() != parent.base_key() and spec.peft_config is None:
+            raise OpRefused("a full fine-tuning clone must keep the parent's base model")
+        if warm_start:
+            if spec.base_key() != parent.base_key():
+                raise OpRefused("warm start needs the same base model as the parent "
+                                "(model_name/model_kwargs changed); use a cold clone")
+            if parent.peft_config is not None:
+                for key in ("r", "target_modules", "use_dora", "modules_to_save", "layers_to_transform", "bias"):
+                    if _norm(parent.peft_config.get(key)) != _norm(spec.peft_config.get(key)):
+                        raise OpRefused(f"warm start copies the parent's adapter weights, so peft_config.{key} "
+                                        f"cannot change ({parent.peft_config.get(key)!r} -> "
+                                        f"{spec.peft_config.get(key)!r}); use a cold clone")
+            if spec.trainer_type != parent.trainer_type:
+                raise OpRefused("warm start needs the parent's trainer type")
+        self.engine.plan_run(spec)
+        return spec
+
+    def clone_modify(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> int:
+        """A new run from ``run_id``'s config plus ``changes`` (nested or dotted knobs, JSON values).
+
+        ``warm_start=True`` starts from the parent's current weights and continues the parent's
+        data stream from where it is, with a fresh optimizer and LR schedule. Returns the new run id.
+        """
+        with self._lock:
+            spec = self.validate_clone(run_id, changes, warm_start)
+            with self.engine.lock:
+                new_id = max(set(self.engine.runs) | self._reserved_ids) + 1
+                self._reserved_ids.add(new_id)
+            flat = _flatten_changes(changes or {})
+            self.engine.submit(Op("clone", run_id, spec=spec, warm_start=warm_start, changes=flat,
+                                  new_run_id=new_id))
+            return new_id
+
+    def editable_knobs(self, run_id: int) -> dict:
+        from rapidfire_nb import automl
+
+        return automl.editable_knobs(self._run(run_id).spec)
+
+    # -- results -----------------------------------------------------------------------------
+    def get_runs_info(self):
+        """One row per run: status, the knobs that vary, progress, lineage and error."""
+        import pandas as pd
+
+        rows = []
+        engine = self.engine
+        if engine is None:
+            return pd.DataFrame(columns=["run_id", "status"])
+        with engine.lock:
+            recs = list(engine.runs.values())
+        knob_keys: list[str] = []
+        for rec in recs:
+            for k in rec.spec.knobs:
+                if k not in knob_keys:
+                    knob_keys.append(k)
+        short = _short_names(knob_keys)
+        for rec in recs:
+            row = {"run_id": rec.run_id, "status": rec.status}
+            for k in knob_keys:
+                row[short[k]] = _cell(_get_knob(rec.spec, k))
+            row.update(completed_steps=rec.completed_steps, total_steps=rec.total_steps,
+                       samples_seen=rec.samples_seen, chunks_done=rec.chunks_done, epoch=rec.epoch,
+                       parent_run_id=rec.parent_run_id, warm_start=rec.warm_start,
+                       eval_loss=rec.last_metrics.get("eval_loss"), error=rec.error)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def get_results(self):
+        """Every logged metric, long form: run_id, split, step, samples_seen, epoch, chunk, metric, value."""
+        import pandas as pd
+
+        deleted = set()
+        rows = []
+        for ev in self.events.since(0):
+            if ev["type"] == "metric":
+                for m, v in ev["metrics"].items():
+                    rows.append({"run_id": ev["run_id"], "split": ev["split"], "step": ev["step"],
+                                 "samples_seen": ev["samples_seen"], "epoch": ev["epoch"],
+                                 "chunk": ev["chunk"], "metric": m, "value": v})
+            elif ev["type"] == "run_status" and ev["status"] == R.DELETED:
+                deleted.add(ev["run_id"])
+        df = pd.DataFrame(rows, columns=["run_id", "split", "step", "samples_seen", "epoch", "chunk",
+                                         "metric", "value"])
+        df["deleted"] = df["run_id"].isin(deleted)
+        return df
+
+    def get_timeline(self):
+        """One row per trained chunk: run_id, epoch, chunk, device, start, end and the time split."""
+        import pandas as pd
+
+        cols = ["run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s", "swap_s",
+                "setup_s", "checkpoint_s", "other_s", "completed_steps", "samples_seen"]
+        rows = [{c: ev.get(c) for c in cols} for ev in self.events.since(0) if ev["type"] == "chunk_done"]
+        return pd.DataFrame(rows, columns=cols)
+
+    def time_split(self) -> dict:
+        """Seconds spent training, evaluating, swapping and on everything else (engine-measured)."""
+        tl = self.get_timeline()
+        out = {k: float(tl[f"{k}_s"].sum()) if len(tl) else 0.0 for k in ("train", "eval", "swap", "other")}
+        return out
+
+    def export(self, run_id: int, path: str | Path) -> Path:
+        """Save a run's weights at its last chunk boundary: a PEFT adapter directory (LoRA runs)
+        that ``PeftModel.from_pretrained`` loads, or a full model; plus the tokenizer."""
+        rec = self._run(run_id)
+        if rec.status == R.DELETED:
+            raise OpRefused(f"run {run_id} is deleted; its weights are gone")
+        ckpt = self.store.load_checkpoint(run_id)
+        if ckpt is None:
+            raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")
+        weights = ckpt["trainer"]["weights"]
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        base = self.engine.bases[rec.spec.base_key()]
+        if rec.spec.peft_config is not None:
+            from safetensors.torch import save_file
+
+            lora = build_lora_config(rec.spec)
+            lora.base_model_name_or_path = rec.spec.model_name
+            lora.save_pretrained(str(path))
+            tag = f".run_{run_id}."
+            tensors = {k.replace(tag, "."): v.contiguous() for k, v in weights.items()}
+            save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+        else:
+            import copy
+
+            model = copy.deepcopy(base.pristine if base.pristine is not None else base.model)
+            model.load_state_dict(weights, strict=False)
+            model.save_pretrained(str(path))
+            del model
+        base.tokenizer.save_pretrained(str(path))
+        return path
+
+    # -- notebook ----------------------------------------------------------------------------
+    def panel(self):
+        """The live control panel widget (an anywidget)."""
+        if self._panel is None:
+            from rapidfire_nb.notebook.panel import Panel
+
+            self._panel = Panel(self)
+        return self._panel
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        try:
+            return self.panel()._repr_mimebundle_(include=include, exclude=exclude)
+        except Exception as exc:  # no widget front-end: fall back to a text summary
+            return {"text/plain": f"{self!r}\n(panel unavailable: {exc})"}
+
+    def tensorboard(self):
+        """Start (once) a TensorBoard on this experiment's logs and show it in the notebook."""
+        from rapidfire_nb.notebook.tensorboard import show_tensorboard
+
+        return show_tensorboard(self)
+
+    def __repr__(self) -> str:
+        n = len(self.engine.runs) if self.engine else 0
+        counts: dict[str, int] = {}
+        if self.engine:
+            for r in self.engine.runs.values():
+                counts[r.status] = counts.get(r.status, 0) + 1
+        summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        return f"<Experiment {self.name!r}: {n} runs ({summary}) at {self.path}>"
+
+
+def _chunk_logged(events: EventLog, run_id: int, chunk_event: dict) -> bool:
+    for ev in events.since(0):
+        if (ev["type"] == "chunk_done" and ev["run_id"] == run_id and ev["epoch"] == chunk_event["epoch"]
+                and ev["chunk"] == chunk_event["chunk"] and ev["completed_steps"] == chunk_event["completed_steps"]):
+            return True
+    return False
+
+
+def _expand(config_group) -> list[RunSpec]:
+    if hasattr(config_group, "expand"):
+        specs = config_group.expand()
+    elif isinstance(config_group, RunSpec):
+        specs = [config_group]
+    elif isinstance(config_group, (list, tuple)) and all(isinstance(s, RunSpec) for s in config_group):
+        specs = list(config_group)
+    else:
+        raise ConfigError("config_group must be an RFGridSearch or RFRandomSearch (from "
+                          f"rapidfire_nb.automl), got {type(config_group).__name__}")
+    if not specs:
+        raise ConfigError("config_group expands to no runs")
+    return specs
+
+
+def _norm(v):
+    if isinstance(v, (list, tuple, set)):
+        return sorted(str(x) for x in v)
+    return v
+
+
+def _flatten_changes(changes: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in changes.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k in ("training_args", "peft_config", "model_kwargs", "generation_config") and not prefix:
+            out.update(_flatten_changes(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _get_knob(spec: RunSpec, key: str):
+    parts = key.split(".")
+    obj: Any = spec
+    for p in parts:
+        if isinstance(obj, dict):
+            obj = obj.get(p)
+        else:
+            obj = getattr(obj, p, None)
+    return obj
+
+
+def _cell(v):
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return v
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    last = [k.split(".")[-1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
