@@ -1,0 +1,109 @@
+"""Trackio tracker (extra ``trackio``): one Trackio run per rapidfire run, stored locally.
+
+Where: Trackio keeps one SQLite file per project in its directory, ``$TRACKIO_DIR``, which it
+reads once, when ``trackio`` is first imported. So: a ``TRACKIO_DIR`` you set wins; otherwise,
+if this process has not imported trackio yet, this tracker sets ``TRACKIO_DIR`` to
+``<experiment>/trackio`` before importing it; otherwise trackio's own directory is used (the
+tracker's ``state["trackio_dir"]`` says which). View it with
+``TRACKIO_DIR=<that dir> trackio show --project <experiment name>``.
+
+The project is the experiment's name, runs are ``run_<id>``. Parameters go to the run's config;
+lifecycle events (stopped, resumed, failed with its error, ...) are Trackio alerts of the run.
+
+This writes through ``trackio.sqlite_storage.SQLiteStorage`` (what ``trackio.Run`` itself calls
+from its sender thread) rather than ``trackio.init``/``Run``: those print to stdout from a
+background thread (noise in whichever notebook cell runs) and buffer in a thread of their own,
+while the hub needs a synchronous flush. Every row gets a deterministic id, and Trackio ignores
+a row whose id it already has, so rewriting after a crash never duplicates a point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .base import RunState, Tracker, TrackerContext
+
+_LEVEL = {"failed": "error", "stopped": "warn", "deleted": "warn"}
+
+
+class TrackioTracker(Tracker):
+    name = "trackio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storage = None
+        self.project = ""
+        self._prefix = ""
+        self._pending: dict[int, tuple[RunState, list]] = {}
+
+    def open(self, ctx: TrackerContext) -> None:
+        if "trackio" not in sys.modules and not os.environ.get("TRACKIO_DIR"):
+            os.environ["TRACKIO_DIR"] = str(Path(ctx.experiment_path).resolve() / "trackio")
+        import trackio  # noqa: F401 - a missing extra fails here, disabling only this tracker
+        from trackio import utils
+        from trackio.sqlite_storage import SQLiteStorage
+
+        SQLiteStorage.validate_project_name(ctx.experiment_name)
+        self.storage = SQLiteStorage
+        self.project = ctx.experiment_name
+        self.state["trackio_dir"] = str(utils.TRACKIO_DIR)
+        self.state["project"] = self.project
+        # runs of two experiments with the same name in one Trackio directory stay apart
+        digest = hashlib.sha1(str(Path(ctx.experiment_path).resolve()).encode()).hexdigest()
+        self._prefix = f"rf-{digest[:10]}"
+
+    def run_uid(self, run: RunState) -> str:
+        return f"{self._prefix}-{run.name}"
+
+    def run_created(self, run: RunState, wall_time: float) -> None:
+        # Trackio finds a run's config through its metric rows, so the run starts with an empty
+        # row carrying the config.
+        self.storage.bulk_log(
+            project=self.project, run=run.name, run_id=self.run_uid(run),
+            metrics_list=[{}], steps=[run.samples_seen], timestamps=[_iso(wall_time)],
+            config=dict(run.params), log_ids=[f"{self.run_uid(run)}-created"],
+        )
+
+    def log_metrics(self, run, step, metrics, wall_time) -> None:
+        row = (dict(metrics), int(step), _iso(wall_time),
+               f"{self.run_uid(run)}-m{run.metric_events}")
+        self._pending.setdefault(run.run_id, (run, []))[1].append(row)
+
+    def lifecycle(self, run, event, step, detail, wall_time) -> None:
+        self._send(run.run_id)
+        self.storage.bulk_alert(
+            project=self.project, run=run.name, run_id=self.run_uid(run),
+            titles=[f"{run.name} {event}"], texts=[str(detail)[-4000:] if detail else None],
+            levels=[_LEVEL.get(event, "info")], steps=[int(step)], timestamps=[_iso(wall_time)],
+            alert_ids=[f"{self.run_uid(run)}-l{run.lifecycle_events}"],
+        )
+
+    def _send(self, run_id: int) -> None:
+        pending = self._pending.pop(run_id, None)
+        if not pending:
+            return
+        run, rows = pending
+        self.storage.bulk_log(
+            project=self.project, run=run.name, run_id=self.run_uid(run),
+            metrics_list=[r[0] for r in rows], steps=[r[1] for r in rows],
+            timestamps=[r[2] for r in rows], log_ids=[r[3] for r in rows],
+        )
+
+    def flush(self) -> None:
+        for run_id in list(self._pending):
+            self._send(run_id)
+
+    def close(self) -> None:
+        if self.storage is not None:
+            try:
+                self.flush()
+            finally:
+                self.storage = None
+
+
+def _iso(wall_time: float) -> str:
+    return datetime.fromtimestamp(wall_time, tz=timezone.utc).isoformat()

@@ -1,0 +1,516 @@
+"""Tracking: TensorBoard, MLflow and Trackio fed from a real EventLog, read back from their files.
+
+The event log is filled with the events the engine writes (same types and payloads as
+``engine/controller.py``) for an experiment with a completed run, a stopped-resumed-stopped run, a
+warm-started clone, a failed cold clone and a deleted clone; every backend must then hold the same
+metrics at the same steps, the runs' parameters and their lifecycle.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.tracking import (Tracker, TrackerHub, TrackerWarning, metric_tag,
+                                   resolve_trackers)
+from rapidfire_nb.tracking.base import flatten_config
+
+STEPS_PER_CHUNK = 4
+BATCH = 4
+NUM_CHUNKS = 3
+ALL = ["tensorboard", "mlflow", "trackio"]
+
+
+@pytest.fixture(autouse=True)
+def _local_stores(monkeypatch):
+    # A user's MLflow server must not receive test runs; telemetry must not try the network.
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("DO_NOT_TRACK", "true")
+
+
+# -- a recorded experiment ---------------------------------------------------------------------
+
+def _config(lr: float) -> dict:
+    return {
+        "trainer_type": "SFT", "model_name": "tiny-llama", "model_type": "causal_lm",
+        "model_kwargs": {}, "tokenizer_kwargs": {}, "ref_model_name": None,
+        "training_args": {"learning_rate": lr, "per_device_train_batch_size": BATCH,
+                          "use_cpu": True, "lr_scheduler_type": "linear"},
+        "peft_config": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+        "generation_config": None, "formatting_func": None, "compute_metrics": "accuracy_fn",
+    }
+
+
+class Recorder:
+    """Appends what the controller would, and keeps the points every backend must show."""
+
+    def __init__(self, events: EventLog):
+        self.events = events
+        self.expected: dict[int, dict[str, list[tuple[int, float]]]] = {}
+        self.samples: dict[int, int] = {}
+        self.steps: dict[int, int] = {}
+
+    def create(self, run_id, lr, parent=None, warm_start=False):
+        base_samples = self.samples[parent] if (parent and warm_start) else 0
+        base_step = self.steps[parent] if (parent and warm_start) else 0
+        self.samples[run_id], self.steps[run_id] = base_samples, base_step
+        self.expected[run_id] = {}
+        self.events.append(
+            "run_created", run_id=run_id, trainer_type="SFT", config=_config(lr),
+            knobs={"training_args.learning_rate": lr}, parent_run_id=parent,
+            warm_start=warm_start, total_steps=STEPS_PER_CHUNK * NUM_CHUNKS,
+            steps_per_epoch=STEPS_PER_CHUNK * NUM_CHUNKS, num_chunks=NUM_CHUNKS,
+            base_samples_seen=base_samples, base_step=base_step)
+        self.status(run_id, "pending")
+
+    def status(self, run_id, status, error=None, reason=None):
+        self.events.append("run_status", run_id=run_id, status=status, error=error, reason=reason)
+
+    def chunk(self, run_id, chunk, complete=False):
+        batch = []
+        for _ in range(STEPS_PER_CHUNK):
+            self.steps[run_id] += 1
+            self.samples[run_id] += BATCH
+            g, s = self.steps[run_id], self.samples[run_id]
+            metrics = {"loss": 3.0 / g + run_id / 100, "learning_rate": 1e-3 * (1 - g / 12),
+                       "grad_norm": 0.5 + run_id + g / 10, "num_tokens": 40.0 * g}
+            batch.append(("metric", dict(run_id=run_id, split="train", step=g, samples_seen=s,
+                                         epoch=0, chunk=chunk, metrics=metrics)))
+            self._expect(run_id, "train", s, {**metrics, "global_step": float(g)})
+        g, s = self.steps[run_id], self.samples[run_id]
+        eval_metrics = {"eval_loss": 2.5 / g + run_id / 50, "eval_accuracy": min(1.0, g / 12),
+                        "eval_runtime": 0.01}
+        batch.append(("metric", dict(run_id=run_id, split="eval", step=g, samples_seen=s,
+                                     epoch=0, chunk=chunk, metrics=eval_metrics)))
+        self._expect(run_id, "eval", s, eval_metrics)
+        batch.append(("chunk_done", dict(run_id=run_id, epoch=0, chunk=chunk, device="cpu",
+                                         start=0.0, end=1.0, train_s=0.5, eval_s=0.1, swap_s=0.1,
+                                         other_s=0.0, completed_steps=g,
+                                         total_steps=STEPS_PER_CHUNK * NUM_CHUNKS,
+                                         samples_seen=s, chunks_done=chunk + 1)))
+        self.events.extend(batch)
+        if complete:
+            self.status(run_id, "completed")
+
+    def _expect(self, run_id, split, step, metrics):
+        for name, value in metrics.items():
+            tag = metric_tag(split, name) if name != "global_step" else "train/global_step"
+            self.expected[run_id].setdefault(tag, []).append((step, float(value)))
+
+    # The experiment, in two phases so that a resume can happen in between.
+    def phase1(self):
+        self.events.append("experiment", name="exp", path="", resumed=False)
+        self.create(1, 1e-3)
+        self.create(2, 1e-4)
+        self.status(1, "running")
+        self.chunk(1, 0)
+        self.status(2, "running")
+        self.chunk(2, 0)
+        self.status(2, "stopped", reason="stopped by user")
+        self.events.append("op", op="stop", run_id=2, accepted=True, reason=None, new_run_id=None)
+        self.create(3, 5e-4, parent=1, warm_start=True)
+
+    def phase2(self):
+        self.create(4, 2e-4, parent=2, warm_start=False)
+        self.create(5, 3e-4, parent=1, warm_start=False)
+        self.status(5, "deleted", reason="deleted by user")
+        self.chunk(1, 1)
+        self.status(3, "running")
+        self.chunk(3, 1)
+        self.status(2, "pending", reason="resumed by user")
+        self.status(2, "running")
+        self.chunk(2, 1)
+        self.status(2, "stopped", reason="stopped by user")
+        self.status(4, "running")
+        self.chunk(4, 0)
+        self.status(4, "failed", error="Traceback (most recent call last):\nValueError: boom",
+                    reason="ValueError: boom")
+        self.chunk(1, 2, complete=True)
+        self.chunk(3, 2, complete=True)
+        self.events.append("experiment_end")
+
+    def record_all(self):
+        self.phase1()
+        self.phase2()
+        return self
+
+
+LIFECYCLES = {1: ["running", "completed"], 2: ["running", "stopped", "resumed", "stopped"],
+              3: ["running", "completed"], 4: ["running", "failed"], 5: ["deleted"]}
+
+
+def _track(exp_path: Path, names, name="exp") -> tuple[Recorder, TrackerHub]:
+    events = EventLog(exp_path / "events.jsonl")
+    hub = TrackerHub(events, exp_path, name, names).start()
+    rec = Recorder(events).record_all()
+    assert hub.flush(120), hub.failures
+    hub.close()
+    return rec, hub
+
+
+# -- readers of the real files -----------------------------------------------------------------
+
+def tb_accumulator(exp_path: Path, run_id: int):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(exp_path / "tensorboard" / f"run_{run_id}"),
+                           size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def tb_points(exp_path: Path, run_id: int) -> dict:
+    acc = tb_accumulator(exp_path, run_id)
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def tb_texts(exp_path: Path, run_id: int, tag: str) -> list[tuple[int, str]]:
+    acc = tb_accumulator(exp_path, run_id)
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(f"{tag}/text_summary")]
+
+
+def tb_hparams(exp_path: Path, run_id: int):
+    from tensorboard.plugins.hparams import metadata
+
+    content = tb_accumulator(exp_path, run_id).PluginTagToContent(metadata.PLUGIN_NAME)
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    end = (metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
+           if metadata.SESSION_END_INFO_TAG in content else None)
+    return start, end
+
+
+def mlflow_client(exp_path: Path):
+    from mlflow.tracking import MlflowClient
+
+    state = json.loads((exp_path / "tracking" / "mlflow.json").read_text())["state"]
+    return MlflowClient(tracking_uri=state["tracking_uri"]), state
+
+
+def mlflow_runs(exp_path: Path, name="exp") -> dict:
+    client, _ = mlflow_client(exp_path)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    return {int(r.data.tags["rapidfire.run_id"]): r for r in runs}
+
+
+def mlflow_points(exp_path: Path, run) -> dict:
+    client, _ = mlflow_client(exp_path)
+    out = {}
+    for key in run.data.metrics:
+        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+        out[key] = [(m.step, m.value) for m in history]
+    return out
+
+
+def trackio_state(exp_path: Path) -> dict:
+    return json.loads((exp_path / "tracking" / "trackio.json").read_text())["state"]
+
+
+def trackio_points(exp_path: Path, run_id: int) -> dict:
+    from trackio.sqlite_storage import SQLiteStorage
+
+    from rapidfire_nb.tracking.trackio_tracker import TrackioTracker
+
+    state = trackio_state(exp_path)
+    uid = _trackio_uid(exp_path, run_id)
+    out: dict[str, list] = {}
+    for row in SQLiteStorage.get_logs(state["project"], run_id=uid):
+        for key, value in row.items():
+            if key in ("step", "timestamp"):
+                continue
+            out.setdefault(key, []).append((row["step"], value))
+    assert TrackioTracker.name == "trackio"
+    return out
+
+
+def _trackio_uid(exp_path: Path, run_id: int) -> str:
+    import hashlib
+
+    digest = hashlib.sha1(str(exp_path.resolve()).encode()).hexdigest()
+    return f"rf-{digest[:10]}-run_{run_id}"
+
+
+def assert_same_points(actual: dict, expected: dict, where: str):
+    assert sorted(actual) == sorted(expected), f"{where}: tags differ"
+    for tag, points in expected.items():
+        got = actual[tag]
+        assert [s for s, _ in got] == [s for s, _ in points], f"{where} {tag}: steps differ"
+        for (_, a), (_, b) in zip(got, points):
+            assert a == pytest.approx(b, rel=1e-6), f"{where} {tag}: {a} != {b}"
+
+
+# -- choosing trackers -------------------------------------------------------------------------
+
+def test_resolve_trackers_env_defaults_and_switches(monkeypatch):
+    for var in ("RF_TENSORBOARD_ENABLED", "RF_MLFLOW_ENABLED", "RF_TRACKIO_ENABLED"):
+        monkeypatch.delenv(var, raising=False)
+    assert resolve_trackers() == ["tensorboard"]
+    monkeypatch.setenv("RF_MLFLOW_ENABLED", "1")
+    monkeypatch.setenv("RF_TRACKIO_ENABLED", "yes")
+    monkeypatch.setenv("RF_TENSORBOARD_ENABLED", "false")
+    assert resolve_trackers() == ["mlflow", "trackio"]
+    monkeypatch.setenv("RF_TENSORBOARD_ENABLED", "maybe")
+    with pytest.raises(ConfigError, match="RF_TENSORBOARD_ENABLED"):
+        resolve_trackers()
+
+
+def test_resolve_trackers_argument_wins_and_names_unknown(monkeypatch):
+    monkeypatch.setenv("RF_MLFLOW_ENABLED", "1")
+    assert resolve_trackers(["TensorBoard", "trackio", "tensorboard"]) == ["tensorboard", "trackio"]
+    assert resolve_trackers("mlflow") == ["mlflow"]
+    assert resolve_trackers([]) == [] and resolve_trackers(False) == []
+    with pytest.raises(ConfigError, match=r"'wandb'.*'comet'.*choose from tensorboard"):
+        resolve_trackers(["tensorboard", "wandb", "comet"])
+    with pytest.raises(ConfigError, match="tracking"):
+        resolve_trackers(42)
+    custom = Tracker()
+    assert resolve_trackers(["mlflow", custom]) == ["mlflow", custom]
+
+
+def test_flatten_config_keeps_scalars_and_encodes_the_rest():
+    flat = flatten_config({"training_args": {"learning_rate": 1e-3, "bf16": False},
+                           "peft_config": {"target_modules": ["q", "v"], "r": 8},
+                           "ref_model_name": None, "model_kwargs": {}})
+    assert flat == {"training_args.learning_rate": 1e-3, "training_args.bf16": False,
+                    "peft_config.target_modules": '["q", "v"]', "peft_config.r": 8,
+                    "model_kwargs": "{}"}
+
+
+# -- every backend, read back ------------------------------------------------------------------
+
+def test_all_backends_hold_the_same_metrics_params_and_lifecycle(tmp_path):
+    exp_path = tmp_path / "exp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TrackerWarning)
+        rec, hub = _track(exp_path, ALL)
+    assert hub.failures == {}
+
+    mruns = mlflow_runs(exp_path)
+    assert sorted(mruns) == [1, 2, 3, 4, 5]
+    for run_id, expected in rec.expected.items():
+        assert_same_points(tb_points(exp_path, run_id), expected, f"tensorboard run_{run_id}")
+        assert_same_points(mlflow_points(exp_path, mruns[run_id]), expected, f"mlflow run_{run_id}")
+        assert_same_points(trackio_points(exp_path, run_id), expected, f"trackio run_{run_id}")
+    assert rec.expected[5] == {} and rec.expected[1]["eval/loss"][-1][0] == 48
+
+    # parameters: the flattened config, knobs, and the clone's lineage, in every backend
+    start, end = tb_hparams(exp_path, 3)
+    assert start.hparams["training_args.learning_rate"].number_value == pytest.approx(5e-4)
+    assert start.hparams["peft_config.target_modules"].string_value == '["q_proj", "v_proj"]'
+    assert start.hparams["rapidfire.parent_run_id"].number_value == 1
+    assert start.hparams["rapidfire.warm_start"].bool_value is True
+    params = mruns[3].data.params
+    assert params["training_args.learning_rate"] == "0.0005"
+    assert params["rapidfire.parent_run_id"] == "1" and params["rapidfire.warm_start"] == "True"
+    assert mruns[3].data.tags["rapidfire.parent_mlflow_run_id"] == mruns[1].info.run_id
+    assert mruns[4].data.tags["rapidfire.parent_run_id"] == "2"
+    assert mruns[4].data.tags["rapidfire.warm_start"] == "false"
+    from trackio.api import Run as TrackioRun
+
+    state = trackio_state(exp_path)
+    config = TrackioRun(state["project"], "run_3", run_id=_trackio_uid(exp_path, 3)).config
+    assert config["training_args.learning_rate"] == pytest.approx(5e-4)
+    assert config["rapidfire.parent_run_id"] == 1 and config["rapidfire.warm_start"] is True
+
+    # lifecycle: MLflow statuses, TensorBoard session ends and text, Trackio alerts
+    assert {rid: r.info.status for rid, r in mruns.items()} == {
+        1: "FINISHED", 2: "KILLED", 3: "FINISHED", 4: "FAILED", 5: "KILLED"}
+    assert mruns[5].data.tags["rapidfire.deleted"] == "true"
+    assert "ValueError: boom" in mruns[4].data.tags["rapidfire.error"]
+    assert {rid: r.data.tags["rapidfire.status"] for rid, r in mruns.items()} == {
+        rid: events[-1] for rid, events in LIFECYCLES.items()}
+    from tensorboard.plugins.hparams import api_pb2
+
+    ends = {rid: tb_hparams(exp_path, rid)[1] for rid in LIFECYCLES}
+    assert ends[2] is None and ends[1].status == api_pb2.STATUS_SUCCESS
+    assert ends[4].status == api_pb2.STATUS_FAILURE and ends[5].status == api_pb2.STATUS_UNKNOWN
+    for run_id, lifecycle in LIFECYCLES.items():
+        texts = tb_texts(exp_path, run_id, "lifecycle")
+        assert [t.split("**")[1] for _, t in texts] == lifecycle
+        alerts = TrackioRun(state["project"], f"run_{run_id}",
+                            run_id=_trackio_uid(exp_path, run_id)).alerts()
+        assert sorted(a["title"] for a in alerts) == sorted(f"run_{run_id} {e}" for e in lifecycle)
+    # the stop/resume of run 2 happen at the samples it had seen (16, then 32)
+    assert [s for s, _ in tb_texts(exp_path, 2, "lifecycle")] == [0, 16, 16, 32]
+    config_text = tb_texts(exp_path, 3, "config")[0][1]
+    assert "clone of run_1 (warm start)" in config_text and '"learning_rate": 0.0005' in config_text
+
+
+def test_resume_continues_runs_without_duplicates(tmp_path):
+    exp_path = tmp_path / "exp"
+    events = EventLog(exp_path / "events.jsonl")
+    rec = Recorder(events)
+    hub = TrackerHub(events, exp_path, "exp", ALL).start()
+    rec.phase1()
+    assert hub.flush(120)
+    hub.close()
+    events.close()
+    first_files = sorted((exp_path / "tensorboard" / "run_1").iterdir())
+
+    # a new session: the log is read back from disk and the experiment goes on
+    events = EventLog(exp_path / "events.jsonl")
+    assert events.last_seq > 0
+    rec.events = events
+    hub = TrackerHub(events, exp_path, "exp", ALL).start()
+    rec.phase2()
+    assert hub.flush(120), hub.failures
+    hub.close()
+
+    assert len(sorted((exp_path / "tensorboard" / "run_1").iterdir())) == len(first_files) + 1
+    mruns = mlflow_runs(exp_path)
+    assert sorted(mruns) == [1, 2, 3, 4, 5]  # one MLflow run per run, the old ones continued
+    for run_id, expected in rec.expected.items():
+        assert_same_points(tb_points(exp_path, run_id), expected, f"tensorboard run_{run_id}")
+        assert_same_points(mlflow_points(exp_path, mruns[run_id]), expected, f"mlflow run_{run_id}")
+        assert_same_points(trackio_points(exp_path, run_id), expected, f"trackio run_{run_id}")
+    for run_id in LIFECYCLES:  # the session start (hparams) is written once per run
+        assert tb_hparams(exp_path, run_id)[0].group_name == f"run_{run_id}"
+    last = {name: json.loads((exp_path / "tracking" / f"{name}.json").read_text())["last_seq"]
+            for name in ALL}
+    assert last == {name: events.last_seq for name in ALL}
+
+
+def test_replay_after_a_crash_before_the_seq_was_saved_adds_no_points(tmp_path):
+    """MLflow and Trackio writes are idempotent: when the saved seq lags what was written (a
+    crash between the write and the save), replaying the gap adds no point twice."""
+    exp_path = tmp_path / "exp"
+    names = ["mlflow", "trackio"]
+    events = EventLog(exp_path / "events.jsonl")
+    rec = Recorder(events)
+    hub = TrackerHub(events, exp_path, "exp", names).start()
+    rec.phase1()
+    assert hub.flush(120)
+    hub.close()
+    saved = {n: (exp_path / "tracking" / f"{n}.json").read_text() for n in names}
+    hub = TrackerHub(events, exp_path, "exp", names).start()
+    rec.phase2()
+    assert hub.flush(120)
+    hub.close()
+    for name, text in saved.items():  # the crash: phase 2 was written, its seq never saved
+        (exp_path / "tracking" / f"{name}.json").write_text(text)
+    state = json.loads(saved["mlflow"])
+    state["state"]["runs"].pop("1")  # even a run id lost from the state is found by its tags
+    (exp_path / "tracking" / "mlflow.json").write_text(json.dumps(state))
+
+    hub = TrackerHub(EventLog(exp_path / "events.jsonl"), exp_path, "exp", names).start()
+    assert hub.flush(120) and hub.failures == {}
+    hub.close()
+    mruns = mlflow_runs(exp_path)
+    assert sorted(mruns) == [1, 2, 3, 4, 5]
+    for run_id, expected in rec.expected.items():
+        assert_same_points(mlflow_points(exp_path, mruns[run_id]), expected, f"mlflow run_{run_id}")
+        assert_same_points(trackio_points(exp_path, run_id), expected, f"trackio run_{run_id}")
+
+
+# -- failures stay inside the tracker ----------------------------------------------------------
+
+class RaisingTracker(Tracker):
+    name = "raising"
+
+    def __init__(self, fail_on: str = "log_metrics"):
+        super().__init__()
+        self.fail_on = fail_on
+        self.calls = 0
+
+    def log_metrics(self, run, step, metrics, wall_time):
+        self.calls += 1
+        if self.fail_on == "log_metrics":
+            raise RuntimeError("backend exploded")
+
+
+class ThreadRecorder(Tracker):
+    name = "thread-recorder"
+
+    def __init__(self):
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def run_created(self, run, wall_time):
+        self.threads.add(threading.get_ident())
+
+    def log_metrics(self, run, step, metrics, wall_time):
+        self.threads.add(threading.get_ident())
+
+
+def test_a_raising_tracker_warns_once_and_others_go_on(tmp_path):
+    exp_path = tmp_path / "exp"
+    raising, watcher = RaisingTracker(), ThreadRecorder()
+    with pytest.warns(TrackerWarning) as caught:
+        rec, hub = _track(exp_path, ["tensorboard", raising, watcher])
+    messages = [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
+    assert len(messages) == 1
+    assert "raising tracker" in messages[0] and "backend exploded" in messages[0]
+    assert raising.calls == 1 and hub.failures == {"raising": "RuntimeError: backend exploded"}
+    assert hub.names == ["tensorboard", "thread-recorder"]
+    for run_id, expected in rec.expected.items():
+        assert_same_points(tb_points(exp_path, run_id), expected, f"tensorboard run_{run_id}")
+    # trackers never run in the thread that appends events (the training thread)
+    assert watcher.threads and threading.get_ident() not in watcher.threads
+
+
+def test_missing_package_and_unwritable_folder_disable_only_that_tracker(tmp_path, monkeypatch):
+    exp_path = tmp_path / "exp"
+    exp_path.mkdir()
+    (exp_path / "tensorboard").write_text("a file where the TensorBoard folder should be")
+    monkeypatch.setitem(sys.modules, "trackio", None)  # what `import trackio` sees when missing
+    with pytest.warns(TrackerWarning) as caught:
+        rec, hub = _track(exp_path, ALL)
+    messages = sorted(str(w.message) for w in caught if issubclass(w.category, TrackerWarning))
+    assert len(messages) == 2
+    assert "tensorboard tracker failed" in messages[0]
+    assert "trackio tracker failed" in messages[1] and "ModuleNotFoundError" in messages[1]
+    assert "pip install 'rapidfire-nb[trackio]'" in messages[1]
+    assert sorted(hub.failures) == ["tensorboard", "trackio"] and hub.names == ["mlflow"]
+    mruns = mlflow_runs(exp_path)
+    for run_id, expected in rec.expected.items():
+        assert_same_points(mlflow_points(exp_path, mruns[run_id]), expected, f"mlflow run_{run_id}")
+
+
+def test_trackio_store_lives_in_the_experiment_folder(tmp_path):
+    # trackio reads TRACKIO_DIR once, at import: a fresh interpreter shows the default placement
+    exp_path = tmp_path / "exp"
+    code = f"""
+import os, sys
+os.environ.pop("TRACKIO_DIR", None)
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from pathlib import Path
+import test_tracking as t
+rec, hub = t._track(Path({str(exp_path)!r}), ["trackio"], name="placement")
+assert hub.failures == {{}}, hub.failures
+print(len(t.trackio_points(Path({str(exp_path)!r}), 1)["train/loss"]))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRACKIO_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=str(Path(__file__).parent.parent), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == str(STEPS_PER_CHUNK * NUM_CHUNKS)
+    assert (exp_path / "trackio" / "placement.db").exists()
+    assert trackio_state(exp_path)["trackio_dir"] == str((exp_path / "trackio").resolve())
+
+
+def test_non_numeric_and_nan_metrics(tmp_path):
+    exp_path = tmp_path / "exp"
+    events = EventLog(exp_path / "events.jsonl")
+    hub = TrackerHub(events, exp_path, "exp", ["tensorboard", "mlflow"]).start()
+    rec = Recorder(events)
+    rec.create(1, 1e-3)
+    events.append("metric", run_id=1, split="train", step=1, samples_seen=4, epoch=0, chunk=0,
+                  metrics={"loss": float("nan"), "note": "text", "flag": True, "lr": 0.1})
+    assert hub.flush(60) and hub.failures == {}
+    hub.close()
+    points = tb_points(exp_path, 1)
+    assert sorted(points) == ["train/global_step", "train/loss", "train/lr"]
+    assert math.isnan(points["train/loss"][0][1])
+    mrun = mlflow_runs(exp_path)[1]
+    assert sorted(mrun.data.metrics) == ["train/global_step", "train/loss", "train/lr"]
