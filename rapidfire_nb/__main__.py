@@ -1,0 +1,5 @@
+import sys
+
+from rapidfire_nb.cli import main
+
+sys.exit(main())

@@ -1,0 +1,121 @@
+"""Command line: ``rapidfire demo`` (offline by default) and ``rapidfire bench``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def _demo_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rapidfire demo",
+                                description="Train 4 SFT configs (2 LoRA x 2 learning rates) interleaved, "
+                                            "offline on a tiny model, and print a leaderboard.")
+    p.add_argument("--model", default=None, help="a Hugging Face model name (needs the network); "
+                                                 "default: a tiny model built offline")
+    p.add_argument("--dataset", default=None, help="a Hugging Face dataset name with prompt/completion or "
+                                                   "text columns (needs the network); default: synthetic")
+    p.add_argument("--num-chunks", type=int, default=4)
+    p.add_argument("--train-size", type=int, default=512)
+    p.add_argument("--epochs", type=float, default=2)
+    p.add_argument("--path", default="rapidfire_experiments", help="experiment folder parent")
+    p.add_argument("--name", default="demo")
+    return p
+
+
+def demo(argv: list[str]) -> int:
+    args = _demo_parser().parse_args(argv)
+    print("rapidfire demo: loading libraries...", flush=True)
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+    from rapidfire_nb import demo_data
+
+    if args.model:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        def create_model(cfg):
+            tok = AutoTokenizer.from_pretrained(cfg["model_name"])
+            return AutoModelForCausalLM.from_pretrained(cfg["model_name"], **cfg["model_kwargs"]), tok
+
+        model_name, targets_small, targets_big = args.model, ["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"]
+    else:
+        create_model = demo_data.tiny_create_model
+        model_name, targets_small, targets_big = "tiny-llama-offline", ["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"]
+    if args.dataset:
+        from datasets import load_dataset
+
+        ds = load_dataset(args.dataset, split="train").shuffle(seed=0)
+        train = ds.select(range(min(args.train_size, len(ds) - 64)))
+        evald = ds.select(range(len(ds) - 64, len(ds)))
+    else:
+        train, evald = demo_data.make_demo_datasets(args.train_size, 64)
+
+    loras = List([RFLoraConfig(r=8, lora_alpha=16, target_modules=targets_small, lora_dropout=0.05),
+                  RFLoraConfig(r=32, lora_alpha=64, target_modules=targets_big, lora_dropout=0.05)])
+    configs = List([
+        RFModelConfig(model_name=model_name, peft_config=loras,
+                      training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=16,
+                                                num_train_epochs=args.epochs, lr_scheduler_type="linear",
+                                                warmup_steps=2, bf16=False, max_length=64))
+        for lr in (3e-3, 3e-4)
+    ])
+    group = RFGridSearch(configs, trainer_type="SFT")
+    exp = Experiment(args.name, experiment_path=args.path)
+    t0 = time.time()
+    exp.run_fit(group, create_model, train, evald, num_chunks=args.num_chunks, seed=42, block=False)
+    info = exp.get_runs_info()
+    print(f"{len(info)} runs, {args.num_chunks} chunks per epoch; experiment folder: {exp.path}")
+    seen = 0
+    while True:
+        done = exp.wait(timeout=0.5)
+        for ev in exp.events.since(seen):
+            seen = ev["seq"]
+            if ev["type"] == "chunk_done":
+                evals = [e for e in exp.events.since(0) if e["type"] == "metric" and e["split"] == "eval"
+                         and e["run_id"] == ev["run_id"]]
+                loss = evals[-1]["metrics"].get("eval_loss") if evals else float("nan")
+                print(f"  [{time.time() - t0:6.1f}s] run {ev['run_id']} epoch {ev['epoch'] + 1} chunk "
+                      f"{ev['chunk'] + 1}/{args.num_chunks}: step {ev['completed_steps']}/{ev['total_steps']}, "
+                      f"eval_loss {loss:.4f}", flush=True)
+            elif ev["type"] == "run_status" and ev["status"] == "failed":
+                print(f"  run {ev['run_id']} FAILED: {ev.get('reason')}", flush=True)
+        if done:
+            break
+    info = exp.get_runs_info()
+    cols = [c for c in info.columns if c in ("run_id", "status", "learning_rate", "r", "target_modules",
+                                             "completed_steps", "eval_loss")]
+    board = info[cols].sort_values("eval_loss")
+    print("\nLeaderboard (lower eval_loss is better):")
+    print(board.to_string(index=False))
+    split = exp.time_split()
+    wall = time.time() - t0
+    print(f"\nwall {wall:.1f}s; engine time split: train {split['train']:.1f}s, eval {split['eval']:.1f}s, "
+          f"swap {split['swap']:.3f}s, other {split['other']:.1f}s")
+    print(f"logs, checkpoints and TensorBoard files: {exp.path}")
+    print(f"  tensorboard --logdir {exp.path / 'tensorboard'}")
+    exp.end()
+    failed = (info["status"] == "failed").any()
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: rapidfire {demo,bench} [options]\n\n"
+              "  demo   train 4 configs interleaved on a tiny offline model and print a leaderboard\n"
+              "  bench  compare interleaved training against plain sequential TRL\n")
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "demo":
+        return demo(rest)
+    if cmd == "bench":
+        from rapidfire_nb.bench import main as bench_main
+
+        return bench_main(rest)
+    print(f"rapidfire: unknown command {cmd!r}; use 'demo' or 'bench'", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

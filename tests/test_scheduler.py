@@ -1,0 +1,78 @@
+"""Scheduler and chunk-plan properties (pure Python, no torch)."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rapidfire_nb.engine.chunks import ChunkPlan
+from rapidfire_nb.engine.scheduler import FairScheduler, RunView
+from rapidfire_nb.errors import ConfigError
+
+
+def simulate(num_runs, num_chunks, epochs, stops):
+    """Drive the policy like the controller does; return the trained (run, epoch, chunk) order."""
+    progress = {r: 0 for r in range(1, num_runs + 1)}
+    limit = {r: epochs[r - 1] * num_chunks for r in progress}
+    stopped = set()
+    sched = FairScheduler(["cpu"])
+    order, on_device = [], None
+    for _ in range(10_000):
+        views = [RunView(r, progress[r], r not in stopped and progress[r] < limit[r]) for r in progress]
+        choice = sched.choose(views, "cpu", on_device)
+        if choice is None:
+            return order, progress, limit, stopped
+        order.append((choice, progress[choice]))
+        progress[choice] += 1
+        on_device = choice
+        if (choice, progress[choice]) in stops:
+            stopped.add(choice)
+    raise AssertionError("scheduler did not terminate")
+
+
+@settings(max_examples=300, deadline=None)
+@given(num_runs=st.integers(1, 12), num_chunks=st.integers(1, 6),
+       epochs=st.lists(st.integers(1, 3), min_size=12, max_size=12),
+       stops=st.sets(st.tuples(st.integers(1, 12), st.integers(1, 18)), max_size=4))
+def test_fair_and_terminates(num_runs, num_chunks, epochs, stops):
+    order, progress, limit, stopped = simulate(num_runs, num_chunks, epochs, stops)
+    # every schedulable run reached its end; stopped runs stayed where they stopped
+    for r in progress:
+        if r not in stopped:
+            assert progress[r] == limit[r]
+    # fairness: when a run starts chunk p, no schedulable run still has progress < p
+    done = {r: 0 for r in progress}
+    halted = set()
+    for run, p in order:
+        for other in progress:
+            if other != run and other not in halted and done[other] < limit[other]:
+                assert done[other] >= p, f"run {run} started chunk {p} before run {other} finished {done[other]}"
+        done[run] = p + 1
+        if (run, done[run]) in stops:
+            halted.add(run)
+
+
+def test_devices_required():
+    with pytest.raises(ValueError):
+        FairScheduler([])
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 500), bs=st.integers(1, 16), ga=st.integers(1, 4), seed=st.integers(0, 99))
+def test_chunk_plan_partitions_the_epoch(n, bs, ga, seed):
+    steps = -(-(-(-n // bs)) // ga)
+    chunks = min(steps, 1 + seed % 5)
+    plan = ChunkPlan(n, bs, ga, chunks, seed)
+    bounds = plan.chunk_bounds()
+    assert bounds[0] == 0 and bounds[-1] == plan.steps_per_epoch == steps
+    assert all(b2 > b1 for b1, b2 in zip(bounds, bounds[1:]))  # no empty chunk
+    seen = [i for s in range(plan.steps_per_epoch) for mb in plan.step_micro_batches(0, s) for i in mb]
+    assert sorted(seen) == list(range(n))  # every example exactly once per epoch
+    # the order depends on (seed, epoch) only, not on the number of chunks
+    other = ChunkPlan(n, bs, ga, 1, seed)
+    assert [other.step_micro_batches(1, s) for s in range(steps)] == [plan.step_micro_batches(1, s) for s in range(steps)]
+
+
+def test_too_many_chunks_is_a_clear_error():
+    with pytest.raises(ConfigError, match="num_chunks=9 is larger than the 8 optimizer steps"):
+        ChunkPlan(64, 8, 1, 9, 0)
+    with pytest.raises(ConfigError, match="num_chunks must be an integer >= 1"):
+        ChunkPlan(64, 8, 1, 0, 0)
