@@ -310,7 +310,10 @@ class _RFConfig:
         return value
 
     # -- validation by building the real object ----------------------------------------------
-    def _validate(self, knobs: dict, notes: list, warn: bool) -> None:
+    def _validate(self, knobs: dict, notes: list, warn: bool, about: str | None = None) -> None:
+        """Build the real object for the combinations of this config's own axes; warn (once per
+        text) about ported knobs, device fallbacks and what TRL/PEFT themselves warn about --
+        on assignment, only what concerns the assigned knob (``about``)."""
         target = self._target()
         axes = [name for name, value in knobs.items() if _has_axis(value)]
         per_knob = {name: list(_node(value, name).corners()) for name, value in knobs.items()}
@@ -322,10 +325,13 @@ class _RFConfig:
             notes.extend(combo_notes)
         if warn:
             seen = set()
-            for text in notes + [t for _, t in records]:
+            found = [(RapidFireConfigWarning, t) for t in notes] + records
+            for category, text in found:
+                if about is not None and about not in text:
+                    continue
                 if text not in seen:
                     seen.add(text)
-                    warnings.warn(text, RapidFireConfigWarning, stacklevel=3)
+                    warnings.warn(text, category, stacklevel=3)
 
     # -- attribute access (RapidFire tutorials do ``cfg = base.copy(); cfg.r = 16``) ------------
     def __getattr__(self, name: str):
@@ -351,7 +357,7 @@ class _RFConfig:
             updated[name] = accepted[name]       # keep its place in the axis order
         else:
             updated.update(accepted)
-        self._validate(updated, notes, warn=True)
+        self._validate(updated, notes, warn=True, about=name)
         object.__setattr__(self, "_knobs", updated)
 
     def __delattr__(self, name: str) -> None:
