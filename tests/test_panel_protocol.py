@@ -434,7 +434,7 @@ def invalid_messages(draw):
         msg = {"type": "op", "op": "clone", "run_id": 1, "validate_only": draw(st.booleans())}
         msg["changes"] = draw(st.one_of(
             hostile_leaf.filter(lambda v: not isinstance(v, dict)),
-            st.dictionaries(st.sampled_from(["", "1abc", "a..b", "a.", "__import__('os')", "a b", "x" * 201]),
+            st.dictionaries(st.sampled_from(["", "1abc", "a..b", "a.", "__import__('os')", "a b", "x" * 201, "__class__", "training_args.__init__", "_private"]),
                             json_any, min_size=1, max_size=2),
             st.just({"training_args.learning_rate": float("nan")}),
             st.just({"training_args.learning_rate": "x" * 5000}),
@@ -532,3 +532,71 @@ def test_to_json_makes_engine_values_wire_safe():
     out = proto.to_json({"a": np.float32(1.5), "b": np.int64(3), "c": float("nan"), "d": (1, 2), 4: "x" * 3000})
     assert out["a"] == 1.5 and out["b"] == 3 and out["c"] is None and out["d"] == [1, 2]
     assert len(out["4"]) == proto.MAX_WIRE_STRING and not any(isinstance(v, float) and math.isnan(v) for v in out.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# the real Experiment
+
+
+def test_real_experiment_driven_from_the_panel(tmp_path):
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+    from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
+
+    train, evals = make_demo_datasets(32, 8)
+    config = RFModelConfig(
+        model_name="tiny", peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        training_args=RFSFTConfig(learning_rate=List([3e-3, 1e-3]), per_device_train_batch_size=8,
+                                  num_train_epochs=1, bf16=False, max_length=64),
+    )
+    exp = Experiment("panel-real", experiment_path=tmp_path)
+    exp.run_fit(RFGridSearch(config, trainer_type="SFT"), tiny_create_model, train, evals, num_chunks=2, block=False)
+    try:
+        panel = exp.panel()
+        assert isinstance(panel, Panel) and exp.panel() is panel
+        wire = Wire(panel)
+        hostile = [
+            {"type": "op", "op": "stop", "run_id": True},
+            {"type": "op", "op": "exec", "run_id": 1},
+            {"type": "op", "op": "clone", "run_id": 1, "changes": {"__class__.__init__": 1}},
+            {"type": "op", "op": "clone", "run_id": 1, "changes": {"training_args.learning_rate": 1e-3}, "extra": 1},
+            {"type": "editable", "run_id": "1; import os"},
+        ]
+        for msg in hostile:
+            reply = wire.ask(msg)
+            assert reply["ok"] is False and reply["error"].startswith("malformed"), reply
+
+        knobs = wire.ask({"type": "editable", "run_id": 1})["knobs"]
+        assert knobs["training_args.learning_rate"] == pytest.approx(3e-3) and knobs["peft_config.r"] == 4
+        r = wire.ask({"type": "op", "op": "clone", "run_id": 1, "changes": {"training_args.learning_rate": -1},
+                      "validate_only": True})
+        assert r["ok"] is False and "learning_rate" in r["error"]
+        r = wire.ask({"type": "op", "op": "clone", "run_id": 1, "changes": {"peft_config.r": 16},
+                      "warm_start": True, "validate_only": True})
+        assert r["ok"] is False and "peft_config.r" in r["error"]
+        assert wire.ask({"type": "op", "op": "stop", "run_id": 2})["ok"] is True
+        r = wire.ask({"type": "op", "op": "clone", "run_id": 1, "changes": {"training_args.learning_rate": 5e-4}})
+        assert r["ok"] is True and r["new_run_id"] == 3
+        assert exp.wait(timeout=600)
+
+        info = exp.get_runs_info().set_index("run_id")
+        assert info.loc[2, "status"] == "stopped"
+        assert info.loc[3, "status"] == "completed" and info.loc[3, "parent_run_id"] == 1
+        events = pull_all(wire)
+        assert [e["seq"] for e in events] == list(range(1, exp.events.last_seq + 1))
+        created = {e["run_id"] for e in events if e["type"] == "run_created"}
+        assert created == {1, 2, 3}  # the refused and malformed clones created nothing
+        ops = [(e["op"], e["run_id"]) for e in events if e["type"] == "op"]
+        assert sorted(ops) == [("clone", 1), ("stop", 2)]
+        assert any(e["type"] == "metric" and e["run_id"] == 3 for e in events)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not wire.pushes():
+            time.sleep(0.1)
+        assert wire.pushes(), "the publisher pushed nothing during training"
+        assert wire.ask({"type": "traceback", "run_id": 1})["traceback"] is None
+    finally:
+        exp.end()
+    panel._publisher.join(timeout=5)
+    assert not panel._publisher.is_alive()
+    # After end() the view can still pull the whole log.
+    assert pull_all(wire)[-1]["type"] == "experiment_end"

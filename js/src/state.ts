@@ -42,6 +42,7 @@ export interface RunState {
   completedSteps: number;
   samplesSeen: number;
   chunksDone: number;
+  /** Epoch and chunk (0-based, as the engine logs them) of the last chunk trained. */
   epoch: number | null;
   chunk: number | null;
   hasError: boolean;
@@ -284,6 +285,9 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       run.numChunks = num(ev.num_chunks);
       const base = num(ev.base_samples_seen);
       if (base !== null && base > run.samplesSeen) run.samplesSeen = base;
+      // A warm-started clone continues its parent's data stream from the parent's step.
+      const baseStep = num(ev.base_step);
+      if (baseStep !== null && baseStep > run.completedSteps) run.completedSteps = baseStep;
       break;
     }
     case "run_status": {
@@ -304,8 +308,6 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       const samples = num(ev.samples_seen);
       if (step !== null && split === "train" && step > run.completedSteps) run.completedSteps = step;
       if (samples !== null && samples > run.samplesSeen) run.samplesSeen = samples;
-      if (num(ev.epoch) !== null) run.epoch = num(ev.epoch);
-      if (num(ev.chunk) !== null) run.chunk = num(ev.chunk);
       const x = split === "train" ? step : samples;
       const names = split === "train" ? state.trainMetrics : state.evalMetrics;
       for (const [name, rawValue] of Object.entries(metrics)) {
@@ -668,11 +670,15 @@ export function fmtSeconds(s: number): string {
   return `${(s / 60).toFixed(1)} min`;
 }
 
+/** "epoch 1 · chunk 2/4 · step 6/16": the last chunk trained (1-based) and the optimizer steps. */
 export function progressText(run: RunState): string {
   const parts: string[] = [];
-  if (run.numChunks !== null) parts.push(`chunk ${run.chunksDone}/${run.numChunks}`);
-  else parts.push(`chunks ${run.chunksDone}`);
-  if (run.epoch !== null) parts.push(`epoch ${fmtNumber(run.epoch)}`);
+  if (run.epoch !== null && run.chunk !== null) {
+    parts.push(`epoch ${run.epoch + 1}`);
+    parts.push(run.numChunks !== null ? `chunk ${run.chunk + 1}/${run.numChunks}` : `chunk ${run.chunk + 1}`);
+  } else {
+    parts.push(run.numChunks !== null ? `chunk 0/${run.numChunks}` : "chunk 0");
+  }
   parts.push(run.totalSteps !== null ? `step ${run.completedSteps}/${run.totalSteps}` : `step ${run.completedSteps}`);
   return parts.join(" · ");
 }

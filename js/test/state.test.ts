@@ -312,7 +312,11 @@ describe("derived view data", () => {
   it("describes progress", () => {
     const state = createState();
     ingest(state, experimentLog());
-    expect(progressText(state.runs.get(1)!)).toContain("step 2/8");
+    expect(progressText(state.runs.get(1)!)).toBe("epoch 1 · chunk 1/4 · step 2/8");
+    expect(progressText(state.runs.get(3)!)).toBe("chunk 0/4 · step 0/8");
+    ingest(state, [{ seq: 22, type: "run_created", run_id: 4, knobs: {}, parent_run_id: 1, warm_start: true,
+      total_steps: 8, num_chunks: 4, base_samples_seen: 16, base_step: 2 }]);
+    expect(progressText(state.runs.get(4)!)).toBe("chunk 0/4 · step 2/8");
   });
 });
 

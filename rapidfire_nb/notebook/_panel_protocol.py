@@ -53,7 +53,8 @@ _ALLOWED_KEYS = {
     "op": _COMMON_KEYS | {"op", "run_id"},
     "clone": _COMMON_KEYS | {"op", "run_id", "changes", "warm_start", "validate_only"},
 }
-_KNOB_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+# Dotted identifiers; no part may start with "_", so no private or dunder attribute is ever named.
+_KNOB_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*")
 
 
 class MessageError(ValueError):

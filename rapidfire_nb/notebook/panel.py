@@ -243,6 +243,16 @@ class Panel(anywidget.AnyWidget):
 
     # -- lifetime ------------------------------------------------------------------------------
 
+    def close_publisher(self) -> None:
+        """Stop pushing (the experiment ended); the view can still pull what is in the log."""
+        publisher = getattr(self, "_publisher", None)
+        if publisher is not None:
+            publisher.stop()
+        try:
+            self._refresh_snapshot()
+        except Exception:
+            log.debug("rapidfire panel: final snapshot failed", exc_info=True)
+
     def close(self) -> None:
         self._closed = True
         publisher = getattr(self, "_publisher", None)

@@ -1,0 +1,166 @@
+"""End to end in a real browser: JupyterLab + Chromium, a small real experiment, the panel clicked.
+
+The notebook starts three LoRA runs of a tiny Llama model (``run_fit`` returns at once in a kernel
+and the Experiment displays as the panel). The test watches the curves grow, clicks Stop on run 1
+and sees it stop while the others go on, then clone-modifies run 2 with another learning rate
+(first an invalid one, refused inline) and sees the new run appear and train. What the page shows
+is checked against the experiment's event log on disk. Screenshots go to test-output/browser/.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "browser"
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+EXPERIMENT = "browser-panel"
+NEW_LR = 0.002
+
+NOTEBOOK_CODE = """\
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
+
+train, evals = make_demo_datasets(192, 16)
+config = RFModelConfig(
+    model_name="tiny-llama",
+    peft_config=RFLoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+    training_args=RFSFTConfig(learning_rate=List([3e-3, 1e-3, 3e-4]), per_device_train_batch_size=8,
+                              num_train_epochs=3, bf16=False, max_length=64),
+)
+exp = Experiment("{name}", experiment_path="experiments")
+exp.run_fit(RFGridSearch(config, trainer_type="SFT"), tiny_create_model, train, evals, num_chunks=6)
+"""
+
+
+def _write_notebook(root: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(NOTEBOOK_CODE.replace("{name}", EXPERIMENT))]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = root / "panel_demo.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def _events(root: Path) -> list[dict]:
+    path = root / "experiments" / EXPERIMENT / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line being written
+    return out
+
+
+def _trace_points(page, chart: str) -> dict[str, int]:
+    """Points per trace (by trace name) in one of the panel's Plotly charts."""
+    return page.evaluate(
+        """(chart) => {
+            const div = document.querySelector(`[data-testid=rf-chart-${chart}]`);
+            const out = {};
+            for (const t of (div && div.data) || []) out[t.name] = (t.x || []).length;
+            return out;
+        }""",
+        chart,
+    )
+
+
+def _row_status(page, run_id: int) -> str | None:
+    loc = page.locator(f'[data-testid=rf-runs] tr[data-run-id="{run_id}"]')
+    return loc.get_attribute("data-status") if loc.count() else None
+
+
+def _wait(predicate, timeout: float, what: str, page=None, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    if page is not None:
+        page.screenshot(path=str(OUTPUT / "timeout.png"), full_page=True)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_panel_in_jupyterlab(lab, page):
+    _write_notebook(lab.root)
+    page.goto(f"{lab.url}/lab/tree/panel_demo.ipynb?token={lab.token}")
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    page.locator(".jp-Cell .jp-InputArea-editor").first.click()
+    page.keyboard.press("Shift+Enter")
+
+    # --- the panel appears and the curves grow ------------------------------------------------
+    panel = page.locator("[data-testid=rf-panel]")
+    panel.wait_for(timeout=180_000)
+    points = _wait(lambda: (lambda p: p if len(p) >= 2 and min(p.values()) >= 2 else None)(_trace_points(page, "train")),
+                   240, "train curves of two runs", page)
+    page.screenshot(path=str(OUTPUT / "01_curves.png"), full_page=True)
+    before = sum(points.values())
+    _wait(lambda: sum(_trace_points(page, "train").values()) > before + 4, 120, "the curves to grow", page)
+    assert page.locator("[data-testid=rf-runs] tr[data-run-id]").count() == 3
+    assert "Traceback" not in page.locator(".jp-OutputArea-output").first.inner_text()
+
+    # --- Stop run 1: it stops, the others go on ------------------------------------------------
+    _wait(lambda: _row_status(page, 1) in ("running", "pending"), 60, "run 1 to be active", page)
+    stop = page.locator('[data-testid=rf-runs] tr[data-run-id="1"] button[data-op="stop"]')
+    assert stop.is_enabled()
+    stop.click()
+    _wait(lambda: _row_status(page, 1) == "stopped", 180, "run 1 to show as stopped", page)
+    page.screenshot(path=str(OUTPUT / "02_stopped.png"), full_page=True)
+    assert page.locator('[data-testid=rf-runs] tr[data-run-id="1"] button[data-op="stop"]').is_disabled()
+    assert page.locator('[data-testid=rf-runs] tr[data-run-id="1"] button[data-op="resume"]').is_enabled()
+    stopped_points = _trace_points(page, "train")
+    others_before = {k: v for k, v in stopped_points.items() if k != "run 1"}
+    _wait(lambda: any(_trace_points(page, "train").get(k, 0) > v + 2 for k, v in others_before.items()),
+          180, "other runs to keep training after run 1 stopped", page)
+    assert _trace_points(page, "train")["run 1"] == stopped_points["run 1"]
+    events = _events(lab.root)
+    stop_seq = next(e["seq"] for e in events
+                    if e["type"] == "run_status" and e["run_id"] == 1 and e["status"] == "stopped")
+    later = [e for e in events if e["seq"] > stop_seq and e["type"] == "metric"]
+    assert later and all(e["run_id"] != 1 for e in later)
+    assert any(e["type"] == "op" and e["op"] == "stop" and e["run_id"] == 1 and e["accepted"] for e in events)
+
+    # --- clone-modify run 2 with another learning rate ---------------------------------------
+    page.locator('[data-testid=rf-runs] tr[data-run-id="2"] button[data-op="clone"]').click()
+    editor = page.locator("[data-testid=rf-clone-editor]")
+    lr = editor.locator('input[data-knob="training_args.learning_rate"]')
+    lr.wait_for(timeout=60_000)
+    assert float(lr.input_value()) == pytest.approx(1e-3)
+    runs_before = {e["run_id"] for e in _events(lab.root) if e["type"] == "run_created"}
+
+    lr.fill("fast")  # not a number: refused in the editor, nothing sent
+    _wait(lambda: editor.locator(".rf-field-error").first.inner_text().strip() != "", 30, "an inline parse error", page)
+    lr.fill("-1")  # a number the real config rejects: refused by Python's validate_only
+    _wait(lambda: "rf-error" in (editor.locator("[data-testid=rf-clone-status]").get_attribute("class") or "")
+          and "learning_rate" in editor.locator("[data-testid=rf-clone-status]").inner_text(),
+          60, "a validation error naming learning_rate", page)
+    page.screenshot(path=str(OUTPUT / "03_clone_invalid.png"), full_page=True)
+    assert {e["run_id"] for e in _events(lab.root) if e["type"] == "run_created"} == runs_before
+
+    lr.fill(str(NEW_LR))
+    _wait(lambda: editor.locator("[data-testid=rf-clone-status]").inner_text().startswith("valid"), 60,
+          "the clone to validate", page)
+    editor.locator("[data-testid=rf-clone-create]").click()
+    new_row = page.locator('[data-testid=rf-runs] tr[data-run-id="4"]')
+    new_row.wait_for(timeout=120_000)
+    _wait(lambda: _trace_points(page, "train").get("run 4", 0) >= 2, 240, "the clone to train", page)
+    assert new_row.locator("td").nth(1).inner_text() in ("running", "pending", "completed")
+    created = next(e for e in _events(lab.root) if e["type"] == "run_created" and e["run_id"] == 4)
+    assert created["parent_run_id"] == 2 and created["warm_start"] is False
+    assert created["config"]["training_args"]["learning_rate"] == pytest.approx(NEW_LR)
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=str(OUTPUT / "04_clone_training.png"), full_page=True)
+    panel.screenshot(path=str(OUTPUT / "panel.png"))
+    errors = [line for line in page.console_log if line.startswith("pageerror")]
+    assert errors == [], errors
