@@ -17,7 +17,7 @@ def _demo_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default=None, help="a Hugging Face dataset name with prompt/completion or "
                                                    "text columns (needs the network); default: synthetic")
     p.add_argument("--num-chunks", type=int, default=4)
-    p.add_argument("--train-size", type=int, default=512)
+    p.add_argument("--train-size", type=int, default=256)
     p.add_argument("--epochs", type=float, default=2)
     p.add_argument("--path", default="rapidfire_experiments", help="experiment folder parent")
     p.add_argument("--name", default="demo")
@@ -49,7 +49,7 @@ def demo(argv: list[str]) -> int:
         train = ds.select(range(min(args.train_size, len(ds) - 64)))
         evald = ds.select(range(len(ds) - 64, len(ds)))
     else:
-        train, evald = demo_data.make_demo_datasets(args.train_size, 64)
+        train, evald = demo_data.make_demo_datasets(args.train_size, 32)
 
     loras = List([RFLoraConfig(r=8, lora_alpha=16, target_modules=targets_small, lora_dropout=0.05),
                   RFLoraConfig(r=32, lora_alpha=64, target_modules=targets_big, lora_dropout=0.05)])
@@ -58,7 +58,7 @@ def demo(argv: list[str]) -> int:
                       training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=16,
                                                 num_train_epochs=args.epochs, lr_scheduler_type="linear",
                                                 warmup_steps=2, bf16=False, max_length=64))
-        for lr in (3e-3, 3e-4)
+        for lr in (2e-2, 2e-3)
     ])
     group = RFGridSearch(configs, trainer_type="SFT")
     exp = Experiment(args.name, experiment_path=args.path)

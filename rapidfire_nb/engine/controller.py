@@ -326,7 +326,9 @@ class Engine:
             base = self.bases.get(rec.spec.base_key())
             if rt.adapter_name is not None and base is not None and base.peft_model is not None:
                 try:
-                    base.peft_model.delete_adapter(rt.adapter_name)
+                    with warnings.catch_warnings():  # PEFT warns when the active adapter goes
+                        warnings.simplefilter("ignore")
+                        base.peft_model.delete_adapter(rt.adapter_name)
                 except Exception:
                     # PEFT refuses to delete the last adapter; it is then just left inactive
                     pass
