@@ -1,0 +1,407 @@
+"""The ``%rapidfire`` line magic: steer the kernel's current experiment from a cell.
+
+    %load_ext rapidfire
+    %rapidfire status                       # compact table of runs
+    %rapidfire stop 2
+    %rapidfire resume 2
+    %rapidfire delete 3
+    %rapidfire clone 1 lr=5e-4 lora_dropout=0.05 --warm-start
+    %rapidfire knobs 1                      # what a clone of run 1 may change
+    %rapidfire panel | tensorboard | results | help
+
+Everything typed here is data, never code: values are read with ``json.loads`` and then
+``ast.literal_eval`` (literals only), and a mistake prints one line naming it instead of a
+traceback; a refused command changes nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import math
+import sys
+from typing import Any
+
+from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
+
+from rapidfire_nb.errors import RapidFireError
+
+USAGE = """\
+%rapidfire <command> [arguments]   (acts on the kernel's current Experiment)
+
+  panel                         show the live control panel
+  status                        compact table of the runs
+  stop ID                       stop a run at its next chunk boundary (its checkpoint stays)
+  resume ID                     resume a stopped run from its checkpoint
+  delete ID                     remove a run for good (its metrics stay, marked deleted)
+  clone ID key=value ... [--warm-start]
+                                new run from run ID's config plus the changes; keys are dotted
+                                (training_args.learning_rate) or short (learning_rate, lr) names
+                                of the run's knobs; values are JSON or Python literals
+                                (5e-4, 16, true, "cosine", ["q_proj","v_proj"]); --warm-start
+                                starts from run ID's current weights and data position
+  knobs ID                      the knobs a clone of run ID may change, with their values
+  tensorboard                   open TensorBoard on this experiment's logs
+  results                       every logged metric (long form DataFrame)
+  help                          this text"""
+
+# Short names people type for the knobs they change most often.
+ALIASES = {
+    "lr": "learning_rate",
+    "batch_size": "per_device_train_batch_size",
+    "bs": "per_device_train_batch_size",
+    "epochs": "num_train_epochs",
+    "rank": "r",
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+}
+WARM_FLAGS = ("--warm-start", "--warm_start", "--warm")
+_SECTIONS = ("training_args", "peft_config", "generation_config", "model_kwargs")
+_MAX_VALUE_CHARS = 10_000
+
+
+class MagicError(Exception):
+    """A malformed or refused command; its message is printed as one line."""
+
+
+# -- parsing (pure functions, tested on their own) ---------------------------------------------
+
+def split_args(line: str) -> list[str]:
+    """Split on whitespace outside quotes and brackets, keeping quotes (they matter to JSON)."""
+    tokens: list[str] = []
+    cur: list[str] = []
+    quote: str | None = None
+    depth = 0
+    i = 0
+    while i < len(line):
+        ch = line[i]
+        if quote:
+            cur.append(ch)
+            if ch == "\\" and i + 1 < len(line):
+                cur.append(line[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+            cur.append(ch)
+        elif ch in "[{(":
+            depth += 1
+            cur.append(ch)
+        elif ch in "]})":
+            depth -= 1
+            if depth < 0:
+                raise MagicError(f"unbalanced {ch!r} in: {line.strip()}")
+            cur.append(ch)
+        elif ch.isspace() and depth == 0:
+            if cur:
+                tokens.append("".join(cur))
+                cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    if quote:
+        raise MagicError(f"unclosed {quote} quote in: {line.strip()}")
+    if depth:
+        raise MagicError(f"unclosed bracket in: {line.strip()}")
+    if cur:
+        tokens.append("".join(cur))
+    return tokens
+
+
+def parse_run_id(token: str | None, command: str) -> int:
+    if token is None:
+        raise MagicError(f"'{command}' needs a run id, e.g. %rapidfire {command} 1")
+    text = token.lstrip("#")
+    if not text.isdigit() or not text.isascii():
+        raise MagicError(f"run id must be a positive integer, got {token!r}")
+    return int(text)
+
+
+def _is_json(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, str)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_is_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    return False
+
+
+def _tuples_to_lists(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_tuples_to_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _tuples_to_lists(v) for k, v in value.items()}
+    return value
+
+
+def parse_value(text: str, key: str, bare_word_ok: bool = False) -> Any:
+    """A value typed after ``key=``: JSON first, then a Python literal; never evaluated as code.
+
+    ``bare_word_ok`` (the knob currently holds a string) lets ``lr_scheduler_type=cosine`` mean the
+    string "cosine" without quotes.
+    """
+    if text == "":
+        raise MagicError(f"{key}= has no value")
+    if len(text) > _MAX_VALUE_CHARS:
+        raise MagicError(f"the value of {key} is too long ({len(text)} characters)")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            if bare_word_ok and text.replace("_", "").replace("-", "").replace(".", "").isalnum():
+                return text
+            raise MagicError(
+                f"{key}={text}: not a JSON or Python literal (numbers, true/false, null, quoted "
+                f"strings, lists, dicts); values are never evaluated as code") from None
+    value = _tuples_to_lists(value)
+    if not _is_json(value):
+        raise MagicError(f"{key}={text}: only JSON values (numbers, strings, booleans, null, lists, "
+                         f"dicts with string keys) can be set, got {type(value).__name__}")
+    return value
+
+
+def resolve_key(key: str, knobs: dict, run_id: int) -> str:
+    """A typed key -> the dotted knob it names among ``knobs`` (the run's editable knobs).
+
+    Dotted keys under an editable section pass through even when the run does not set them (the
+    clone's validation names them if TRL/PEFT do not know them); a short name must match exactly
+    one knob's last part (after the aliases above)."""
+    if key in knobs:
+        return key
+    section = key.split(".", 1)[0]
+    if "." in key:
+        if section in _SECTIONS:
+            return key
+        raise MagicError(f"unknown knob {key!r}: dotted keys start with one of "
+                         f"{', '.join(_SECTIONS)}")
+    if key == "model_name":
+        return key
+    name = ALIASES.get(key, key)
+    matches = [k for k in knobs if k.rsplit(".", 1)[-1] == name]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise MagicError(f"{key!r} is ambiguous for run {run_id}: it could be "
+                         f"{' or '.join(sorted(matches))}; use the dotted name")
+    shorts = sorted({k.rsplit(".", 1)[-1] for k in knobs} | set(ALIASES))
+    close = difflib.get_close_matches(name, shorts, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise MagicError(f"unknown knob {key!r} for run {run_id}{hint} (see %rapidfire knobs {run_id}; "
+                     f"a dotted key like training_args.{name} sets a knob the run does not list)")
+
+
+def parse_clone(tokens: list[str], knobs_of) -> tuple[int, dict, bool]:
+    """``ID key=value ... [--warm-start]`` -> (run_id, {dotted key: value}, warm_start).
+
+    ``knobs_of(run_id)`` returns the run's editable knobs (and raises for an unknown run)."""
+    if not tokens:
+        raise MagicError("'clone' needs a run id, e.g. %rapidfire clone 1 lr=5e-4 --warm-start")
+    run_id = parse_run_id(tokens[0], "clone")
+    warm = False
+    pairs: list[tuple[str, str]] = []
+    for tok in tokens[1:]:
+        if tok.startswith("-"):
+            if tok in WARM_FLAGS:
+                warm = True
+                continue
+            raise MagicError(f"unknown option {tok!r} for clone (the only option is --warm-start)")
+        key, eq, text = tok.partition("=")
+        if not eq:
+            raise MagicError(f"expected key=value, got {tok!r}")
+        key = key.strip()
+        if not key or not all(part.isidentifier() for part in key.split(".")):
+            raise MagicError(f"{key!r} is not a knob name (expected e.g. lr or training_args.learning_rate)")
+        pairs.append((key, text))
+    if not pairs:
+        raise MagicError("'clone' needs at least one change, e.g. %rapidfire clone "
+                         f"{run_id} lr=5e-4")
+    knobs = knobs_of(run_id)
+    changes: dict[str, Any] = {}
+    typed: dict[str, str] = {}
+    for key, text in pairs:
+        full = resolve_key(key, knobs, run_id)
+        if full in changes:
+            raise MagicError(f"{full} is set twice ({typed[full]} and {key})")
+        value = parse_value(text, key, bare_word_ok=isinstance(knobs.get(full), str))
+        changes[full] = value
+        typed[full] = key
+    return run_id, changes, warm
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def status_table(exp):
+    """The compact run table: id, status, the knobs that vary, progress, last eval loss, lineage."""
+    import pandas as pd
+
+    info = exp.get_runs_info()
+    if len(info) == 0:
+        return pd.DataFrame(columns=["status"])
+    fixed = {"run_id", "status", "completed_steps", "total_steps", "samples_seen", "chunks_done",
+             "epoch", "parent_run_id", "warm_start", "eval_loss", "error"}
+    knob_cols = [c for c in info.columns if c not in fixed]
+    rows = []
+    for _, r in info.iterrows():
+        row = {"run_id": int(r.run_id), "status": r.status}
+        for c in knob_cols:
+            row[c] = r[c]
+        row["steps"] = f"{int(r.completed_steps)}/{int(r.total_steps)}"
+        row["chunks"] = int(r.chunks_done)
+        row["eval_loss"] = None if r.eval_loss is None or pd.isna(r.eval_loss) else round(float(r.eval_loss), 4)
+        parent = r.parent_run_id
+        row["from"] = "" if parent is None or pd.isna(parent) else (
+            f"{int(parent)} ({'warm' if r.warm_start else 'cold'})")
+        err = r.error
+        row["error"] = "" if not isinstance(err, str) or not err else _last_line(err)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("run_id")
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    line = lines[-1].strip() if lines else ""
+    return line if len(line) <= 80 else line[:77] + "..."
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+# -- the magic ---------------------------------------------------------------------------------
+
+@magics_class
+class RapidFireMagics(Magics):
+    """``%rapidfire``: see ``USAGE``."""
+
+    # no_var_expand: IPython would otherwise evaluate {expr} and $name in the line as code
+    @no_var_expand
+    @line_magic
+    def rapidfire(self, line: str = ""):
+        try:
+            return self._dispatch(line)
+        except MagicError as exc:
+            _say_error(str(exc))
+        except RapidFireError as exc:
+            # refusals from the Experiment already say what was wrong
+            _say_error(str(exc))
+        except Exception as exc:  # a magic never shows a traceback; the message names the cause
+            _say_error(f"{type(exc).__name__}: {exc}")
+        return None
+
+    def _dispatch(self, line: str):
+        tokens = split_args(line or "")
+        if not tokens or tokens[0] in ("help", "-h", "--help", "?"):
+            if len(tokens) > 1:
+                raise MagicError("'help' takes no arguments")
+            print(USAGE)
+            return None
+        command, args = tokens[0], tokens[1:]
+        handler = getattr(self, f"_cmd_{command}", None)
+        if handler is None:
+            close = difflib.get_close_matches(command, COMMANDS, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise MagicError(f"unknown command {command!r}{hint} (commands: {', '.join(COMMANDS)})")
+        return handler(args)
+
+    # each handler gets the tokens after the command name
+    def _cmd_panel(self, args):
+        _no_args("panel", args)
+        from IPython.display import display
+
+        display(_experiment().panel())
+
+    def _cmd_status(self, args):
+        _no_args("status", args)
+        exp = _experiment()
+        table = status_table(exp)
+        if len(table) == 0:
+            print(f"experiment {exp.name!r} has no runs yet (call exp.run_fit(...))")
+            return None
+        return table
+
+    def _cmd_stop(self, args):
+        rid = _one_id("stop", args)
+        _experiment().stop(rid)
+        print(f"run {rid}: stop requested (takes effect at its next chunk boundary)")
+
+    def _cmd_resume(self, args):
+        rid = _one_id("resume", args)
+        _experiment().resume(rid)
+        print(f"run {rid}: resumed (continues from its checkpoint)")
+
+    def _cmd_delete(self, args):
+        rid = _one_id("delete", args)
+        _experiment().delete(rid)
+        print(f"run {rid}: deleted (its metrics stay, marked deleted)")
+
+    def _cmd_clone(self, args):
+        exp = _experiment()
+        run_id, changes, warm = parse_clone(args, exp.editable_knobs)
+        new_id = exp.clone_modify(run_id, changes, warm_start=warm)
+        desc = ", ".join(f"{k.rsplit('.', 1)[-1] if k.count('.') == 1 else k}={_fmt(v)}"
+                         for k, v in changes.items())
+        how = "warm start from its current weights" if warm else "cold start"
+        print(f"run {new_id}: clone of run {run_id} with {desc} ({how})")
+
+    def _cmd_knobs(self, args):
+        rid = _one_id("knobs", args)
+        knobs = _experiment().editable_knobs(rid)
+        width = max((len(k) for k in knobs), default=0)
+        print(f"knobs of run {rid} (change them with %rapidfire clone {rid} key=value ...):")
+        for k, v in knobs.items():
+            print(f"  {k.ljust(width)}  {_fmt(v)}")
+
+    def _cmd_tensorboard(self, args):
+        _no_args("tensorboard", args)
+        return _experiment().tensorboard()
+
+    def _cmd_results(self, args):
+        _no_args("results", args)
+        return _experiment().get_results()
+
+
+COMMANDS = ["panel", "status", "stop", "resume", "delete", "clone", "knobs", "tensorboard", "results", "help"]
+
+
+def _say_error(message: str) -> None:
+    # one line: the cause, never a traceback
+    print(f"%rapidfire: {' '.join(message.split())}", file=sys.stderr)
+
+
+def _no_args(command: str, args: list[str]) -> None:
+    if args:
+        raise MagicError(f"'{command}' takes no arguments, got {' '.join(args)!r}")
+
+
+def _one_id(command: str, args: list[str]) -> int:
+    if len(args) > 1:
+        raise MagicError(f"'{command}' takes one run id, got {' '.join(args)!r}")
+    return parse_run_id(args[0] if args else None, command)
+
+
+def _experiment():
+    from rapidfire_nb.experiment import current_experiment
+
+    exp = current_experiment()
+    if exp is None:
+        raise MagicError("no experiment in this kernel: create one with "
+                         "exp = Experiment('name') and call exp.run_fit(...)")
+    return exp
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext rapidfire`` (or ``rapidfire_nb``): register ``%rapidfire``."""
+    ipython.register_magics(RapidFireMagics)
+
+
+def unload_ipython_extension(ipython) -> None:
+    line_magics = ipython.magics_manager.magics.get("line", {})
+    line_magics.pop("rapidfire", None)
+    ipython.magics_manager.registry.pop("RapidFireMagics", None)

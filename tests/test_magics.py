@@ -1,0 +1,313 @@
+"""The ``%rapidfire`` magic in a real IPython ``InteractiveShell`` against a real experiment.
+
+Every sub-command is run as a user types it (``shell.run_cell("%rapidfire ...")``); malformed
+input must print one clear line on stderr, never a traceback, and change nothing: no op queued,
+no run created, no event logged, no code run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.demo_data import tiny_create_model
+from rapidfire_nb.notebook import magics as M
+
+LR1, LR2 = 1e-3, 2e-2
+
+
+@pytest.fixture(scope="module")
+def shell():
+    InteractiveShell.clear_instance()
+    cfg = Config()
+    cfg.HistoryManager.enabled = False  # no sqlite history file from tests
+    ip = InteractiveShell.instance(config=cfg)
+    yield ip
+    InteractiveShell.clear_instance()
+
+
+def run(shell, capsys, line: str):
+    """Run ``%rapidfire line`` as a cell; returns (stdout, stderr, the cell's result)."""
+    capsys.readouterr()
+    result = shell.run_cell(f"%rapidfire {line}", store_history=False)
+    out, err = capsys.readouterr()
+    return out, err, result
+
+
+def assert_one_line_error(err: str, *needles: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one error line, got: {err!r}"
+    assert lines[0].startswith("%rapidfire: ")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+def group():
+    cfg = RFModelConfig(
+        model_name="tiny", model_kwargs={"hidden_size": 32},
+        peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        training_args=RFSFTConfig(learning_rate=List([LR1, LR2]), per_device_train_batch_size=8,
+                                  num_train_epochs=1, max_length=64, bf16=False,
+                                  lr_scheduler_type="linear"))
+    return RFGridSearch(cfg, trainer_type="SFT")
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory, tiny_data, shell):
+    train, evald = tiny_data
+    e = Experiment("magics", experiment_path=tmp_path_factory.mktemp("m"))
+    e.run_fit(group(), tiny_create_model, train.select(range(32)), evald, num_chunks=2, seed=3,
+              block=False)
+    yield e
+    e.end()
+
+
+# -- loading -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["rapidfire", "rapidfire_nb"])
+def test_load_ext_registers_the_magic(shell, name):
+    M.unload_ipython_extension(shell)
+    shell.extension_manager.loaded.discard("rapidfire")
+    shell.extension_manager.loaded.discard("rapidfire_nb")
+    assert "rapidfire" not in shell.magics_manager.magics["line"]
+    result = shell.run_line_magic("load_ext", name)
+    assert result is None
+    assert "rapidfire" in shell.magics_manager.magics["line"]
+
+
+def test_no_experiment_gives_a_clear_message(shell, capsys, tmp_path):
+    # an ended experiment is no longer current (whatever other tests left behind)
+    Experiment("gone", experiment_path=tmp_path).end()
+    from rapidfire_nb.experiment import current_experiment
+
+    assert current_experiment() is None
+    for line in ("status", "stop 1", "clone 1 lr=1e-3", "results", "panel", "tensorboard"):
+        out, err, result = run(shell, capsys, line)
+        assert_one_line_error(err, "no experiment in this kernel")
+        assert result.success  # a message, not an exception in the cell
+
+
+def test_help_lists_every_command(shell, capsys):
+    for line in ("help", ""):
+        out, err, _ = run(shell, capsys, line)
+        assert err == ""
+        for cmd in M.COMMANDS:
+            assert cmd in out
+
+
+# -- the commands on a live experiment -----------------------------------------------------------
+
+def test_stop_resume_status_on_a_training_experiment(exp, shell, capsys):
+    # run_fit(block=False) returned at once: run 2 has not trained yet when it is stopped
+    out, err, _ = run(shell, capsys, "stop 2")
+    assert err == "" and "run 2: stop requested" in out
+    assert exp.wait(timeout=300)
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.status.to_dict() == {1: "completed", 2: "stopped"}
+    stopped_at = int(info.loc[2, "chunks_done"])
+    assert stopped_at < 2
+
+    table = shell.run_line_magic("rapidfire", "status")
+    assert list(table.index) == [1, 2]
+    assert table.loc[2, "status"] == "stopped"
+    assert table.loc[1, "steps"] == f"{int(info.loc[1, 'total_steps'])}/{int(info.loc[1, 'total_steps'])}"
+    assert list(table["learning_rate"]) == [LR1, LR2]
+    assert table.loc[1, "eval_loss"] == pytest.approx(float(info.loc[1, "eval_loss"]), abs=1e-4)
+    out, err, result = run(shell, capsys, "status")
+    assert err == "" and "stopped" in out and "completed" in out
+
+    out, err, _ = run(shell, capsys, "resume 2")
+    assert err == "" and "run 2: resumed" in out
+    assert exp.wait(timeout=300)
+    assert exp.get_runs_info().set_index("run_id").loc[2, "status"] == "completed"
+
+
+def test_clone_cold_and_warm(exp, shell, capsys):
+    assert exp.wait(timeout=300)
+    out, err, _ = run(shell, capsys, "clone 1 lr=5e-3 training_args.num_train_epochs=2 dropout=0.1")
+    assert err == "", err
+    assert "run 3: clone of run 1" in out and "cold start" in out
+    out, err, _ = run(shell, capsys, "clone 2 learning_rate=1e-4 lr_scheduler_type=constant --warm-start")
+    assert err == "", err
+    assert "run 4: clone of run 2" in out and "warm start" in out
+    assert exp.wait(timeout=300)
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[3, "parent_run_id"] == 1 and not info.loc[3, "warm_start"]
+    assert info.loc[4, "parent_run_id"] == 2 and info.loc[4, "warm_start"]
+    spec3, spec4 = exp.engine.runs[3].spec, exp.engine.runs[4].spec
+    assert spec3.training_args["learning_rate"] == 5e-3
+    assert spec3.training_args["num_train_epochs"] == 2
+    assert spec3.peft_config["lora_dropout"] == 0.1
+    assert spec4.training_args["learning_rate"] == 1e-4
+    assert spec4.training_args["lr_scheduler_type"] == "constant"
+    table = shell.run_line_magic("rapidfire", "status")
+    assert table.loc[3, "from"] == "1 (cold)" and table.loc[4, "from"] == "2 (warm)"
+
+
+def test_knobs_lists_the_editable_knobs(exp, shell, capsys):
+    out, err, _ = run(shell, capsys, "knobs 1")
+    assert err == ""
+    assert "training_args.learning_rate" in out and "peft_config.r" in out
+    assert "0.001" in out
+
+
+def test_results_returns_the_metrics(exp, shell, capsys):
+    assert exp.wait(timeout=300)
+    df = shell.run_line_magic("rapidfire", "results")
+    assert set(df.run_id) >= {1, 2}
+    assert {"loss", "eval_loss"} <= set(df.metric)
+    assert len(df) == len(exp.get_results())
+
+
+def test_delete_marks_metrics_deleted(exp, shell, capsys):
+    assert exp.wait(timeout=300)
+    out, err, _ = run(shell, capsys, "delete 3")
+    assert err == "" and "run 3: deleted" in out
+    deadline = time.monotonic() + 60
+    while exp.engine.runs[3].status != "deleted" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exp.engine.runs[3].status == "deleted"
+    df = shell.run_line_magic("rapidfire", "results")
+    assert df[df.run_id == 3].deleted.all() and len(df[df.run_id == 3]) > 0
+    assert not df[df.run_id == 1].deleted.any()
+    # a deleted run cannot be deleted again: a refusal, one line
+    out, err, _ = run(shell, capsys, "delete 3")
+    assert_one_line_error(err, "already deleted")
+
+
+def test_panel_displays_the_experiment_panel(exp, shell, capsys):
+    out, err, result = run(shell, capsys, "panel")
+    assert err == "" and result.success
+    assert exp._panel is not None
+    from rapidfire_nb.notebook.panel import Panel
+
+    assert isinstance(exp._panel, Panel)
+
+
+def test_tensorboard_starts_on_the_experiment_logs(exp, shell, capsys):
+    from rapidfire_nb.notebook.tensorboard import stop_tensorboard
+
+    logdir = exp.path / "tensorboard"
+    try:
+        out, err, _ = run(shell, capsys, "tensorboard")
+        assert err == "", err
+        # a plain shell is no notebook front-end: TensorBoard's address is printed
+        assert "http://127.0.0.1:" in out and str(logdir) in out
+    finally:
+        stop_tensorboard(logdir)
+
+
+# -- malformed input: a clear line, nothing changes ----------------------------------------------
+
+BAD = [
+    ("stop 99", ["unknown run 99"]),
+    ("resume 99", ["unknown run 99"]),
+    ("delete 99", ["unknown run 99"]),
+    ("clone 99 lr=1e-3", ["unknown run 99"]),
+    ("stop", ["needs a run id"]),
+    ("stop 1 2", ["takes one run id"]),
+    ("stop one", ["run id must be a positive integer", "'one'"]),
+    ("stop -1", ["run id must be a positive integer"]),
+    ("stop __import__('os')", ["run id must be a positive integer"]),
+    ("resume 1", ["run 1 is completed", "only stopped runs"]),
+    ("stop 1", ["run 1 is completed"]),
+    ("clone 1 lr=abc", ["lr=abc", "not a JSON or Python literal"]),
+    ("clone 1 lr=__import__('os').system('touch PWNED')", ["not a JSON or Python literal"]),
+    ("clone 1 lr_scheduler_type=__import__('os')", ["not a JSON or Python literal"]),
+    ("clone 1 lr={1,2}", ["only JSON values"]),
+    # IPython expands {expr} and $name in magic lines unless the magic opts out: it must
+    ("clone 1 lr={__import__('os').system('touch PWNED')}", ["not a JSON or Python literal"]),
+    ("clone 1 lr=$HOME", ["not a JSON or Python literal"]),
+    ("clone 1 lr=1e-3 --cold", ["unknown option '--cold'"]),
+    ("clone 1 lr=1e-3 --warm-start=yes", ["unknown option"]),
+    ("clone 1 lr", ["expected key=value"]),
+    ("clone 1 lr=", ["has no value"]),
+    ("clone 1", ["needs at least one change"]),
+    ("clone", ["needs a run id"]),
+    ("clone 1 no_such_knob=1", ["unknown knob 'no_such_knob'"]),
+    ("clone 1 learnin_rate=1e-3", ["unknown knob", "did you mean learning_rate"]),
+    ("clone 1 training_args.no_such_knob=1", ["no_such_knob"]),
+    ("clone 1 os.system=1", ["unknown knob 'os.system'"]),
+    ("clone 1 lr=-5", ["learning_rate"]),
+    ("clone 1 lr=\"fast\"", ["learning_rate"]),
+    ("clone 1 r=8 lora_r=9", ["unknown knob 'lora_r'"]),
+    ("clone 1 lr=1e-3 learning_rate=2e-3", ["set twice"]),
+    ("clone 1 r=16 --warm-start", ["peft_config.r cannot change"]),
+    ("clone 1 lr=[1e-3", ["unclosed bracket"]),
+    ("clone 1 lr_scheduler_type=\"cosine", ["unclosed"]),
+    ("status now", ["takes no arguments"]),
+    ("results 1", ["takes no arguments"]),
+    ("help me", ["takes no arguments"]),
+    ("stpo 1", ["unknown command 'stpo'", "did you mean stop"]),
+    ("__import__('os').system('touch PWNED')", ["unknown command"]),
+]
+
+
+def _snapshot(exp):
+    with exp.engine.lock:
+        runs = {rid: (r.status, r.completed_steps) for rid, r in exp.engine.runs.items()}
+    return runs, exp.events.last_seq, exp.engine.ops.empty(), set(exp._reserved_ids)
+
+
+@pytest.mark.parametrize("line,needles", BAD, ids=[b[0] for b in BAD])
+def test_malformed_input_changes_nothing(exp, shell, capsys, tmp_path, monkeypatch, line, needles):
+    assert exp.wait(timeout=300)
+    monkeypatch.chdir(tmp_path)  # where an executed 'touch PWNED' would land
+    before = _snapshot(exp)
+    out, err, result = run(shell, capsys, line)
+    assert result.success
+    assert_one_line_error(err, *needles)
+    assert _snapshot(exp) == before
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_ambiguous_short_name_is_an_error():
+    knobs = {"training_args.beta": 0.1, "generation_config.beta": 0.5, "peft_config.r": 8}
+    with pytest.raises(M.MagicError, match="ambiguous.*generation_config.beta or training_args.beta"):
+        M.resolve_key("beta", knobs, 1)
+    assert M.resolve_key("training_args.beta", knobs, 1) == "training_args.beta"
+    assert M.resolve_key("rank", knobs, 1) == "peft_config.r"
+
+
+# -- the parser on its own -----------------------------------------------------------------------
+
+def test_split_args_keeps_quotes_and_brackets():
+    assert M.split_args('clone 1 target_modules=["q_proj", "v_proj"] name="a b" --warm-start') == [
+        "clone", "1", 'target_modules=["q_proj", "v_proj"]', 'name="a b"', "--warm-start"]
+    assert M.split_args("  status  ") == ["status"]
+
+
+@pytest.mark.parametrize("text,value", [
+    ("5e-4", 5e-4), ("16", 16), ("true", True), ("True", True), ("null", None), ("None", None),
+    ('"cosine"', "cosine"), ("'cosine'", "cosine"), ('["q_proj","v_proj"]', ["q_proj", "v_proj"]),
+    ("('q_proj', 'v_proj')", ["q_proj", "v_proj"]), ('{"a": 1}', {"a": 1}), ("-3", -3),
+])
+def test_parse_value_reads_literals(text, value):
+    assert M.parse_value(text, "k") == value
+
+
+@pytest.mark.parametrize("text", ["abc", "__import__('os')", "1+", "open('x')", "[x for x in ()]",
+                                  "b'x'", "1j", "{1, 2}", "{1: 2}", "NaN", "1e999", "lambda: 0"])
+def test_parse_value_refuses_non_literals(text):
+    with pytest.raises(M.MagicError):
+        M.parse_value(text, "k")
+
+
+def test_bare_words_only_for_string_knobs():
+    assert M.parse_value("cosine", "lr_scheduler_type", bare_word_ok=True) == "cosine"
+    with pytest.raises(M.MagicError):
+        M.parse_value("os.system('x')", "lr_scheduler_type", bare_word_ok=True)
+
+
+def test_engine_state_after_all_commands(exp):
+    # the commands above leave a consistent engine: every run terminal, deleted one released
+    assert exp.wait(timeout=300)
+    statuses = {rid: r.status for rid, r in exp.engine.runs.items()}
+    assert statuses == {1: "completed", 2: "completed", 3: "deleted", 4: "completed"}
+    assert 3 not in exp.engine.trainers
