@@ -27,11 +27,12 @@ validated at construction by building the real object); ``RFModelConfig``; ``RFG
 ``_automl_space``.
 
 Devices: configs are validated as the engine will run them *on this machine*. Without a CUDA/MPS
-accelerator, ``use_cpu=True`` is added unless you set ``use_cpu`` (TRL's default ``bf16=True`` then
-means CPU autocast); ``fp16=True`` on a CPU-only machine is accepted with a warning and run as
-``fp16=False``, because float16 autocast on CPU is ~60x slower than fp32 (measured with torch 2.13);
-on a GPU without bf16 (a T4), TRL's default bf16 becomes fp32 and an explicit ``bf16=True`` falls
-back to fp32 with a warning. A config written for a GPU therefore always constructs on a laptop.
+accelerator, ``use_cpu=True`` is added unless you set ``use_cpu``, and the run is fp32 unless you
+chose a precision (TRL's default bf16 autocast measured ~2x slower than fp32 on CPU); ``fp16=True``
+on a CPU-only machine is accepted with a warning and run in fp32, because float16 autocast on CPU
+is ~60x slower (measured with torch 2.13). On a GPU without bf16 (a T4), TRL's default bf16 becomes
+fp32 and an explicit ``bf16=True`` falls back to fp32 with a warning. A config written for a GPU
+therefore always constructs on a laptop; on a GPU it runs as written.
 """
 
 from __future__ import annotations
@@ -975,8 +976,8 @@ def _flatten_changes(changes: dict, prefix: str = "") -> dict:
         if not isinstance(key, str) or not key:
             raise ConfigError(f"changes: keys must be non-empty strings, got {key!r}.")
         full = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, dict) and (full in _EDITABLE_SECTIONS) and value:
-            flat.update(_flatten_changes(value, full))
+        if isinstance(value, dict) and full in _EDITABLE_SECTIONS:
+            flat.update(_flatten_changes(value, full))   # merge; an empty dict changes nothing
         else:
             flat[full] = value
     return flat
@@ -989,7 +990,8 @@ def apply_changes(spec: RunSpec, changes: dict) -> RunSpec:
     (``{"training_args.learning_rate": 5e-4, "peft_config.r": 16}``); values must be JSON
     (numbers, strings, booleans, None, lists, dicts). Editable: ``training_args.*``,
     ``peft_config.*`` (``peft_config: None`` means full fine-tuning), ``generation_config.*``,
-    ``model_kwargs.*`` and ``model_name``. Callables (formatting_func, reward_funcs,
+    ``model_kwargs.*`` and ``model_name``; nested dicts merge into the run's config, and empty
+    changes give an equal copy (a plain clone). Callables (formatting_func, reward_funcs,
     compute_metrics) are inherited. The real TRL/PEFT configs are built before anything returns;
     an unknown knob or a bad value raises ConfigError naming it.
 
@@ -998,8 +1000,9 @@ def apply_changes(spec: RunSpec, changes: dict) -> RunSpec:
         child = apply_changes(parent, {"training_args.learning_rate": 5e-4})
         child.knobs["training_args.learning_rate"]   # 0.0005
     """
-    if not isinstance(changes, dict) or not changes:
-        raise ConfigError("changes must be a non-empty dict, e.g. {'training_args.learning_rate': 5e-4}.")
+    if not isinstance(changes, dict):
+        raise ConfigError(f"changes must be a dict such as {{'training_args.learning_rate': 5e-4}}, got "
+                          f"{type(changes).__name__}.")
     flat = _flatten_changes(changes)
     sections = {
         "training_args": copy.deepcopy(spec.training_args),

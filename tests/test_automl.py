@@ -216,9 +216,13 @@ def test_cpu_machine_adds_use_cpu_and_runs_fp16_configs_in_cpu_precision():
     spec = RFGridSearch(RFModelConfig("m", training_args=cfg), "SFT").expand()[0]
     assert spec.training_args["use_cpu"] is True and spec.training_args["fp16"] is False
     args = build_training_args(spec)
-    assert args.use_cpu is True and args.fp16 is False
-    explicit = RFGridSearch(RFModelConfig("m", training_args=RFSFTConfig(use_cpu=True, bf16=False)), "SFT")
-    assert explicit.expand()[0].training_args == {"use_cpu": True, "bf16": False}
+    assert args.use_cpu is True and args.fp16 is False and args.bf16 is False     # fp32
+    # TRL's default bf16 autocast is slower than fp32 on CPU: fp32 unless the user chose
+    plain = RFGridSearch(RFModelConfig("m", training_args=RFSFTConfig()), "SFT").expand()[0]
+    assert plain.training_args == {"use_cpu": True, "bf16": False}
+    chosen = RFGridSearch(RFModelConfig("m", training_args=RFSFTConfig(bf16=True)), "SFT").expand()[0]
+    assert chosen.training_args == {"bf16": True, "use_cpu": True}
+    assert build_training_args(chosen).bf16 is True
 
 
 def test_normalization_for_a_t4_and_a_bf16_gpu():
@@ -232,13 +236,19 @@ def test_normalization_for_a_t4_and_a_bf16_gpu():
     a100 = backend.Machine("cuda", bf16=True, name="A100")
     assert backend.normalize_for_machine({"bf16": True}, a100, "X") == ({"bf16": True}, [])
     cpu = backend.Machine(None, bf16=False, name="CPU")
-    assert backend.normalize_for_machine({"use_cpu": False}, cpu, "X") == ({"use_cpu": False}, [])
+    assert backend.normalize_for_machine({"use_cpu": False}, cpu, "X") == (
+        {"use_cpu": False, "bf16": False}, [])
+    assert backend.normalize_for_machine({}, cpu, "X") == ({"use_cpu": True, "bf16": False}, [])
+    # on a GPU machine, use_cpu=True means CPU precision rules
+    assert backend.normalize_for_machine({"use_cpu": True, "fp16": True}, a100, "X")[0] == {
+        "use_cpu": True, "fp16": False, "bf16": False}
 
 
 @pytest.mark.skipif(not CPU_ONLY, reason="CPU-only behaviour of TRL")
-def test_an_explicit_use_cpu_false_on_a_cpu_machine_names_the_knob():
-    with pytest.raises(ConfigError, match="use_cpu"):
-        RFSFTConfig(use_cpu=False)
+def test_bf16_without_use_cpu_on_a_cpu_machine_names_both_knobs():
+    RFSFTConfig(use_cpu=False)                 # runs on the CPU anyway, in fp32
+    with pytest.raises(ConfigError, match=r"knobs use_cpu=False, bf16=True rejected.*bf16/gpu"):
+        RFSFTConfig(use_cpu=False, bf16=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,6 +446,9 @@ def test_apply_changes_nested_and_dotted():
     assert c.training_args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
     assert c.formatting_func is parent.formatting_func
     assert build_lora_config(c).r == 16
+    same = apply_changes(parent, {})                      # a plain clone
+    assert same.config_dict() == parent.config_dict() and same is not parent
+    assert apply_changes(parent, {"training_args": {}}).training_args == parent.training_args
 
 
 @pytest.mark.parametrize("changes,needle", [
@@ -450,7 +463,7 @@ def test_apply_changes_nested_and_dotted():
     ({"formatting_func": "x"}, "not an editable knob"),
     ({"training_args.lr_scheduler_type": "wobbly"}, "lr_scheduler_type"),
     ({"generation_config.max_new_token": 5}, "max_new_tokens"),
-    ({}, "non-empty"),
+    (["training_args.learning_rate"], "must be a dict"),
 ])
 def test_apply_changes_refuses_bad_input_naming_it(changes, needle):
     parent = _spec()
