@@ -1,0 +1,299 @@
+"""DPO and GRPO runs with the real TRL trainers on a tiny model (CPU): grids, isolation, errors."""
+
+import pytest
+import torch
+
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import (List, RFDPOConfig, RFGridSearch, RFGRPOConfig, RFLoraConfig,
+                                 RFModelConfig)
+from rapidfire_nb.demo_data import make_dpo_dataset, make_grpo_dataset, tiny_create_model
+from rapidfire_nb.engine.runspec import RunSpec
+from rapidfire_nb.engine.trainers import trainer_class
+from rapidfire_nb.errors import ConfigError
+
+LORA = dict(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
+TIMING_METRICS = {"step_time"}
+
+
+def exact_match(pair):
+    predictions, references = pair
+    hits = [p.strip() == str(r).strip() for p, r in zip(predictions, references)]
+    return {"exact_match": sum(hits) / len(hits), "n": len(hits)}
+
+
+def renamed(weights):
+    """Adapter keys without the run's adapter name, so runs can be compared."""
+    out = {}
+    for k, v in weights.items():
+        parts = k.split(".")
+        out[".".join("run_X" if i > 0 and parts[i - 1] in ("lora_A", "lora_B") else p
+                     for i, p in enumerate(parts))] = v
+    return out
+
+
+def logged(exp, run_id, split="train"):
+    """Every logged metric of a run as {(step, metric): value}, timings left out."""
+    df = exp.get_results()
+    df = df[(df.run_id == run_id) & (df.split == split) & ~df.metric.isin(TIMING_METRICS)]
+    return {(int(r.step), r.metric): r.value for r in df.itertuples()}
+
+
+def assert_same_run(exp_a, id_a, exp_b, id_b):
+    wa, wb = renamed(exp_a.engine.run_weights(id_a)), renamed(exp_b.engine.run_weights(id_b))
+    assert wa.keys() == wb.keys() and len(wa) > 0
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    la, lb = logged(exp_a, id_a), logged(exp_b, id_b)
+    assert any(m == "loss" for _, m in la)
+    assert la == lb
+    assert logged(exp_a, id_a, "eval") == logged(exp_b, id_b, "eval")
+
+
+def assert_eval_after_every_chunk(exp, run_ids, metrics, num_chunks):
+    res = exp.get_results()
+    ev = res[res.split == "eval"]
+    for rid in run_ids:
+        for m in metrics:
+            chunks = sorted(ev[(ev.run_id == rid) & (ev.metric == m)].chunk.tolist())
+            assert chunks == list(range(num_chunks)), (rid, m, chunks)
+
+
+# ---------------------------------------------------------------------------------------------
+# DPO
+
+def dpo_args(lr, beta, **kw):
+    base = dict(learning_rate=lr, beta=beta, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                num_train_epochs=1, bf16=False, max_length=48)
+    base.update(kw)
+    return RFDPOConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def dpo_data():
+    return make_dpo_dataset(16, seed=0), make_dpo_dataset(4, seed=1)
+
+
+@pytest.fixture(scope="module")
+def dpo_grid(tmp_path_factory, dpo_data):
+    train, evald = dpo_data
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+                        training_args=dpo_args(List([1e-3, 2e-2]), List([0.1, 0.5])),
+                        compute_metrics=exact_match, generation_config={"max_new_tokens": 4})
+    exp = Experiment("dpo-grid", experiment_path=tmp_path_factory.mktemp("dpo"))
+    exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, evald, num_chunks=2, seed=5)
+    yield exp
+    exp.end()
+
+
+def test_dpo_grid_completes_with_metrics_after_every_chunk(dpo_grid):
+    info = dpo_grid.get_runs_info()
+    assert list(info.run_id) == [1, 2, 3, 4]
+    assert set(info.status) == {"completed"}, info.error.tolist()
+    assert (info.completed_steps == info.total_steps).all() and (info.total_steps == 4).all()
+    assert_eval_after_every_chunk(dpo_grid, range(1, 5), [
+        "eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_rewards/chosen",
+        "eval_exact_match", "eval_n"], num_chunks=2)
+    res = dpo_grid.get_results()
+    train = res[res.split == "train"]
+    for rid in range(1, 5):
+        metrics = set(train[train.run_id == rid].metric)
+        assert {"loss", "rewards/margins", "rewards/accuracies", "learning_rate"} <= metrics
+    # beta scales the implicit rewards: the runs learned differently
+    finals = res[(res.metric == "eval_rewards/margins") & (res.chunk == 1)].set_index("run_id").value
+    assert finals.nunique() == 4
+    assert (res[res.metric == "eval_n"].value == 4).all()
+
+
+def test_dpo_lora_reference_is_the_shared_base(dpo_grid):
+    engine = dpo_grid.engine
+    base = engine.bases[engine.runs[1].spec.base_key()]
+    assert base.pristine is None, "LoRA runs must not keep a second copy of the base"
+    peft_model = base.peft_model
+    assert "ref" not in peft_model.peft_config and "default" not in peft_model.peft_config
+    rt = engine.trainers[1]
+    assert rt.trainer.ref_model is None  # TRL's PEFT path: reference = adapters disabled
+    # the margin at the first step is ~0: the policy starts equal to the reference (LoRA B = 0)
+    res = dpo_grid.get_results()
+    first = res[(res.run_id == 1) & (res.metric == "rewards/margins") & (res.step == 1)].value.iloc[0]
+    assert abs(first) < 1e-5
+
+
+def test_dpo_isolation_bit_identical_to_training_alone(dpo_grid, dpo_data, tmp_path):
+    train, evald = dpo_data
+    # run 4 = lr 2e-2, beta 0.5 (grid order: learning_rate outer, beta inner)
+    assert dpo_grid.engine.runs[4].spec.training_args["beta"] == 0.5
+    assert dpo_grid.engine.runs[4].spec.training_args["learning_rate"] == 2e-2
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=dpo_args(2e-2, 0.5),
+                        compute_metrics=exact_match, generation_config={"max_new_tokens": 4})
+    alone = Experiment("dpo-alone", experiment_path=tmp_path)
+    alone.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, evald, num_chunks=2, seed=5)
+    assert_same_run(dpo_grid, 4, alone, 1)
+    alone.end()
+
+
+def test_dpo_full_fine_tuning_uses_one_frozen_reference(dpo_data, tmp_path):
+    train, evald = dpo_data
+    cfg = RFModelConfig(model_name="tiny", training_args=dpo_args(List([1e-3, 1e-2]), 0.1, max_steps=2,
+                                                                  precompute_ref_log_probs=List([False, True])))
+    exp = Experiment("dpo-full", experiment_path=tmp_path)
+    exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, evald, num_chunks=2, seed=1)
+    info = exp.get_runs_info()
+    assert set(info.status) == {"completed"}, info.error.tolist()
+    refs = {id(exp.engine.trainers[r].trainer.ref_model) for r in range(1, 5)}
+    assert len(refs) == 1, "full fine-tuning runs of one base share one frozen reference"
+    ref = exp.engine.trainers[1].trainer.ref_model
+    pristine = exp.engine.bases[exp.engine.runs[1].spec.base_key()].pristine
+    assert all(not p.requires_grad for p in ref.parameters())
+    for (n, p), (_, q) in zip(ref.named_parameters(), pristine.named_parameters()):
+        assert torch.equal(p, q), f"the reference changed: {n}"
+    # precomputed reference log-probs give the same losses as computing them on the fly
+    l_fly, l_pre = logged(exp, 1), logged(exp, 2)   # runs 1, 2: lr 1e-3, precompute False / True
+    a1, a2 = exp.engine.runs[1].spec.training_args, exp.engine.runs[2].spec.training_args
+    assert a1["learning_rate"] == a2["learning_rate"]
+    assert not a1.get("precompute_ref_log_probs") and a2["precompute_ref_log_probs"] is True
+    assert l_fly.keys() == l_pre.keys()
+    for k in l_fly:
+        assert l_fly[k] == pytest.approx(l_pre[k], rel=1e-4, abs=1e-6), k
+    exp.end()
+
+
+def test_dpo_dataset_without_preference_columns_is_refused(dpo_data, tiny_data, tmp_path):
+    train, evald = dpo_data
+    sft_train, _ = tiny_data
+    group = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+                                       training_args=dpo_args(1e-3, 0.1)), trainer_type="DPO")
+    exp = Experiment("dpo-bad", experiment_path=tmp_path)
+    with pytest.raises(ConfigError, match=r"DPO needs 'prompt', 'chosen' and 'rejected' \(missing: chosen, rejected\)"):
+        exp.run_fit(group, tiny_create_model, sft_train, None)
+    with pytest.raises(ConfigError, match=r"eval_dataset .*missing: prompt"):
+        exp.run_fit(group, tiny_create_model, train, evald.remove_columns("prompt"))
+    assert exp.engine is None and not any(ev["type"] == "run_created" for ev in exp.events.since(0))
+    exp.end()
+
+
+# ---------------------------------------------------------------------------------------------
+# GRPO
+
+def short_answer(prompts, completions, **kw):
+    return [-abs(len(c) - 2) / 4 for c in completions]
+
+
+def correct_answer(prompts, completions, answer, **kw):
+    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
+
+
+def grpo_args(lr, num_generations, **kw):
+    base = dict(learning_rate=lr, num_generations=num_generations, per_device_train_batch_size=4,
+                per_device_eval_batch_size=4, max_completion_length=4, num_train_epochs=1, bf16=False)
+    base.update(kw)
+    return RFGRPOConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def grpo_data():
+    return make_grpo_dataset(8, seed=0), make_grpo_dataset(2, seed=1)
+
+
+@pytest.fixture(scope="module")
+def grpo_grid(tmp_path_factory, grpo_data):
+    train, evald = grpo_data
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+                        training_args=grpo_args(List([1e-3, 5e-2]), List([2, 4])),
+                        reward_funcs=[short_answer, correct_answer],
+                        compute_metrics=exact_match, generation_config={"max_new_tokens": 3})
+    exp = Experiment("grpo-grid", experiment_path=tmp_path_factory.mktemp("grpo"))
+    exp.run_fit(RFGridSearch(cfg, trainer_type="GRPO"), tiny_create_model, train, evald, num_chunks=2, seed=3)
+    yield exp
+    exp.end()
+
+
+def test_grpo_grid_completes_with_per_reward_metrics_after_every_chunk(grpo_grid):
+    info = grpo_grid.get_runs_info().set_index("run_id")
+    assert list(info.index) == [1, 2, 3, 4]
+    assert set(info.status) == {"completed"}, info.error.tolist()
+    # 8 prompts, 4 completions per micro-batch: G=2 -> 2 prompts per step, G=4 -> 1 prompt per step
+    assert info.loc[1, "num_generations"] == 2 and info.loc[1, "total_steps"] == 4
+    assert info.loc[2, "num_generations"] == 4 and info.loc[2, "total_steps"] == 8
+    assert (info.samples_seen == 8).all(), "a GRPO chunk is counted in prompts"
+    assert_eval_after_every_chunk(grpo_grid, range(1, 5), [
+        "eval_reward", "eval_rewards/short_answer/mean", "eval_rewards/correct_answer/mean",
+        "eval_loss", "eval_exact_match"], num_chunks=2)
+    res = grpo_grid.get_results()
+    train = res[res.split == "train"]
+    for rid in range(1, 5):
+        metrics = set(train[train.run_id == rid].metric)
+        assert {"loss", "reward", "rewards/short_answer/mean", "rewards/correct_answer/mean",
+                "completions/mean_length"} <= metrics
+        steps = sorted(set(train[train.run_id == rid].step))
+        assert steps == list(range(1, int(info.loc[rid, "total_steps"]) + 1))
+    # both chunks of an epoch hold the same number of prompts
+    tl = grpo_grid.get_timeline()
+    assert sorted(tl[tl.run_id == 2].samples_seen) == [4, 8]
+
+
+def test_grpo_isolation_bit_identical_to_training_alone(grpo_grid, grpo_data, tmp_path):
+    train, evald = grpo_data
+    spec = grpo_grid.engine.runs[3].spec      # lr 5e-2, G = 2
+    assert spec.training_args["learning_rate"] == 5e-2 and spec.training_args["num_generations"] == 2
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=grpo_args(5e-2, 2),
+                        reward_funcs=[short_answer, correct_answer],
+                        compute_metrics=exact_match, generation_config={"max_new_tokens": 3})
+    alone = Experiment("grpo-alone", experiment_path=tmp_path)
+    alone.run_fit(RFGridSearch(cfg, trainer_type="GRPO"), tiny_create_model, train, evald, num_chunks=2, seed=3)
+    assert_same_run(grpo_grid, 3, alone, 1)
+    alone.end()
+
+
+def test_grpo_temperature_axis_keeps_each_runs_own_fused_head(grpo_data, tmp_path):
+    """TRL wraps the shared base's forward with a fused LM head at the run's temperature: the run
+    built last must not impose its temperature on the others."""
+    train, evald = grpo_data
+
+    def cfg(temps):
+        return RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+                             training_args=grpo_args(1e-2, 2, temperature=temps, max_steps=2),
+                             reward_funcs=[short_answer])
+
+    both = Experiment("temps", experiment_path=tmp_path)
+    both.run_fit(RFGridSearch(cfg(List([0.5, 2.0])), trainer_type="GRPO"), tiny_create_model, train, None,
+                 num_chunks=2, seed=2)
+    alone = Experiment("temp-alone", experiment_path=tmp_path)
+    alone.run_fit(RFGridSearch(cfg(0.5), trainer_type="GRPO"), tiny_create_model, train, None,
+                  num_chunks=2, seed=2)
+    assert set(both.get_runs_info().status) == {"completed"}
+    assert_same_run(both, 1, alone, 1)
+    both.end()
+    alone.end()
+
+
+def test_grpo_without_reward_functions_is_refused(grpo_data):
+    train, _ = grpo_data
+    with pytest.raises(ConfigError, match="reward_funcs"):
+        RFGridSearch(RFModelConfig(model_name="tiny", training_args=grpo_args(1e-3, 2)), trainer_type="GRPO")
+    # a RunSpec built by other means is refused by the trainer itself, before training
+    spec = RunSpec(trainer_type="GRPO", model_name="tiny", training_args={"num_generations": 2})
+    with pytest.raises(ConfigError, match="GRPO needs reward functions"):
+        trainer_class("GRPO").check_dataset(spec, train, "train_dataset")
+    spec.reward_funcs = [short_answer]
+    with pytest.raises(ConfigError, match="GRPO needs a 'prompt' column"):
+        trainer_class("GRPO").check_dataset(spec, train.rename_column("prompt", "question"), "train_dataset")
+
+
+def test_reward_function_of_wrong_length_fails_only_its_run(grpo_data, tmp_path):
+    train, evald = grpo_data
+
+    def one_reward_only(prompts, completions, **kw):
+        return [0.0]
+
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+                        training_args=grpo_args(1e-2, 2, max_steps=2),
+                        reward_funcs=List([[short_answer], [one_reward_only]]))
+    exp = Experiment("bad-reward", experiment_path=tmp_path)
+    exp.run_fit(RFGridSearch(cfg, trainer_type="GRPO"), tiny_create_model, train, evald, num_chunks=2, seed=4)
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[1, "status"] == "completed" and info.loc[1, "completed_steps"] == 2
+    assert info.loc[2, "status"] == "failed"
+    assert "one_reward_only' returned 1 rewards, but 4 were expected" in info.loc[2, "error"]
+    status = [ev for ev in exp.events.since(0) if ev["type"] == "run_status" and ev["run_id"] == 2]
+    assert status[-1]["status"] == "failed" and "returned 1 rewards" in status[-1]["reason"]
+    exp.end()
