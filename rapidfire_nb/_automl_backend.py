@@ -421,6 +421,7 @@ def normalize_for_machine(kwargs: dict, machine: Machine, label: str) -> tuple[d
     - ``fp16=True`` on CPU: replaced by ``fp16=False`` (fp32). It does run (torch autocast to
       float16 on CPU) but measured ~60x slower than fp32 (7 s vs 0.11 s per step), so a config
       written for a T4 falls back. On a GPU the config keeps fp16.
+    - bitsandbytes optimizers (``adamw_8bit``, ``paged_adamw_8bit``...) on CPU: ``adamw_torch``.
     - A GPU without bf16 (a T4): TRL's default ``bf16=True`` cannot run; it becomes ``bf16=False``
       (fp32) when the user did not choose a precision, and an explicit ``bf16=True`` falls back to
       fp32 with a note suggesting ``fp16=True``.
@@ -442,6 +443,12 @@ def normalize_for_machine(kwargs: dict, machine: Machine, label: str) -> tuple[d
                     f"{label}: {knob}=True needs a CUDA GPU; on this CPU-only machine float16 autocast "
                     f"is ~60x slower than fp32, so the engine runs this config in fp32 "
                     f"({knob}=False). On a GPU the config keeps {knob}=True.")
+        optim = kw.get("optim")
+        if isinstance(optim, str) and _is_bnb_optim(optim):
+            kw["optim"] = "adamw_torch"
+            notes.append(
+                f"{label}: optim={optim!r} is a bitsandbytes GPU optimizer; on this CPU-only machine "
+                f"the engine runs this config with optim='adamw_torch'. On a GPU it keeps {optim!r}.")
     elif not machine.bf16:
         if "bf16" not in kw and not kw.get("fp16"):
             kw["bf16"] = False
@@ -452,6 +459,11 @@ def normalize_for_machine(kwargs: dict, machine: Machine, label: str) -> tuple[d
                     f"{label}: {knob}=True cannot run on this GPU ({machine.name} has no bf16); the "
                     f"engine runs this config in fp32. Set fp16=True for mixed precision here.")
     return kw, notes
+
+
+def _is_bnb_optim(name: str) -> bool:
+    # bitsandbytes' 8-bit/paged optimizers (RapidFire's tutorials use adamw_8bit) need CUDA.
+    return "8bit" in name or "bnb" in name or name.startswith("paged_") or name == "lion_32bit"
 
 
 # --------------------------------------------------------------------------------------------

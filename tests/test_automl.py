@@ -310,6 +310,8 @@ def test_rapidfire_grpo_tutorial_config_ports_unchanged():
     assert [s.training_args["learning_rate"] for s in specs] == [5e-6, 1e-6]
     assert base.learning_rate == 5e-6                       # the copy is independent
     assert set(specs[0].knobs) >= {"model_name", "training_args.learning_rate"}
+    if CPU_ONLY:    # bitsandbytes' GPU optimizer falls back, the config keeps what was written
+        assert specs[0].training_args["optim"] == "adamw_torch" and base.optim == "adamw_8bit"
     assert specs[0].model_config()["tokenizer_kwargs"]["model_max_length"] == 512
 
 
@@ -517,3 +519,24 @@ def test_build_helpers_and_warm_start_conflicts():
     assert any("r changes" in r for r in reasons) and any("target_modules" in r for r in reasons)
     assert warm_start_conflicts(specs[0], apply_changes(specs[0], {"model_name": "other"}))
     assert warm_start_conflicts(specs[0], apply_changes(specs[0], {"peft_config.lora_dropout": 0.2})) == []
+
+
+def test_lists_of_training_configs_and_model_names_are_axes_too():
+    cfg = RFModelConfig(model_name=List(["a", "b"]),
+                        training_args=List([RFSFTConfig(learning_rate=1e-3),
+                                            RFSFTConfig(learning_rate=List([1e-4, 1e-5]))]))
+    specs = RFGridSearch(cfg, "SFT").expand()
+    assert [(s.model_name, s.training_args["learning_rate"]) for s in specs] == [
+        ("a", 1e-3), ("a", 1e-4), ("a", 1e-5), ("b", 1e-3), ("b", 1e-4), ("b", 1e-5)]
+    assert specs[0].base_key() != specs[3].base_key()
+    with pytest.raises(ConfigError, match="RFDPOConfig"):
+        RFGridSearch(RFModelConfig("m", training_args=List([RFSFTConfig(), RFDPOConfig()])), "SFT")
+
+
+def test_int_log_range_reaches_both_ends_and_stays_inside():
+    import random
+    r = Range(1, 64, log=True)
+    rng = random.Random(0)
+    draws = [r.sample(rng) for _ in range(3000)]
+    assert min(draws) == 1 and max(draws) == 64 and all(isinstance(d, int) for d in draws)
+    assert sum(d <= 8 for d in draws) > 2 * sum(d > 32 for d in draws)    # log-weighted (linear: 1/4)
