@@ -205,68 +205,156 @@ class Experiment:
         return self
 
     def _check_resume(self, specs, data_fp, num_chunks, seed) -> None:
+        """Refuse a resume whose ``run_fit`` arguments differ from the original ones."""
         meta = self.meta
-        if meta.get("data") and meta["data"] != data_fp:
-            raise ConfigError("resume=True but the datasets differ from the ones this experiment was "
-                              "started with (fingerprints do not match); pass the same train/eval data")
-        if meta.get("num_chunks") not in (None, num_chunks) or meta.get("seed") not in (None, seed):
-            raise ConfigError(f"resume=True needs the same num_chunks and seed as the original run_fit "
-                              f"(num_chunks={meta.get('num_chunks')}, seed={meta.get('seed')})")
-        if meta.get("runs") and meta["runs"] != [s.fingerprint() for s in specs]:
-            raise ConfigError("resume=True but the config group differs from the original one")
+        # remembered so _restore_runs can complete experiment.json if a crash came before it
+        self._resume_meta = {"num_chunks": num_chunks, "seed": seed, "data": data_fp,
+                             "runs": [s.fingerprint() for s in specs]}
+        stored_data = meta.get("data") or {}
+        for split, name in (("train", "train_dataset"), ("eval", "eval_dataset")):
+            if split in stored_data and stored_data[split] != data_fp[split]:
+                raise ConfigError(
+                    f"resume=True but {name} differs from the one experiment {self.name!r} was started "
+                    f"with (fingerprint {data_fp[split]!r}, stored {stored_data[split]!r}); pass the "
+                    f"same {name} to run_fit")
+        for key, given in (("num_chunks", num_chunks), ("seed", seed)):
+            if meta.get(key) is not None and meta[key] != given:
+                raise ConfigError(f"resume=True needs the original {key}={meta[key]!r} (got {given!r})")
+        stored_runs = meta.get("runs")
+        if stored_runs:
+            given_runs = self._resume_meta["runs"]
+            if len(stored_runs) != len(given_runs):
+                raise ConfigError(f"resume=True but the config group expands to {len(given_runs)} runs; "
+                                  f"the original one had {len(stored_runs)}; pass the same config group")
+            for i, (a, b) in enumerate(zip(stored_runs, given_runs)):
+                if a != b:
+                    raise ConfigError(f"resume=True but run {i + 1}'s config differs from the original "
+                                      f"one; pass the same config group (and callables of the same names)")
 
     def _restore_runs(self, specs: list[RunSpec]) -> None:
-        """Rebuild runs (clones included) from runs.json and their checkpoints; mend the log."""
+        """Rebuild every run (clones included) from runs.json and its checkpoint; mend the log.
+
+        What a crash can leave, and what this does about it:
+        - a run's checkpoint newer than its events in the log (killed between the checkpoint's
+          rename and the log append, or during the append): the checkpoint carries the chunk's
+          events; the missing ones are appended, none twice;
+        - runs.json older than the checkpoints: counters come from the checkpoint;
+        - runs of the group missing from runs.json (killed while ``run_fit`` created them): they
+          are created now, without a second ``run_created`` event if one was logged;
+        - a run that failed because its checkpoint could not be written (disk full): it continues
+          from its previous, intact checkpoint;
+        - temporary files of interrupted writes: removed.
+        Stopped runs stay stopped; running ones become pending and continue from their checkpoint.
+        """
         from rapidfire_nb import automl
+        from rapidfire_nb.engine.store import CheckpointReadError
 
         engine = self.engine
-        stored = read_json(self.store.runs_path, {})
-        logged_chunks: dict[int, int] = {}
-        created = set()
+        self.store.remove_stale_tmp()
+        stored = {int(k): v for k, v in (read_json(self.store.runs_path, {}) or {}).items()}
+        for rid in range(1, len(specs) + 1):
+            stored.setdefault(rid, {"status": R.PENDING, "parent_run_id": None, "warm_start": False})
+        created: set[int] = set()
+        logged_chunks: set[tuple] = set()
+        logged_metrics: set[tuple] = set()
         for ev in self.events.since(0):
-            if ev["type"] == "chunk_done":
-                logged_chunks[ev["run_id"]] = logged_chunks.get(ev["run_id"], 0) + 1
-            elif ev["type"] == "run_created":
+            if ev["type"] == "run_created":
                 created.add(ev["run_id"])
-        by_id = {int(k): v for k, v in stored.items()}
-        for rid in sorted(by_id):
-            info = by_id[rid]
-            if rid <= len(specs) and info.get("parent_run_id") is None:
-                spec = specs[rid - 1]
-            else:
-                parent = engine.runs[info["parent_run_id"]]
-                spec = automl.apply_changes(parent.spec, info.get("changes") or {})
-            rec = engine.add_run(spec, run_id=rid, parent=None, warm_start=info["warm_start"],
-                                 changes=info.get("changes"), emit=rid not in created)
-            rec.parent_run_id = info.get("parent_run_id")
-            rec.step_offset = info.get("step_offset", 0)
-            for key in ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done", "error"):
-                setattr(rec, key, info.get(key, getattr(rec, key)))
-            status = info["status"]
-            ckpt = self.store.load_checkpoint(rid) if status not in (R.DELETED,) else None
-            if ckpt is not None:
-                for k, v in ckpt["counters"].items():
-                    setattr(rec, k, v)
-                # a crash between checkpoint and log append: the checkpoint carries the events
-                if ckpt.get("chunk_event") and not _chunk_logged(self.events, rid, ckpt["chunk_event"]):
-                    self.events.extend(ckpt["events"] + [("chunk_done", ckpt["chunk_event"])])
-            elif status not in (R.DELETED, R.COMPLETED, R.FAILED) and not rec.warm_start:
-                # no checkpoint yet: the run starts from scratch
-                rec.completed_steps, rec.samples_seen, rec.epoch, rec.chunk, rec.chunks_done = 0, 0, 0, 0, 0
-            warm = self.store.checkpoint_path(rid).parent / "warm_start.pt"
-            if ckpt is None and warm.exists():
-                import torch
+            elif ev["type"] == "chunk_done":
+                logged_chunks.add(_chunk_key(ev))
+            elif ev["type"] == "metric":
+                logged_metrics.add((ev["run_id"], ev["split"], ev["step"]))
 
-                engine.pending_weights[rid] = torch.load(warm, map_location="cpu", weights_only=False)
-            if status == R.RUNNING:
-                status = R.PENDING
-            if rec.completed_steps >= rec.total_steps and status in R.ACTIVE:
-                status = R.COMPLETED
-            rec.status = status
-            if status != info["status"] or rid not in created:
-                self.events.append("run_status", run_id=rid, status=status, error=rec.error,
-                                   reason="restored after restart")
+        # add_run rewrites runs.json after each run; a crash in the middle of this loop must not
+        # leave a runs.json holding only some of the runs, so it is written once, at the end
+        engine.save_runs = lambda: None
+        try:
+            for rid in sorted(stored):
+                self._restore_run(rid, stored[rid], specs, created, logged_chunks, logged_metrics,
+                                  automl, CheckpointReadError)
+        finally:
+            del engine.save_runs
+        if not self.meta.get("data") and getattr(self, "_resume_meta", None):
+            self.meta = {"name": self.name, "version": __version__, **self._resume_meta}
+            atomic_write_json(self.store.meta_path, self.meta)
         engine.save_runs()
+
+    def _restore_run(self, rid, info, specs, created, logged_chunks, logged_metrics, automl,
+                     CheckpointReadError) -> None:
+        engine = self.engine
+        parent_id = info.get("parent_run_id")
+        if parent_id is None:
+            if rid > len(specs):
+                raise ConfigError(f"resume=True but the config group expands to {len(specs)} runs and "
+                                  f"the experiment has a run {rid}; pass the same config group")
+            spec = specs[rid - 1]
+        elif parent_id in engine.runs:
+            spec = automl.apply_changes(engine.runs[parent_id].spec, info.get("changes") or {})
+        else:
+            raise RapidFireError(f"cannot restore run {rid}: its parent run {parent_id} is missing "
+                                 f"from {self.store.runs_path}")
+        if info.get("fingerprint") and info["fingerprint"] != spec.fingerprint():
+            raise ConfigError(f"resume=True but run {rid}'s config differs from the original one; "
+                              f"pass the same config group")
+        rec = engine.add_run(spec, run_id=rid, parent=None, warm_start=bool(info.get("warm_start")),
+                             changes=info.get("changes"), emit=rid not in created)
+        rec.parent_run_id = parent_id
+        rec.step_offset = info.get("step_offset", 0)
+        for key in ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done", "error"):
+            setattr(rec, key, info.get(key, getattr(rec, key)))
+        status = info.get("status", R.PENDING)
+        reason = "restored after restart"
+        if status == R.FAILED and "CheckpointWriteError" in (rec.error or ""):
+            status, reason = R.PENDING, "retried from its last intact checkpoint after a checkpoint write failure"
+            rec.error = None
+        ckpt = None
+        if status != R.DELETED:
+            try:
+                ckpt = self.store.load_checkpoint(rid)
+            except CheckpointReadError as exc:
+                if status not in (R.COMPLETED, R.FAILED):
+                    status, rec.error = R.FAILED, str(exc)
+                    reason = "its checkpoint cannot be read"
+        if ckpt is not None:
+            for k, v in ckpt["counters"].items():
+                setattr(rec, k, v)
+            chunk_event = ckpt.get("chunk_event")
+            if chunk_event and _chunk_key(chunk_event) not in logged_chunks:
+                # killed between the checkpoint and (the end of) its log append
+                missing = [(t, p) for t, p in ckpt["events"]
+                           if t != "metric" or (p["run_id"], p["split"], p["step"]) not in logged_metrics]
+                self.events.extend(missing + [("chunk_done", chunk_event)])
+        elif status in (R.PENDING, R.RUNNING, R.STOPPED):
+            if rec.warm_start:
+                weights = self._lost_warm_start_weights(rec)
+                if weights is None:
+                    status = R.FAILED
+                    rec.error = (f"run {rid} was a warm-start clone of run {parent_id} whose starting "
+                                 f"weights were lost in the crash (saved before the warm-start store "
+                                 f"existed); clone the parent again")
+                    reason = "warm-start weights lost"
+                else:
+                    engine.pending_weights[rid] = weights
+            else:   # no chunk finished before the crash: the run starts from scratch
+                rec.completed_steps = rec.samples_seen = rec.epoch = rec.chunk = rec.chunks_done = 0
+        if status == R.RUNNING:
+            status = R.PENDING
+        if status in R.ACTIVE and rec.completed_steps >= rec.total_steps:
+            status = R.COMPLETED
+        rec.status = status
+        if status != info.get("status") or rid not in created:
+            self.events.append("run_status", run_id=rid, status=status, error=rec.error, reason=reason)
+
+    def _lost_warm_start_weights(self, rec):
+        """A warm-start clone without a checkpoint: its stored starting weights, else the parent's
+        checkpoint if the parent is still exactly where the clone started."""
+        weights = self.store.load_warm_start(rec.run_id)
+        if weights is not None:
+            return weights
+        parent_ckpt = self.store.load_checkpoint(rec.parent_run_id)
+        if parent_ckpt is not None and parent_ckpt["counters"]["completed_steps"] == rec.step_offset:
+            return parent_ckpt["trainer"]["weights"]
+        return None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until no run is pending or running; True if so, False on timeout.
@@ -539,12 +627,8 @@ class Experiment:
         return f"<Experiment {self.name!r}: {n} runs ({summary}) at {self.path}>"
 
 
-def _chunk_logged(events: EventLog, run_id: int, chunk_event: dict) -> bool:
-    for ev in events.since(0):
-        if (ev["type"] == "chunk_done" and ev["run_id"] == run_id and ev["epoch"] == chunk_event["epoch"]
-                and ev["chunk"] == chunk_event["chunk"] and ev["completed_steps"] == chunk_event["completed_steps"]):
-            return True
-    return False
+def _chunk_key(ev: dict) -> tuple:
+    return (ev["run_id"], ev["epoch"], ev["chunk"], ev["completed_steps"])
 
 
 def _expand(config_group) -> list[RunSpec]:
