@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -514,3 +515,112 @@ def test_non_numeric_and_nan_metrics(tmp_path):
     assert math.isnan(points["train/loss"][0][1])
     mrun = mlflow_runs(exp_path)[1]
     assert sorted(mrun.data.metrics) == ["train/global_step", "train/loss", "train/lr"]
+
+
+# -- end to end: a real experiment -------------------------------------------------------------
+
+def _sft_group(lrs):
+    from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+
+    return RFGridSearch(List([
+        RFModelConfig(model_name="tiny",
+                      peft_config=RFLoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+                      training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=8,
+                                                num_train_epochs=1, bf16=False, max_length=64,
+                                                logging_steps=1))
+        for lr in lrs]), trainer_type="SFT")
+
+
+def _engine_points(exp) -> dict[int, dict[str, list[tuple[int, float]]]]:
+    """What the engine itself recorded (get_results), in the trackers' naming and step axis."""
+    out: dict[int, dict[str, list]] = {}
+    df = exp.get_results()
+    for row in df.itertuples():
+        value = float(row.value)
+        runs = out.setdefault(int(row.run_id), {})
+        runs.setdefault(metric_tag(row.split, row.metric), []).append((int(row.samples_seen), value))
+    for row in df[df.split == "train"].drop_duplicates(["run_id", "step"]).itertuples():
+        out[int(row.run_id)].setdefault("train/global_step", []).append(
+            (int(row.samples_seen), float(row.step)))
+    return out
+
+
+def test_real_experiment_with_a_stopped_run_and_clones(tmp_path, tiny_data):
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.demo_data import tiny_create_model
+
+    train, evald = tiny_data
+    exp = Experiment("tracked", experiment_path=tmp_path, tracking=ALL)
+    try:
+        exp.run_fit(_sft_group([1e-3, 1e-2]), tiny_create_model, train, evald, num_chunks=4,
+                    seed=3, block=False)
+        exp.stop(2)
+        warm = exp.clone_modify(1, {"training_args.learning_rate": 5e-3}, warm_start=True)
+        assert exp.wait(300)
+        cold = exp.clone_modify(2, {"training_args": {"learning_rate": 2e-3}})
+        exp.resume(2)
+        deadline = time.monotonic() + 60
+        while cold not in set(exp.get_runs_info().run_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        exp.stop(cold)  # at its next chunk boundary: it ends stopped, with 0 or more chunks
+        assert exp.wait(300)
+        info = exp.get_runs_info().set_index("run_id")
+    finally:
+        exp.end()
+    assert not any(info.error), [e for e in info.error if e]
+    assert dict(info.status) == {1: "completed", 2: "completed", warm: "completed",
+                                 cold: "stopped"}
+    hub_failures = exp._trackers.failures if exp._trackers is not None else {}
+    assert hub_failures == {}
+
+    expected = _engine_points(exp)
+    assert set(expected) >= {1, 2, warm}
+    mruns = mlflow_runs(exp.path, "tracked")
+    assert sorted(mruns) == [1, 2, warm, cold]
+    for run_id, points in expected.items():
+        assert "train/loss" in points and "eval/loss" in points
+        assert_same_points(tb_points(exp.path, run_id), points, f"tensorboard run_{run_id}")
+        assert_same_points(mlflow_points(exp.path, mruns[run_id]), points, f"mlflow run_{run_id}")
+        assert_same_points(trackio_points(exp.path, run_id), points, f"trackio run_{run_id}")
+
+    statuses = {rid: r.info.status for rid, r in mruns.items()}
+    assert statuses == {1: "FINISHED", 2: "FINISHED", warm: "FINISHED", cold: "KILLED"}
+    assert mruns[warm].data.tags["rapidfire.parent_run_id"] == "1"
+    assert mruns[warm].data.params["rapidfire.warm_start"] == "True"
+    assert mruns[warm].data.params["training_args.learning_rate"] == "0.005"
+    assert mruns[cold].data.params["training_args.learning_rate"] == "0.002"
+    lifecycle_2 = [t.split("**")[1] for _, t in tb_texts(exp.path, 2, "lifecycle")]
+    # run 2 was stopped at once: before or after its first chunk, depending on the engine thread
+    assert lifecycle_2 in (["running", "stopped", "resumed", "completed"],
+                           ["stopped", "resumed", "running", "completed"])
+    start, _ = tb_hparams(exp.path, warm)
+    assert start.hparams["rapidfire.parent_run_id"].number_value == 1
+    # the warm clone's curve continues the parent's samples-seen axis
+    assert expected[warm]["train/loss"][0][0] > 0
+
+
+def test_a_raising_tracker_changes_no_result(tmp_path, tiny_data):
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.demo_data import tiny_create_model
+
+    train, evald = tiny_data
+    results = []
+    for name, tracking in (("plain", []), ("raising", ["tensorboard", RaisingTracker()])):
+        exp = Experiment(name, experiment_path=tmp_path, tracking=tracking)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exp.run_fit(_sft_group([1e-3, 1e-2]), tiny_create_model, train, evald, num_chunks=2,
+                        seed=5)
+            exp.end()
+        df = exp.get_results().sort_values(["run_id", "split", "step", "metric"])
+        results.append(df[~df.metric.isin(["train_runtime", "eval_runtime",
+                                           "eval_samples_per_second", "eval_steps_per_second"])])
+        if name == "raising":
+            assert any(issubclass(w.category, TrackerWarning) and "backend exploded" in str(w.message)
+                       for w in caught)
+            assert exp._trackers.failures == {"raising": "RuntimeError: backend exploded"}
+    plain, raising = results
+    assert len(plain) > 0
+    assert plain[["run_id", "split", "step", "metric"]].values.tolist() == \
+        raising[["run_id", "split", "step", "metric"]].values.tolist()
+    assert plain.value.tolist() == raising.value.tolist()

@@ -20,9 +20,9 @@ Conventions (the one place they are decided):
 - **Parameters.** A run's parameters are its ``config`` (``run_created``) flattened to dotted keys
   (``training_args.learning_rate``), lists and dicts as JSON text, ``None`` left out, plus
   ``rapidfire.run_id``, ``rapidfire.parent_run_id`` (clones) and ``rapidfire.warm_start``.
-- **Lifecycle.** ``running`` (first time on the device), ``stopped``, ``resumed`` (a stopped run
-  made pending again), ``completed``, ``failed`` (with the error), ``deleted``; each at the run's
-  current ``samples_seen``.
+- **Lifecycle.** ``running`` (first time on the device, once per run), ``stopped``, ``resumed``
+  (a stopped run made pending again), ``completed``, ``failed`` (with the error), ``deleted``;
+  each at the run's current ``samples_seen``.
 - **Names.** The run with id 3 is called ``run_3`` in every backend.
 """
 
@@ -51,6 +51,7 @@ class RunState:
     warm_start: bool = False
     status: str = "pending"
     lifecycle: str | None = None          # the last lifecycle event emitted for this run
+    started: bool = False                 # has been on the device ("running" was emitted)
     samples_seen: int = 0
     global_step: int = 0
     error: str | None = None

@@ -274,8 +274,14 @@ class _Worker:
             run.status = status
             if status == "failed":
                 run.error = event.get("error")
-            lifecycle = _lifecycle(run.lifecycle, status)
-            if lifecycle is not None:
+            events = [_lifecycle(run, status)]
+            if events[0] == "resumed" and status == "running" and not run.started:
+                events.append("running")
+            for lifecycle in events:
+                if lifecycle is None:
+                    continue
+                if lifecycle == "running":
+                    run.started = True
                 run.lifecycle = lifecycle
                 run.lifecycle_events += 1
                 detail = event.get("error") if status == "failed" else event.get("reason")
@@ -283,13 +289,17 @@ class _Worker:
                     tracker.lifecycle(run, lifecycle, run.samples_seen, detail, wall)
 
 
-def _lifecycle(previous: str | None, status: str) -> str | None:
-    """The lifecycle event a status change means, or None (e.g. pending/running swaps)."""
-    if status in ("pending", "running") and previous == "stopped":
+def _lifecycle(run: RunState, status: str) -> str | None:
+    """The lifecycle event a status change means, or None (e.g. pending/running swaps).
+
+    ``running`` marks the first time the run is on the device, also when that comes after a
+    stop and resume of a run that had not started yet.
+    """
+    if status in ("pending", "running") and run.lifecycle == "stopped":
         return "resumed"
-    if status == "running" and previous is None:
+    if status == "running" and not run.started:
         return "running"
-    if status in ("stopped", "completed", "failed", "deleted") and previous != status:
+    if status in ("stopped", "completed", "failed", "deleted") and run.lifecycle != status:
         return status
     return None
 
