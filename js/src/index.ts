@@ -30,6 +30,7 @@ import {
   progressFraction,
   progressText,
   runColor,
+  shortKnobNames,
   STATUS_COLORS,
   STATUSES,
   statusCounts,
@@ -282,7 +283,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     latest: HTMLTableCellElement;
     best: HTMLTableCellElement;
     parent: HTMLTableCellElement;
-    note: HTMLTableCellElement;
+    note: HTMLDivElement;
     buttons: Record<"stop" | "resume" | "delete" | "clone" | "traceback", HTMLButtonElement>;
     busy: boolean;
   }
@@ -295,8 +296,14 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const key = JSON.stringify([knobs, metric]);
     if (key !== columnsKey) {
       columnsKey = key;
-      const heads = ["run", "status", ...knobs, "progress", "train loss", metric ?? "eval", `best ${metric ?? ""}`, "parent", "", ""];
-      thead.replaceChildren(h("tr", {}, heads.map((t) => h("th", { text: t }))));
+      const short = shortKnobNames(knobs);
+      const heads: [string, string][] = [
+        ["run", ""], ["status", ""], ...knobs.map((k): [string, string] => [short[k], k]),
+        ["progress", "last chunk trained and optimizer steps"], ["train loss", "latest training loss"],
+        [metric ?? "eval", `latest ${metric ?? "eval metric"}`], [`best ${metric ?? ""}`, ""],
+        ["parent", "the run this one was cloned from"], ["", ""],
+      ];
+      thead.replaceChildren(h("tr", {}, heads.map(([t, title]) => h("th", title ? { text: t, title } : { text: t }))));
       rows.clear();
       tbody.replaceChildren();
     }
@@ -339,7 +346,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       latest: h("td", { class: "rf-num", "data-testid": "rf-latest" }),
       best: h("td", { class: "rf-num" }),
       parent: h("td"),
-      note: h("td", { class: "rf-note" }),
+      note: h("div", { class: "rf-note rf-row-note" }),
       buttons,
       busy: false,
     };
@@ -357,8 +364,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       row.latest,
       row.best,
       row.parent,
-      h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons))]),
-      row.note,
+      h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note]),
     );
     return row;
   }
@@ -385,6 +391,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const op = run.lastOp;
     const note = run.reason ?? (op && !op.accepted ? `${op.op} refused: ${op.reason ?? ""}` : "");
     row.note.textContent = note;
+    row.note.title = note;
+    row.note.style.display = note ? "" : "none";
+    row.status.title = run.reason ?? "";
   }
 
   async function simpleOp(row: Row, runId: number, op: "stop" | "resume" | "delete"): Promise<void> {
@@ -457,7 +466,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     for (const k of keys) {
       const input = h("input", { type: "text", "data-knob": k, value: formatKnobValue(original[k]) });
       input.value = formatKnobValue(original[k]);
-      const err = h("span", { class: "rf-field-error" });
+      const err = h("span", { class: "rf-field-error", "data-error-for": k });
       inputs.set(k, input);
       fieldErrors.set(k, err);
       form.append(h("label", { text: k }), input, err);

@@ -393,6 +393,16 @@ export function knobColumns(state: PanelState): string[] {
   return [...keys].sort();
 }
 
+/** Column titles: the last part of a dotted knob name, or the whole name where that is ambiguous. */
+export function shortKnobNames(keys: string[]): Record<string, string> {
+  const last = keys.map((k) => k.split(".").pop()!);
+  const out: Record<string, string> = {};
+  keys.forEach((k, i) => {
+    out[k] = last.filter((l) => l === last[i]).length === 1 ? last[i] : k;
+  });
+  return out;
+}
+
 export function statusCounts(state: PanelState): Record<RunStatus, number> {
   const counts = { pending: 0, running: 0, stopped: 0, completed: 0, failed: 0, deleted: 0 };
   for (const run of state.runs.values()) counts[run.status]++;

@@ -40,7 +40,7 @@ export const CSS = `
 .rf-table td.rf-num { text-align: right; font-variant-numeric: tabular-nums; }
 .rf-swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; vertical-align: -1px; }
 .rf-status { padding: 0 6px; border-radius: 8px; color: #fff; font-size: 11px; }
-.rf-progress { display: inline-block; width: 60px; height: 6px; background: var(--rf-bg2); border: 1px solid var(--rf-border); border-radius: 3px; vertical-align: middle; margin-right: 6px; overflow: hidden; }
+.rf-progress { display: inline-block; width: 40px; height: 6px; background: var(--rf-bg2); border: 1px solid var(--rf-border); border-radius: 3px; vertical-align: middle; margin-right: 6px; overflow: hidden; }
 .rf-progress > span { display: block; height: 100%; background: var(--rf-accent); }
 .rf-actions { display: flex; gap: 3px; }
 .rf-panel button {
@@ -51,6 +51,7 @@ export const CSS = `
 .rf-panel button.rf-primary { background: var(--rf-accent); color: #fff; border-color: var(--rf-accent); }
 .rf-panel button.rf-danger { color: var(--rf-error); }
 .rf-note { color: var(--rf-fg2); font-size: 11px; }
+.rf-row-note { max-width: 260px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 .rf-box { border: 1px solid var(--rf-border); border-radius: 4px; padding: 6px 8px; margin-top: 8px; background: var(--rf-bg); }
 .rf-box h4 { margin: 0 0 6px 0; font-size: 13px; }
 .rf-form { display: grid; grid-template-columns: max-content minmax(120px, 320px) 1fr; gap: 3px 8px; align-items: center; }

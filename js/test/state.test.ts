@@ -18,6 +18,7 @@ import {
   planIsEmpty,
   progressText,
   runColor,
+  shortKnobNames,
   timeSplitFigure,
   type WireEvent,
 } from "../src/state";
@@ -281,6 +282,9 @@ describe("derived view data", () => {
     const state = createState();
     ingest(state, experimentLog());
     expect(knobColumns(state)).toEqual(["peft_config.r", "training_args.learning_rate"]);
+    expect(shortKnobNames(["peft_config.r", "training_args.learning_rate", "a.seed", "b.seed"])).toEqual({
+      "peft_config.r": "r", "training_args.learning_rate": "learning_rate", "a.seed": "a.seed", "b.seed": "b.seed",
+    });
     expect(defaultMetric(state.evalMetrics, "eval_loss")).toBe("eval_loss");
     expect(defaultMetric(new Set(["eval_runtime", "eval_accuracy"]), "eval_loss")).toBe("eval_accuracy");
     expect(defaultMetric(new Set(), "eval_loss")).toBe(null);

@@ -33,9 +33,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _bundle_is_current() -> bool:
+    if not BUNDLE.exists():
+        return False
+    sources = [p for p in (ROOT / "js" / "src").rglob("*.ts")] + [ROOT / "js" / "package.json", ROOT / "js" / "build.mjs"]
+    return all(p.stat().st_mtime <= BUNDLE.stat().st_mtime for p in sources if p.exists())
+
+
 def ensure_bundle() -> None:
-    """The panel's view must be built for the browser to show it; build it from js/ if needed."""
-    if BUNDLE.exists():
+    """The browser must see the view of this checkout: (re)build it from js/ if missing or stale."""
+    if _bundle_is_current():
         return
     npm = shutil.which("npm")
     if npm is None:
@@ -79,13 +86,20 @@ def lab(tmp_path_factory):
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("RF_TENSORBOARD_ENABLED", "0")
-    env["JUPYTER_CONFIG_DIR"] = str(root / ".jupyter-config")  # no user settings leak in
+    config_dir = root / ".jupyter-config"  # no user settings leak in
+    env["JUPYTER_CONFIG_DIR"] = str(config_dir)
+    # JupyterLab asks about news in a toast that can cover the panel's buttons.
+    settings = config_dir / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     cmd = [
         sys.executable, "-m", "jupyter", "lab", "--no-browser",
         "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # CI containers run as root
     log_file = open(log_path, "w")
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     lab = Lab(f"http://127.0.0.1:{port}", token, root, proc, log_path)
@@ -141,5 +155,9 @@ def page(browser):
     pg.on("pageerror", lambda err: console.append(f"pageerror: {err}"))
     pg.console_log = console  # type: ignore[attr-defined]
     yield pg
+    try:
+        pg.screenshot(path=str(OUTPUT / "last.png"), full_page=True)  # whatever the outcome, the final state
+    except Exception:
+        pass
     (OUTPUT / "console.log").write_text("\n".join(console), encoding="utf-8")
     context.close()
