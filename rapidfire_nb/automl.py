@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import math
 import random
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from rapidfire_nb import _automl_backend as _be
 from rapidfire_nb._automl_backend import RapidFireConfigWarning
@@ -391,7 +392,6 @@ def _construction_combos(per_knob: dict[str, list]) -> list[dict]:
     names = list(per_knob)
     total = math.prod(len(v) for v in per_knob.values())
     if total <= _MAX_CONSTRUCTION_COMBOS:
-        import itertools
         return [dict(zip(names, vs)) for vs in itertools.product(*per_knob.values())]
     first = {n: vs[0] for n, vs in per_knob.items()}
     combos = [first]
