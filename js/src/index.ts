@@ -27,8 +27,9 @@ import {
   noteKnownSeq,
   planChart,
   planIsEmpty,
+  chunkText,
   progressFraction,
-  progressText,
+  stepText,
   runColor,
   shortKnobNames,
   STATUS_COLORS,
@@ -279,6 +280,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     knobCells: HTMLTableCellElement[];
     progressBar: HTMLSpanElement;
     progressText: HTMLSpanElement;
+    chunkText: HTMLDivElement;
     trainLoss: HTMLTableCellElement;
     latest: HTMLTableCellElement;
     best: HTMLTableCellElement;
@@ -299,7 +301,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       const short = shortKnobNames(knobs);
       const heads: [string, string][] = [
         ["run", ""], ["status", ""], ...knobs.map((k): [string, string] => [short[k], k]),
-        ["progress", "last chunk trained and optimizer steps"], ["train loss", "latest training loss"],
+        ["progress", "optimizer steps, and the last chunk trained"], ["train loss", "latest training loss"],
         [metric ?? "eval", `latest ${metric ?? "eval metric"}`], [`best ${metric ?? ""}`, ""],
         ["parent", "the run this one was cloned from"], ["", ""],
       ];
@@ -326,6 +328,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const knobCells = knobs.map(() => h("td", { class: "rf-knob" }));
     const progressBar = h("span");
     const progressTextEl = h("span", { class: "rf-progress-text" });
+    const chunkTextEl = h("div", { class: "rf-note" });
     const mk = (op: "stop" | "resume" | "delete" | "clone" | "traceback", label: string) =>
       h("button", { "data-op": op, title: `${label} run ${run.id}`, text: label });
     const buttons = {
@@ -342,6 +345,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       knobCells,
       progressBar,
       progressText: progressTextEl,
+      chunkText: chunkTextEl,
       trainLoss: h("td", { class: "rf-num" }),
       latest: h("td", { class: "rf-num", "data-testid": "rf-latest" }),
       best: h("td", { class: "rf-num" }),
@@ -359,7 +363,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       h("td", {}, [swatch, `${run.id}`]),
       h("td", {}, [status]),
       ...knobCells,
-      h("td", {}, [h("span", { class: "rf-progress" }, [progressBar]), progressTextEl]),
+      h("td", {}, [h("span", { class: "rf-progress" }, [progressBar]), progressTextEl, chunkTextEl]),
       row.trainLoss,
       row.latest,
       row.best,
@@ -377,7 +381,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       row.knobCells[i].textContent = k in run.knobs ? formatKnobValue(run.knobs[k]) : "";
     });
     row.progressBar.style.width = `${(progressFraction(run) * 100).toFixed(1)}%`;
-    row.progressText.textContent = progressText(run);
+    row.progressText.textContent = stepText(run);
+    row.chunkText.textContent = chunkText(run);
     row.trainLoss.textContent = fmtNumber(run.latest["loss"]);
     row.latest.textContent = metric ? fmtNumber(run.latest[metric]) : "–";
     row.best.textContent = metric ? fmtNumber(run.best[metric]) : "–";

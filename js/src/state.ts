@@ -680,17 +680,21 @@ export function fmtSeconds(s: number): string {
   return `${(s / 60).toFixed(1)} min`;
 }
 
-/** "epoch 1 · chunk 2/4 · step 6/16": the last chunk trained (1-based) and the optimizer steps. */
+/** "step 6/16": optimizer steps done. */
+export function stepText(run: RunState): string {
+  return run.totalSteps !== null ? `step ${run.completedSteps}/${run.totalSteps}` : `step ${run.completedSteps}`;
+}
+
+/** "epoch 1 · chunk 2/4": the last chunk trained, 1-based. */
+export function chunkText(run: RunState): string {
+  if (run.epoch === null || run.chunk === null) return run.numChunks !== null ? `chunk 0/${run.numChunks}` : "chunk 0";
+  const chunk = run.numChunks !== null ? `chunk ${run.chunk + 1}/${run.numChunks}` : `chunk ${run.chunk + 1}`;
+  return `epoch ${run.epoch + 1} · ${chunk}`;
+}
+
+/** "epoch 1 · chunk 2/4 · step 6/16". */
 export function progressText(run: RunState): string {
-  const parts: string[] = [];
-  if (run.epoch !== null && run.chunk !== null) {
-    parts.push(`epoch ${run.epoch + 1}`);
-    parts.push(run.numChunks !== null ? `chunk ${run.chunk + 1}/${run.numChunks}` : `chunk ${run.chunk + 1}`);
-  } else {
-    parts.push(run.numChunks !== null ? `chunk 0/${run.numChunks}` : "chunk 0");
-  }
-  parts.push(run.totalSteps !== null ? `step ${run.completedSteps}/${run.totalSteps}` : `step ${run.completedSteps}`);
-  return parts.join(" · ");
+  return `${chunkText(run)} · ${stepText(run)}`;
 }
 
 export function progressFraction(run: RunState): number {

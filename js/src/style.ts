@@ -35,7 +35,7 @@ export const CSS = `
 }
 .rf-table-wrap { overflow-x: auto; margin-top: 8px; }
 .rf-table { border-collapse: collapse; width: 100%; font-size: 12px; }
-.rf-table th, .rf-table td { padding: 3px 6px; border-bottom: 1px solid var(--rf-border); text-align: left; white-space: nowrap; }
+.rf-table th, .rf-table td { padding: 2px 5px; border-bottom: 1px solid var(--rf-border); text-align: left; white-space: nowrap; }
 .rf-table th { color: var(--rf-fg2); font-weight: 600; background: var(--rf-bg2); }
 .rf-table td.rf-num { text-align: right; font-variant-numeric: tabular-nums; }
 .rf-swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; vertical-align: -1px; }
@@ -44,7 +44,7 @@ export const CSS = `
 .rf-progress > span { display: block; height: 100%; background: var(--rf-accent); }
 .rf-actions { display: flex; gap: 3px; }
 .rf-panel button {
-  font: inherit; font-size: 11px; padding: 1px 7px; cursor: pointer;
+  font: inherit; font-size: 11px; padding: 1px 5px; cursor: pointer;
   color: var(--rf-fg); background: var(--rf-bg2); border: 1px solid var(--rf-border); border-radius: 3px;
 }
 .rf-panel button:disabled { opacity: 0.4; cursor: default; }
