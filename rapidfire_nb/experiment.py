@@ -467,15 +467,10 @@ class Experiment:
         if spec.base_key() != parent.base_key() and spec.peft_config is None:
             raise OpRefused("a full fine-tuning clone must keep the parent's base model")
         if warm_start:
-            if spec.base_key() != parent.base_key():
-                raise OpRefused("warm start needs the same base model as the parent "
-                                "(model_name/model_kwargs changed); use a cold clone")
-            if parent.peft_config is not None:
-                for key in ("r", "target_modules", "use_dora", "modules_to_save", "layers_to_transform", "bias"):
-                    if _norm(parent.peft_config.get(key)) != _norm(spec.peft_config.get(key)):
-                        raise OpRefused(f"warm start copies the parent's adapter weights, so peft_config.{key} "
-                                        f"cannot change ({parent.peft_config.get(key)!r} -> "
-                                        f"{spec.peft_config.get(key)!r}); use a cold clone")
+            reasons = automl.warm_start_conflicts(parent, spec)
+            if reasons:
+                raise OpRefused("warm start copies the parent's weights, so it cannot change: "
+                                + "; ".join(reasons) + " (use a cold clone)")
             if spec.trainer_type != parent.trainer_type:
                 raise OpRefused("warm start needs the parent's trainer type")
         self.engine.plan_run(spec)
