@@ -262,6 +262,19 @@ def test_close_stops_the_publisher(exp):
     assert sent == []
 
 
+def test_pull_only_panel_has_no_publisher_and_still_serves_pulls(exp):
+    panel = Panel(exp, push=False)
+    wire = Wire(panel)
+    try:
+        assert panel._publisher is None
+        exp.events.append("experiment_end")
+        time.sleep(0.5)
+        assert wire.pushes() == []
+        assert pull_all(wire)[-1]["type"] == "experiment_end"
+    finally:
+        panel.close()
+
+
 def test_comm_message_path_reaches_the_handler(wire):
     # What ipykernel hands ipywidgets for a `model.send(...)` from the view.
     wire.panel._handle_msg(

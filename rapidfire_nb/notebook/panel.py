@@ -92,7 +92,9 @@ class Panel(anywidget.AnyWidget):
 
     snapshot = traitlets.Dict().tag(sync=True)
 
-    def __init__(self, exp: Any, **kwargs: Any):
+    def __init__(self, exp: Any, *, push: bool = True, **kwargs: Any):
+        """``push=False`` leaves out the publisher thread: the view then lives on its pulls alone,
+        which is what it gets in front ends that drop background-thread messages (Colab)."""
         events = getattr(exp, "events", None)
         if events is None or not callable(getattr(events, "since", None)):
             raise TypeError(
@@ -111,8 +113,9 @@ class Panel(anywidget.AnyWidget):
         self._scan_statuses()
         self.snapshot = self._make_snapshot()
         self.on_msg(self._on_frontend_msg)
-        self._publisher = _Publisher(self)
-        self._publisher.start()
+        self._publisher = _Publisher(self) if push else None
+        if self._publisher is not None:
+            self._publisher.start()
 
     # -- state -------------------------------------------------------------------------------
 

@@ -62,6 +62,14 @@ def _events(root: Path) -> list[dict]:
     return out
 
 
+def _all_done(root: Path) -> bool:
+    status = {}
+    for e in _events(root):
+        if e["type"] == "run_status":
+            status[e["run_id"]] = e["status"]
+    return bool(status) and all(s not in ("pending", "running") for s in status.values())
+
+
 def _trace_points(page, chart: str) -> dict[str, int]:
     """Points per trace (by trace name) in one of the panel's Plotly charts."""
     return page.evaluate(
@@ -178,5 +186,39 @@ def test_panel_in_jupyterlab(lab, page):
     page.evaluate("() => document.querySelectorAll('.rf-table-wrap').forEach((w) => { w.scrollLeft = 0; })")
     page.screenshot(path=str(OUTPUT / "04_clone_training.png"), full_page=True)
     panel.screenshot(path=str(OUTPUT / "panel.png"))
+
+    # --- a view rendered late, living on pulls alone (as in Colab) ------------------------------
+    # A second widget without the publisher thread: it must rebuild everything from seq 0 by
+    # pulling, and keep up with training without a single push.
+    cells = page.locator(".jp-Cell")
+    cells.last.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")  # a new cell below
+    page.locator(".jp-Cell").last.locator(".jp-InputArea-editor").click()
+    page.keyboard.type("from rapidfire_nb.notebook.panel import Panel\nPanel(exp, push=False)")
+    page.keyboard.press("Shift+Enter")
+    late = page.locator("[data-testid=rf-panel]").nth(1)
+    late.wait_for(timeout=120_000)
+    _wait(lambda: late.locator("[data-testid=rf-runs] tr[data-run-id]").count() == 4, 120,
+          "the late view to list all four runs", page)
+    first_panel_points = _trace_points(page, "train")
+
+    def late_points():
+        return page.evaluate(
+            """() => {
+                const div = document.querySelectorAll('[data-testid=rf-chart-train]')[1];
+                const out = {};
+                for (const t of (div && div.data) || []) out[t.name] = (t.x || []).length;
+                return out;
+            }""")
+
+    _wait(lambda: all(late_points().get(k, 0) >= v for k, v in first_panel_points.items()), 120,
+          "the late, pull-only view to catch up with the first one", page)
+    caught_up = late_points()
+    _wait(lambda: sum(late_points().values()) > sum(caught_up.values()) or _all_done(lab.root), 180,
+          "the pull-only view to keep growing", page)
+    late.scroll_into_view_if_needed()
+    page.screenshot(path=str(OUTPUT / "05_late_pull_only_view.png"), full_page=True)
+
     errors = [line for line in page.console_log if line.startswith("pageerror")]
     assert errors == [], errors
