@@ -133,28 +133,50 @@ def test_dpo_isolation_bit_identical_to_training_alone(dpo_grid, dpo_data, tmp_p
 
 def test_dpo_full_fine_tuning_uses_one_frozen_reference(dpo_data, tmp_path):
     train, evald = dpo_data
-    cfg = RFModelConfig(model_name="tiny", training_args=dpo_args(List([1e-3, 1e-2]), 0.1, max_steps=2,
+    cfg = RFModelConfig(model_name="tiny", training_args=dpo_args(1e-2, 0.1, max_steps=2,
                                                                   precompute_ref_log_probs=List([False, True])))
     exp = Experiment("dpo-full", experiment_path=tmp_path)
     exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, evald, num_chunks=2, seed=1)
     info = exp.get_runs_info()
     assert set(info.status) == {"completed"}, info.error.tolist()
-    refs = {id(exp.engine.trainers[r].trainer.ref_model) for r in range(1, 5)}
-    assert len(refs) == 1, "full fine-tuning runs of one base share one frozen reference"
-    ref = exp.engine.trainers[1].trainer.ref_model
+    t1, t2 = exp.engine.trainers[1].trainer, exp.engine.trainers[2].trainer
+    assert t1.ref_model is t2.ref_model, "full fine-tuning runs of one base share one frozen reference"
+    assert t1.model is not t2.model and t1.ref_model is not t1.model
     pristine = exp.engine.bases[exp.engine.runs[1].spec.base_key()].pristine
-    assert all(not p.requires_grad for p in ref.parameters())
-    for (n, p), (_, q) in zip(ref.named_parameters(), pristine.named_parameters()):
+    assert all(not p.requires_grad for p in t1.ref_model.parameters())
+    for (n, p), (_, q) in zip(t1.ref_model.named_parameters(), pristine.named_parameters()):
         assert torch.equal(p, q), f"the reference changed: {n}"
     # precomputed reference log-probs give the same losses as computing them on the fly
-    l_fly, l_pre = logged(exp, 1), logged(exp, 2)   # runs 1, 2: lr 1e-3, precompute False / True
-    a1, a2 = exp.engine.runs[1].spec.training_args, exp.engine.runs[2].spec.training_args
-    assert a1["learning_rate"] == a2["learning_rate"]
-    assert not a1.get("precompute_ref_log_probs") and a2["precompute_ref_log_probs"] is True
-    assert l_fly.keys() == l_pre.keys()
+    assert exp.engine.runs[2].spec.training_args["precompute_ref_log_probs"] is True
+    assert "ref_chosen_logps" in t2.train_dataset.column_names
+    l_fly, l_pre = logged(exp, 1), logged(exp, 2)
+    assert l_fly.keys() == l_pre.keys() and len(l_fly) > 0
     for k in l_fly:
         assert l_fly[k] == pytest.approx(l_pre[k], rel=1e-4, abs=1e-6), k
     exp.end()
+
+
+def test_dpo_dropout_setting_stays_per_run_on_a_shared_base(dpo_data, tmp_path):
+    """DPOTrainer zeroes every dropout of the model it is given (disable_dropout=True); on a shared
+    base that must not reach a run that keeps its LoRA dropout."""
+    train, _ = dpo_data
+
+    def cfg(disable):
+        return RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+                             training_args=dpo_args(1e-2, 0.1, max_steps=2, disable_dropout=disable))
+
+    both = Experiment("dropout", experiment_path=tmp_path)
+    both.run_fit(RFGridSearch(cfg(List([False, True])), trainer_type="DPO"), tiny_create_model, train, None,
+                 num_chunks=4, seed=6)
+    alone = Experiment("dropout-alone", experiment_path=tmp_path)
+    alone.run_fit(RFGridSearch(cfg(False), trainer_type="DPO"), tiny_create_model, train, None,
+                  num_chunks=4, seed=6)
+    assert set(both.get_runs_info().status) == {"completed"}
+    order = both.get_timeline().sort_values("start").run_id.tolist()
+    assert order.index(2) < len(order) - 1 - order[::-1].index(1), order
+    assert_same_run(both, 1, alone, 1)
+    both.end()
+    alone.end()
 
 
 def test_dpo_dataset_without_preference_columns_is_refused(dpo_data, tiny_data, tmp_path):
@@ -254,13 +276,16 @@ def test_grpo_temperature_axis_keeps_each_runs_own_fused_head(grpo_data, tmp_pat
                              training_args=grpo_args(1e-2, 2, temperature=temps, max_steps=2),
                              reward_funcs=[short_answer])
 
+    # 4 chunks of one step: run 1's second step comes after run 2's trainer was built
     both = Experiment("temps", experiment_path=tmp_path)
     both.run_fit(RFGridSearch(cfg(List([0.5, 2.0])), trainer_type="GRPO"), tiny_create_model, train, None,
-                 num_chunks=2, seed=2)
+                 num_chunks=4, seed=2)
     alone = Experiment("temp-alone", experiment_path=tmp_path)
     alone.run_fit(RFGridSearch(cfg(0.5), trainer_type="GRPO"), tiny_create_model, train, None,
-                  num_chunks=2, seed=2)
+                  num_chunks=4, seed=2)
     assert set(both.get_runs_info().status) == {"completed"}
+    order = both.get_timeline().sort_values("start").run_id.tolist()
+    assert order.index(2) < len(order) - 1 - order[::-1].index(1), order
     assert_same_run(both, 1, alone, 1)
     both.end()
     alone.end()

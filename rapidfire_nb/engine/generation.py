@@ -85,7 +85,9 @@ def check_generation_config(spec) -> None:
     try:
         GenerationConfig(**generation_kwargs(spec)).validate(strict=True)
     except ValueError as exc:
-        raise ConfigError(f"generation_config is invalid: {exc}") from None
+        lines = [ln.strip(" -") for ln in str(exc).splitlines()
+                 if ln.strip() and "GenerationConfig is invalid" not in ln and "pretrained model" not in ln]
+        raise ConfigError(f"generation_config is invalid: {' '.join(lines)}") from None
 
 
 def check_eval_dataset(spec, dataset) -> None:
