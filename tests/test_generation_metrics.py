@@ -1,6 +1,5 @@
 """Generation-based eval metrics: prompts/references, left-padded generation, the user's compute_metrics."""
 
-import inspect
 import random
 
 import numpy as np
@@ -183,10 +182,8 @@ def test_bad_eval_columns_for_compute_metrics_are_refused_by_run_fit(tmp_path):
     exp.end()
 
 
-_sft_hooked = "generation_metrics" in inspect.getsource(RunTrainer.evaluate)
-
-
-@pytest.mark.skipif(not _sft_hooked, reason="RunTrainer.evaluate does not call generation_metrics yet")
+@pytest.mark.skipif(not hasattr(RunTrainer, "generation_eval"),
+                    reason="RunTrainer.evaluate does not run generation-based metrics yet (see the patch)")
 def test_sft_runs_log_compute_metrics_on_conversational_data(tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"Reverse the word: {w}"},
                           {"role": "assistant", "content": w[::-1]}]}
