@@ -1,0 +1,219 @@
+"""The tutorial notebooks in ``notebooks/``: their shape, and every one executed end to end.
+
+Execution uses nbclient with a real ipykernel (kernel ``python3``) in smoke mode (``RF_SMOKE=1``:
+the offline tiny model and a few rows of look-alike data), in a temporary working folder, with the
+Hugging Face hub switched offline so that a notebook that tried to download would fail here.
+A notebook passes when no cell raises, no run of its experiment failed, its final cell printed the
+leaderboard and exported an adapter directory that PEFT can load, the TensorBoard it started
+answered and went away with the kernel, and the kernel exits on a plain shutdown request.
+
+The Colab badges and install cells are derived from the one ``Repository:`` line of the README,
+and the notebooks are committed without outputs; both are checked without a kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+ROOT = Path(__file__).resolve().parents[1]
+NB_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
+# a hang guard per cell, not a speed target (those live in `rapidfire bench`)
+CELL_TIMEOUT = 600
+EXPORT_RE = re.compile(r"Adapter exported to (\S+?):")
+
+
+def _repo_url() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.findall(r"^Repository:\s*(https://github\.com/[\w.-]+/[\w.-]+?)/?\s*$", text, re.M)
+    assert len(found) == 1, "README.md must define the repository URL once, as a line 'Repository: https://github.com/OWNER/NAME'"
+    return found[0]
+
+
+def _source(cell) -> str:
+    return cell.source if isinstance(cell.source, str) else "".join(cell.source)
+
+
+def _outputs_text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif "data" in out:
+            parts.append(str(out["data"].get("text/plain", "")))
+    return "".join(parts)
+
+
+def test_there_are_the_four_tutorials():
+    names = {p.stem for p in NOTEBOOKS}
+    assert {"quickstart", "sft_customer_support", "dpo_preferences", "grpo_math_reasoning"} <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_committed_clean_and_complete(path):
+    nb = nbformat.read(str(path), as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for cell in code:
+        assert cell.outputs == [], f"{path.name}: outputs must be stripped (cell {_source(cell)[:40]!r})"
+        assert cell.execution_count is None, f"{path.name}: execution_count must be null"
+    sources = [_source(c) for c in code]
+    everything = "\n".join(_source(c) for c in nb.cells)
+
+    repo = _repo_url()
+    slug = repo.removeprefix("https://github.com/")
+    colab = f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}"
+    assert colab in _source(nb.cells[0]), f"{path.name}: the first cell needs the Colab badge {colab}"
+    for link in re.findall(r"https://colab\.research\.google\.com/github/[^)\s\"']+", everything):
+        assert link == colab, f"{path.name}: Colab link {link} is not {colab}"
+
+    install = [s for s in sources if "%pip install" in s]
+    assert len(install) == 1, f"{path.name}: one install cell"
+    assert 'if "google.colab" in sys.modules:' in install[0], f"{path.name}: %pip must be guarded for Colab"
+    assert f"git+{repo}" in install[0], f"{path.name}: the install cell must install from {repo}"
+
+    params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and "RF_SMOKE" in _source(params[0]), f"{path.name}: a parameters cell reading RF_SMOKE"
+    assert any("torch.cuda.is_available()" in s and "fp16" in s.lower() for s in sources), \
+        f"{path.name}: a GPU check that picks fp16 on a T4"
+    assert any(s.lstrip().startswith("%load_ext rapidfire") for s in sources), f"{path.name}: %load_ext rapidfire"
+    assert any(s.strip() == "%rapidfire tensorboard" for s in sources), f"{path.name}: %rapidfire tensorboard"
+    fit = [s for s in sources if ".run_fit(" in s]
+    assert len(fit) == 1 and fit[0].strip().splitlines()[-1].strip() == "exp", \
+        f"{path.name}: the run_fit cell must end with `exp` (the panel)"
+    final = [c for c in code if "final" in c.metadata.get("tags", [])]
+    assert len(final) == 1, f"{path.name}: one cell tagged 'final'"
+    src = _source(final[0])
+    assert "exp.wait()" in src and "exp.export(" in src and "Leaderboard" in src, \
+        f"{path.name}: the final cell waits, prints the leaderboard and exports the best run"
+
+
+def test_readme_tutorials_link_every_notebook():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "## Tutorials" in text
+    slug = _repo_url().removeprefix("https://github.com/")
+    for path in NOTEBOOKS:
+        link = f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}"
+        assert link in text, f"README.md: no Colab link for {path.name}"
+    for link in re.findall(r"https://colab\.research\.google\.com/github/([^/]+/[^/]+)/", text):
+        assert link == slug, f"README.md: Colab link to {link}, not to the Repository line's {slug}"
+
+
+def _tensorboards_under(folder: Path) -> list:
+    from tensorboard import manager
+
+    root = os.path.realpath(folder)
+    return [i for i in manager.get_all() if os.path.realpath(i.logdir).startswith(root + os.sep)]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is gone for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _events(workdir: Path) -> list[dict]:
+    logs = list((workdir / "rapidfire_experiments").glob("*/events.jsonl"))
+    assert len(logs) == 1, f"expected one experiment, found {logs}"
+    return [json.loads(line) for line in logs[0].read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _executed(path):
+    if path.stem == "quickstart":
+        # Known engine bug, not a notebook bug: building a TRL config (clone_modify/validate_clone
+        # in the caller's thread) runs TrainingArguments.__post_init__, which resets accelerate's
+        # process-wide AcceleratorState, so runs training at that moment fail. Strict: once the
+        # engine is fixed this XPASSes and fails, and the marker must go.
+        return pytest.param(path, marks=pytest.mark.xfail(
+            strict=True, reason="engine: a clone during training resets AcceleratorState"))
+    return path
+
+
+@pytest.mark.parametrize("path", [_executed(p) for p in NOTEBOOKS], ids=lambda p: p.stem)
+def test_notebook_runs_end_to_end_in_smoke_mode(path, tmp_path):
+    from jupyter_client.manager import KernelManager
+
+    env = dict(os.environ, RF_SMOKE="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.pop("VSCODE_PID", None)
+    nb = nbformat.read(str(path), as_version=4)
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path), env=env)
+    t0 = time.monotonic()
+    try:
+        client = nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, kernel_name="python3",
+                                         resources={"metadata": {"path": str(tmp_path)}})
+        try:
+            client.execute()      # raises CellExecutionError, with the traceback, on any error
+        finally:
+            elapsed = time.monotonic() - t0
+            print(f"\n{path.name}: executed in {elapsed:.1f} s (RF_SMOKE=1)")
+            nbformat.write(nb, str(tmp_path / f"executed-{path.name}"))
+
+        # no run of the experiment may have failed (a failed run is not a cell error)
+        events = _events(tmp_path)
+        failed = [e for e in events if e["type"] == "run_status" and e["status"] == "failed"]
+        assert not failed, f"{path.name}: run {failed[0]['run_id']} failed: {failed[0].get('error')}"
+        created = [e for e in events if e["type"] == "run_created"]
+        assert len(created) >= 4, f"{path.name}: expected at least 4 runs, got {len(created)}"
+
+        final = next(c for c in nb.cells if "final" in c.metadata.get("tags", []))
+        text = _outputs_text(final)
+        assert "Leaderboard" in text, f"{path.name}: the final cell printed no leaderboard:\n{text}"
+        board = text.split("Leaderboard", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+        ranked = [int(line.split()[0]) for line in board if line.split()]
+        assert sorted(ranked) == sorted(e["run_id"] for e in created), \
+            f"{path.name}: the leaderboard must rank every run once:\n{text}"
+        m = EXPORT_RE.search(text)
+        assert m, f"{path.name}: the final cell did not report an export:\n{text}"
+        export_dir = Path(m.group(1))
+        if not export_dir.is_absolute():
+            export_dir = tmp_path / export_dir
+        assert (export_dir / "adapter_config.json").is_file(), f"{path.name}: no adapter_config.json in {export_dir}"
+        assert (export_dir / "adapter_model.safetensors").stat().st_size > 0
+        config = json.loads((export_dir / "adapter_config.json").read_text())
+        assert config.get("peft_type") == "LORA"
+
+        if path.stem == "quickstart":
+            ops = [e for e in events if e["type"] == "op" and e.get("accepted")]
+            assert any(o["op"] == "clone" for o in ops), "quickstart: the clone was not applied"
+            clones = [e for e in created if e.get("parent_run_id") is not None]
+            assert clones and clones[0]["warm_start"] is True
+
+        boards = _tensorboards_under(tmp_path)
+        assert len(boards) == 1, f"{path.name}: expected one TensorBoard on the experiment, found {boards}"
+        tb_pid = boards[0].pid
+    finally:
+        if km.is_alive():
+            km.request_shutdown()
+            deadline = time.monotonic() + 60
+            while km.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            clean = not km.is_alive()
+            if not clean:
+                km.shutdown_kernel(now=True)
+            km.cleanup_resources()
+        else:
+            clean = False
+    assert clean, f"{path.name}: the kernel did not exit within 60 s of a shutdown request"
+    deadline = time.monotonic() + 15
+    while _pid_alive(tb_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _pid_alive(tb_pid), f"{path.name}: TensorBoard (pid {tb_pid}) outlived its kernel"
