@@ -101,6 +101,8 @@ interface Chart {
   xLabel: string;
   queue: Promise<unknown>;
   options: string[];
+  /** The metric shown until the user picks another (when some run logs it). */
+  preferred: string;
 }
 
 function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }>): () => void {
@@ -128,12 +130,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const div = h("div", { class: "rf-chart-plot", "data-testid": `rf-chart-${split}` });
     const head = h("div", { class: "rf-chart-head" }, [label, select, `vs ${xLabel}`]);
     chartsRow.append(h("div", { class: "rf-chart" }, [head, div]));
-    const chart: Chart = { book: createChartBook(split, null), div, select, xLabel, queue: Promise.resolve(), options: [] };
+    const chart: Chart = {
+      book: createChartBook(split, null), div, select, xLabel, queue: Promise.resolve(), options: [], preferred,
+    };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
       scheduleRender({ charts: true, table: true });
     });
-    (chart as Chart & { preferred: string }).preferred = preferred;
     return chart;
   }
   charts.push(makeChart("train", "train", "step", "loss"));
@@ -217,7 +220,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const names = chart.book.split === "train" ? state.trainMetrics : state.evalMetrics;
     const options = [...names].sort();
     if (chart.book.metric === null || !names.has(chart.book.metric)) {
-      chart.book.metric = defaultMetric(names, (chart as Chart & { preferred: string }).preferred);
+      chart.book.metric = defaultMetric(names, chart.preferred);
     }
     if (options.join("\u0000") !== chart.options.join("\u0000")) {
       chart.options = options;
