@@ -74,6 +74,11 @@ class TensorBoardTracker(Tracker):
             writer.file_writer.add_summary(_session_end(_END_STATUS[event], wall_time), step,
                                            walltime=wall_time)
             self.state["ended"].append(run.run_id)
+        if event in _END_STATUS:
+            # each open writer holds a file and a thread; a finished run rarely logs again (and
+            # would get a new event file in the same folder if it did)
+            writer = self._writers.pop(run.run_id)
+            writer.close()
 
     def flush(self) -> None:
         for writer in self._writers.values():
