@@ -479,7 +479,10 @@ _NOISE = (
 def construct(target: Target, kwargs: dict, *, record: list | None = None):
     """``target.cls(**kwargs)``, with TRL's default-value noise silenced; other warnings are
     appended to ``record`` when given, else silenced."""
-    with warnings.catch_warnings(record=True) as caught:
+    from rapidfire_nb.engine.hfstate import preserved_accelerate_state
+
+    # building a TrainingArguments resets accelerate's global state under running trainers
+    with preserved_accelerate_state(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         obj = target.cls(**kwargs)
     if record is not None:

@@ -120,7 +120,6 @@ ACCELERATE_STATE = ("TrainingArguments() clears accelerate's process-global Acce
                     "healthy runs fail; fix proposed in the issue-8 report")
 
 
-@pytest.mark.xfail(strict=True, reason=ACCELERATE_STATE)
 def test_run_failing_while_its_trainer_is_built_is_isolated(data, without_failures, tmp_path):
     configs = healthy_configs() + [fails_while_building()]
     exp = Experiment("with-bad-format", experiment_path=tmp_path, tracking=[])
@@ -135,7 +134,6 @@ def test_run_failing_while_its_trainer_is_built_is_isolated(data, without_failur
     exp.end()
 
 
-@pytest.mark.xfail(strict=True, reason=ACCELERATE_STATE)
 def test_validating_a_clone_during_training_breaks_no_run(data, without_failures, tmp_path):
     exp = Experiment("validate-while-training", experiment_path=tmp_path, tracking=[])
     exp.run_fit(RFGridSearch(List(healthy_configs()), trainer_type="SFT"), tiny_create_model, *data,

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.scheduler import FairScheduler, RunView
@@ -416,7 +417,8 @@ class Engine:
 
     def _train_chunk(self, rec: RunRecord) -> None:
         t_start = time.time()
-        rt = self._trainer_for(rec)
+        with HF_STATE_LOCK:
+            rt = self._trainer_for(rec)
         t_built = time.time()
         # swap: make this run's adapter active and its RNG current (the previous run's RNG was
         # captured at its chunk boundary; building a trainer since then may have reseeded)
@@ -438,7 +440,8 @@ class Engine:
         samples = rec.samples_seen
         for g in range(first, end):
             e, s = plan.position(g)
-            out = rt.train_step(e, s, g - rec.step_offset)
+            with HF_STATE_LOCK:
+                out = rt.train_step(e, s, g - rec.step_offset)
             samples += out["examples"]
             batch.append(("metric", dict(run_id=rec.run_id, split="train", step=g + 1,
                                          samples_seen=samples, epoch=epoch, chunk=chunk,
@@ -447,7 +450,8 @@ class Engine:
         rt.swap_out()  # capture the RNG at the boundary (it is part of the checkpoint)
 
         t0 = time.perf_counter()
-        eval_metrics = rt.evaluate()
+        with HF_STATE_LOCK:
+            eval_metrics = rt.evaluate()
         eval_s = time.perf_counter() - t0
         if eval_metrics:
             batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=end,
