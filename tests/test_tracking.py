@@ -221,8 +221,6 @@ def trackio_state(exp_path: Path) -> dict:
 def trackio_points(exp_path: Path, run_id: int) -> dict:
     from trackio.sqlite_storage import SQLiteStorage
 
-    from rapidfire_nb.tracking.trackio_tracker import TrackioTracker
-
     state = trackio_state(exp_path)
     uid = _trackio_uid(exp_path, run_id)
     out: dict[str, list] = {}
@@ -231,7 +229,6 @@ def trackio_points(exp_path: Path, run_id: int) -> dict:
             if key in ("step", "timestamp"):
                 continue
             out.setdefault(key, []).append((row["step"], value))
-    assert TrackioTracker.name == "trackio"
     return out
 
 
@@ -621,7 +618,7 @@ def test_a_raising_tracker_changes_no_result(tmp_path, tiny_data):
         exp = Experiment(name, experiment_path=tmp_path, tracking=tracking)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            exp.run_fit(_sft_group([1e-3, 1e-2]), tiny_create_model, train, evald, num_chunks=2,
+            exp.run_fit(_sft_group([1e-2]), tiny_create_model, train, evald, num_chunks=2,
                         seed=5)
             exp.end()
         df = exp.get_results().sort_values(["run_id", "split", "step", "metric"])
