@@ -594,10 +594,9 @@ class Experiment:
     # -- notebook ----------------------------------------------------------------------------
     def panel(self):
         """The live control panel widget (an anywidget)."""
-        if self._panel is None:
-            from rapidfire_nb.notebook.panel import Panel
+        from rapidfire_nb.notebook.panel import panel_for
 
-            self._panel = Panel(self)
+        self._panel = panel_for(self)
         return self._panel
 
     def _repr_mimebundle_(self, include=None, exclude=None):
