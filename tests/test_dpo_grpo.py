@@ -38,7 +38,7 @@ def logged(exp, run_id, split="train"):
     return {(int(r.step), r.metric): r.value for r in df.itertuples()}
 
 
-def assert_same_run(exp_a, id_a, exp_b, id_b):
+def assert_same_run(exp_a, id_a, exp_b, id_b, common_eval_only=False):
     wa, wb = renamed(exp_a.engine.run_weights(id_a)), renamed(exp_b.engine.run_weights(id_b))
     assert wa.keys() == wb.keys() and len(wa) > 0
     for k in wa:
@@ -46,7 +46,11 @@ def assert_same_run(exp_a, id_a, exp_b, id_b):
     la, lb = logged(exp_a, id_a), logged(exp_b, id_b)
     assert any(m == "loss" for _, m in la)
     assert la == lb
-    assert logged(exp_a, id_a, "eval") == logged(exp_b, id_b, "eval")
+    ea, eb = logged(exp_a, id_a, "eval"), logged(exp_b, id_b, "eval")
+    if common_eval_only:  # different chunkings evaluate at different steps; compare the shared ones
+        ea = {k: v for k, v in ea.items() if k in eb}
+        eb = {k: v for k, v in eb.items() if k in ea}
+    assert ea == eb
 
 
 def assert_eval_after_every_chunk(exp, run_ids, metrics, num_chunks):
@@ -322,3 +326,66 @@ def test_reward_function_of_wrong_length_fails_only_its_run(grpo_data, tmp_path)
     status = [ev for ev in exp.events.since(0) if ev["type"] == "run_status" and ev["run_id"] == 2]
     assert status[-1]["status"] == "failed" and "returned 1 rewards" in status[-1]["reason"]
     exp.end()
+
+
+def test_grpo_kl_reference_is_the_initial_policy(grpo_data, tmp_path):
+    """beta != 0: the reference is the base with adapters disabled (LoRA) or a frozen copy (full
+    fine-tuning), so the KL to it is exactly 0 at the first step and grows after it."""
+    from datasets import Dataset
+
+    train, _ = grpo_data
+    chat = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+                              for r in train])
+
+    def long_answer(prompts, completions, **kw):  # conversational completions are message lists
+        return [float(len(c[0]["content"])) for c in completions]
+
+    args = grpo_args(1e-2, 2, beta=0.1, max_steps=2)
+    cfg = List([RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=args,
+                              reward_funcs=[long_answer]),
+                RFModelConfig(model_name="tiny", training_args=args, reward_funcs=[long_answer])])
+    exp = Experiment("grpo-kl", experiment_path=tmp_path)
+    exp.run_fit(RFGridSearch(cfg, trainer_type="GRPO"), tiny_create_model, chat, chat.select(range(2)),
+                num_chunks=4, seed=1)
+    assert set(exp.get_runs_info().status) == {"completed"}
+    res = exp.get_results()
+    for rid in (1, 2):
+        kl = res[(res.run_id == rid) & (res.metric == "kl")].sort_values("step").value.tolist()
+        assert kl[0] == 0.0 and kl[1] > 0.0, (rid, kl)
+        assert len(res[(res.run_id == rid) & (res.metric == "eval_kl")]) == 2
+    assert exp.engine.trainers[1].trainer.ref_model is None
+    assert exp.engine.trainers[2].trainer.ref_model is not exp.engine.trainers[2].trainer.model
+    exp.end()
+
+
+def test_grpo_generation_batches_spanning_several_steps_do_not_depend_on_num_chunks(grpo_data, tmp_path):
+    """A generation batch feeding two optimizer steps (steps_per_generation=2), or reused
+    (num_iterations=2): chunks end only where the batch is used up, and the result is the same
+    for 1 or 3 chunks per epoch (with an evaluation, which samples too, after every chunk)."""
+    train, evald = grpo_data
+
+    def reward_len(prompts, completions, **kw):
+        return [float(len(c)) for c in completions]
+
+    cfg = List([RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), reward_funcs=[reward_len],
+                              training_args=grpo_args(1e-2, 2, **extra))
+                for extra in ({"per_device_train_batch_size": 2, "steps_per_generation": 2},
+                              {"per_device_train_batch_size": 4, "num_iterations": 2})])
+    runs = {}
+    for chunks in (1, 3):
+        exp = Experiment(f"gen-{chunks}", experiment_path=tmp_path)
+        exp.run_fit(RFGridSearch(cfg, trainer_type="GRPO"), tiny_create_model, train, evald,
+                    num_chunks=chunks, seed=8)
+        info = exp.get_runs_info().set_index("run_id")
+        assert set(info.status) == {"completed"}
+        # 8 prompts, 2 per generation batch, each batch feeds 2 optimizer steps
+        assert (info.total_steps == 8).all()
+        tl = exp.get_timeline()
+        assert len(tl) == 2 * chunks
+        assert (tl.completed_steps % 2 == 0).all(), "a chunk ended inside a generation batch"
+        runs[chunks] = exp
+    for rid in (1, 2):
+        assert_same_run(runs[1], rid, runs[3], rid, common_eval_only=True)
+        assert any(m == "eval_reward" for _, m in logged(runs[1], rid, "eval"))
+    for exp in runs.values():
+        exp.end()
