@@ -389,3 +389,40 @@ def test_grpo_generation_batches_spanning_several_steps_do_not_depend_on_num_chu
         assert any(m == "eval_reward" for _, m in logged(runs[1], rid, "eval"))
     for exp in runs.values():
         exp.end()
+
+
+def test_grpo_resumes_from_checkpoints_to_the_same_result(grpo_data, tmp_path):
+    """End an experiment after a few chunks, resume it from disk: the weights and logged losses
+    equal the uninterrupted run's (nothing of the generation state lives outside the checkpoint)."""
+    import time
+
+    train, _ = grpo_data
+
+    def reward_len(prompts, completions, **kw):
+        return [float(len(c)) for c in completions]
+
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), reward_funcs=[reward_len],
+                        training_args=grpo_args(List([1e-2, 3e-2]), 2, per_device_train_batch_size=2,
+                                                steps_per_generation=2))
+    group = RFGridSearch(cfg, trainer_type="GRPO")
+    full = Experiment("full", experiment_path=tmp_path)
+    full.run_fit(group, tiny_create_model, train, None, num_chunks=3, seed=9)
+
+    part = Experiment("part", experiment_path=tmp_path)
+    part.run_fit(group, tiny_create_model, train, None, num_chunks=3, seed=9, block=False)
+    deadline = time.monotonic() + 120
+    # stop after the second chunk of run 1, which ends halfway through the epoch's generations
+    while sum(ev["type"] == "chunk_done" for ev in part.events.since(0)) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    part.end()
+    done_before = sum(ev["type"] == "chunk_done" for ev in part.events.since(0))
+    assert done_before < 6, "the experiment should have been interrupted"
+
+    resumed = Experiment("part", experiment_path=tmp_path, resume=True)
+    resumed.run_fit(group, tiny_create_model, train, None, num_chunks=3, seed=9)
+    assert set(resumed.get_runs_info().status) == {"completed"}
+    for rid in (1, 2):
+        assert_same_run(full, rid, resumed, rid)
+    full.end()
+    resumed.end()
