@@ -426,3 +426,16 @@ def test_grpo_resumes_from_checkpoints_to_the_same_result(grpo_data, tmp_path):
         assert_same_run(full, rid, resumed, rid)
     full.end()
     resumed.end()
+
+
+def test_dpo_prompts_longer_than_max_length_fail_the_run_with_the_reason(dpo_data, tmp_path):
+    train, _ = dpo_data
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+                        training_args=dpo_args(1e-3, 0.1, max_length=List([48, 4]), max_steps=1))
+    exp = Experiment("dpo-long", experiment_path=tmp_path)
+    exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, None, num_chunks=1)
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[1, "status"] == "completed"
+    assert info.loc[2, "status"] == "failed"
+    assert "drops 16 of 16 training pairs whose prompt alone has max_length=4 tokens" in info.loc[2, "error"]
+    exp.end()

@@ -203,6 +203,13 @@ class DPORunTrainer(RunTrainer):
                                  eval_dataset=eval_dataset, processing_class=self.tokenizer)
         if shared:
             trainer.ref_model = None
+        dropped = len(train_dataset) - len(trainer.train_dataset)
+        if dropped:
+            # the run's data stream (and its step count) was planned over every training pair
+            raise ConfigError(
+                f"DPOTrainer drops {dropped} of {len(train_dataset)} training pairs whose prompt alone has "
+                f"max_length={args.max_length} tokens or more; raise max_length, shorten the prompts, or "
+                f"use truncation_mode='keep_end'")
         args.precompute_ref_log_probs = precompute
         trainer.precompute_ref_logps = precompute
         if precompute:
