@@ -165,13 +165,14 @@ def test_dpo_dropout_setting_stays_per_run_on_a_shared_base(dpo_data, tmp_path):
     base that must not reach a run that keeps its LoRA dropout."""
     train, _ = dpo_data
 
-    def cfg(disable):
+    def cfg(disable, **kw):
         return RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
-                             training_args=dpo_args(1e-2, 0.1, max_steps=2, disable_dropout=disable))
+                             training_args=dpo_args(1e-2, 0.1, max_steps=2, disable_dropout=disable, **kw))
 
+    # run 2 also precomputes its reference log-probs (adapters disabled) before training
     both = Experiment("dropout", experiment_path=tmp_path)
-    both.run_fit(RFGridSearch(cfg(List([False, True])), trainer_type="DPO"), tiny_create_model, train, None,
-                 num_chunks=4, seed=6)
+    both.run_fit(RFGridSearch(List([cfg(False), cfg(True, precompute_ref_log_probs=True)]), trainer_type="DPO"),
+                 tiny_create_model, train, None, num_chunks=4, seed=6)
     alone = Experiment("dropout-alone", experiment_path=tmp_path)
     alone.run_fit(RFGridSearch(cfg(False), trainer_type="DPO"), tiny_create_model, train, None,
                   num_chunks=4, seed=6)
@@ -179,6 +180,11 @@ def test_dpo_dropout_setting_stays_per_run_on_a_shared_base(dpo_data, tmp_path):
     order = both.get_timeline().sort_values("start").run_id.tolist()
     assert order.index(2) < len(order) - 1 - order[::-1].index(1), order
     assert_same_run(both, 1, alone, 1)
+    # the precomputed reference is the initial policy: zero implicit rewards at the first step
+    assert "ref_chosen_logps" in both.engine.trainers[2].trainer.train_dataset.column_names
+    first = logged(both, 2)
+    assert first[(1, "rewards/chosen")] == 0.0 and first[(1, "rewards/rejected")] == 0.0
+    assert first[(2, "rewards/chosen")] != 0.0
     both.end()
     alone.end()
 
