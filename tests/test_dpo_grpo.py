@@ -279,7 +279,7 @@ def test_grpo_isolation_bit_identical_to_training_alone(grpo_grid, grpo_data, tm
 def test_grpo_temperature_axis_keeps_each_runs_own_fused_head(grpo_data, tmp_path):
     """TRL wraps the shared base's forward with a fused LM head at the run's temperature: the run
     built last must not impose its temperature on the others."""
-    train, evald = grpo_data
+    train, _ = grpo_data
 
     def cfg(temps):
         return RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),

@@ -95,7 +95,10 @@ def test_compute_metrics_results_are_checked_and_prefixed():
 
 def test_bad_generation_settings_are_refused_before_training():
     evald = make_dpo_dataset(2)
-    fn = lambda pr: {}  # noqa: E731
+
+    def fn(pair):
+        return {}
+
     G.check_eval_dataset(spec(compute_metrics=fn, generation_config={"max_new_tokens": 4}), evald)
     with pytest.raises(ConfigError, match=r"unknown generation setting 'max_new_token' \(did you mean 'max_new_tokens'"):
         G.check_eval_dataset(spec(compute_metrics=fn, generation_config={"max_new_token": 4}), evald)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
