@@ -161,20 +161,28 @@ def test_full_fine_tuning_runs(tiny_data, tmp_path):
 
 
 def test_export_round_trip_gives_identical_logits(four_run_experiment, tmp_path):
-    from peft import PeftModel
+    from peft import PeftModel, get_peft_model
+
+    from rapidfire_nb.automl import build_lora_config
 
     exp, _ = four_run_experiment
     out = exp.export(2, tmp_path / "run2")
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
     base, tok = make_tiny_model_and_tokenizer()
     loaded = PeftModel.from_pretrained(base, str(out)).eval()
-    # the engine's own model with run 2's adapter active
-    peft_model = exp.engine.bases[exp.engine.runs[2].spec.base_key()].peft_model
-    peft_model.set_adapter("run_2")
-    peft_model.eval()
+    # reference: a fresh base with the run's LoRA config and the weights the engine trained
+    ref_base, _ = make_tiny_model_and_tokenizer()
+    ref = get_peft_model(ref_base, build_lora_config(exp.engine.runs[2].spec), adapter_name="run_2")
+    trained = exp.engine.run_weights(2)
+    own = dict(ref.named_parameters())
+    with torch.no_grad():
+        for name, value in trained.items():
+            own[name].copy_(value)
+    ref.eval()
     ids = tok(["Reverse the word: apple\nAnswer:"], return_tensors="pt").input_ids
     with torch.no_grad():
-        assert torch.equal(loaded(ids).logits, peft_model(ids).logits)
+        assert torch.equal(loaded(ids).logits, ref(ids).logits)
+        assert not torch.equal(loaded(ids).logits, make_tiny_model_and_tokenizer()[0](ids).logits)
 
 
 def test_bad_input_is_refused_before_training(tiny_data, tmp_path):
