@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import time
 from pathlib import Path
 
@@ -135,18 +136,7 @@ def _events(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in logs[0].read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _executed(path):
-    if path.stem == "quickstart":
-        # Known engine bug, not a notebook bug: building a TRL config (clone_modify/validate_clone
-        # in the caller's thread) runs TrainingArguments.__post_init__, which resets accelerate's
-        # process-wide AcceleratorState, so runs training at that moment fail. Strict: once the
-        # engine is fixed this XPASSes and fails, and the marker must go.
-        return pytest.param(path, marks=pytest.mark.xfail(
-            strict=True, reason="engine: a clone during training resets AcceleratorState"))
-    return path
-
-
-@pytest.mark.parametrize("path", [_executed(p) for p in NOTEBOOKS], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_end_to_end_in_smoke_mode(path, tmp_path):
     from jupyter_client.manager import KernelManager
 
@@ -155,6 +145,7 @@ def test_notebook_runs_end_to_end_in_smoke_mode(path, tmp_path):
     env.pop("VSCODE_PID", None)
     nb = nbformat.read(str(path), as_version=4)
     km = KernelManager(kernel_name="python3")
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     km.start_kernel(cwd=str(tmp_path), env=env)
     t0 = time.monotonic()
     try:
@@ -213,6 +204,8 @@ def test_notebook_runs_end_to_end_in_smoke_mode(path, tmp_path):
         else:
             clean = False
     assert clean, f"{path.name}: the kernel did not exit within 60 s of a shutdown request"
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"{path.name}: kernel CPU time {cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime:.1f} s")
     deadline = time.monotonic() + 15
     while _pid_alive(tb_pid) and time.monotonic() < deadline:
         time.sleep(0.2)
