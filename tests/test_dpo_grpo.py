@@ -62,6 +62,35 @@ def assert_eval_after_every_chunk(exp, run_ids, metrics, num_chunks):
             assert chunks == list(range(num_chunks)), (rid, m, chunks)
 
 
+def build_trainers(group, train, evald, tmp_path, lora: bool):
+    """RunTrainers for every run of ``group`` on one shared base, built as the engine builds them
+    (one PeftModel holding every run's adapter, or one model copy per full fine-tuning run)."""
+    import copy
+
+    from peft import get_peft_model
+
+    from rapidfire_nb.engine.runs import RunRecord
+    from rapidfire_nb.experiment import build_lora_config, build_training_args
+
+    base, tok = tiny_create_model({"model_kwargs": {}})
+    pristine = copy.deepcopy(base)
+    peft_model, out = None, []
+    for rid, spec in enumerate(group.expand(), start=1):
+        name = f"run_{rid}" if lora else None
+        if lora:
+            if peft_model is None:
+                peft_model = get_peft_model(base, build_lora_config(spec), adapter_name=name)
+            else:
+                peft_model.add_adapter(name, build_lora_config(spec))
+            model = peft_model
+        else:
+            model = copy.deepcopy(pristine)
+        cls = trainer_class(spec.trainer_type)
+        out.append(cls(RunRecord(run_id=rid, spec=spec), model, tok, train, evald, 2, 0,
+                       str(tmp_path / f"out{rid}"), name, build_training_args))
+    return out, pristine
+
+
 # ---------------------------------------------------------------------------------------------
 # DPO
 
@@ -112,14 +141,41 @@ def test_dpo_lora_reference_is_the_shared_base(dpo_grid):
     engine = dpo_grid.engine
     base = engine.bases[engine.runs[1].spec.base_key()]
     assert base.pristine is None, "LoRA runs must not keep a second copy of the base"
-    peft_model = base.peft_model
-    assert "ref" not in peft_model.peft_config and "default" not in peft_model.peft_config
-    rt = engine.trainers[1]
-    assert rt.trainer.ref_model is None  # TRL's PEFT path: reference = adapters disabled
-    # the margin at the first step is ~0: the policy starts equal to the reference (LoRA B = 0)
+    assert not {"ref", "default"} & set(base.peft_model.peft_config)
+    # the margin at the first step is exactly 0: the reference is the initial policy (LoRA B = 0)
     res = dpo_grid.get_results()
-    first = res[(res.run_id == 1) & (res.metric == "rewards/margins") & (res.step == 1)].value.iloc[0]
-    assert abs(first) < 1e-5
+    first = res[(res.metric == "rewards/margins") & (res.step == 1)].value
+    assert len(first) == 4 and (first == 0.0).all()
+    second = res[(res.metric == "rewards/margins") & (res.step == 2)].value
+    assert (second != 0.0).all()
+
+
+def test_dpo_references_as_built(dpo_data, tmp_path):
+    """LoRA: TRL's PEFT path (adapters disabled), no extra adapter or copy; full fine-tuning: one
+    frozen copy of the pristine base shared by the runs; precomputed log-probs where asked."""
+    train, evald = dpo_data
+    lora_group = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+                                            training_args=dpo_args(List([1e-3, 1e-2]), 0.1)), trainer_type="DPO")
+    rts, _ = build_trainers(lora_group, train, evald, tmp_path, lora=True)
+    assert all(rt.trainer.ref_model is None for rt in rts)
+    assert set(rts[0].model.peft_config) == {"run_1", "run_2"}
+    for rt in rts:
+        rt.close()
+
+    full_group = RFGridSearch(RFModelConfig(model_name="tiny", training_args=dpo_args(
+        1e-2, 0.1, precompute_ref_log_probs=List([False, True]))), trainer_type="DPO")
+    (r1, r2), pristine = build_trainers(full_group, train, evald, tmp_path, lora=False)
+    assert r1.trainer.ref_model is r2.trainer.ref_model, "one frozen reference per base"
+    ref = r1.trainer.ref_model
+    assert ref is not r1.model and ref is not r2.model
+    assert all(not p.requires_grad for p in ref.parameters())
+    for (n, p), (_, q) in zip(ref.named_parameters(), pristine.named_parameters()):
+        assert torch.equal(p, q), n
+    assert "ref_chosen_logps" not in r1.train_data.column_names
+    assert {"ref_chosen_logps", "ref_rejected_logps"} <= set(r2.train_data.column_names)
+    assert "ref_chosen_logps" in r2.eval_data.column_names
+    r1.close()
+    r2.close()
 
 
 def test_dpo_isolation_bit_identical_to_training_alone(dpo_grid, dpo_data, tmp_path):
@@ -135,7 +191,7 @@ def test_dpo_isolation_bit_identical_to_training_alone(dpo_grid, dpo_data, tmp_p
     alone.end()
 
 
-def test_dpo_full_fine_tuning_uses_one_frozen_reference(dpo_data, tmp_path):
+def test_dpo_full_fine_tuning_with_a_frozen_reference(dpo_data, tmp_path):
     train, evald = dpo_data
     cfg = RFModelConfig(model_name="tiny", training_args=dpo_args(1e-2, 0.1, max_steps=2,
                                                                   precompute_ref_log_probs=List([False, True])))
@@ -143,20 +199,15 @@ def test_dpo_full_fine_tuning_uses_one_frozen_reference(dpo_data, tmp_path):
     exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, evald, num_chunks=2, seed=1)
     info = exp.get_runs_info()
     assert set(info.status) == {"completed"}, info.error.tolist()
-    t1, t2 = exp.engine.trainers[1].trainer, exp.engine.trainers[2].trainer
-    assert t1.ref_model is t2.ref_model, "full fine-tuning runs of one base share one frozen reference"
-    assert t1.model is not t2.model and t1.ref_model is not t1.model
-    pristine = exp.engine.bases[exp.engine.runs[1].spec.base_key()].pristine
-    assert all(not p.requires_grad for p in t1.ref_model.parameters())
-    for (n, p), (_, q) in zip(t1.ref_model.named_parameters(), pristine.named_parameters()):
-        assert torch.equal(p, q), f"the reference changed: {n}"
-    # precomputed reference log-probs give the same losses as computing them on the fly
     assert exp.engine.runs[2].spec.training_args["precompute_ref_log_probs"] is True
-    assert "ref_chosen_logps" in t2.train_dataset.column_names
     l_fly, l_pre = logged(exp, 1), logged(exp, 2)
     assert l_fly.keys() == l_pre.keys() and len(l_fly) > 0
+    # the reference is the initial policy, and precomputing it changes nothing
+    assert l_fly[(1, "rewards/margins")] == 0.0 and l_pre[(1, "rewards/margins")] == 0.0
     for k in l_fly:
         assert l_fly[k] == pytest.approx(l_pre[k], rel=1e-4, abs=1e-6), k
+    w1, w2 = exp.engine.run_weights(1), exp.engine.run_weights(2)
+    assert len(w1) > 0 and all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
     exp.end()
 
 
@@ -181,7 +232,6 @@ def test_dpo_dropout_setting_stays_per_run_on_a_shared_base(dpo_data, tmp_path):
     assert order.index(2) < len(order) - 1 - order[::-1].index(1), order
     assert_same_run(both, 1, alone, 1)
     # the precomputed reference is the initial policy: zero implicit rewards at the first step
-    assert "ref_chosen_logps" in both.engine.trainers[2].trainer.train_dataset.column_names
     first = logged(both, 2)
     assert first[(1, "rewards/chosen")] == 0.0 and first[(1, "rewards/rejected")] == 0.0
     assert first[(2, "rewards/chosen")] != 0.0
@@ -359,9 +409,17 @@ def test_grpo_kl_reference_is_the_initial_policy(grpo_data, tmp_path):
         kl = res[(res.run_id == rid) & (res.metric == "kl")].sort_values("step").value.tolist()
         assert kl[0] == 0.0 and kl[1] > 0.0, (rid, kl)
         assert len(res[(res.run_id == rid) & (res.metric == "eval_kl")]) == 2
-    assert exp.engine.trainers[1].trainer.ref_model is None
-    assert exp.engine.trainers[2].trainer.ref_model is not exp.engine.trainers[2].trainer.model
     exp.end()
+    # as built: LoRA -> TRL's PEFT path (adapters disabled); full fine-tuning -> the frozen copy
+    (lora_rt,), _ = build_trainers(RFGridSearch(cfg[0], trainer_type="GRPO"), chat, None, tmp_path, lora=True)
+    (full_rt,), pristine = build_trainers(RFGridSearch(cfg[1], trainer_type="GRPO"), chat, None, tmp_path,
+                                          lora=False)
+    assert lora_rt.trainer.ref_model is None and lora_rt.trainer.beta == 0.1
+    ref = full_rt.trainer.ref_model
+    assert ref is not None and ref is not full_rt.model and full_rt.trainer.beta == 0.1
+    assert all(torch.equal(p, q) for p, q in zip(ref.parameters(), pristine.parameters()))
+    lora_rt.close()
+    full_rt.close()
 
 
 def test_grpo_generation_batches_spanning_several_steps_do_not_depend_on_num_chunks(grpo_data, tmp_path):

@@ -143,11 +143,16 @@ def test_dpo_runs_log_compute_metrics_of_their_own_generations(tmp_path):
     assert len(calls) == 4
     assert all(refs == list(evald["chosen"]) and len(preds) == 3 for preds, refs in calls)
     # the logged value is the metric of what the run's own final weights generate
-    peft_model = exp.engine.bases[exp.engine.runs[2].spec.base_key()].peft_model
+    from peft import PeftModel
+
+    tl = exp.get_timeline().sort_values("start")
+    order = list(zip(tl.run_id, tl.chunk))  # compute_metrics is called once per chunk, in this order
     for rid in (1, 2):
-        peft_model.set_adapter(f"run_{rid}")
-        preds = G.generate(peft_model, exp.engine.trainers[rid].tokenizer, list(evald["prompt"]),
-                           G.generation_kwargs(exp.engine.runs[rid].spec), 2, seed=0)
+        base, tok = make_tiny_model_and_tokenizer()
+        model = PeftModel.from_pretrained(base, str(exp.export(rid, tmp_path / f"run{rid}")))
+        preds = G.generate(model, tok, list(evald["prompt"]), G.generation_kwargs(exp.engine.runs[rid].spec),
+                           2, seed=0)
+        assert preds == calls[order.index((rid, 1))][0]
         logged = res[(res.run_id == rid) & (res.chunk == 1) & (res.metric == "eval_pred_chars")].value.item()
         assert logged == pytest.approx(sum(len(p) for p in preds) / 3)
     exp.end()
