@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rapidfire_nb import Experiment
 from rapidfire_nb.automl import (List, RFDPOConfig, RFGridSearch, RFGRPOConfig, RFLoraConfig,
@@ -9,6 +11,7 @@ from rapidfire_nb.automl import (List, RFDPOConfig, RFGridSearch, RFGRPOConfig, 
 from rapidfire_nb.demo_data import make_dpo_dataset, make_grpo_dataset, tiny_create_model
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.trainers import trainer_class
+from rapidfire_nb.engine.trainers_rl import GenerationPlan
 from rapidfire_nb.errors import ConfigError
 
 LORA = dict(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
@@ -206,6 +209,10 @@ def test_dpo_full_fine_tuning_with_a_frozen_reference(dpo_data, tmp_path):
     assert l_fly[(1, "rewards/margins")] == 0.0 and l_pre[(1, "rewards/margins")] == 0.0
     for k in l_fly:
         assert l_fly[k] == pytest.approx(l_pre[k], rel=1e-4, abs=1e-6), k
+    e_fly, e_pre = logged(exp, 1, "eval"), logged(exp, 2, "eval")
+    assert e_fly.keys() == e_pre.keys() and (2, "eval_rewards/margins") in e_fly
+    for k in e_fly:
+        assert e_fly[k] == pytest.approx(e_pre[k], rel=1e-4, abs=1e-6), k
     w1, w2 = exp.engine.run_weights(1), exp.engine.run_weights(2)
     assert len(w1) > 0 and all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
     exp.end()
@@ -503,3 +510,51 @@ def test_dpo_prompts_longer_than_max_length_fail_the_run_with_the_reason(dpo_dat
     assert info.loc[2, "status"] == "failed"
     assert "drops 16 of 16 training pairs whose prompt alone has max_length=4 tokens" in info.loc[2, "error"]
     exp.end()
+
+
+# ---------------------------------------------------------------------------------------------
+# The GRPO stream (pure, no model)
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 60), bs=st.integers(1, 8), g=st.integers(2, 8), spg=st.integers(1, 4),
+       iters=st.integers(1, 3), ga=st.integers(1, 4), chunks=st.integers(1, 6), seed=st.integers(0, 5),
+       epoch=st.integers(0, 2))
+def test_generation_plan_walks_whole_generation_batches(n, bs, g, spg, iters, ga, chunks, seed, epoch):
+    try:
+        plan = GenerationPlan(n_examples=n, micro_batch_size=bs, grad_accum=ga, num_chunks=chunks, seed=seed,
+                              num_generations=g, steps_per_generation=spg, num_iterations=iters)
+    except ConfigError as exc:
+        msg = str(exc)
+        cycle, rows = spg * iters, bs * spg
+        assert (rows % g or n < rows // g or (cycle % ga and ga % cycle) or "num_chunks" in msg), msg
+        return
+    per, cycle = plan.prompts_per_generation, plan.micro_steps_per_generation
+    starts, micro = [], 0
+    for step in range(plan.steps_per_epoch):
+        mbs = plan.step_micro_batches(epoch, step)
+        assert 1 <= len(mbs) <= ga
+        for mb in mbs:
+            if micro % cycle == 0:
+                assert len(mb) == per
+                starts += mb
+            else:
+                assert mb == []
+            micro += 1
+    assert micro == plan.generations_per_epoch * cycle
+    # every prompt at most once per epoch, in the (seed, epoch) order; only an incomplete tail is left
+    assert starts == plan.epoch_order(epoch)[:len(starts)] and n - len(starts) < per
+    bounds = plan.chunk_bounds()
+    assert bounds[0] == 0 and bounds[-1] == plan.steps_per_epoch and len(bounds) == chunks + 1
+    assert all(a < b for a, b in zip(bounds, bounds[1:])), "no empty chunk"
+    for b in bounds:  # a chunk starts where a generation batch starts: nothing buffered crosses it
+        assert (b * ga) % cycle == 0 or b == plan.steps_per_epoch
+
+
+def test_generation_plan_errors_name_the_knobs():
+    with pytest.raises(ConfigError, match=r"steps_per_generation x num_iterations \(3\) and gradient_accumulation_steps \(2\)"):
+        GenerationPlan(n_examples=16, micro_batch_size=2, grad_accum=2, num_chunks=1, seed=0, num_generations=2,
+                       steps_per_generation=3)
+    with pytest.raises(ConfigError, match="num_chunks=5 is larger than the 4 generation batches"):
+        GenerationPlan(n_examples=8, micro_batch_size=4, grad_accum=1, num_chunks=5, seed=0, num_generations=2)
+    with pytest.raises(ConfigError, match="3 prompts, fewer than one generation batch \\(4 prompts x 2"):
+        GenerationPlan(n_examples=3, micro_batch_size=8, grad_accum=1, num_chunks=1, seed=0, num_generations=2)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rapidfire_nb.engine.chunks import ChunkPlan, _epoch_order
+from rapidfire_nb.engine.chunks import ChunkPlan
 from rapidfire_nb.engine.trainers import RunTrainer, register_trainer, rng_fork
 from rapidfire_nb.errors import ConfigError
 
@@ -318,12 +318,18 @@ class GenerationPlan(ChunkPlan):
         unit, n = cycle // ga, self.generations_per_epoch
         return [((k * n) // self.num_chunks) * unit for k in range(self.num_chunks + 1)]
 
+    def epoch_order(self, epoch: int) -> list[int]:
+        """The epoch's prompt order: the same (seed, epoch) permutation every trainer type walks."""
+        whole = ChunkPlan(n_examples=self.n_examples, micro_batch_size=self.n_examples, grad_accum=1,
+                          num_chunks=1, seed=self.seed, shuffle=self.shuffle)
+        return whole.step_micro_batches(epoch, 0)[0]
+
     def first_micro_step(self, step_in_epoch: int) -> int:
         return step_in_epoch * self.grad_accum
 
     def step_micro_batches(self, epoch: int, step_in_epoch: int) -> list[list[int]]:
         """Per micro-step: the generation batch's prompt indices where it starts, else []."""
-        order = _epoch_order(self.n_examples, self.seed, epoch, self.shuffle)
+        order = self.epoch_order(epoch)
         cycle, per = self.micro_steps_per_generation, self.prompts_per_generation
         first = self.first_micro_step(step_in_epoch)
         last = min(first + self.grad_accum, self.micro_batches_per_epoch)
