@@ -361,6 +361,9 @@ _TYPE_WIDENED = {"lora_alpha": float}
 def check_value(target: Target, name: str, value: Any) -> str | None:
     """Why ``value`` is not acceptable for knob ``name`` (None when it is)."""
     hint = _TYPE_WIDENED.get(name) or knob_hints(target).get(name)
+    # TRL/PEFT turn a single string into a one-item list for list[str] knobs (loss_type='ipo')
+    if isinstance(value, str) and hint is not None and "list[str]" in _describe(hint):
+        hint = None
     if hint is not None and not _conforms(value, hint):
         return f"expects {_describe(hint)}, got {type(value).__name__} {value!r}"
     if name == "max_steps" and isinstance(value, int) and not isinstance(value, bool):

@@ -168,6 +168,8 @@ class Experiment:
             if len(ds) == 0:
                 raise ConfigError(f"{name} is empty")
         specs = _expand(config_group)
+        if eval_dataset is None and any(s.compute_metrics is not None for s in specs):
+            raise ConfigError("compute_metrics needs an eval_dataset: pass eval_dataset= to run_fit")
         for spec in specs:
             cls = trainer_class(spec.trainer_type)
             cls.check_dataset(spec, train_dataset, "train_dataset")

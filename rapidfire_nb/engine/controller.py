@@ -404,6 +404,12 @@ class Engine:
         finally:
             if was:
                 datasets.utils.logging.enable_progress_bar()
+        if rec.completed_steps == 0 and rec.step_offset == 0:
+            # TRL may drop examples while preparing the data (fully masked rows, packing): the
+            # plan follows the prepared dataset, which is what the run actually walks
+            total = rt.total_steps()
+            if total != rec.total_steps or rt.plan.steps_per_epoch != rec.steps_per_epoch:
+                rec.total_steps, rec.steps_per_epoch = total, rt.plan.steps_per_epoch
         rt.build_optimizer(rec.total_steps - rec.step_offset)
         ckpt = self.store.load_checkpoint(rec.run_id)
         if ckpt is not None:
@@ -483,7 +489,9 @@ class Engine:
             self.events.extend(batch + [("chunk_done", chunk_event)])
             if done:
                 self._set_status(rec, R.COMPLETED)
-                self._release_optimizer(rec)
+                # its final weights are in the checkpoint just written (export, warm clones and
+                # run_weights read them there): memory must not grow with finished runs
+                self._release(rec)
             self.save_runs()
 
     def _release_optimizer(self, rec: RunRecord) -> None:

@@ -98,6 +98,7 @@ class RunTrainer:
         self.trainer.autocast_smart_context_manager = lambda cache_enabled=True: acc.autocast()
         self.train_data = self.trainer.train_dataset
         self.eval_data = self.trainer.eval_dataset
+        self.raw_eval_dataset = eval_dataset  # prompts/references for generation-based metrics
         self.plan = self.plan_for(args, len(self.train_data), num_chunks, seed)
         self.optimizer = None
         self.scheduler = None
@@ -126,6 +127,10 @@ class RunTrainer:
     @classmethod
     def check_dataset(cls, spec, dataset, name: str) -> None:
         """Refuse, before training, a dataset this trainer type cannot read."""
+        if name == "eval_dataset" and spec.compute_metrics is not None:
+            from rapidfire_nb.engine.generation import check_eval_dataset
+
+            check_eval_dataset(spec, dataset)
         cols = set(dataset.column_names)
         if spec.formatting_func is not None:
             return
@@ -266,7 +271,14 @@ class RunTrainer:
             model.train()
         out = {"eval_loss": total / max(count, 1)}
         out.update(self.pop_trainer_metrics("eval"))
+        out.update(self.generation_eval())
         return out
+
+    def generation_eval(self) -> dict:
+        """The user's compute_metrics on generations for the eval prompts ({} when not configured)."""
+        from rapidfire_nb.engine.generation import generation_metrics
+
+        return generation_metrics(self)
 
     # -- checkpoint state ------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -323,10 +335,7 @@ def register_trainer(trainer_type: str, cls: type[RunTrainer]) -> None:
 def trainer_class(trainer_type: str) -> type[RunTrainer]:
     if trainer_type not in TRAINER_CLASSES:
         # DPO/GRPO adapters live in their own modules; import them on first use
-        try:
-            from rapidfire_nb.engine import trainers_rl  # noqa: F401
-        except ImportError:
-            pass
+        from rapidfire_nb.engine import trainers_rl  # noqa: F401  (a broken import must show)
     if trainer_type not in TRAINER_CLASSES:
         raise ConfigError(f"trainer_type {trainer_type!r} is not supported yet; "
                           f"supported: {sorted(TRAINER_CLASSES)}")
