@@ -133,7 +133,9 @@ def test_clone_cold_and_warm(exp, shell, capsys):
     out, err, _ = run(shell, capsys, "clone 1 lr=5e-3 training_args.num_train_epochs=2 dropout=0.1")
     assert err == "", err
     assert "run 3: clone of run 1" in out and "cold start" in out
-    out, err, _ = run(shell, capsys, "clone 2 learning_rate=1e-4 lr_scheduler_type=constant --warm-start")
+    # run 2 has finished its stream: a warm clone continues it for a second epoch
+    out, err, _ = run(shell, capsys,
+                      "clone 2 learning_rate=1e-4 lr_scheduler_type=constant epochs=2 --warm-start")
     assert err == "", err
     assert "run 4: clone of run 2" in out and "warm start" in out
     assert exp.wait(timeout=300)
@@ -146,6 +148,8 @@ def test_clone_cold_and_warm(exp, shell, capsys):
     assert spec3.peft_config["lora_dropout"] == 0.1
     assert spec4.training_args["learning_rate"] == 1e-4
     assert spec4.training_args["lr_scheduler_type"] == "constant"
+    assert spec4.training_args["num_train_epochs"] == 2
+    assert exp.engine.runs[4].completed_steps == 2 * exp.engine.runs[2].completed_steps
     table = shell.run_line_magic("rapidfire", "status")
     assert table.loc[3, "from"] == "1 (cold)" and table.loc[4, "from"] == "2 (warm)"
 
@@ -238,7 +242,7 @@ BAD = [
     ("clone 1 lr=\"fast\"", ["learning_rate"]),
     ("clone 1 r=8 lora_r=9", ["unknown knob 'lora_r'"]),
     ("clone 1 lr=1e-3 learning_rate=2e-3", ["set twice"]),
-    ("clone 1 r=16 --warm-start", ["peft_config.r cannot change"]),
+    ("clone 1 r=16 --warm-start", ["4 -> 16"]),
     ("clone 1 lr=[1e-3", ["unclosed bracket"]),
     ("clone 1 lr_scheduler_type=\"cosine", ["unclosed"]),
     ("status now", ["takes no arguments"]),
