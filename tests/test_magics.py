@@ -93,6 +93,17 @@ def test_no_experiment_gives_a_clear_message(shell, capsys, tmp_path):
         assert result.success  # a message, not an exception in the cell
 
 
+def test_an_experiment_without_runs_says_so(shell, capsys, tmp_path):
+    e = Experiment("empty", experiment_path=tmp_path)
+    try:
+        out, err, _ = run(shell, capsys, "status")
+        assert err == "" and "has no runs yet" in out
+        out, err, _ = run(shell, capsys, "stop 1")
+        assert_one_line_error(err, "no runs yet", "run_fit")
+    finally:
+        e.end()   # no longer current: the module's experiment below becomes the current one
+
+
 def test_help_lists_every_command(shell, capsys):
     for line in ("help", ""):
         out, err, _ = run(shell, capsys, line)
@@ -238,6 +249,7 @@ BAD = [
     ("clone 1 learnin_rate=1e-3", ["unknown knob", "did you mean learning_rate"]),
     ("clone 1 training_args.no_such_knob=1", ["no_such_knob"]),
     ("clone 1 os.system=1", ["unknown knob 'os.system'"]),
+    ("clone 1 peft_config=null", ["LoRA and full fine-tuning"]),
     ("clone 1 lr=-5", ["learning_rate"]),
     ("clone 1 lr=\"fast\"", ["learning_rate"]),
     ("clone 1 r=8 lora_r=9", ["unknown knob 'lora_r'"]),

@@ -181,7 +181,7 @@ def resolve_key(key: str, knobs: dict, run_id: int) -> str:
             return key
         raise MagicError(f"unknown knob {key!r}: dotted keys start with one of "
                          f"{', '.join(_SECTIONS)}")
-    if key == "model_name":
+    if key == "model_name" or key in _SECTIONS:   # a whole section, e.g. peft_config=null
         return key
     name = ALIASES.get(key, key)
     matches = [k for k in knobs if k.rsplit(".", 1)[-1] == name]
