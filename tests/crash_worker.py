@@ -35,7 +35,13 @@ LEARNING_RATES = (1e-3, 3e-3, 1e-2)
 
 
 def make_group():
-    from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+    from rapidfire_nb.automl import (
+        List,
+        RFGridSearch,
+        RFLoraConfig,
+        RFModelConfig,
+        RFSFTConfig,
+    )
 
     # lora_dropout > 0: the result depends on the restored RNG, not only on weights and optimizer
     lora = RFLoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
@@ -136,12 +142,12 @@ def serve() -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
     import trl  # noqa: F401
-
-    import rapidfire_nb.automl  # noqa: F401
-    import rapidfire_nb.demo_data  # noqa: F401
-    import rapidfire_nb.engine.controller  # noqa: F401
-    import rapidfire_nb.experiment  # noqa: F401
     from trl import SFTTrainer  # noqa: F401
+
+    import rapidfire_nb.automl
+    import rapidfire_nb.demo_data
+    import rapidfire_nb.engine.controller
+    import rapidfire_nb.experiment  # noqa: F401
 
     out = sys.stdout
     out.write(json.dumps({"ready": True}) + "\n")

@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+import crash_worker as W
 import pytest
 import torch
 
-import crash_worker as W
 from rapidfire_nb import Experiment
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.engine.events import EventLog

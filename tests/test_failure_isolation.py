@@ -12,12 +12,18 @@ from __future__ import annotations
 import errno
 import time
 
+import crash_worker as W
 import pytest
 import torch
 
-import crash_worker as W
 from rapidfire_nb import Experiment
-from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.automl import (
+    List,
+    RFGridSearch,
+    RFLoraConfig,
+    RFModelConfig,
+    RFSFTConfig,
+)
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.engine import store as store_mod
 from rapidfire_nb.engine.events import EventLog
@@ -114,13 +120,9 @@ def test_run_failing_at_chunk_2_is_isolated(data, without_failures, tmp_path):
     exp.end()
 
 
-ACCELERATE_STATE = ("TrainingArguments() clears accelerate's process-global AcceleratorState, which every "
-                    "live trainer reads on each step: a run that fails while its trainer is built, or a "
-                    "config built in another thread (validate_clone, RF*Config), makes the next steps of "
-                    "healthy runs fail; fix proposed in the issue-8 report")
-
-
 def test_run_failing_while_its_trainer_is_built_is_isolated(data, without_failures, tmp_path):
+    # its TrainingArguments reset accelerate's global state before the build failed: the next
+    # healthy step must not go down with it
     configs = healthy_configs() + [fails_while_building()]
     exp = Experiment("with-bad-format", experiment_path=tmp_path, tracking=[])
     exp.run_fit(RFGridSearch(List(configs), trainer_type="SFT"), tiny_create_model, *data,
@@ -135,6 +137,7 @@ def test_run_failing_while_its_trainer_is_built_is_isolated(data, without_failur
 
 
 def test_validating_a_clone_during_training_breaks_no_run(data, without_failures, tmp_path):
+    # building a TRL config resets accelerate's process-global state, which live trainers read
     exp = Experiment("validate-while-training", experiment_path=tmp_path, tracking=[])
     exp.run_fit(RFGridSearch(List(healthy_configs()), trainer_type="SFT"), tiny_create_model, *data,
                 num_chunks=3, seed=5, block=False)
