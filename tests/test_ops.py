@@ -520,3 +520,63 @@ def test_op_latency_is_at_most_one_chunk(tiny_data, tmp_path, capsys):
                                             for o in ops)
               + f"; chunk durations {min(durations) * 1000:.0f}-{max(durations) * 1000:.0f} ms")
     exp.end()
+
+
+# -- DPO and GRPO clones --------------------------------------------------------------------------
+
+def exact_match(pair):
+    predictions, references = pair
+    hits = [p.strip() == str(r).strip() for p, r in zip(predictions, references)]
+    return {"exact_match": sum(hits) / len(hits)}
+
+
+def short_answer(prompts, completions, **kw):
+    return [1.0 if len(c) < 8 else 0.0 for c in completions]
+
+
+@pytest.mark.parametrize("trainer_type", ["DPO", "GRPO"])
+def test_dpo_and_grpo_clones_inherit_callables(trainer_type, tmp_path):
+    from rapidfire_nb.automl import RFDPOConfig, RFGRPOConfig
+    from rapidfire_nb.demo_data import make_dpo_dataset, make_grpo_dataset
+
+    lora = RFLoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    common = dict(learning_rate=1e-2, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                  num_train_epochs=1, bf16=False)
+    if trainer_type == "DPO":
+        train, evald = make_dpo_dataset(8, seed=0), make_dpo_dataset(4, seed=1)
+        cfg = RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32}, peft_config=lora,
+                            training_args=RFDPOConfig(beta=0.1, max_length=48, **common),
+                            compute_metrics=exact_match, generation_config={"max_new_tokens": 3})
+        change = {"training_args.beta": 0.5}
+    else:
+        train, evald = make_grpo_dataset(8, seed=0), make_grpo_dataset(2, seed=1)
+        cfg = RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32}, peft_config=lora,
+                            training_args=RFGRPOConfig(num_generations=2, max_completion_length=4, **common),
+                            reward_funcs=[short_answer], compute_metrics=exact_match,
+                            generation_config={"max_new_tokens": 3})
+        change = {"training_args.temperature": 0.7}
+    exp = Experiment(f"{trainer_type}-clones", experiment_path=tmp_path)
+    ids = []
+    fired = on_chunk_done(exp, 1, 0, lambda: ids.extend([
+        exp.clone_modify(1, {"training_args.learning_rate": 1e-3}, warm_start=True),
+        exp.clone_modify(1, change)]))
+    exp.run_fit(RFGridSearch(cfg, trainer_type=trainer_type), tiny_create_model, train, evald,
+                num_chunks=2, seed=3)
+    assert fired == [True] and ids == [2, 3]
+    info = exp.get_runs_info().set_index("run_id")
+    assert set(info.status) == {"completed"}, info.error.tolist()
+    parent = exp.engine.runs[1].spec
+    for rid in ids:
+        spec = exp.engine.runs[rid].spec
+        assert spec.trainer_type == trainer_type
+        assert spec.compute_metrics is parent.compute_metrics
+        assert spec.reward_funcs == parent.reward_funcs
+    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=2)] == [1]       # warm: continues
+    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=3)] == [0, 1]    # cold: from scratch
+    res = exp.get_results()
+    for rid in (1, 2, 3):
+        metrics = set(res[res.run_id == rid].metric)
+        assert "eval_exact_match" in metrics, (rid, sorted(metrics))   # inherited compute_metrics
+        if trainer_type == "GRPO":
+            assert any("short_answer" in m for m in metrics), (rid, sorted(metrics))  # inherited reward
+    exp.end()
