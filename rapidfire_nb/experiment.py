@@ -475,7 +475,12 @@ class Experiment:
                                 + "; ".join(reasons) + " (use a cold clone)")
             if spec.trainer_type != parent.trainer_type:
                 raise OpRefused("warm start needs the parent's trainer type")
-        self.engine.plan_run(spec)
+        plan, total = self.engine.plan_run(spec)
+        if warm_start and plan.chunk_start_step(rec.epoch, rec.chunk) >= total:
+            raise OpRefused(
+                f"run {run_id} is at the end of its data stream ({rec.completed_steps} of "
+                f"{rec.total_steps} steps done): a warm clone would have nothing left to train; "
+                "raise training_args.num_train_epochs or max_steps in the changes, or use a cold clone")
         return spec
 
     def clone_modify(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> int:

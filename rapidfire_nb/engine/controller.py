@@ -28,7 +28,7 @@ from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.scheduler import FairScheduler, RunView
 from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json
 from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, rng_fork, trainer_class)
-from rapidfire_nb.errors import ConfigError, RapidFireError
+from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
 
 @dataclass
@@ -90,6 +90,22 @@ def _install_output_routing():
                 h.addFilter(_EngineThreadFilter())
 
 
+def _collect_garbage() -> None:
+    """Free what released runs held: trainers hold reference cycles; CUDA keeps cached blocks."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:
+        pass
+
+
+# Deleting a run's adapter while it is the active one is routine here, not a user mistake.
+warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now deleted")
+
+
 # ----------------------------------------------------------------------------------------------
 
 
@@ -122,6 +138,9 @@ class Engine:
         self.stop_all = False
         self.op_latencies: list[dict] = []
         self._log_file = None
+        # set (under the lock) when the loop decides to leave: from then on a submit must start
+        # a new thread, even though the old one is still alive in its clean-up
+        self._leaving = False
 
     # -- bases -------------------------------------------------------------------------------
     def load_base(self, spec: RunSpec, need_pristine: bool) -> Base:
@@ -210,9 +229,10 @@ class Engine:
         with self.lock:
             if self.closed:
                 raise RapidFireError("this experiment has ended; create a new Experiment")
-            if self.thread is not None and self.thread.is_alive():
+            if self.thread is not None and self.thread.is_alive() and not self._leaving:
                 return
             _install_output_routing()
+            self._leaving = False
             self.thread = threading.Thread(target=self._main, name="rapidfire-engine", daemon=True)
             self.thread.start()
 
@@ -229,10 +249,20 @@ class Engine:
         while True:
             t = self.thread
             if t is None or not t.is_alive():
-                if not self.busy():
+                with self.lock:
+                    if self.thread is not t:
+                        continue                  # a new thread took over
+                    ops_queued = not self.ops.empty()
+                    active = any(r.status in R.ACTIVE for r in self.runs.values())
+                if not ops_queued and not active:
                     return True
-                if t is None:
+                if t is None or self.closed or self.stop_all or not ops_queued:
+                    return False  # nothing will move these runs (see logs/engine.log)
+                # an op is between submit's put() and start(): let it start the thread
+                if deadline is not None and time.monotonic() >= deadline:
                     return False
+                time.sleep(0.01)
+                continue
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if remaining == 0.0:
                 return not self.busy() and not (self.thread and self.thread.is_alive())
@@ -241,21 +271,26 @@ class Engine:
     def _main(self) -> None:
         log_path = self.store.root / "logs" / "engine.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(log_path, "a", encoding="utf-8")
-        _ENGINE_THREADS[threading.get_ident()] = self._log_file
-        handler = logging.StreamHandler(self._log_file)
-        handler.addFilter(lambda r: threading.get_ident() in _ENGINE_THREADS)
+        # local: a thread started while this one cleans up opens its own file and handler
+        log_file = self._log_file = open(log_path, "a", encoding="utf-8")
+        me = threading.get_ident()
+        _ENGINE_THREADS[me] = log_file
+        handler = logging.StreamHandler(log_file)
+        handler.addFilter(lambda r: threading.get_ident() == me)
         for name in ("transformers", "trl", "peft", "accelerate", "datasets"):
             logging.getLogger(name).addHandler(handler)
         try:
             self._loop()
         except BaseException:  # the loop itself must never die silently
-            self._log_file.write(traceback.format_exc())
+            log_file.write(traceback.format_exc())
         finally:
+            with self.lock:
+                if threading.current_thread() is self.thread:
+                    self._leaving = True
             for name in ("transformers", "trl", "peft", "accelerate", "datasets"):
                 logging.getLogger(name).removeHandler(handler)
-            _ENGINE_THREADS.pop(threading.get_ident(), None)
-            self._log_file.close()
+            _ENGINE_THREADS.pop(me, None)
+            log_file.close()
             with self.lock:
                 self.idle.notify_all()
 
@@ -269,6 +304,7 @@ class Engine:
                 choice = self.scheduler.choose(views, self.device_name, self.on_device)
                 if choice is None:
                     if self.ops.empty():
+                        self._leaving = True  # under the lock: a later submit starts a new thread
                         return
                     continue
                 rec = self.runs[choice]
@@ -281,11 +317,12 @@ class Engine:
 
     # -- ops ----------------------------------------------------------------------------------
     def _apply_ops(self) -> None:
+        freed = False
         while True:
             try:
                 op = self.ops.get_nowait()
             except queue.Empty:
-                return
+                break
             rec = self.runs.get(op.run_id)
             ok, reason = True, None
             try:
@@ -309,15 +346,20 @@ class Engine:
             self.op_latencies.append({"op": op.kind, "run_id": op.run_id, "latency_s": latency})
             self.events.append("op", op=op.kind, run_id=op.run_id, accepted=ok, reason=reason,
                                new_run_id=op.new_run_id, latency_s=latency)
+            freed = freed or (ok and op.kind == "delete")
+        if freed:
+            # one collection per batch of deletes: a gc.collect() costs 0.1-0.7 s with
+            # transformers loaded, and every op queued behind would wait for each one
+            _collect_garbage()
 
     def _delete(self, rec: RunRecord) -> None:
         if rec.status == R.DELETED:
             return
-        self._release(rec)
+        self._release(rec, collect=False)  # _apply_ops collects once per batch
         self.store.delete_checkpoints(rec.run_id)
         self._set_status(rec, R.DELETED, reason="deleted by user")
 
-    def _release(self, rec: RunRecord) -> None:
+    def _release(self, rec: RunRecord, collect: bool = True) -> None:
         """Free a run's trainer, optimizer, adapter and device memory."""
         rt = self.trainers.pop(rec.run_id, None)
         self.pending_weights.pop(rec.run_id, None)
@@ -327,36 +369,35 @@ class Engine:
             base = self.bases.get(rec.spec.base_key())
             if rt.adapter_name is not None and base is not None and base.peft_model is not None:
                 try:
-                    with warnings.catch_warnings():  # PEFT warns when the active adapter goes
-                        warnings.simplefilter("ignore")
-                        base.peft_model.delete_adapter(rt.adapter_name)
+                    base.peft_model.delete_adapter(rt.adapter_name)
                 except Exception:
                     # PEFT refuses to delete the last adapter; it is then just left inactive
                     pass
                 base.adapters.discard(rt.adapter_name)
             rt.close()
-        gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except Exception:
-            pass
+        if collect:
+            _collect_garbage()
 
     def _clone(self, op: Op, parent: RunRecord) -> None:
-        rec = self.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
-                           changes=op.changes)
+        weights = None
         if op.warm_start:
+            # a delete queued before this clone was validated may have been applied first
+            if parent.status == R.DELETED:
+                raise OpRefused(f"run {parent.run_id} was deleted before this warm clone was "
+                                "applied; its weights are gone")
             rt = self.trainers.get(parent.run_id)
             if rt is not None:
-                self.pending_weights[rec.run_id] = rt.weights()
+                weights = rt.weights()
             else:
                 ckpt = self.store.load_checkpoint(parent.run_id)
                 if ckpt is not None:
-                    self.pending_weights[rec.run_id] = ckpt["trainer"]["weights"]
-                elif parent.run_id in self.pending_weights:
-                    self.pending_weights[rec.run_id] = self.pending_weights[parent.run_id]
+                    weights = ckpt["trainer"]["weights"]
+                else:
+                    weights = self.pending_weights.get(parent.run_id)
+        rec = self.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
+                           changes=op.changes)
+        if weights is not None:
+            self.pending_weights[rec.run_id] = weights
         return rec
 
     def _fail(self, rec: RunRecord, exc: BaseException) -> None:

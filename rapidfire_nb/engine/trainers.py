@@ -308,10 +308,11 @@ class RunTrainer:
                 setattr(t, attr, None)
             except Exception:
                 pass
-        try:
-            t.accelerator.free_memory()
-        except Exception:
-            pass
+        # what accelerator.free_memory() does, minus its gc.collect(): the controller collects
+        # once per batch of released runs
+        acc = getattr(t, "accelerator", None)
+        if acc is not None:
+            acc._schedulers, acc._optimizers, acc._models, acc._dataloaders = [], [], [], []
         self.trainer = self.optimizer = self.scheduler = self.model = None
         self.train_data = self.eval_data = None
 
