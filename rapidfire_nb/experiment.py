@@ -51,15 +51,14 @@ def _in_kernel() -> bool:
 
 
 def _dataset_fingerprint(ds) -> str:
+    """A content hash (datasets' own fingerprint is random after a map with an unhashable fn)."""
     if ds is None:
         return "none"
-    fp = getattr(ds, "_fingerprint", None)
-    if fp:
-        return f"{len(ds)}:{fp}"
-    h = hashlib.sha256(str(len(ds)).encode())
-    for i in range(min(len(ds), 64)):
+    h = hashlib.sha256(json.dumps([len(ds), sorted(ds.column_names)]).encode())
+    step = max(1, len(ds) // 1024)
+    for i in range(0, len(ds), step):
         h.update(json.dumps(ds[i], sort_keys=True, default=repr).encode())
-    return h.hexdigest()
+    return f"{len(ds)}:{h.hexdigest()[:16]}"
 
 
 # -- TRL/PEFT objects from a RunSpec (automl owns validation; this is the engine's entry) --------
@@ -190,7 +189,7 @@ class Experiment:
         for spec in specs:
             engine.load_base(spec, need_pristine[spec.base_key()])
         self.engine = engine
-        if self.resumed and read_json(self.store.runs_path):
+        if self.resumed:
             self._restore_runs(specs)
         else:
             for spec in specs:

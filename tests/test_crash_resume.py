@@ -212,10 +212,8 @@ PAUSE_TRIALS = [
     "state:4:renamed",    # checkpoint in place, its chunk's events not yet in the log
     "state:18:renamed",   # the last chunk of the last run: done on disk, not in the log
     "runs:3:mid",         # killed while run_fit was still creating the runs
-    pytest.param("runs:1:mid", marks=pytest.mark.xfail(
-        strict=True, reason="run_fit must call _restore_runs whenever resume=True, also when "
-        "runs.json was never written; else run 1 gets a second run_created event")),
-]   # "runs:1:mid": killed before runs.json ever existed
+    "runs:1:mid",         # killed before runs.json ever existed
+]
 
 
 @pytest.mark.parametrize("pause", PAUSE_TRIALS)

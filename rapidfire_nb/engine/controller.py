@@ -394,6 +394,9 @@ class Engine:
                     weights = ckpt["trainer"]["weights"]
                 else:
                     weights = self.pending_weights.get(parent.run_id)
+            if weights is not None:
+                # on disk before the run exists: a crash in between leaves only an orphan file
+                self.store.save_warm_start(op.new_run_id, weights)
         rec = self.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
                            changes=op.changes)
         if weights is not None:

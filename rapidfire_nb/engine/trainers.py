@@ -65,6 +65,15 @@ def rng_fork():
         restore_rng(saved)
 
 
+def run_autocast(args):
+    device_type = args.device.type
+    if getattr(args, "bf16", False):
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    if getattr(args, "fp16", False):
+        return torch.autocast(device_type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
 def derive_seed(seed: int, fingerprint: str) -> int:
     return (int(seed) * 1_000_003 + int(fingerprint[:12], 16)) % (2**31 - 1)
 
@@ -92,10 +101,10 @@ class RunTrainer:
         self.args = args
         self.activate_adapter()
         self.trainer = self.make_trainer(args, train_dataset, eval_dataset)
-        # the engine owns autocast: use accelerate's context per trainer instead of patching
-        # the shared model's forward with accelerator.prepare
-        acc = self.trainer.accelerator
-        self.trainer.autocast_smart_context_manager = lambda cache_enabled=True: acc.autocast()
+        # the engine owns autocast, from this run's own precision: accelerate's autocast reads a
+        # process-wide setting left by whichever trainer was built last, and patching the shared
+        # model's forward (accelerator.prepare) would impose one run's precision on all
+        self.trainer.autocast_smart_context_manager = lambda cache_enabled=True: run_autocast(args)
         self.train_data = self.trainer.train_dataset
         self.eval_data = self.trainer.eval_dataset
         self.raw_eval_dataset = eval_dataset  # prompts/references for generation-based metrics
