@@ -133,6 +133,7 @@ class Engine:
         self.thread: threading.Thread | None = None
         self.on_device: int | None = None
         self.pending_weights: dict[int, dict] = {}
+        self.prep_cache: dict = {}   # prepared (tokenized) datasets shared by the runs' trainers
         self.create_model_calls = 0
         self.closed = False
         self.stop_all = False
@@ -305,6 +306,7 @@ class Engine:
                 if choice is None:
                     if self.ops.empty():
                         self._leaving = True  # under the lock: a later submit starts a new thread
+                        _collect_garbage()
                         return
                     continue
                 rec = self.runs[choice]
@@ -444,7 +446,8 @@ class Engine:
         datasets.utils.logging.disable_progress_bar()
         try:
             rt = cls(rec, model, base.tokenizer, self.train_dataset, self.eval_dataset,
-                     self.num_chunks, self.seed, out_dir, adapter, self.build_args)
+                     self.num_chunks, self.seed, out_dir, adapter, self.build_args,
+                     prep_cache=self.prep_cache)
         finally:
             if was:
                 datasets.utils.logging.enable_progress_bar()
@@ -534,8 +537,10 @@ class Engine:
             if done:
                 self._set_status(rec, R.COMPLETED)
                 # its final weights are in the checkpoint just written (export, warm clones and
-                # run_weights read them there): memory must not grow with finished runs
-                self._release(rec)
+                # run_weights read them there): memory must not grow with finished runs. No full
+                # gc.collect() here (~0.25 s with transformers loaded, paid between other runs'
+                # chunks): the big tensors go by refcount; cycles are collected once when idle.
+                self._release(rec, collect=False)
             self.save_runs()
 
     def _release_optimizer(self, rec: RunRecord) -> None:

@@ -90,13 +90,15 @@ class RunTrainer:
                        disable_tqdm=True, push_to_hub=False)
 
     def __init__(self, record, model, tokenizer, train_dataset, eval_dataset, num_chunks: int,
-                 seed: int, output_dir: str, adapter_name: str | None, build_args):
+                 seed: int, output_dir: str, adapter_name: str | None, build_args,
+                 prep_cache: dict | None = None):
         self.record = record
         self.spec = record.spec
         self.model = model
         self.tokenizer = tokenizer
         self.adapter_name = adapter_name
         self.seed = seed
+        self.prep_cache = prep_cache if prep_cache is not None else {}
         args = build_args(self.spec, output_dir=output_dir, seed=seed, **self.ENGINE_ARGS)
         self.args = args
         self.activate_adapter()
@@ -111,6 +113,7 @@ class RunTrainer:
         self.plan = self.plan_for(args, len(self.train_data), num_chunks, seed)
         self.optimizer = None
         self.scheduler = None
+        self._eval_batches = None
         self.rng = seeded_rng(derive_seed(seed, self.spec.fingerprint()) + 1)
 
     # -- hooks for trainer types ----------------------------------------------------------------
@@ -120,8 +123,9 @@ class RunTrainer:
         kwargs = {}
         if self.spec.formatting_func is not None:
             kwargs["formatting_func"] = self.spec.formatting_func
-        return SFTTrainer(model=self.model, args=args, train_dataset=train_dataset,
-                          eval_dataset=eval_dataset, processing_class=self.tokenizer, **kwargs)
+        return _shared_prep_sft_class()(
+            model=self.model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            processing_class=self.tokenizer, rf_prep_cache=self.prep_cache, **kwargs)
 
     @classmethod
     def rows_per_example(cls, args) -> int:
@@ -150,7 +154,10 @@ class RunTrainer:
                 f"'completion' (or pass formatting_func= to RFModelConfig)")
 
     def collate(self, indices: list[int]) -> Any:
-        rows = self.train_data.select(indices) if len(indices) > 1 else [self.train_data[indices[0]]]
+        # __getitems__ is what torch's DataLoader fetches with: one Arrow read for the batch,
+        # ~4x cheaper than select() + row iteration (which builds an indices table per call)
+        getitems = getattr(self.train_data, "__getitems__", None)
+        rows = getitems(indices) if getitems is not None else [self.train_data[i] for i in indices]
         return self.trainer.data_collator(list(rows))
 
     # -- schedule ----------------------------------------------------------------------------------
@@ -215,7 +222,8 @@ class RunTrainer:
     def train_step(self, epoch: int, step_in_epoch: int, global_step: int) -> dict:
         """One optimizer step exactly as Trainer does it; returns the step's train metrics."""
         t, model = self.trainer, self.model
-        model.train()
+        # no model.train() here: Trainer.training_step calls it (one call walks every module of
+        # the shared PeftModel: ~1 ms on the 4.5M CPU model, ~7 ms for a 1.1B model with LoRA)
         micro = self.plan.step_micro_batches(epoch, step_in_epoch)
         batches = [self.collate(idx) for idx in micro]
         n_items = t._get_num_items_in_batch(batches, t.args.device)
@@ -267,15 +275,22 @@ class RunTrainer:
         was_training = model.training
         model.eval()
         total, count = 0.0, 0
+        if self._eval_batches is None:
+            # the eval set and collator never change: collate once, reuse after every chunk
+            n = len(self.eval_data)
+            getitems = getattr(self.eval_data, "__getitems__", None)
+            self._eval_batches = []
+            for start in range(0, n, bs):
+                idx = list(range(start, min(start + bs, n)))
+                rows = getitems(idx) if getitems is not None else [self.eval_data[i] for i in idx]
+                self._eval_batches.append((len(idx), t.data_collator(list(rows))))
         with rng_fork(), torch.no_grad():
-            for start in range(0, len(self.eval_data), bs):
-                idx = list(range(start, min(start + bs, len(self.eval_data))))
-                rows = list(self.eval_data.select(idx))
-                inputs = t._prepare_inputs(t.data_collator(rows))
+            for size, batch in self._eval_batches:
+                inputs = t._prepare_inputs(batch)
                 with t.compute_loss_context_manager():
                     loss = t.compute_loss(model, inputs)
-                total += float(loss) * len(idx)
-                count += len(idx)
+                total += float(loss) * size
+                count += size
         if was_training:
             model.train()
         out = {"eval_loss": total / max(count, 1)}
@@ -324,6 +339,49 @@ class RunTrainer:
             acc._schedulers, acc._optimizers, acc._models, acc._dataloaders = [], [], [], []
         self.trainer = self.optimizer = self.scheduler = self.model = None
         self.train_data = self.eval_data = None
+
+
+_SHARED_PREP_CLS = None
+
+
+def _shared_prep_sft_class():
+    """SFTTrainer whose dataset preparation (tokenizing, truncation) is shared between runs.
+
+    Runs that differ only in training hyperparameters prepare the same data identically; the
+    first run's result is reused, keyed on the dataset, the tokenizer, the formatting function and
+    every field SFTConfig adds to TrainingArguments (its data-preparation knobs), never on a
+    TrainingArguments field such as the learning rate.
+    """
+    global _SHARED_PREP_CLS
+    if _SHARED_PREP_CLS is not None:
+        return _SHARED_PREP_CLS
+    import dataclasses
+
+    from transformers import TrainingArguments
+    from trl import SFTConfig, SFTTrainer
+
+    own = sorted({f.name for f in dataclasses.fields(SFTConfig)}
+                 - {f.name for f in dataclasses.fields(TrainingArguments)})
+
+    class SharedPrepSFTTrainer(SFTTrainer):
+        def __init__(self, *a, rf_prep_cache: dict, **kw):
+            self._rf_prep_cache = rf_prep_cache
+            super().__init__(*a, **kw)
+
+        def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
+            key = (id(dataset), id(processing_class), id(formatting_func), bool(packing), dataset_name,
+                   repr([(n, getattr(args, n, None)) for n in own]))
+            hit = self._rf_prep_cache.get(key)
+            # the entry holds the source dataset, so its id cannot be reused while cached
+            if hit is not None and hit[0] is dataset:
+                return hit[1]
+            out = super()._prepare_dataset(dataset, processing_class, args, packing,
+                                           formatting_func, dataset_name)
+            self._rf_prep_cache[key] = (dataset, out)
+            return out
+
+    _SHARED_PREP_CLS = SharedPrepSFTTrainer
+    return _SHARED_PREP_CLS
 
 
 def _rename_adapter(name: str, adapter: str) -> str:
