@@ -65,3 +65,23 @@ def test_wheel_contains_the_panel_bundle(tmp_path):
     assert len(bundle) > 500_000
     assert "extendTraces" in bundle and "rf-panel" in bundle
     assert "export{" in bundle.replace(" ", "") or "export default" in bundle
+
+    # The wheel installs and both extension names load from it in a real InteractiveShell.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    proc = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", str(wheels[0])],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    probe = (
+        "import rapidfire_nb, rapidfire\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "sh = InteractiveShell.instance()\n"
+        "for name in ('rapidfire', 'rapidfire_nb'):\n"
+        "    assert sh.run_line_magic('load_ext', name) in (None, 'already loaded'), name\n"
+        "assert 'rapidfire' in sh.magics_manager.magics['line']\n"
+        "print(rapidfire_nb.__file__)\n"
+    )
+    proc = subprocess.run([str(py), "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert str(venv) in proc.stdout, f"rapidfire_nb imported from {proc.stdout!r}, not from the wheel"
