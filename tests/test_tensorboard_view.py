@@ -164,6 +164,9 @@ def jupyter_server(experiments_root, tmp_path_factory):
     cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",
            "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
            "--ServerApp.allow_root=True",
+           # enabled explicitly: its config file lands in the prefix pip installed it into,
+           # which a server started from a virtualenv does not read
+           '--ServerApp.jpserver_extensions={"jupyter_server_proxy": True}',
            f"--ServerApp.base_url={base_url}", f"--ServerApp.root_dir={work}"]
     if not any(ep.name == "tensorboard-rapidfire"
                for ep in entry_points(group="jupyter_serverproxy_servers")):
