@@ -17,8 +17,10 @@ def _demo_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default=None, help="a Hugging Face dataset name with prompt/completion or "
                                                    "text columns (needs the network); default: synthetic")
     p.add_argument("--num-chunks", type=int, default=4)
-    p.add_argument("--train-size", type=int, default=256)
-    p.add_argument("--epochs", type=float, default=2)
+    p.add_argument("--train-size", type=int, default=1024)
+    p.add_argument("--epochs", type=float, default=3)
+    p.add_argument("--lr-high", type=float, default=3e-2)
+    p.add_argument("--lr-low", type=float, default=3e-3)
     p.add_argument("--path", default="rapidfire_experiments", help="experiment folder parent")
     p.add_argument("--name", default="demo")
     return p
@@ -58,7 +60,7 @@ def demo(argv: list[str]) -> int:
                       training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=16,
                                                 num_train_epochs=args.epochs, lr_scheduler_type="linear",
                                                 warmup_steps=2, bf16=False, max_length=64))
-        for lr in (2e-2, 2e-3)
+        for lr in (args.lr_high, args.lr_low)
     ])
     group = RFGridSearch(configs, trainer_type="SFT")
     exp = Experiment(args.name, experiment_path=args.path)

@@ -1,0 +1,29 @@
+"""The console entry: `rapidfire demo` end to end (offline), and clear usage errors."""
+
+import subprocess
+import sys
+
+
+def run(args, cwd):
+    return subprocess.run([sys.executable, "-m", "rapidfire_nb", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_demo_trains_four_configs_and_prints_a_leaderboard(tmp_path):
+    proc = run(["demo", "--train-size", "128", "--epochs", "1", "--path", str(tmp_path)], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    assert "4 runs, 4 chunks per epoch" in out
+    board = out.split("Leaderboard")[1].splitlines()[2:6]
+    assert len(board) == 4 and all("completed" in line for line in board), board
+    assert sorted(int(line.split()[0]) for line in board) == [1, 2, 3, 4]
+    # progress after every chunk of every run: 4 runs x 4 chunks
+    assert out.count(" chunk ") == 16
+    assert (tmp_path / "demo" / "events.jsonl").exists()
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_command_is_a_clear_error(tmp_path):
+    proc = run(["fly"], tmp_path)
+    assert proc.returncode == 2 and "unknown command 'fly'" in proc.stderr
+    assert "demo" in run(["--help"], tmp_path).stdout
