@@ -90,9 +90,14 @@ def _install_output_routing():
                 h.addFilter(_EngineThreadFilter())
 
 
-def _collect_garbage() -> None:
-    """Free what released runs held: trainers hold reference cycles; CUDA keeps cached blocks."""
-    gc.collect()
+def _collect_garbage(full: bool = True) -> None:
+    """Free what released runs held: trainers hold reference cycles; CUDA keeps cached blocks.
+
+    ``full=False`` (when the loop goes idle) skips the ~0.25 s full collection: RunTrainer.close
+    already freed the big tensors by refcount; the small cyclic rest goes with Python's own gc.
+    """
+    if full:
+        gc.collect()
     try:
         import torch
 
@@ -306,7 +311,7 @@ class Engine:
                 if choice is None:
                     if self.ops.empty():
                         self._leaving = True  # under the lock: a later submit starts a new thread
-                        _collect_garbage()
+                        _collect_garbage(full=False)
                         return
                     continue
                 rec = self.runs[choice]

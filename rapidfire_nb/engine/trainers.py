@@ -327,6 +327,18 @@ class RunTrainer:
     def close(self) -> None:
         """Drop references so memory is freed (the adapter is removed by the controller)."""
         t = self.trainer
+        # the optimizer's moments are the big part; the trainer sits in reference cycles (callback
+        # handler, accelerator), so empty the optimizer in place: freed now, by refcount, no gc
+        for opt in {id(o): o for o in (self.optimizer, getattr(t, "optimizer", None)) if o is not None}.values():
+            inner = getattr(opt, "optimizer", None)  # accelerate's wrapper
+            for o in (opt, inner):
+                if o is not None and hasattr(o, "state"):
+                    o.state.clear()
+                    o.param_groups.clear()
+        handler = getattr(t, "callback_handler", None)
+        for attr in ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader"):
+            if handler is not None and hasattr(handler, attr):
+                setattr(handler, attr, None)
         for attr in ("model", "model_wrapped", "optimizer", "lr_scheduler", "train_dataset", "eval_dataset"):
             try:
                 setattr(t, attr, None)
