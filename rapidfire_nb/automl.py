@@ -983,6 +983,9 @@ def _flatten_changes(changes: dict, prefix: str = "") -> dict:
     return flat
 
 
+flatten_changes = _flatten_changes  # the one reading of nested/dotted clone changes
+
+
 def apply_changes(spec: RunSpec, changes: dict) -> RunSpec:
     """A new RunSpec: ``spec`` with ``changes`` applied and validated (the parent is untouched).
 

@@ -488,12 +488,14 @@ class Experiment:
         ``warm_start=True`` starts from the parent's current weights and continues the parent's
         data stream from where it is, with a fresh optimizer and LR schedule. Returns the new run id.
         """
+        from rapidfire_nb import automl
+
         with self._lock:
             spec = self.validate_clone(run_id, changes, warm_start)
             with self.engine.lock:
                 new_id = max(set(self.engine.runs) | self._reserved_ids) + 1
                 self._reserved_ids.add(new_id)
-            flat = _flatten_changes(changes or {})
+            flat = automl.flatten_changes(changes or {})
             self.engine.submit(Op("clone", run_id, spec=spec, warm_start=warm_start, changes=flat,
                                   new_run_id=new_id))
             return new_id
@@ -650,17 +652,6 @@ def _norm(v):
     if isinstance(v, (list, tuple, set)):
         return sorted(str(x) for x in v)
     return v
-
-
-def _flatten_changes(changes: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in changes.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and k in ("training_args", "peft_config", "model_kwargs", "generation_config") and not prefix:
-            out.update(_flatten_changes(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def _get_knob(spec: RunSpec, key: str):

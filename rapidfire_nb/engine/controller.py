@@ -548,14 +548,6 @@ class Engine:
                 self._release(rec, collect=False)
             self.save_runs()
 
-    def _release_optimizer(self, rec: RunRecord) -> None:
-        """A completed run keeps its weights (for export/warm clones) but not its optimizer."""
-        rt = self.trainers.get(rec.run_id)
-        if rt is not None:
-            rt.optimizer = rt.scheduler = None
-            rt.trainer.optimizer = rt.trainer.lr_scheduler = None
-
-    # -- queries --------------------------------------------------------------------------------
     def run_weights(self, run_id: int) -> dict | None:
         with self.lock:
             rt = self.trainers.get(run_id)
