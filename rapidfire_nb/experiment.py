@@ -557,7 +557,7 @@ class Experiment:
         import pandas as pd
 
         cols = ["run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s", "swap_s",
-                "setup_s", "checkpoint_s", "other_s", "completed_steps", "samples_seen"]
+                "setup_s", "snapshot_s", "checkpoint_s", "other_s", "completed_steps", "samples_seen"]
         rows = [{c: ev.get(c) for c in cols} for ev in self.events.since(0) if ev["type"] == "chunk_done"]
         return pd.DataFrame(rows, columns=cols)
 
@@ -573,6 +573,7 @@ class Experiment:
         rec = self._run(run_id)
         if rec.status == R.DELETED:
             raise OpRefused(f"run {run_id} is deleted; its weights are gone")
+        self.engine.writer.flush()   # the chunk that just ended is on disk
         ckpt = self.store.load_checkpoint(run_id)
         if ckpt is None:
             raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")

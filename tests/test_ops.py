@@ -157,8 +157,15 @@ def test_stop_then_resume_ends_with_the_weights_of_a_run_never_stopped(reference
 def test_stopping_a_pending_run_takes_effect_before_it_trains(tiny_data, tmp_path):
     train, evald = tiny_data
     exp = Experiment("stop-pending", experiment_path=tmp_path)
-    # run 2 has not trained at all when run 1 ends its first chunk
-    fired = on_chunk_done(exp, 1, 0, lambda: exp.stop(2))
+    # run 2 has not trained at all while run 1 trains its first chunk
+    fired: list = []
+
+    def listener(ev):
+        if ev["type"] == "run_status" and ev["run_id"] == 1 and ev["status"] == "running" and not fired:
+            fired.append(True)
+            exp.stop(2)
+
+    exp.events.subscribe(listener)
     exp.run_fit(group(LR_A, LR_B), tiny_create_model, train.select(range(32)), evald, num_chunks=2,
                 seed=5)
     assert fired == [True]

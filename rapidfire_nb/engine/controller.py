@@ -28,6 +28,7 @@ from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.scheduler import FairScheduler, RunView
 from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json
 from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, rng_fork, trainer_class)
+from rapidfire_nb.engine.writer import CheckpointWriter
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
 
@@ -147,6 +148,12 @@ class Engine:
         # set (under the lock) when the loop decides to leave: from then on a submit must start
         # a new thread, even though the old one is still alive in its clean-up
         self._leaving = False
+        # chunk checkpoints are written off the engine thread (engine/writer.py)
+        self.writer = CheckpointWriter()
+        self._write_failures: list[tuple] = []
+        self.write_wait_s = 0.0   # engine time spent waiting for the writer
+        self._runs_file_lock = threading.Lock()
+        self._runs_version = self._runs_written = 0
 
     # -- bases -------------------------------------------------------------------------------
     def load_base(self, spec: RunSpec, need_pristine: bool) -> Base:
@@ -215,19 +222,31 @@ class Engine:
         return rec
 
     def save_runs(self) -> None:
+        """Persist every run record. The snapshot is taken under the engine lock; the write (with
+        its fsyncs) happens outside it when the caller does not hold the lock, and a snapshot
+        older than one already written is dropped, so runs.json never goes back in time."""
         with self.lock:
-            atomic_write_json(self.store.runs_path, {str(k): r.to_json() for k, r in self.runs.items()})
+            self._runs_version += 1
+            version = self._runs_version
+            data = {str(k): r.to_json() for k, r in self.runs.items()}
+        with self._runs_file_lock:
+            if version > self._runs_written:
+                atomic_write_json(self.store.runs_path, data)
+                self._runs_written = version
 
     def _set_status(self, rec: RunRecord, status: str, error: str | None = None,
-                    reason: str | None = None) -> None:
+                    reason: str | None = None, save: bool = True) -> None:
         with self.lock:
             if rec.status == status:
                 return
+            old = rec.status
             rec.set_status(status)
             if error is not None:
                 rec.error = error
             self.events.append("run_status", run_id=rec.run_id, status=status, error=error, reason=reason)
-            self.save_runs()
+            # pending -> running needs no write: a restart reads "running" as "pending" anyway
+            if save and not (old == R.PENDING and status == R.RUNNING):
+                self.save_runs()
             self.idle.notify_all()
 
     # -- thread -------------------------------------------------------------------------------
@@ -302,25 +321,58 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
+            flush = False
             with self.lock:
                 if self.stop_all:
-                    return
-                self._apply_ops()
-                views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE) for r in self.runs.values()]
-                choice = self.scheduler.choose(views, self.device_name, self.on_device)
-                if choice is None:
-                    if self.ops.empty():
-                        self._leaving = True  # under the lock: a later submit starts a new thread
-                        _collect_garbage(full=False)
+                    flush = True
+                elif not self.ops.empty() and self.writer.busy():
+                    flush = True   # ops see every finished chunk on disk and in the log
+                else:
+                    self._settle_writes()
+                    self._apply_ops()
+                    views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE,
+                                     busy=self.writer.pending(r.run_id)) for r in self.runs.values()]
+                    choice = self.scheduler.choose(views, self.device_name, self.on_device)
+                    if choice is None:
+                        if self.writer.busy():
+                            flush = True           # a finishing run's checkpoint is in flight
+                        elif self.ops.empty():
+                            self._leaving = True  # under the lock: a later submit starts a new thread
+                            _collect_garbage(full=False)
+                            return
+                        else:
+                            continue
+                    else:
+                        rec = self.runs[choice]
+                        if rec.status == R.PENDING:
+                            self._set_status(rec, R.RUNNING)
+            if flush:
+                t0 = time.perf_counter()
+                self.writer.flush()   # outside the lock: the writer's follow-ups take it
+                self.write_wait_s += time.perf_counter() - t0
+                with self.lock:
+                    if self.stop_all:
+                        self._settle_writes()
                         return
-                    continue
-                rec = self.runs[choice]
-                if rec.status == R.PENDING:
-                    self._set_status(rec, R.RUNNING)
+                continue
             try:
                 self._train_chunk(rec)
             except Exception as exc:  # failure isolation: this run fails, the others go on
                 self._fail(rec, exc)
+
+    def _settle_writes(self) -> None:
+        """Engine thread, under the lock: act on what the writer finished (failed writes, runs that
+        completed) - things only this thread may do, because they touch the shared model."""
+        failures, self._write_failures = self._write_failures, []
+        for rec, exc, counters in failures:
+            for k, v in counters.items():   # the chunk did not count: back to the last checkpoint
+                setattr(rec, k, v)
+            self._fail(rec, exc)
+        for rid in [rid for rid in self.trainers if self.runs[rid].status == R.COMPLETED]:
+            # its final weights are in its checkpoint (export, warm clones and run_weights read
+            # them there): memory must not grow with finished runs. No full gc.collect() (~0.25 s
+            # with transformers loaded): the big tensors go by refcount; cycles when idle.
+            self._release(self.runs[rid], collect=False)
 
     # -- ops ----------------------------------------------------------------------------------
     def _apply_ops(self) -> None:
@@ -526,29 +578,49 @@ class Engine:
                            swap_s=swap_s, setup_s=t_built - t_start, other_s=0.0,
                            completed_steps=end, total_steps=rec.total_steps, samples_seen=samples,
                            chunks_done=counters["chunks_done"])
+        # the snapshot: weights copied now, optimizer/scheduler state by reference (this run is
+        # not trained again until the writer is done with it)
         t0 = time.perf_counter()
-        self.store.save_checkpoint(rec.run_id, {"trainer": rt.state_dict(), "counters": counters,
-                                                "events": batch, "chunk_event": chunk_event})
-        ckpt_s = time.perf_counter() - t0
-        chunk_event["checkpoint_s"] = ckpt_s
+        state = {"trainer": rt.state_dict(), "counters": counters, "events": batch,
+                 "chunk_event": dict(chunk_event)}
+        chunk_event["snapshot_s"] = time.perf_counter() - t0
         chunk_event["end"] = time.time()
         chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - swap_s)
         with self.lock:
+            before = {k: getattr(rec, k) for k in counters}
             for k, v in counters.items():
                 setattr(rec, k, v)
             if eval_metrics:
                 rec.last_metrics.update(eval_metrics)
-            self.events.extend(batch + [("chunk_done", chunk_event)])
-            if done:
-                self._set_status(rec, R.COMPLETED)
-                # its final weights are in the checkpoint just written (export, warm clones and
-                # run_weights read them there): memory must not grow with finished runs. No full
-                # gc.collect() here (~0.25 s with transformers loaded, paid between other runs'
-                # chunks): the big tensors go by refcount; cycles are collected once when idle.
-                self._release(rec, collect=False)
-            self.save_runs()
+        if self.writer.busy():
+            # at most one checkpoint in flight: a crash loses the chunk being trained and at most
+            # the one chunk whose checkpoint was still being written
+            t0 = time.perf_counter()
+            self.writer.flush()
+            self.write_wait_s += time.perf_counter() - t0
+        self.writer.submit(rec.run_id, lambda: self._persist(rec, state, batch, chunk_event, done, before))
+
+    def _persist(self, rec: RunRecord, state: dict, batch: list, chunk_event: dict, done: bool,
+                 before: dict) -> None:
+        """Writer thread: make the chunk durable, then log it (never the other way round)."""
+        t0 = time.perf_counter()
+        try:
+            self.store.save_checkpoint(rec.run_id, state)
+        except Exception as exc:
+            with self.lock:
+                self._write_failures.append((rec, exc, before))
+            return
+        chunk_event["checkpoint_s"] = time.perf_counter() - t0
+        # the log has its own lock; holding the engine's through an fsync would stall the engine
+        self.events.extend(batch + [("chunk_done", chunk_event)])
+        if done:
+            with self.lock:
+                if rec.status in R.ACTIVE:
+                    self._set_status(rec, R.COMPLETED, save=False)  # the engine frees its trainer
+        self.save_runs()
 
     def run_weights(self, run_id: int) -> dict | None:
+        self.writer.flush()
         with self.lock:
             rt = self.trainers.get(run_id)
             if rt is not None:
@@ -557,7 +629,9 @@ class Engine:
         return ckpt["trainer"]["weights"] if ckpt else None
 
     def close(self) -> None:
+        self.writer.flush()   # normally idle already: the loop flushes before it leaves
         with self.lock:
             self.closed = True
+            self._settle_writes()
             for rid in list(self.trainers):
                 self._release(self.runs[rid])
