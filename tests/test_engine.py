@@ -205,3 +205,50 @@ def test_bad_input_is_refused_before_training(tiny_data, tmp_path):
     assert e.engine is None and not (e.path / "runs.json").exists()
     assert not any(ev["type"] == "run_created" for ev in e.events.since(0))
     e.end()
+
+
+def test_checkpoints_are_written_off_the_engine_thread_and_logged_only_once_on_disk(tiny_data, tmp_path):
+    """The writer thread makes a chunk durable while the next chunk trains; the log never runs
+    ahead of the checkpoints, and a run never trains while its own checkpoint is in flight."""
+    import threading
+
+    from rapidfire_nb.engine.store import ExperimentStore
+
+    train, evald = tiny_data
+    writers: list[str] = []
+    real_save = ExperimentStore.save_checkpoint
+
+    def save_checkpoint(self, run_id, state):  # the real write, with the writing thread noted
+        writers.append(threading.current_thread().name)
+        return real_save(self, run_id, state)
+
+    exp = Experiment("writer", experiment_path=tmp_path)
+    seen: list[tuple] = []
+
+    def on_event(ev):
+        # runs in the thread that appends: the chunk's checkpoint must already be on disk
+        if ev["type"] == "chunk_done":
+            ckpt = exp.store.load_checkpoint(ev["run_id"])
+            seen.append((ev["run_id"], ev["chunks_done"], ckpt["counters"]["chunks_done"],
+                         threading.current_thread().name))
+
+    exp.events.subscribe(on_event)
+    ExperimentStore.save_checkpoint = save_checkpoint
+    try:
+        exp.run_fit(RFGridSearch(four_configs(), trainer_type="SFT"), tiny_create_model, train,
+                    evald, num_chunks=3, seed=7)
+    finally:
+        ExperimentStore.save_checkpoint = real_save
+    assert set(exp.get_runs_info().status) == {"completed"}
+    assert len(writers) == 12 and set(writers) == {"rapidfire-ckpt-writer"}
+    assert len(seen) == 12
+    for run_id, logged, on_disk, thread in seen:
+        assert on_disk == logged, f"run {run_id}: chunk {logged} logged with checkpoint {on_disk}"
+        assert thread == "rapidfire-ckpt-writer"
+    # fairness still holds with writes in flight: every run finishes chunk k before any starts k+1
+    tl = exp.get_timeline().sort_values("start")
+    assert list(tl.chunk) == [0] * 4 + [1] * 4 + [2] * 4
+    # the engine's own share of a checkpoint is the snapshot; the writer's time is reported apart
+    assert tl.snapshot_s.notna().all() and tl.checkpoint_s.notna().all()
+    assert exp.engine.writer.jobs_done == 12 and not exp.engine.writer.busy()
+    exp.end()

@@ -182,6 +182,8 @@ def test_checkpoint_write_failure_keeps_previous_checkpoint_and_resume_continues
     assert disk_full.calls == 2
     info = exp.get_runs_info().set_index("run_id")
     assert list(info.status) == ["completed", "failed", "completed"]
+    # the chunk whose checkpoint failed does not count: run 2 stands where its checkpoint is
+    assert info.loc[2, "chunks_done"] == 1 and info.loc[2, "completed_steps"] == 1
     err = info.loc[2, "error"]
     assert "CheckpointWriteError" in err and "No space left on device" in err
     assert "run 2" in err and "previous checkpoint is intact" in err
