@@ -53,3 +53,11 @@ def test_the_worker_leaves_when_idle_and_a_later_submit_starts_a_new_one(monkeyp
     ran = threading.Event()
     w.submit(2, ran.set)
     assert w.flush(timeout=5) and ran.is_set()
+
+
+def test_flush_from_inside_a_job_returns_instead_of_waiting_on_itself():
+    w = CheckpointWriter()
+    out = []
+    w.submit(1, lambda: out.append(w.flush(timeout=2)))
+    assert w.flush(timeout=5)
+    assert out == [True]

@@ -57,7 +57,12 @@ class CheckpointWriter:
             return bool(self._jobs) or any(self._pending.values())
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued job has finished; False on timeout."""
+        """Wait until every queued job has finished; False on timeout.
+
+        From a job itself (an event listener called while a chunk is logged) this returns at once:
+        that job's checkpoint is already on disk, and waiting on itself would never end."""
+        if threading.current_thread() is self._thread:
+            return True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             while self._jobs or any(self._pending.values()):
