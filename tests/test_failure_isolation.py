@@ -1,7 +1,8 @@
 """Failure isolation (DESIGN §4.4) and checkpoint write failures (§4.3).
 
-A run that fails — here a NaN loss at its second chunk from a real misconfiguration, and a
-formatting function that raises while the run's trainer is built — ends ``failed`` with its
+A run that fails — here a NaN loss at its second chunk from a real misconfiguration, a
+formatting function that raises while the run's trainer is built, and a compute_metrics that
+raises in the run's second evaluation — ends ``failed`` with its
 traceback, its adapter leaves the shared model, and every other run ends bit-identical to an
 experiment without it. A checkpoint write that dies mid-file (disk full) fails only that run,
 leaves its previous checkpoint intact, and the run continues from that checkpoint on resume.
@@ -132,6 +133,40 @@ def test_run_failing_while_its_trainer_is_built_is_isolated(data, without_failur
     assert info.loc[3, "status"] == "failed" and info.loc[3, "chunks_done"] == 0
     assert "broken_formatting" in err and "KeyError: 'answer'" in err
     assert list(info.status) == ["completed", "completed", "failed"], info.error.tolist()
+    assert_bit_identical(exp, without_failures)
+    exp.end()
+
+
+class MetricsFailOnSecondEval:
+    """A compute_metrics that works once, then raises (a bug hit by the second chunk's outputs)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, pred):
+        predictions, references = pred
+        self.calls += 1
+        if self.calls == 2:
+            raise ValueError("references and predictions differ in length")
+        return {"n": float(len(predictions))}
+
+
+def test_run_failing_in_its_evaluation_is_isolated(data, without_failures, tmp_path):
+    # generation-based eval runs in the middle of the shared model's life (left padding, eval
+    # mode, RNG fork): a raise there must leave nothing behind for the other runs
+    metrics = MetricsFailOnSecondEval()
+    bad = RFModelConfig(model_name="tiny", peft_config=LORA, training_args=sft(1e-3),
+                        compute_metrics=metrics, generation_config={"max_new_tokens": 3})
+    exp = Experiment("with-bad-metrics", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(RFGridSearch(List(healthy_configs() + [bad]), trainer_type="SFT"), tiny_create_model,
+                *data, num_chunks=3, seed=5)
+    info = exp.get_runs_info().set_index("run_id")
+    assert list(info.status) == ["completed", "completed", "failed"], info.error.tolist()
+    err = info.loc[3, "error"]
+    assert "ValueError: references and predictions differ in length" in err and "__call__" in err
+    assert metrics.calls == 2 and info.loc[3, "chunks_done"] == 1
+    res = exp.get_results()
+    assert list(res[(res.run_id == 3) & (res.metric == "eval_n")].value) == [8.0]
     assert_bit_identical(exp, without_failures)
     exp.end()
 
