@@ -9,7 +9,8 @@ forks one child per request. Forking is safe because the server never runs a tor
 intra-op thread pool exists yet), and it saves ~6 s of imports per trial on 2 cores.
 
 Protocol: one JSON request per stdin line, one JSON reply per stdout line.
-  {"cmd": "start", "root": dir, "name": str, "resume": bool, "pause": null | "FILE:N:PHASE"}
+  {"cmd": "start", "root": dir, "name": str, "resume": bool, "pause": null | "FILE:N:PHASE",
+   "clone": bool (add a warm-start clone of run 1 after its first chunk)}
         -> {"pid": pid of the child running the experiment}
   {"cmd": "reap", "pid": pid} -> {"pid": pid, "exit": exit code, or -signal number}
   {"cmd": "quit"}
@@ -60,12 +61,24 @@ def make_data():
     return make_demo_datasets(N_TRAIN, N_EVAL, seed=5)
 
 
-def run_experiment(root, name: str = NAME, resume: bool = False):
+CLONE_CHANGES = {"training_args.learning_rate": 5e-3}
+
+
+def run_experiment(root, name: str = NAME, resume: bool = False, clone: bool = False):
+    """``clone``: once run 1 has logged its first chunk, add a warm-start clone of it (run 4)."""
     from rapidfire_nb import Experiment
     from rapidfire_nb.demo_data import tiny_create_model
 
     train, evald = make_data()
     exp = Experiment(name, experiment_path=root, resume=resume, tracking=[])
+    if clone and not resume:
+        cloned: list[int] = []
+
+        def on_event(ev):
+            if ev["type"] == "chunk_done" and ev["run_id"] == 1 and not cloned:
+                cloned.append(exp.clone_modify(1, CLONE_CHANGES, warm_start=True))
+
+        exp.events.subscribe(on_event)
     exp.run_fit(make_group(), tiny_create_model, train, evald, block=True, **RUN_FIT_KW)
     return exp
 
@@ -125,7 +138,7 @@ def child_main(req: dict) -> None:
     try:
         if req.get("pause"):
             install_pause(root, req["pause"])
-        exp = run_experiment(root, req.get("name", NAME), bool(req.get("resume")))
+        exp = run_experiment(root, req.get("name", NAME), bool(req.get("resume")), bool(req.get("clone")))
         exp.end()
     except BaseException:
         traceback.print_exc()

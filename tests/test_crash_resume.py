@@ -48,9 +48,10 @@ class WorkerServer:
         assert line, "crash_worker server died"
         return json.loads(line)
 
-    def start(self, root: Path, resume: bool = False, pause: str | None = None) -> int:
+    def start(self, root: Path, resume: bool = False, pause: str | None = None,
+              clone: bool = False) -> int:
         return self._ask({"cmd": "start", "root": str(root), "name": W.NAME, "resume": resume,
-                          "pause": pause})["pid"]
+                          "pause": pause, "clone": clone})["pid"]
 
     def reap(self, pid: int) -> int:
         return self._ask({"cmd": "reap", "pid": pid})["exit"]
@@ -98,42 +99,63 @@ def metric_points(events: list[dict]) -> dict:
     return counts, values
 
 
-def final_weights(root: Path) -> dict:
+def final_weights(root: Path, runs=(1, 2, 3)) -> dict:
     from rapidfire_nb.engine.store import ExperimentStore
 
     store = ExperimentStore(root / W.NAME)
-    return {rid: store.load_checkpoint(rid)["trainer"]["weights"] for rid in (1, 2, 3)}
+    return {rid: store.load_checkpoint(rid)["trainer"]["weights"] for rid in runs}
+
+
+def chunk_keys(events: list[dict]) -> collections.Counter:
+    return collections.Counter((e["run_id"], e["epoch"], e["chunk"]) for e in events
+                               if e["type"] == "chunk_done")
+
+
+def make_reference(server, root: Path, clone: bool = False) -> dict:
+    pid = server.start(root, clone=clone)
+    assert server.reap(pid) == 0, (root / f"worker-{pid}.log").read_text()
+    events = read_log(root)
+    counts, values = metric_points(events)
+    runs = (1, 2, 3, 4) if clone else (1, 2, 3)
+    assert tuple(sorted(counts)) == runs
+    for rid in (1, 2, 3):
+        # 6 optimizer steps and 6 evaluations per run, each logged once
+        assert sorted(counts[rid].values()) == [1] * 12
+    if clone:
+        # the warm clone continues run 1's data stream after its first chunk: 5 chunks
+        assert sorted(counts[4].values()) == [1] * 10
+    chunks = chunk_keys(events)
+    assert set(chunks.values()) == {1} and len(chunks) == TOTAL_CHUNKS + (5 if clone else 0)
+    return {"weights": final_weights(root, runs), "counts": counts, "values": values,
+            "runs": runs, "chunks": set(chunks)}
 
 
 @pytest.fixture(scope="module")
 def reference(server, tmp_path_factory):
-    root = tmp_path_factory.mktemp("reference")
-    pid = server.start(root)
-    assert server.reap(pid) == 0, (root / f"worker-{pid}.log").read_text()
-    events = read_log(root)
-    counts, values = metric_points(events)
-    assert sorted(counts) == [1, 2, 3]
-    for rid in counts:
-        # 6 optimizer steps and 6 evaluations per run, each logged once
-        assert sorted(counts[rid].values()) == [1] * 12
-    return {"weights": final_weights(root), "counts": counts, "values": values}
+    return make_reference(server, tmp_path_factory.mktemp("reference"))
 
 
-def resume_here(root: Path):
+@pytest.fixture(scope="module")
+def clone_reference(server, tmp_path_factory):
+    return make_reference(server, tmp_path_factory.mktemp("clone-reference"), clone=True)
+
+
+def resume_here(root: Path, runs=(1, 2, 3)):
     """The user's recovery after a dead kernel, in this (another) process."""
     t0 = time.perf_counter()
     exp = W.run_experiment(root, resume=True)
     info = exp.get_runs_info()
-    live = {rid: exp.engine.run_weights(rid) for rid in (1, 2, 3)}
+    live = {rid: exp.engine.run_weights(rid) for rid in runs}
     exp.end()
     return info, live, time.perf_counter() - t0
 
 
 def assert_matches_reference(root: Path, ref: dict, live: dict, info) -> None:
-    assert list(info.status) == ["completed"] * 3, info[["run_id", "status", "error"]]
+    runs = ref["runs"]
+    assert list(info.status) == ["completed"] * len(runs), info[["run_id", "status", "error"]]
     assert (info.completed_steps == info.total_steps).all()
-    on_disk = final_weights(root)
-    for rid in (1, 2, 3):
+    on_disk = final_weights(root, runs)
+    for rid in runs:
         for source in (live[rid], on_disk[rid]):
             assert source.keys() == ref["weights"][rid].keys()
             for k, v in ref["weights"][rid].items():
@@ -141,18 +163,17 @@ def assert_matches_reference(root: Path, ref: dict, live: dict, info) -> None:
     events = read_log(root)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     counts, values = metric_points(events)
-    for rid in (1, 2, 3):
+    for rid in runs:
         dup = {k: n for k, n in counts[rid].items() if n != 1}
         assert not dup, f"run {rid}: metric points logged more than once: {dup}"
         assert set(counts[rid]) == set(ref["counts"][rid]), (
             f"run {rid}: lost {sorted(set(ref['counts'][rid]) - set(counts[rid]))}, "
             f"extra {sorted(set(counts[rid]) - set(ref['counts'][rid]))}")
     assert values == ref["values"], "logged metric values differ from the uninterrupted run"
-    chunk_done = collections.Counter((e["run_id"], e["epoch"], e["chunk"]) for e in events
-                                     if e["type"] == "chunk_done")
-    assert len(chunk_done) == TOTAL_CHUNKS and set(chunk_done.values()) == {1}
+    chunk_done = chunk_keys(events)
+    assert set(chunk_done) == ref["chunks"] and set(chunk_done.values()) == {1}
     created = collections.Counter(e["run_id"] for e in events if e["type"] == "run_created")
-    assert created == {1: 1, 2: 1, 3: 1}, f"run_created events: {dict(created)}"
+    assert created == {rid: 1 for rid in runs}, f"run_created events: {dict(created)}"
     leftovers = [p for p in (root / W.NAME).rglob(".*.tmp-*")]
     assert not leftovers, f"temporary files left behind: {leftovers}"
 
@@ -176,8 +197,8 @@ def kill_at_random(server, root: Path, rng: random.Random, resume: bool = False)
             "delay_s": round(delay, 3), "exit": code}
 
 
-def kill_in_pause(server, root: Path, pause: str) -> dict:
-    pid = server.start(root, pause=pause)
+def kill_in_pause(server, root: Path, pause: str, clone: bool = False) -> dict:
+    pid = server.start(root, pause=pause, clone=clone)
     marker = root / "PAUSED"
     deadline = time.monotonic() + 120
     while not marker.exists() and time.monotonic() < deadline:
@@ -224,6 +245,34 @@ def test_sigkill_inside_a_write_then_resume(server, reference, tmp_path, pause):
     fig["resume_s"] = round(resume_s, 2)
     FIGURES.append(fig)
     assert_matches_reference(tmp_path, reference, live, info)
+
+
+CLONE_PAUSES = [
+    # the clone exists (runs.json, warm-start weights) but has not finished a chunk
+    ("state:5:mid", False),
+    # the clone has a checkpoint; a later chunk is on disk but not yet in the log
+    ("state:8:renamed", True),
+]
+
+
+@pytest.mark.parametrize("pause,clone_has_checkpoint", CLONE_PAUSES)
+def test_sigkill_with_a_warm_clone_then_resume(server, clone_reference, tmp_path, pause,
+                                               clone_has_checkpoint):
+    # run 4 is a warm-start clone of run 1, made after run 1's first chunk; the clone is applied
+    # before the second round of chunks, so from the 4th checkpoint on it exists on disk
+    from rapidfire_nb.engine.store import ExperimentStore
+
+    fig = kill_in_pause(server, tmp_path, pause, clone=True)
+    (tmp_path / "PAUSED").unlink()
+    store = ExperimentStore(tmp_path / W.NAME)
+    assert store.warm_start_path(4).exists()
+    assert store.checkpoint_path(4).exists() == clone_has_checkpoint
+    info, live, resume_s = resume_here(tmp_path, runs=(1, 2, 3, 4))
+    fig["resume_s"] = round(resume_s, 2)
+    FIGURES.append(fig)
+    assert list(info.run_id) == [1, 2, 3, 4]
+    assert info.set_index("run_id").loc[4, "parent_run_id"] == 1
+    assert_matches_reference(tmp_path, clone_reference, live, info)
 
 
 def test_sigkill_with_torn_log_tail(server, reference, tmp_path):
