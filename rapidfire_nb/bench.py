@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 TARGETS = {"ratio": 1.03, "overhead": 0.03, "memory_ratio": 1.15, "first_all_slack": 0.05}
@@ -672,7 +672,7 @@ def format_report(report: dict) -> str:
         f"batch {p['batch']}" + (f" x {p['seq_len']} tokens" if p["seq_len"] else "")
         + f", {p['dtype']}, {report['machine']['device_name']}, {report['machine']['torch_threads']} "
         f"torch threads; eval: {report['eval']}; medians of {report['repeats']} repeats",
-        f"  versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+        "  versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         "",
         f"  interleaved wall  {med['interleaved_wall_s']:8.2f} s   sequential wall {med['sequential_wall_s']:8.2f} s",
         f"  step time         engine {med['engine_step_ms']:.1f} ms   TRL {med['trl_step_ms']:.1f} ms "

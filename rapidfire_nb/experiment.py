@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
-import threading
 import warnings
 import weakref
 from pathlib import Path
@@ -26,7 +24,7 @@ from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.controller import Engine, Op
 from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.store import ExperimentStore, atomic_write_bytes, atomic_write_json, read_json
+from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json, read_json
 from rapidfire_nb.engine.trainers import trainer_class
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
@@ -117,7 +115,6 @@ class Experiment:
         self.events = EventLog(self.store.events_path)
         self.engine: Engine | None = None
         self._ended = False
-        self._lock = threading.RLock()
         self._reserved_ids: set[int] = set()
         self._panel = None
         self._tb = None
@@ -366,6 +363,7 @@ class Experiment:
         """
         if self.engine is None:
             return True
+        self._refuse_from_engine_threads("wait")
         done = self.engine.wait(timeout)
         if done and self._trackers is not None:
             self._trackers.flush(timeout=30)
@@ -377,6 +375,7 @@ class Experiment:
         if self._ended:
             return
         if self.engine is not None:
+            self._refuse_from_engine_threads("end")
             self._drain_and_join()
             self.engine.close()
         self.events.append("experiment_end")
@@ -395,6 +394,13 @@ class Experiment:
         self._ended = True
         if _current is not None and _current() is self:
             _current = None
+
+    def _refuse_from_engine_threads(self, what: str) -> None:
+        """An event listener runs in the thread that logs the event (the engine's or the
+        checkpoint writer's); waiting there for the engine to finish would wait forever."""
+        if self.engine is not None and self.engine.in_own_thread():
+            raise RapidFireError(f"Experiment.{what}() cannot be called from an event listener "
+                                 "(it runs in the engine's own threads); call it from your code")
 
     def _drain_and_join(self) -> None:
         engine = self.engine
@@ -426,27 +432,24 @@ class Experiment:
 
     def stop(self, run_id: int) -> None:
         """Stop a pending or running run at its next chunk boundary; its checkpoint stays."""
-        with self._lock:
-            rec = self._run(run_id)
-            if rec.status not in R.ACTIVE:
-                raise OpRefused(f"run {run_id} is {rec.status}; only pending or running runs can be stopped")
-            self.engine.submit(Op("stop", run_id))
+        rec = self._run(run_id)
+        if rec.status not in R.ACTIVE:
+            raise OpRefused(f"run {run_id} is {rec.status}; only pending or running runs can be stopped")
+        self.engine.submit(Op("stop", run_id))
 
     def resume(self, run_id: int) -> None:
         """Resume a stopped run from its checkpoint."""
-        with self._lock:
-            rec = self._run(run_id)
-            if rec.status != R.STOPPED:
-                raise OpRefused(f"run {run_id} is {rec.status}; only stopped runs can be resumed")
-            self.engine.submit(Op("resume", run_id))
+        rec = self._run(run_id)
+        if rec.status != R.STOPPED:
+            raise OpRefused(f"run {run_id} is {rec.status}; only stopped runs can be resumed")
+        self.engine.submit(Op("resume", run_id))
 
     def delete(self, run_id: int) -> None:
         """Remove a run from scheduling for good and free its memory and checkpoints (metrics stay)."""
-        with self._lock:
-            rec = self._run(run_id)
-            if rec.status == R.DELETED:
-                raise OpRefused(f"run {run_id} is already deleted")
-            self.engine.submit(Op("delete", run_id))
+        rec = self._run(run_id)
+        if rec.status == R.DELETED:
+            raise OpRefused(f"run {run_id} is already deleted")
+        self.engine.submit(Op("delete", run_id))
 
     def validate_clone(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> RunSpec:
         """Check a clone_modify without creating anything; returns the new run's spec."""
@@ -490,15 +493,14 @@ class Experiment:
         """
         from rapidfire_nb import automl
 
-        with self._lock:
-            spec = self.validate_clone(run_id, changes, warm_start)
-            with self.engine.lock:
-                new_id = max(set(self.engine.runs) | self._reserved_ids) + 1
-                self._reserved_ids.add(new_id)
-            flat = automl.flatten_changes(changes or {})
-            self.engine.submit(Op("clone", run_id, spec=spec, warm_start=warm_start, changes=flat,
-                                  new_run_id=new_id))
-            return new_id
+        spec = self.validate_clone(run_id, changes, warm_start)
+        with self.engine.lock:
+            new_id = max(set(self.engine.runs) | self._reserved_ids) + 1
+            self._reserved_ids.add(new_id)
+        flat = automl.flatten_changes(changes or {})
+        self.engine.submit(Op("clone", run_id, spec=spec, warm_start=warm_start, changes=flat,
+                              new_run_id=new_id))
+        return new_id
 
     def editable_knobs(self, run_id: int) -> dict:
         from rapidfire_nb import automl
@@ -573,11 +575,9 @@ class Experiment:
         rec = self._run(run_id)
         if rec.status == R.DELETED:
             raise OpRefused(f"run {run_id} is deleted; its weights are gone")
-        self.engine.writer.flush()   # the chunk that just ended is on disk
-        ckpt = self.store.load_checkpoint(run_id)
-        if ckpt is None:
+        weights = self.engine.boundary_weights(run_id)
+        if weights is None:
             raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")
-        weights = ckpt["trainer"]["weights"]
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         base = self.engine.bases[rec.spec.base_key()]

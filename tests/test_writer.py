@@ -61,3 +61,160 @@ def test_flush_from_inside_a_job_returns_instead_of_waiting_on_itself():
     w.submit(1, lambda: out.append(w.flush(timeout=2)))
     assert w.flush(timeout=5)
     assert out == [True]
+
+
+# -- the writer inside the engine ------------------------------------------------------------------
+# Slow checkpoint writes (a spy that sleeps, then does the real write) open the windows where a
+# chunk has ended but its checkpoint is not on disk yet.
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from rapidfire_nb import Experiment  # noqa: E402
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig  # noqa: E402
+from rapidfire_nb.demo_data import tiny_create_model  # noqa: E402
+from rapidfire_nb.engine import store as store_mod  # noqa: E402
+from rapidfire_nb.errors import RapidFireError  # noqa: E402
+
+
+def three_runs():
+    lora = RFLoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    args = RFSFTConfig(learning_rate=List([1e-3, 3e-3, 1e-2]), per_device_train_batch_size=8,
+                       num_train_epochs=1, bf16=False, max_length=64)
+    return RFGridSearch(RFModelConfig(model_name="tiny", peft_config=lora, training_args=args),
+                        trainer_type="SFT")
+
+
+@pytest.fixture
+def slow_writes(monkeypatch):
+    real = store_mod.ExperimentStore.save_checkpoint
+
+    def save_checkpoint(self, run_id, state):
+        time.sleep(0.15)   # longer than one of these chunks
+        return real(self, run_id, state)
+
+    monkeypatch.setattr(store_mod.ExperimentStore, "save_checkpoint", save_checkpoint)
+
+
+def test_runs_json_never_claims_a_chunk_whose_checkpoint_is_not_on_disk(tiny_data, tmp_path,
+                                                                          slow_writes, monkeypatch):
+    train, evald = tiny_data
+    held_back: list[int] = []     # runs.json behind the live record: a chunk was in flight
+    violations: list[str] = []
+    real_write = store_mod.atomic_write_json
+    holder: list = []
+
+    def write_json(path, obj):
+        if path.name == "runs.json" and holder:
+            st = store_mod.ExperimentStore(path.parent)
+            for rid, info in obj.items():
+                ckpt = st.load_checkpoint(int(rid))
+                durable = ckpt["counters"]["chunks_done"] if ckpt else 0
+                if info["chunks_done"] > durable:
+                    violations.append(f"run {rid}: runs.json says {info['chunks_done']} chunks, "
+                                      f"its checkpoint {durable}")
+                if holder[0].engine.runs[int(rid)].chunks_done > info["chunks_done"]:
+                    held_back.append(int(rid))
+        return real_write(path, obj)
+
+    import rapidfire_nb.engine.controller as controller_mod
+    monkeypatch.setattr(controller_mod, "atomic_write_json", write_json)
+    exp = Experiment("durable-runs-json", experiment_path=tmp_path, tracking=[])
+    holder.append(exp)
+    exp.run_fit(three_runs(), tiny_create_model, train.select(range(32)), evald, num_chunks=4, seed=3)
+    assert set(exp.get_runs_info().status) == {"completed"}
+    exp.end()
+    assert not violations, violations
+    # the windows were there: runs.json was written while some run's chunk was in flight
+    assert held_back, "no runs.json write happened while a checkpoint was in flight"
+
+
+def test_export_from_a_listener_while_a_checkpoint_is_in_flight(tiny_data, tmp_path, monkeypatch):
+    """A listener runs in the thread that logs (here the engine's, holding its lock): export must
+    not wait for the writer, and it returns the run's weights at its last chunk boundary."""
+    import torch
+    from safetensors.torch import load_file
+
+    first_snapshot: dict = {}
+    real = store_mod.ExperimentStore.save_checkpoint
+
+    def save_checkpoint(self, run_id, state):
+        if run_id == 1 and not first_snapshot:
+            first_snapshot.update(state["trainer"]["weights"])
+        time.sleep(0.15)
+        return real(self, run_id, state)
+
+    monkeypatch.setattr(store_mod.ExperimentStore, "save_checkpoint", save_checkpoint)
+    train, evald = tiny_data
+    exp = Experiment("export-in-listener", experiment_path=tmp_path, tracking=[])
+    out: list = []
+
+    def on_event(ev):
+        if ev["type"] == "run_status" and ev["run_id"] == 2 and ev["status"] == "running" and not out:
+            pending = exp.engine.writer.pending(1)
+            try:
+                out.append((pending, exp.export(1, tmp_path / "run1-adapter")))
+            except Exception as exc:  # noqa: BLE001 - surfaced below
+                out.append((pending, exc))
+
+    exp.events.subscribe(on_event)
+    exp.run_fit(three_runs(), tiny_create_model, train.select(range(32)), evald, num_chunks=4,
+                seed=3, block=False)
+    assert exp.wait(timeout=300), "the engine is stuck"
+    exp.end()
+    assert len(out) == 1
+    pending, path = out[0]
+    assert pending, "run 1's first checkpoint should still have been in flight"
+    assert not isinstance(path, Exception), path
+    exported = load_file(str(path / "adapter_model.safetensors"))
+    expected = {k.replace(".run_1.", "."): v for k, v in first_snapshot.items()}
+    assert exported.keys() == expected.keys()
+    for k, v in expected.items():
+        assert torch.equal(exported[k], v), f"{k}: not run 1's weights after its first chunk"
+
+
+def test_wait_or_end_from_a_listener_is_refused_instead_of_hanging(tiny_data, tmp_path):
+    train, evald = tiny_data
+    exp = Experiment("wait-in-listener", experiment_path=tmp_path, tracking=[])
+    seen: list = []
+
+    def on_event(ev):
+        if ev["type"] == "chunk_done" and len(seen) < 2:
+            for call in (exp.wait, exp.end):
+                try:
+                    call()
+                    seen.append("returned")
+                except Exception as exc:  # noqa: BLE001 - surfaced below
+                    seen.append(exc)
+
+    exp.events.subscribe(on_event)
+    exp.run_fit(three_runs(), tiny_create_model, train.select(range(16)), evald, num_chunks=2, seed=3)
+    assert len(seen) == 2
+    for exc in seen:
+        assert isinstance(exc, RapidFireError) and "event listener" in str(exc)
+    assert set(exp.get_runs_info().status) == {"completed"}
+    exp.end()
+
+
+def test_a_failure_to_log_a_written_chunk_fails_that_run_visibly(tiny_data, tmp_path):
+    train, evald = tiny_data
+    exp = Experiment("log-failure", experiment_path=tmp_path, tracking=[])
+    real_extend = exp.events.extend
+    failed_once: list = []
+
+    def extend(items):
+        items = list(items)
+        if not failed_once and any(t == "chunk_done" and p["run_id"] == 2 for t, p in items):
+            failed_once.append(True)
+            raise OSError(28, "No space left on device")
+        return real_extend(items)
+
+    exp.events.extend = extend
+    exp.run_fit(three_runs(), tiny_create_model, train.select(range(32)), evald, num_chunks=4, seed=3)
+    info = exp.get_runs_info().set_index("run_id")
+    assert list(info.status) == ["completed", "failed", "completed"], info.error.tolist()
+    assert "No space left on device" in info.loc[2, "error"]
+    # its checkpoint holds the chunk that could not be logged (a restart re-logs it from there)
+    assert exp.store.load_checkpoint(2)["counters"]["chunks_done"] == 1
+    exp.end()

@@ -12,7 +12,6 @@ import copy
 import gc
 import logging
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -153,6 +152,7 @@ class Engine:
         self._write_failures: list[tuple] = []
         self.write_wait_s = 0.0   # engine time spent waiting for the writer
         self._runs_file_lock = threading.Lock()
+        self._unwritten: dict[int, dict] = {}   # run -> its counters as of its last durable chunk
         self._runs_version = self._runs_written = 0
 
     # -- bases -------------------------------------------------------------------------------
@@ -229,6 +229,11 @@ class Engine:
             self._runs_version += 1
             version = self._runs_version
             data = {str(k): r.to_json() for k, r in self.runs.items()}
+            for rid, durable in self._unwritten.items():
+                # its checkpoint is still being written: runs.json must not claim the chunk yet
+                # (a warm clone without a checkpoint resumes from these counters)
+                if str(rid) in data:
+                    data[str(rid)].update(durable)
         with self._runs_file_lock:
             if version > self._runs_written:
                 atomic_write_json(self.store.runs_path, data)
@@ -329,7 +334,10 @@ class Engine:
                     flush = True   # ops see every finished chunk on disk and in the log
                 else:
                     self._settle_writes()
-                    self._apply_ops()
+                    if not self.writer.busy():
+                        # only this thread submits writes: the writer stays idle while ops apply;
+                        # an op queued meanwhile waits for the next turn (flush, then apply)
+                        self._apply_ops()
                     views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE,
                                      busy=self.writer.pending(r.run_id)) for r in self.runs.values()]
                     choice = self.scheduler.choose(views, self.device_name, self.on_device)
@@ -365,7 +373,7 @@ class Engine:
         completed) - things only this thread may do, because they touch the shared model."""
         failures, self._write_failures = self._write_failures, []
         for rec, exc, counters in failures:
-            for k, v in counters.items():   # the chunk did not count: back to the last checkpoint
+            for k, v in (counters or {}).items():   # the chunk did not count: back to the last checkpoint
                 setattr(rec, k, v)
             self._fail(rec, exc)
         for rid in [rid for rid in self.trainers if self.runs[rid].status == R.COMPLETED]:
@@ -588,6 +596,7 @@ class Engine:
         chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - swap_s)
         with self.lock:
             before = {k: getattr(rec, k) for k in counters}
+            self._unwritten[rec.run_id] = before
             for k, v in counters.items():
                 setattr(rec, k, v)
             if eval_metrics:
@@ -608,19 +617,43 @@ class Engine:
             self.store.save_checkpoint(rec.run_id, state)
         except Exception as exc:
             with self.lock:
+                self._unwritten.pop(rec.run_id, None)
                 self._write_failures.append((rec, exc, before))
             return
         chunk_event["checkpoint_s"] = time.perf_counter() - t0
-        # the log has its own lock; holding the engine's through an fsync would stall the engine
-        self.events.extend(batch + [("chunk_done", chunk_event)])
-        if done:
+        with self.lock:
+            self._unwritten.pop(rec.run_id, None)
+        try:
+            # the log has its own lock; holding the engine's through an fsync would stall it
+            self.events.extend(batch + [("chunk_done", chunk_event)])
+            if done:
+                with self.lock:
+                    if rec.status in R.ACTIVE:
+                        self._set_status(rec, R.COMPLETED, save=False)  # the engine frees it
+            self.save_runs()
+        except Exception as exc:
+            # the checkpoint is on disk (a restart re-logs its events from it); this session
+            # cannot log the run any more: it fails, visibly, with its counters as on disk
             with self.lock:
-                if rec.status in R.ACTIVE:
-                    self._set_status(rec, R.COMPLETED, save=False)  # the engine frees its trainer
-        self.save_runs()
+                self._write_failures.append((rec, exc, None))
+
+    def boundary_weights(self, run_id: int) -> dict | None:
+        """A run's weights at its last chunk boundary: from its live trainer while that chunk's
+        checkpoint is being written (the run cannot train meanwhile), else from its checkpoint."""
+        with self.lock:
+            # the writer needs this lock to finish the job: pending cannot end while it is held
+            rt = self.trainers.get(run_id)
+            if rt is not None and self.writer.pending(run_id):
+                return rt.weights()
+        ckpt = self.store.load_checkpoint(run_id)
+        return ckpt["trainer"]["weights"] if ckpt else None
+
+    def in_own_thread(self) -> bool:
+        """True in the engine thread or the checkpoint writer's (where event listeners run)."""
+        me = threading.current_thread()
+        return me is self.thread or self.writer.is_worker(me)
 
     def run_weights(self, run_id: int) -> dict | None:
-        self.writer.flush()
         with self.lock:
             rt = self.trainers.get(run_id)
             if rt is not None:

@@ -157,7 +157,6 @@ class RunTrainer:
 
     # -- hooks for trainer types ----------------------------------------------------------------
     def make_trainer(self, args, train_dataset, eval_dataset):
-        from trl import SFTTrainer
 
         kwargs = {}
         if self.spec.formatting_func is not None:

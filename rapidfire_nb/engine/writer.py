@@ -52,6 +52,10 @@ class CheckpointWriter:
         with self._cv:
             return self._pending[run_id] > 0
 
+    def is_worker(self, thread: threading.Thread) -> bool:
+        with self._cv:
+            return thread is self._thread
+
     def busy(self) -> bool:
         with self._cv:
             return bool(self._jobs) or any(self._pending.values())
