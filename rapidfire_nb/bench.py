@@ -696,14 +696,15 @@ def format_report(report: dict) -> str:
 
     row("wall-time ratio interleaved/seq", "ratio", lambda v: f"{v:.3f}")
     row("engine overhead", "overhead_frac", lambda v: f"{100 * v:.1f} %")
+    setup_pct, added_pct = f"{100 * med['setup_frac']:.1f} %", f"{100 * med['engine_added_frac']:.1f} %"
+    lines.append(f"         {'  of which: the runs set-up (TRL)':<34} {setup_pct:>10}   (sequential TRL builds its "
+                 f"trainers too: {med['trl_build_s']:.2f} s)")
+    lines.append(f"         {'  of which: added by the engine':<34} {added_pct:>10}   (swaps, snapshots, "
+                 "scheduling, log writes, waits)")
     row("first all-run comparison / seq", "first_all_frac", lambda v: f"{100 * v:.1f} %")
     if "memory_ratio" in tg:
         lo, hi = tg["memory_ratio"]["runs_compared"]
         row(f"peak memory {hi} runs / {lo} run", "memory_ratio", lambda v: f"{v:.3f}")
-    lines.append(f"         of which runs' set-up (TRL)       "
-                 f"{100 * med['setup_frac']:.1f} %   (sequential TRL "
-                 f"builds its trainers too: {med['trl_build_s']:.2f} s)")
-    lines.append(f"         added by the engine itself      {100 * med['engine_added_frac']:8.1f} %")
     lines.append(f"  time per swap (median)                 {med['swap_ms']:.3f} ms")
     lines.append(f"  CPU-time ratio interleaved/seq         {med['cpu_ratio']:.3f}")
     if "memory" in report:
