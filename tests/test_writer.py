@@ -218,3 +218,24 @@ def test_a_failure_to_log_a_written_chunk_fails_that_run_visibly(tiny_data, tmp_
     # its checkpoint holds the chunk that could not be logged (a restart re-logs it from there)
     assert exp.store.load_checkpoint(2)["counters"]["chunks_done"] == 1
     exp.end()
+
+
+def test_warnings_in_the_writer_thread_go_to_the_engine_log_not_the_cell(tiny_data, tmp_path, capfd):
+    import warnings
+
+    train, evald = tiny_data
+    exp = Experiment("writer-warnings", experiment_path=tmp_path, tracking=[])
+    where: list[str] = []
+
+    def on_event(ev):
+        if ev["type"] == "chunk_done" and not where:
+            where.append(threading.current_thread().name)
+            warnings.warn("rf-writer-thread-warning-7f3a", UserWarning)
+
+    exp.events.subscribe(on_event)
+    exp.run_fit(three_runs(), tiny_create_model, train.select(range(16)), evald, num_chunks=2, seed=3)
+    exp.end()
+    assert where == ["rapidfire-ckpt-writer"]
+    out, err = capfd.readouterr()
+    assert "rf-writer-thread-warning-7f3a" not in out + err
+    assert "rf-writer-thread-warning-7f3a" in (exp.path / "logs" / "engine.log").read_text()

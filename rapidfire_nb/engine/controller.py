@@ -612,6 +612,15 @@ class Engine:
     def _persist(self, rec: RunRecord, state: dict, batch: list, chunk_event: dict, done: bool,
                  before: dict) -> None:
         """Writer thread: make the chunk durable, then log it (never the other way round)."""
+        me = threading.get_ident()
+        _ENGINE_THREADS[me] = self._log_file   # its warnings go to the log, as the engine's do
+        try:
+            self._persist_routed(rec, state, batch, chunk_event, done, before)
+        finally:
+            _ENGINE_THREADS.pop(me, None)
+
+    def _persist_routed(self, rec: RunRecord, state: dict, batch: list, chunk_event: dict,
+                        done: bool, before: dict) -> None:
         t0 = time.perf_counter()
         try:
             self.store.save_checkpoint(rec.run_id, state)
