@@ -558,3 +558,22 @@ def test_generation_plan_errors_name_the_knobs():
         GenerationPlan(n_examples=8, micro_batch_size=4, grad_accum=1, num_chunks=5, seed=0, num_generations=2)
     with pytest.raises(ConfigError, match="3 prompts, fewer than one generation batch \\(4 prompts x 2"):
         GenerationPlan(n_examples=3, micro_batch_size=8, grad_accum=1, num_chunks=1, seed=0, num_generations=2)
+
+
+def test_a_reference_model_other_than_the_base_is_refused_not_ignored():
+    """The reference is always the base model here; a different ref_model_name would otherwise be
+    silently ignored (and the user would believe the KL is against that model)."""
+    lora = RFLoraConfig(**LORA)
+    other = RFModelConfig(model_name="tiny", ref_model_name="tiny-sft", peft_config=lora,
+                          training_args=dpo_args(1e-3, 0.1))
+    with pytest.raises(ConfigError, match=r"ref_model_name='tiny-sft'.*not supported yet.*remove"):
+        RFGridSearch(other, trainer_type="DPO").expand()
+    grpo = RFModelConfig(model_name="tiny", ref_model_name="tiny-sft", peft_config=lora,
+                         training_args=grpo_args(1e-3, 2), reward_funcs=[short_answer])
+    with pytest.raises(ConfigError, match="GRPO runs use the base model 'tiny'"):
+        RFGridSearch(grpo, trainer_type="GRPO").expand()
+    # naming the base itself is what the engine does anyway: accepted
+    same = RFModelConfig(model_name="tiny", ref_model_name="tiny", peft_config=lora,
+                         training_args=dpo_args(1e-3, 0.1))
+    (spec,) = RFGridSearch(same, trainer_type="DPO").expand()
+    assert spec.ref_model_name == "tiny"
