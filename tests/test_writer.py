@@ -91,7 +91,7 @@ def slow_writes(monkeypatch):
     real = store_mod.ExperimentStore.save_checkpoint
 
     def save_checkpoint(self, run_id, state):
-        time.sleep(0.15)   # longer than one of these chunks
+        time.sleep(0.4)   # longer than one of these one-step chunks, even on a loaded machine
         return real(self, run_id, state)
 
     monkeypatch.setattr(store_mod.ExperimentStore, "save_checkpoint", save_checkpoint)
