@@ -235,13 +235,14 @@ def _sync(device: str) -> None:
 # The two sides
 
 
-def run_interleaved(p: Preset, group, base, train, evald, workdir: str, tracking=None) -> dict:
+def run_interleaved(p: Preset, group, base, train, evald, workdir: str, tracking=None,
+                    offload: str = "auto") -> dict:
     """Train the group through the engine; timings from the engine's own per-chunk split."""
     from rapidfire_nb.experiment import Experiment
 
     model, tok = base
     exp = Experiment(f"bench-{int(time.time() * 1000)}", experiment_path=workdir,
-                     tracking=list(tracking or []))
+                     tracking=list(tracking or []), offload=offload)
     try:
         _sync(p.device)
         t0, c0 = time.time(), time.process_time()
@@ -546,7 +547,7 @@ def _median(values):
 
 
 def run_bench(p: Preset, repeats: int = 3, use_eval: bool = True, memory: bool = True,
-              warmup: bool = True, tracking=None, threads: int | None = None,
+              warmup: bool = True, tracking=None, threads: int | None = None, offload: str = "auto",
               mem_runs: tuple[int, int] = (1, 8), sequential_main_thread: bool = False,
               log=print) -> dict:
     """Everything ``rapidfire bench`` measures, as one JSON-able dict."""
@@ -567,6 +568,7 @@ def run_bench(p: Preset, repeats: int = 3, use_eval: bool = True, memory: bool =
         "preset": asdict(p), "repeats": repeats, "eval": "both" if use_eval else "none",
         "sequential_thread": "main" if sequential_main_thread else "worker",
         "tracking": list(tracking or []),
+        "offload": offload,
         "machine": {"device": p.device,
                     "device_name": torch.cuda.get_device_name(0) if p.device.startswith("cuda") else "cpu",
                     "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count()},
@@ -589,7 +591,7 @@ def run_bench(p: Preset, repeats: int = 3, use_eval: bool = True, memory: bool =
                 wtrain, wevald = make_datasets(wp, n_train=wp.n_train)
                 wgroup = make_group(wp, 1)
                 run_interleaved(wp, wgroup, (copy.deepcopy(pristine), tok), wtrain,
-                                wevald if use_eval else None, work, tracking)
+                                wevald if use_eval else None, work, tracking, offload)
                 run_sequential(wp, wgroup.expand(), pristine, tok, wtrain, wevald, work, use_eval,
                                sequential_main_thread)
             rows = []
@@ -599,7 +601,7 @@ def run_bench(p: Preset, repeats: int = 3, use_eval: bool = True, memory: bool =
                 for side in order:
                     if side == "interleaved":
                         row["interleaved"] = run_interleaved(p, group, (copy.deepcopy(pristine), tok),
-                                                             train, ev, work, tracking)
+                                                             train, ev, work, tracking, offload)
                     else:
                         row["sequential"] = run_sequential(p, specs, pristine, tok, train, ev, work,
                                                            use_eval, sequential_main_thread)
@@ -671,7 +673,8 @@ def format_report(report: dict) -> str:
         f"{','.join(p['lora_targets'])}) x {p['num_chunks']} chunks x {p['steps_per_chunk']} steps, "
         f"batch {p['batch']}" + (f" x {p['seq_len']} tokens" if p["seq_len"] else "")
         + f", {p['dtype']}, {report['machine']['device_name']}, {report['machine']['torch_threads']} "
-        f"torch threads; eval: {report['eval']}; medians of {report['repeats']} repeats",
+        f"torch threads; eval: {report['eval']}; offload: {report.get('offload', 'auto')}; medians of "
+        f"{report['repeats']} repeats",
         "  versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         "",
         f"  interleaved wall  {med['interleaved_wall_s']:8.2f} s   sequential wall {med['sequential_wall_s']:8.2f} s",
@@ -738,6 +741,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-memory", action="store_true", help="skip the 1-vs-8-run memory probes")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    ap.add_argument("--offload", choices=("auto", "always", "never"), default="auto",
+                    help="the engine's Experiment(offload=...): 'always' parks every idle run in host "
+                         "memory, to measure what a swap costs when runs do not fit on the device")
     ap.add_argument("--tracking", default="", help="comma-separated trackers for the engine side "
                                                    "(default none)")
     ap.add_argument("--sequential-main-thread", action="store_true",
@@ -778,6 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{p.steps_per_chunk} steps, {args.repeats} repeat(s)...")
     report = run_bench(p, repeats=args.repeats, use_eval=args.eval == "both",
                        memory=not args.no_memory, warmup=not args.no_warmup, tracking=tracking,
+                       offload=args.offload,
                        threads=args.threads, sequential_main_thread=args.sequential_main_thread,
                        log=log)
     text = json.dumps(report, indent=1, default=_json_default)

@@ -84,16 +84,24 @@ class Experiment:
         tracking: trackers to feed (``["tensorboard", "mlflow", "trackio"]``); default from the
             ``RF_*_ENABLED`` environment switches (TensorBoard on).
         mode: accepted for RapidFire AI compatibility (``"fit"``).
+        offload: where runs that are not training keep their own state (adapter or full model
+            copy, and optimizer state). ``"auto"`` (default): on the GPU, moving the least recently
+            trained runs to pinned host memory only while the GPU is short of memory; ``"never"``:
+            always on the device; ``"always"``: only the training run is on the device.
     """
 
     def __init__(self, experiment_name: str, experiment_path: str | Path | None = None, *,
-                 mode: str = "fit", resume: bool = False, tracking: list[str] | None = None):
+                 mode: str = "fit", resume: bool = False, tracking: list[str] | None = None,
+                 offload: str = "auto"):
         global _current
         if not isinstance(experiment_name, str) or not _NAME_RE.match(experiment_name):
             raise ConfigError(
                 f"experiment_name must be 1-128 letters, digits, '.', '_' or '-' (got {experiment_name!r})")
         if mode not in ("fit",):
             raise ConfigError(f"mode={mode!r} is not supported; only 'fit'")
+        if offload not in ("auto", "always", "never"):
+            raise ConfigError(f"offload={offload!r}: use 'auto' (park runs in host memory only when "
+                              "the GPU is short of memory), 'always' or 'never'")
         parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
         root = parent / experiment_name
         if resume and not (root / "experiment.json").exists():
@@ -111,6 +119,7 @@ class Experiment:
         self.name = experiment_name
         self.path = root.resolve()
         self.resumed = resume
+        self.offload = offload
         self.store = ExperimentStore(self.path)
         self.events = EventLog(self.store.events_path)
         self.engine: Engine | None = None
@@ -173,7 +182,8 @@ class Experiment:
                 cls.check_dataset(spec, eval_dataset, "eval_dataset")
 
         engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
-                        num_chunks, seed, build_training_args, build_lora_config)
+                        num_chunks, seed, build_training_args, build_lora_config,
+                        offload=self.offload)
         for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
             engine.plan_run(spec)
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}

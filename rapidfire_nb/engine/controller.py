@@ -117,7 +117,7 @@ warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now 
 class Engine:
     def __init__(self, store: ExperimentStore, events: EventLog, create_model: Callable,
                  train_dataset, eval_dataset, num_chunks: int, seed: int,
-                 build_args: Callable, build_lora: Callable, devices=("cpu",)):
+                 build_args: Callable, build_lora: Callable, devices=("cpu",), offload: str = "auto"):
         self.store = store
         self.events = events
         self.create_model = create_model
@@ -153,6 +153,10 @@ class Engine:
         self.write_wait_s = 0.0   # engine time spent waiting for the writer
         self._runs_file_lock = threading.Lock()
         self._unwritten: dict[int, dict] = {}   # run -> its counters as of its last durable chunk
+        self.offload = offload
+        self.host = "cpu"                          # where parked runs live
+        self._last_trained: dict[int, float] = {}
+        self._chunk_peak_extra = 0                 # largest memory a chunk added (CUDA, bytes)
         self._runs_version = self._runs_written = 0
 
     # -- bases -------------------------------------------------------------------------------
@@ -541,9 +545,13 @@ class Engine:
         # swap: make this run's adapter active and its RNG current (the previous run's RNG was
         # captured at its chunk boundary; building a trainer since then may have reseeded)
         t0 = time.perf_counter()
+        self._make_room(rec)
+        rt.unpark()
         rt.swap_in()
         self.on_device = rec.run_id
         swap_s = time.perf_counter() - t0
+        self._last_trained[rec.run_id] = time.monotonic()
+        peak_probe = self._chunk_memory_probe()
 
         plan = rt.plan
         epoch, chunk = rec.epoch, rec.chunk
@@ -566,6 +574,8 @@ class Engine:
                                          metrics=out["metrics"])))
         train_s = time.perf_counter() - t0
         rt.swap_out()  # capture the RNG at the boundary (it is part of the checkpoint)
+        if peak_probe is not None:
+            self._chunk_peak_extra = max(self._chunk_peak_extra, peak_probe())
 
         t0 = time.perf_counter()
         with HF_STATE_LOCK:
@@ -608,6 +618,49 @@ class Engine:
             self.writer.flush()
             self.write_wait_s += time.perf_counter() - t0
         self.writer.submit(rec.run_id, lambda: self._persist(rec, state, batch, chunk_event, done, before))
+
+    # -- residency ----------------------------------------------------------------------------
+    def _make_room(self, rec: RunRecord) -> None:
+        """Before ``rec`` trains: park other runs' own state (adapter or model copy, optimizer
+        state) in host memory, as the ``offload`` policy says. "never": all stay on the device (a
+        swap then moves nothing). "always": only the run in training is on the device. "auto"
+        (default): on a CUDA device, park the least recently trained runs only while free memory
+        is short of what this run needs; elsewhere, nothing moves."""
+        if self.offload == "never":
+            return
+        others = [rt for rid, rt in self.trainers.items()
+                  if rid != rec.run_id and not rt.parked and not self.writer.pending(rid)]
+        if self.offload == "always":
+            for rt in others:
+                rt.park(self.host)
+            return
+        import torch
+
+        device = torch.device(self.device_name)
+        if device.type != "cuda" or not others:
+            return
+        rt = self.trainers[rec.run_id]
+        need = rt.parked_bytes() + self._chunk_peak_extra
+
+        def available() -> int:
+            free, total = torch.cuda.mem_get_info(device)
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return free + cached - int(0.05 * total)
+
+        others.sort(key=lambda o: self._last_trained.get(o.record.run_id, 0.0))
+        while others and available() < need:
+            others.pop(0).park(self.host)
+
+    def _chunk_memory_probe(self):
+        """On CUDA, a function returning the peak memory this chunk added (for ``_make_room``)."""
+        if self.offload != "auto" or not self.device_name.startswith("cuda"):
+            return None
+        import torch
+
+        device = torch.device(self.device_name)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        return lambda: max(0, torch.cuda.max_memory_allocated(device) - start)
 
     def _persist(self, rec: RunRecord, state: dict, batch: list, chunk_event: dict, done: bool,
                  before: dict) -> None:

@@ -154,6 +154,9 @@ class RunTrainer:
         self.scheduler = None
         self._eval_batches = None
         self.rng = seeded_rng(derive_seed(seed, self.spec.fingerprint()) + 1)
+        self._parked: list | None = None   # where each moved tensor came from, while parked
+        self._parked_bytes = 0
+        self._weight_slots: list | None = None
 
     # -- hooks for trainer types ----------------------------------------------------------------
     def make_trainer(self, args, train_dataset, eval_dataset):
@@ -228,6 +231,84 @@ class RunTrainer:
 
     def swap_out(self) -> None:
         self.rng = capture_rng()
+
+    # -- residency: a run's own state in host memory while other runs train ---------------------
+    @property
+    def parked(self) -> bool:
+        return self._parked is not None
+
+    def _own_tensor_slots(self) -> list[tuple[Any, str]]:
+        """(container, key) of every tensor that belongs to this run alone: its trainable weights
+        (the adapter, or the whole model copy with its buffers for full fine-tuning) and its
+        optimizer state. The shared base model is never moved."""
+        if self._weight_slots is None:   # a run's own modules never change: walk them once
+            slots: list[tuple[Any, str]] = []
+            if self.adapter_name is None:
+                seen: set[int] = set()   # tied weights: one Parameter in two modules, moved once
+                for module in self.model.modules():
+                    for k, v in module._parameters.items():
+                        if v is not None and id(v) not in seen:
+                            seen.add(id(v))
+                            slots.append((module._parameters, k))
+                    slots += [(module._buffers, k) for k, v in module._buffers.items() if v is not None]
+            else:
+                tag = f".{self.adapter_name}."
+                for name, module in self.model.named_modules():
+                    for k, v in module._parameters.items():
+                        if v is not None and tag in f"{name}.{k}":
+                            slots.append((module._parameters, k))
+            self._weight_slots = slots
+        slots = list(self._weight_slots)
+        opt = getattr(self.optimizer, "optimizer", self.optimizer)   # accelerate's wrapper
+        for state in (opt.state.values() if opt is not None else ()):
+            slots += [(state, k) for k, v in state.items() if torch.is_tensor(v)]
+        return slots
+
+    def park(self, host: torch.device) -> int:
+        """Move this run's own weights and optimizer state to ``host`` memory, exact copies (pinned
+        when CUDA is present, so moving back is fast); returns the bytes moved."""
+        if self._parked is not None:
+            return 0
+        host = torch.device(host)
+        pin = host.type == "cpu" and torch.cuda.is_available()
+        record, moved = [], 0
+        with torch.no_grad():
+            for container, key in self._own_tensor_slots():
+                t = container[key]
+                data = t.data if isinstance(t, torch.nn.Parameter) else t
+                new = data.to(host, copy=True)
+                if pin:
+                    new = new.pin_memory()
+                record.append((container, key, data.device))
+                moved += new.numel() * new.element_size()
+                if isinstance(t, torch.nn.Parameter):
+                    t.data = new          # the Parameter object stays: the optimizer keys on it
+                else:
+                    container[key] = new
+        self._parked, self._parked_bytes = record, moved
+        return moved
+
+    def parked_bytes(self) -> int:
+        """What ``unpark`` will bring back to the device (0 when resident)."""
+        return self._parked_bytes if self._parked is not None else 0
+
+    def unpark(self) -> int:
+        """Bring back what ``park`` moved, each tensor to the device it came from; bytes moved."""
+        if self._parked is None:
+            return 0
+        moved = 0
+        with torch.no_grad():
+            for container, key, device in self._parked:
+                t = container[key]
+                data = t.data if isinstance(t, torch.nn.Parameter) else t
+                new = data.to(device, copy=True)
+                moved += new.numel() * new.element_size()
+                if isinstance(t, torch.nn.Parameter):
+                    t.data = new
+                else:
+                    container[key] = new
+        self._parked = None
+        return moved
 
     # -- weights ---------------------------------------------------------------------------------
     def trainable_named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
