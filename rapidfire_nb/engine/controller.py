@@ -652,13 +652,14 @@ class Engine:
             others.pop(0).park(self.host)
 
     def _chunk_memory_probe(self):
-        """On CUDA, a function returning the peak memory this chunk added (for ``_make_room``)."""
+        """On CUDA, a function returning an upper bound of the memory this chunk added on top of
+        what was allocated when it started (for ``_make_room``). The process-wide peak is read,
+        never reset: other code (the user's, ``rapidfire bench``) may be measuring it."""
         if self.offload != "auto" or not self.device_name.startswith("cuda"):
             return None
         import torch
 
         device = torch.device(self.device_name)
-        torch.cuda.reset_peak_memory_stats(device)
         start = torch.cuda.memory_allocated(device)
         return lambda: max(0, torch.cuda.max_memory_allocated(device) - start)
 

@@ -276,9 +276,11 @@ class RunTrainer:
             for container, key in self._own_tensor_slots():
                 t = container[key]
                 data = t.data if isinstance(t, torch.nn.Parameter) else t
-                new = data.to(host, copy=True)
-                if pin:
-                    new = new.pin_memory()
+                if pin and data.device.type != "cpu":   # one copy, straight into pinned memory
+                    new = torch.empty(data.shape, dtype=data.dtype, device=host, pin_memory=True)
+                    new.copy_(data)
+                else:
+                    new = data.to(host, copy=True)
                 record.append((container, key, data.device))
                 moved += new.numel() * new.element_size()
                 if isinstance(t, torch.nn.Parameter):
