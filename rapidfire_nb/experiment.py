@@ -597,8 +597,9 @@ class Experiment:
             lora = build_lora_config(rec.spec)
             lora.base_model_name_or_path = rec.spec.model_name
             lora.save_pretrained(str(path))
-            tag = f".run_{run_id}."
-            tensors = {k.replace(tag, "."): v.contiguous() for k, v in weights.items()}
+            adapter = f"run_{run_id}"   # PEFT's saved names carry no adapter name
+            tensors = {".".join(part for part in k.split(".") if part != adapter): v.contiguous()
+                       for k, v in weights.items()}
             save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
         else:
             import copy

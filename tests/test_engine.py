@@ -252,3 +252,39 @@ def test_checkpoints_are_written_off_the_engine_thread_and_logged_only_once_on_d
     assert tl.snapshot_s.notna().all() and tl.checkpoint_s.notna().all()
     assert exp.engine.writer.jobs_done == 12 and not exp.engine.writer.busy()
     exp.end()
+
+
+def test_embedding_adapters_are_checkpointed_resumed_and_exported(tiny_data, tmp_path):
+    """LoRA on embed_tokens keeps its weights in a ParameterDict (no trailing ".weight"): they must
+    be part of the run's weights, its checkpoint, a resume from disk, and the exported adapter."""
+    train, evald = tiny_data
+    lora = RFLoraConfig(r=4, target_modules=["q_proj", "embed_tokens"])
+    cfg = RFModelConfig(model_name="tiny", peft_config=lora, training_args=sft_args(1e-2))
+    group = RFGridSearch(cfg, trainer_type="SFT")
+
+    ref = Experiment("emb-ref", experiment_path=tmp_path)
+    ref.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=7)
+    ref_w = ref.engine.run_weights(1)
+    ref.end()
+    emb = [k for k in ref_w if "lora_embedding" in k]
+    assert len(emb) == 2, sorted(ref_w)
+
+    exp = Experiment("emb", experiment_path=tmp_path)
+    exp.events.subscribe(lambda ev: ev["type"] == "chunk_done" and ev["chunk"] == 0 and exp.stop(1))
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=7)
+    assert exp.get_runs_info().status.tolist() == ["stopped"]
+    exp.end()
+    again = Experiment("emb", experiment_path=tmp_path, resume=True)   # from the checkpoint on disk
+    again.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=7)
+    again.resume(1)
+    assert again.wait(timeout=300)
+    for k, v in ref_w.items():
+        assert torch.equal(again.engine.run_weights(1)[k], v), k
+    out = again.export(1, tmp_path / "adapter")
+    again.end()
+    from safetensors.torch import load_file
+
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert not [k for k in saved if "run_1" in k]
+    assert {k for k in saved if "lora_embedding" in k} == {
+        ".".join(p for p in k.split(".") if p != "run_1") for k in emb}

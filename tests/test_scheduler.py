@@ -76,3 +76,19 @@ def test_too_many_chunks_is_a_clear_error():
         ChunkPlan(64, 8, 1, 9, 0)
     with pytest.raises(ConfigError, match="num_chunks must be an integer >= 1"):
         ChunkPlan(64, 8, 1, 0, 0)
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=8))
+@settings(max_examples=200, deadline=None)
+def test_parking_order_is_the_schedulers_order_reversed(progress):
+    """What to move off a full device first is what the fair policy will train last."""
+    from rapidfire_nb.engine.scheduler import parking_order
+
+    views = [RunView(run_id=i + 1, progress=p, schedulable=True) for i, p in enumerate(progress)]
+    sched = FairScheduler(["cuda:0"])
+    order, left = [], list(views)
+    while left:   # one chunk each, in the order the scheduler picks them (nothing on the device)
+        rid = sched.choose(left, "cuda:0", on_device=None)
+        order.append(rid)
+        left = [v for v in left if v.run_id != rid]
+    assert parking_order(views) == order[::-1]

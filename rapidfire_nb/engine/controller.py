@@ -24,7 +24,7 @@ from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.scheduler import FairScheduler, RunView
+from rapidfire_nb.engine.scheduler import FairScheduler, RunView, parking_order
 from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json
 from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, rng_fork, trainer_class)
 from rapidfire_nb.engine.writer import CheckpointWriter
@@ -155,8 +155,8 @@ class Engine:
         self._unwritten: dict[int, dict] = {}   # run -> its counters as of its last durable chunk
         self.offload = offload
         self.host = "cpu"                          # where parked runs live
-        self._last_trained: dict[int, float] = {}
         self._chunk_peak_extra = 0                 # largest memory a chunk added (CUDA, bytes)
+        self.parks_done = 0
         self._runs_version = self._runs_written = 0
 
     # -- bases -------------------------------------------------------------------------------
@@ -527,6 +527,8 @@ class Engine:
             if total != rec.total_steps or rt.plan.steps_per_epoch != rec.steps_per_epoch:
                 rec.total_steps, rec.steps_per_epoch = total, rt.plan.steps_per_epoch
         rt.build_optimizer(rec.total_steps - rec.step_offset)
+        for other in self.trainers.values():
+            other.keep_parked()   # the new trainer's model.to(device) moved every adapter back
         ckpt = self.store.load_checkpoint(rec.run_id)
         if ckpt is not None:
             rt.load_state_dict(ckpt["trainer"])
@@ -550,7 +552,6 @@ class Engine:
         rt.swap_in()
         self.on_device = rec.run_id
         swap_s = time.perf_counter() - t0
-        self._last_trained[rec.run_id] = time.monotonic()
         peak_probe = self._chunk_memory_probe()
 
         plan = rt.plan
@@ -624,44 +625,67 @@ class Engine:
         """Before ``rec`` trains: park other runs' own state (adapter or model copy, optimizer
         state) in host memory, as the ``offload`` policy says. "never": all stay on the device (a
         swap then moves nothing). "always": only the run in training is on the device. "auto"
-        (default): on a CUDA device, park the least recently trained runs only while free memory
-        is short of what this run needs; elsewhere, nothing moves."""
+        (default): on a CUDA device, park runs only while free memory is short of what this run
+        needs, those the scheduler will come back to last first; elsewhere, nothing moves."""
         if self.offload == "never":
             return
-        others = [rt for rid, rt in self.trainers.items()
+        others = [(self.runs[rid], rt) for rid, rt in self.trainers.items()
                   if rid != rec.run_id and not rt.parked and not self.writer.pending(rid)]
+        if not others:
+            return
         if self.offload == "always":
-            for rt in others:
-                rt.park(self.host)
+            for _, rt in others:
+                self._park(rt)
+            return
+        rt = self.trainers[rec.run_id]
+        device = rt.args.device
+        if device.type != "cuda":
             return
         import torch
 
-        device = torch.device(self.device_name)
-        if device.type != "cuda" or not others:
-            return
-        rt = self.trainers[rec.run_id]
-        need = rt.parked_bytes() + self._chunk_peak_extra
+        free, total = torch.cuda.mem_get_info(device)
+        headroom = self._chunk_peak_extra if self._chunk_peak_extra else int(0.10 * total)
+        need = rt.parked_bytes() + headroom
 
         def available() -> int:
-            free, total = torch.cuda.mem_get_info(device)
+            free, _ = torch.cuda.mem_get_info(device)
             cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
             return free + cached - int(0.05 * total)
 
-        others.sort(key=lambda o: self._last_trained.get(o.record.run_id, 0.0))
-        while others and available() < need:
-            others.pop(0).park(self.host)
+        by_id = {r.run_id: other for r, other in others}
+        for rid in parking_order(RunView(r.run_id, r.progress, True) for r, _ in others):
+            if available() >= need:
+                break
+            self._park(by_id[rid])
+
+    def _park(self, rt: RunTrainer) -> None:
+        try:
+            rt.park(self.host)
+            self.parks_done += 1
+        except Exception as exc:   # e.g. no pinned host memory left: it just stays resident
+            warnings.warn(f"run {rt.record.run_id} could not be moved to host memory "
+                          f"({type(exc).__name__}: {exc}); it stays on the device")
 
     def _chunk_memory_probe(self):
-        """On CUDA, a function returning an upper bound of the memory this chunk added on top of
-        what was allocated when it started (for ``_make_room``). The process-wide peak is read,
-        never reset: other code (the user's, ``rapidfire bench``) may be measuring it."""
-        if self.offload != "auto" or not self.device_name.startswith("cuda"):
+        """On CUDA, a function giving what this chunk added on top of the memory allocated when it
+        started, known exactly when the chunk set a new process-wide peak (the peak is read, never
+        reset: other code, ``rapidfire bench`` or the user's, may be measuring it)."""
+        if self.offload != "auto":
+            return None
+        rt = self.trainers.get(self.on_device) if self.on_device is not None else None
+        if rt is None or rt.args.device.type != "cuda":
             return None
         import torch
 
-        device = torch.device(self.device_name)
+        device = rt.args.device
         start = torch.cuda.memory_allocated(device)
-        return lambda: max(0, torch.cuda.max_memory_allocated(device) - start)
+        peak_before = torch.cuda.max_memory_allocated(device)
+
+        def extra() -> int:
+            peak = torch.cuda.max_memory_allocated(device)
+            return peak - start if peak > peak_before else self._chunk_peak_extra
+
+        return extra
 
     def _persist(self, rec: RunRecord, state: dict, batch: list, chunk_event: dict, done: bool,
                  before: dict) -> None:

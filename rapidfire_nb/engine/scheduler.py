@@ -42,3 +42,10 @@ class FairScheduler:
             if r.run_id == on_device:
                 return r.run_id
         return min(r.run_id for r in front)
+
+
+def parking_order(runs: Iterable[RunView]) -> list[int]:
+    """Idle runs in the order to move them off a device that is short of memory: the ones the
+    fair policy will come back to last go first (most progress, then the highest id), so a run
+    is not parked just before it trains."""
+    return [r.run_id for r in sorted(runs, key=lambda r: (r.progress, r.run_id), reverse=True)]

@@ -156,6 +156,7 @@ class RunTrainer:
         self.rng = seeded_rng(derive_seed(seed, self.spec.fingerprint()) + 1)
         self._parked: list | None = None   # where each moved tensor came from, while parked
         self._parked_bytes = 0
+        self._host = torch.device("cpu")
         self._weight_slots: list | None = None
 
     # -- hooks for trainer types ----------------------------------------------------------------
@@ -252,10 +253,12 @@ class RunTrainer:
                             slots.append((module._parameters, k))
                     slots += [(module._buffers, k) for k, v in module._buffers.items() if v is not None]
             else:
-                tag = f".{self.adapter_name}."
-                for name, module in self.model.named_modules():
+                own = {id(p) for _, p in self.trainable_named_parameters()}
+                seen: set[int] = set()
+                for module in self.model.modules():
                     for k, v in module._parameters.items():
-                        if v is not None and tag in f"{name}.{k}":
+                        if v is not None and id(v) in own and id(v) not in seen:
+                            seen.add(id(v))
                             slots.append((module._parameters, k))
             self._weight_slots = slots
         slots = list(self._weight_slots)
@@ -266,12 +269,13 @@ class RunTrainer:
 
     def park(self, host: torch.device) -> int:
         """Move this run's own weights and optimizer state to ``host`` memory, exact copies (pinned
-        when CUDA is present, so moving back is fast); returns the bytes moved."""
+        when CUDA is present, so moving back is fast); returns the bytes moved. All copies are made
+        before any tensor is replaced: if one fails, the run stays resident and whole."""
         if self._parked is not None:
             return 0
         host = torch.device(host)
         pin = host.type == "cpu" and torch.cuda.is_available()
-        record, moved = [], 0
+        plan, moved = [], 0
         with torch.no_grad():
             for container, key in self._own_tensor_slots():
                 t = container[key]
@@ -281,18 +285,38 @@ class RunTrainer:
                     new.copy_(data)
                 else:
                     new = data.to(host, copy=True)
-                record.append((container, key, data.device))
+                plan.append((container, key, data.device, new))
                 moved += new.numel() * new.element_size()
+            for container, key, _, new in plan:
+                t = container[key]
                 if isinstance(t, torch.nn.Parameter):
                     t.data = new          # the Parameter object stays: the optimizer keys on it
                 else:
                     container[key] = new
-        self._parked, self._parked_bytes = record, moved
+        self._parked = [(container, key, device) for container, key, device, _ in plan]
+        self._parked_bytes, self._host = moved, host
         return moved
 
-    def parked_bytes(self) -> int:
-        """What ``unpark`` will bring back to the device (0 when resident)."""
-        return self._parked_bytes if self._parked is not None else 0
+    def keep_parked(self) -> int:
+        """Move back to the host whatever of a parked run something else put on the device (a new
+        trainer's ``model.to(device)`` moves every adapter of the shared model); bytes moved."""
+        if self._parked is None:
+            return 0
+        moved = 0
+        with torch.no_grad():
+            for container, key, _ in self._parked:
+                t = container[key]
+                data = t.data if isinstance(t, torch.nn.Parameter) else t
+                if data.device != self._host:
+                    new = data.to(self._host, copy=True)
+                    if torch.cuda.is_available() and self._host.type == "cpu":
+                        new = new.pin_memory()
+                    moved += new.numel() * new.element_size()
+                    if isinstance(t, torch.nn.Parameter):
+                        t.data = new
+                    else:
+                        container[key] = new
+        return moved
 
     def unpark(self) -> int:
         """Bring back what ``park`` moved, each tensor to the device it came from; bytes moved."""
@@ -312,12 +336,18 @@ class RunTrainer:
         self._parked = None
         return moved
 
+    def parked_bytes(self) -> int:
+        """What ``unpark`` will bring back to the device (0 when resident)."""
+        return self._parked_bytes if self._parked is not None else 0
+
     # -- weights ---------------------------------------------------------------------------------
     def trainable_named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         if self.adapter_name is None:
             return [(n, p) for n, p in self.model.named_parameters()]
-        tag = f".{self.adapter_name}."
-        return [(n, p) for n, p in self.model.named_parameters() if tag in n]
+        # a path component equal to the adapter name: "...lora_A.run_3.weight" (Linear adapters)
+        # and "...lora_embedding_A.run_3" (embedding adapters, held in a ParameterDict)
+        name = self.adapter_name
+        return [(n, p) for n, p in self.model.named_parameters() if name in n.split(".")]
 
     def weights(self) -> dict[str, torch.Tensor]:
         """This run's own weights (its adapter, or the whole model for full fine-tuning)."""
