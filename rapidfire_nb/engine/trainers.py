@@ -274,66 +274,40 @@ class RunTrainer:
         if self._parked is not None:
             return 0
         host = torch.device(host)
-        pin = host.type == "cpu" and torch.cuda.is_available()
-        plan, moved = [], 0
+        plan = []
         with torch.no_grad():
             for container, key in self._own_tensor_slots():
-                t = container[key]
-                data = t.data if isinstance(t, torch.nn.Parameter) else t
-                if pin and data.device.type != "cpu":   # one copy, straight into pinned memory
-                    new = torch.empty(data.shape, dtype=data.dtype, device=host, pin_memory=True)
-                    new.copy_(data)
-                else:
-                    new = data.to(host, copy=True)
-                plan.append((container, key, data.device, new))
-                moved += new.numel() * new.element_size()
+                data = _slot_data(container, key)
+                plan.append((container, key, data.device, _host_copy(data, host)))
             for container, key, _, new in plan:
-                t = container[key]
-                if isinstance(t, torch.nn.Parameter):
-                    t.data = new          # the Parameter object stays: the optimizer keys on it
-                else:
-                    container[key] = new
+                _set_slot(container, key, new)
         self._parked = [(container, key, device) for container, key, device, _ in plan]
-        self._parked_bytes, self._host = moved, host
-        return moved
+        self._parked_bytes, self._host = sum(_nbytes(new) for *_, new in plan), host
+        return self._parked_bytes
 
     def keep_parked(self) -> int:
         """Move back to the host whatever of a parked run something else put on the device (a new
         trainer's ``model.to(device)`` moves every adapter of the shared model); bytes moved."""
-        if self._parked is None:
-            return 0
-        moved = 0
-        with torch.no_grad():
-            for container, key, _ in self._parked:
-                t = container[key]
-                data = t.data if isinstance(t, torch.nn.Parameter) else t
-                if data.device != self._host:
-                    new = data.to(self._host, copy=True)
-                    if torch.cuda.is_available() and self._host.type == "cpu":
-                        new = new.pin_memory()
-                    moved += new.numel() * new.element_size()
-                    if isinstance(t, torch.nn.Parameter):
-                        t.data = new
-                    else:
-                        container[key] = new
-        return moved
+        return self._move_parked(lambda device: self._host, only_if_elsewhere=True)
 
     def unpark(self) -> int:
         """Bring back what ``park`` moved, each tensor to the device it came from; bytes moved."""
+        moved = self._move_parked(lambda device: device, only_if_elsewhere=False)
+        self._parked = None
+        return moved
+
+    def _move_parked(self, target, only_if_elsewhere: bool) -> int:
         if self._parked is None:
             return 0
         moved = 0
         with torch.no_grad():
             for container, key, device in self._parked:
-                t = container[key]
-                data = t.data if isinstance(t, torch.nn.Parameter) else t
-                new = data.to(device, copy=True)
-                moved += new.numel() * new.element_size()
-                if isinstance(t, torch.nn.Parameter):
-                    t.data = new
-                else:
-                    container[key] = new
-        self._parked = None
+                data, dest = _slot_data(container, key), torch.device(target(device))
+                if only_if_elsewhere and data.device == dest:
+                    continue
+                new = _host_copy(data, dest) if dest.type == "cpu" else data.to(dest, copy=True)
+                _set_slot(container, key, new)
+                moved += _nbytes(new)
         return moved
 
     def parked_bytes(self) -> int:
@@ -502,6 +476,31 @@ class RunTrainer:
             acc._schedulers, acc._optimizers, acc._models, acc._dataloaders = [], [], [], []
         self.trainer = self.optimizer = self.scheduler = self.model = None
         self.train_data = self.eval_data = None
+
+
+def _slot_data(container, key) -> torch.Tensor:
+    t = container[key]
+    return t.data if isinstance(t, torch.nn.Parameter) else t
+
+
+def _set_slot(container, key, new: torch.Tensor) -> None:
+    t = container[key]
+    if isinstance(t, torch.nn.Parameter):
+        t.data = new          # the Parameter object stays: the optimizer keys on it
+    else:
+        container[key] = new
+
+
+def _host_copy(data: torch.Tensor, host: torch.device) -> torch.Tensor:
+    """An exact copy in host memory: pinned (one copy, straight in) when it comes from a GPU."""
+    if host.type == "cpu" and data.device.type != "cpu" and torch.cuda.is_available():
+        new = torch.empty(data.shape, dtype=data.dtype, device=host, pin_memory=True)
+        return new.copy_(data)
+    return data.to(host, copy=True)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 _SHARED_PREP_CLS = None
