@@ -243,23 +243,17 @@ class RunTrainer:
         (the adapter, or the whole model copy with its buffers for full fine-tuning) and its
         optimizer state. The shared base model is never moved."""
         if self._weight_slots is None:   # a run's own modules never change: walk them once
+            full = self.adapter_name is None   # full fine-tuning: the whole model copy is its own
+            own = {id(p) for _, p in self.trainable_named_parameters()}
             slots: list[tuple[Any, str]] = []
-            if self.adapter_name is None:
-                seen: set[int] = set()   # tied weights: one Parameter in two modules, moved once
-                for module in self.model.modules():
-                    for k, v in module._parameters.items():
-                        if v is not None and id(v) not in seen:
-                            seen.add(id(v))
-                            slots.append((module._parameters, k))
+            seen: set[int] = set()   # tied weights: one Parameter in two modules, moved once
+            for module in self.model.modules():
+                for k, v in module._parameters.items():
+                    if v is not None and id(v) in own and id(v) not in seen:
+                        seen.add(id(v))
+                        slots.append((module._parameters, k))
+                if full:
                     slots += [(module._buffers, k) for k, v in module._buffers.items() if v is not None]
-            else:
-                own = {id(p) for _, p in self.trainable_named_parameters()}
-                seen: set[int] = set()
-                for module in self.model.modules():
-                    for k, v in module._parameters.items():
-                        if v is not None and id(v) in own and id(v) not in seen:
-                            seen.add(id(v))
-                            slots.append((module._parameters, k))
             self._weight_slots = slots
         slots = list(self._weight_slots)
         opt = getattr(self.optimizer, "optimizer", self.optimizer)   # accelerate's wrapper
