@@ -175,15 +175,17 @@ class Experiment:
         specs = _expand(config_group)
         if eval_dataset is None and any(s.compute_metrics is not None for s in specs):
             raise ConfigError("compute_metrics needs an eval_dataset: pass eval_dataset= to run_fit")
+        from rapidfire_nb.engine.formatting import check_run_data
+
+        prep_cache: dict = {}   # formatting_func's mapped data, shared by the runs' trainers
         for spec in specs:
-            cls = trainer_class(spec.trainer_type)
-            cls.check_dataset(spec, train_dataset, "train_dataset")
-            if eval_dataset is not None:
-                cls.check_dataset(spec, eval_dataset, "eval_dataset")
+            check_run_data(spec, trainer_class(spec.trainer_type), train_dataset, eval_dataset,
+                           prep_cache)
 
         engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
                         num_chunks, seed, build_training_args, build_lora_config,
                         offload=self.offload)
+        engine.prep_cache.update(prep_cache)
         for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
             engine.plan_run(spec)
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}

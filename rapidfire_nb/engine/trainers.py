@@ -141,6 +141,12 @@ class RunTrainer:
         args = build_args(self.spec, output_dir=output_dir, seed=seed, **self.ENGINE_ARGS)
         self.args = args
         self.activate_adapter()
+        from rapidfire_nb.engine.formatting import formatted, uses_text_form
+
+        # RapidFire's row-mapper formatting_func: the trainer sees the mapped columns
+        self.text_formatting = uses_text_form(self.spec, self.prep_cache, train_dataset)
+        train_dataset = formatted(self.spec, train_dataset, self.prep_cache, "train_dataset")
+        eval_dataset = formatted(self.spec, eval_dataset, self.prep_cache, "eval_dataset")
         self.trainer = self.make_trainer(args, train_dataset, eval_dataset)
         # the engine owns autocast, from this run's own precision: accelerate's autocast reads a
         # process-wide setting left by whichever trainer was built last, and patching the shared
@@ -163,7 +169,7 @@ class RunTrainer:
     def make_trainer(self, args, train_dataset, eval_dataset):
 
         kwargs = {}
-        if self.spec.formatting_func is not None:
+        if self.text_formatting:   # TRL's form: row -> text, applied by SFTTrainer itself
             kwargs["formatting_func"] = self.spec.formatting_func
         return _shared_prep_sft_class()(
             model=self.model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
@@ -187,8 +193,6 @@ class RunTrainer:
 
             check_eval_dataset(spec, dataset)
         cols = set(dataset.column_names)
-        if spec.formatting_func is not None:
-            return
         ok = "text" in cols or "messages" in cols or {"prompt", "completion"} <= cols or "prompt" in cols and "completion" in cols
         if not ok:
             raise ConfigError(
