@@ -310,6 +310,7 @@ class Experiment:
                              changes=info.get("changes"), emit=rid not in created)
         rec.parent_run_id = parent_id
         rec.step_offset = info.get("step_offset", 0)
+        rec.total_steps += rec.step_offset   # a warm clone's own schedule, after its stream offset
         for key in ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done", "error"):
             setattr(rec, key, info.get(key, getattr(rec, key)))
         status = info.get("status", R.PENDING)
@@ -381,14 +382,30 @@ class Experiment:
             self._trackers.flush(timeout=30)
         return done
 
-    def end(self) -> None:
-        """Stop the engine thread after the chunk in flight, flush trackers, free memory."""
+    def end(self, wait: bool = True) -> None:
+        """Finish the experiment: flush trackers, free memory, release the folder.
+
+        ``wait=True`` (default, as RapidFire notebooks call it right after ``run_fit``): first
+        waits for every pending and running run to finish, printing progress. ``wait=False``: runs
+        not finished stop at their next chunk boundary and are marked ``stopped`` (their
+        checkpoints stay: ``Experiment(name, resume=True)`` plus the same ``run_fit`` call and
+        ``resume(run_id)`` continue them). No run is left ``running`` either way.
+        """
         global _current
         if self._ended:
             return
+        if not isinstance(wait, bool):
+            raise ConfigError(f"end(wait=...) must be True or False, got {wait!r}")
         if self.engine is not None:
             self._refuse_from_engine_threads("end")
+            if wait:
+                from rapidfire_nb.engine.lifecycle import wait_with_progress
+
+                wait_with_progress(self.engine)
             self._drain_and_join()
+            from rapidfire_nb.engine.lifecycle import mark_unfinished_stopped
+
+            mark_unfinished_stopped(self.engine)
             self.engine.close()
         self.events.append("experiment_end")
         if self._trackers is not None:
@@ -489,19 +506,16 @@ class Experiment:
                                 + "; ".join(reasons) + " (use a cold clone)")
             if spec.trainer_type != parent.trainer_type:
                 raise OpRefused("warm start needs the parent's trainer type")
-        plan, total = self.engine.plan_run(spec)
-        if warm_start and plan.chunk_start_step(rec.epoch, rec.chunk) >= total:
-            raise OpRefused(
-                f"run {run_id} is at the end of its data stream ({rec.completed_steps} of "
-                f"{rec.total_steps} steps done): a warm clone would have nothing left to train; "
-                "raise training_args.num_train_epochs or max_steps in the changes, or use a cold clone")
+        self.engine.plan_run(spec)   # num_chunks vs the clone's steps per epoch
         return spec
 
     def clone_modify(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> int:
         """A new run from ``run_id``'s config plus ``changes`` (nested or dotted knobs, JSON values).
 
-        ``warm_start=True`` starts from the parent's current weights and continues the parent's
-        data stream from where it is, with a fresh optimizer and LR schedule. Returns the new run id.
+        ``warm_start=True`` starts from the parent's current weights with a fresh optimizer and
+        trains the clone's own full schedule, reading the data from the chunk after the parent's
+        last completed chunk (wrapping around). Finished runs can be cloned, warm or cold. Returns
+        the new run id.
         """
         from rapidfire_nb import automl
 

@@ -208,17 +208,20 @@ class Engine:
                             warm_start=warm_start, changes=changes or {}, total_steps=total,
                             steps_per_epoch=plan.steps_per_epoch)
             if warm_start and parent is not None:
-                rec.epoch, rec.chunk = parent.epoch, parent.chunk
-                rec.step_offset = plan.chunk_start_step(parent.epoch, parent.chunk)
+                # RapidFire's warm start: the parent's weights, a fresh optimizer and the clone's
+                # own full schedule, reading the data from the chunk after the parent's last
+                # completed one (parent.chunk wraps to 0 after an epoch's last chunk). The stream
+                # position is kept as an offset, so a chunk still means the same data for all runs
+                rec.chunk = parent.chunk
+                rec.step_offset = plan.chunk_start_step(0, parent.chunk)
                 rec.completed_steps = rec.step_offset
-                rec.samples_seen = parent.samples_seen
-                rec.chunks_done = parent.chunks_done
+                rec.total_steps = total + rec.step_offset
             self.runs[rid] = rec
             if emit:
                 self.events.append(
                     "run_created", run_id=rid, trainer_type=spec.trainer_type,
                     config=spec.config_dict(), knobs=spec.knobs, parent_run_id=rec.parent_run_id,
-                    warm_start=warm_start, total_steps=total, steps_per_epoch=plan.steps_per_epoch,
+                    warm_start=warm_start, total_steps=rec.total_steps, steps_per_epoch=plan.steps_per_epoch,
                     num_chunks=self.num_chunks, base_samples_seen=rec.samples_seen,
                     base_step=rec.completed_steps)
                 self.events.append("run_status", run_id=rid, status=rec.status, error=None, reason=None)

@@ -1,0 +1,59 @@
+"""How an experiment ends: wait for its runs with visible progress, or stop them cleanly.
+
+Called by ``Experiment.end`` in the user's thread, never in the engine's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rapidfire_nb.engine import runs as R
+
+
+def _progress(engine) -> tuple[int, int, int]:
+    with engine.lock:
+        live = [r for r in engine.runs.values() if r.status != R.DELETED]
+        active = sum(r.status in R.ACTIVE for r in live)
+        done = sum(r.completed_steps - r.step_offset for r in live)
+        total = sum(r.total_steps - r.step_offset for r in live)
+    return active, done, total
+
+
+def wait_with_progress(engine, stream=None, every_s: float = 5.0) -> bool:
+    """Block until no run is pending or running, printing one progress line when it changes (at
+    most every ``every_s`` seconds). False if the engine thread died with runs still active."""
+    stream = stream if stream is not None else sys.stdout
+    last_line, last_t = None, 0.0
+    while True:
+        if engine.wait(timeout=1.0):
+            break
+        t = engine.thread
+        if (t is None or not t.is_alive()) and engine.ops.empty():
+            return False    # nothing will move these runs; end() stops them
+        active, done, total = _progress(engine)
+        line = f"end(): waiting for {active} run(s) to finish: {done}/{total} steps done"
+        now = time.monotonic()
+        if line != last_line and now - last_t >= every_s or last_line is None:
+            print(line, file=stream, flush=True)
+            last_line, last_t = line, now
+    if last_line is not None:
+        active, done, total = _progress(engine)
+        print(f"end(): every run finished ({done}/{total} steps)", file=stream, flush=True)
+    return True
+
+
+def mark_unfinished_stopped(engine) -> list[int]:
+    """After the engine thread has left: runs still pending or running become ``stopped`` (their
+    last chunk-boundary checkpoint stays), so none is ever shown ``running`` after ``end()``."""
+    stopped = []
+    with engine.lock:
+        for rec in engine.runs.values():
+            if rec.status not in R.ACTIVE:
+                continue
+            if rec.completed_steps >= rec.total_steps:   # its last chunk is on disk already
+                engine._set_status(rec, R.COMPLETED, reason="finished as the experiment ended")
+            else:
+                engine._set_status(rec, R.STOPPED, reason="experiment ended before the run finished")
+                stopped.append(rec.run_id)
+    return stopped
