@@ -759,8 +759,14 @@ class RFRandomSearch(_SearchGroup):
 
     _name = "RFRandomSearch"
 
-    def __init__(self, configs, trainer_type: str = "SFT", num_runs: int | None = None, seed: int = 42):
+    def __init__(self, configs, trainer_type: str = "SFT", num_runs: int | None = None, seed: int = 42,
+                 num_samples: int | None = None):
         super().__init__(configs, trainer_type)
+        if num_samples is not None:   # the name the TRL docs' RapidFire page uses
+            if num_runs is not None and num_runs != num_samples:
+                raise ConfigError(f"RFRandomSearch: num_runs={num_runs!r} and num_samples={num_samples!r} "
+                                  "disagree; give one of them.")
+            num_runs = num_samples
         if isinstance(num_runs, bool) or not isinstance(num_runs, int) or num_runs < 1:
             raise ConfigError(f"RFRandomSearch: num_runs must be a positive integer, got {num_runs!r}.")
         if isinstance(seed, bool) or not isinstance(seed, int):

@@ -52,6 +52,11 @@ def split_example(row: dict) -> tuple[Any, Any]:
             raise ConfigError("eval_dataset: a 'messages' conversation has no assistant message after a "
                               "prompt; compute_metrics needs one as the reference")
         return msgs[:last], msgs[last].get("content")
+    if "prompt" not in row and "chosen" in row and "rejected" in row:
+        # TRL's implicit-prompt preference form: the prompt is the turns both answers share
+        from trl.data_utils import extract_prompt
+
+        row = {**row, **extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})}
     if "prompt" in row:
         for col in REFERENCE_COLUMNS:
             if col in row:

@@ -151,6 +151,26 @@ def _unsupported(spec, knobs: dict[str, Any]) -> None:
                               f"in rapidfire_nb (runs share one frozen reference); remove it")
 
 
+def _check_implicit_prompt(row: dict, name: str) -> None:
+    """TRL's implicit-prompt preference form: no 'prompt' column; the prompt is what 'chosen' and
+    'rejected' share at their start (conversations: their first turns), as DPOTrainer extracts it."""
+    from trl.data_utils import extract_prompt
+
+    chosen, rejected = row["chosen"], row["rejected"]
+    if isinstance(chosen, str) != isinstance(rejected, str):
+        raise ConfigError(f"{name}: 'chosen' and 'rejected' must both be strings or both be chat "
+                          "conversations")
+    parts = extract_prompt({"chosen": chosen, "rejected": rejected})
+    if not parts["prompt"]:
+        raise ConfigError(
+            f"{name} has no 'prompt' column and the first row's 'chosen' and 'rejected' share no "
+            "first turn to take the prompt from; add a 'prompt' column or start both conversations "
+            "with the same prompt turns")
+    if not parts["chosen"] or not parts["rejected"]:
+        raise ConfigError(f"{name}: in the first row 'chosen' and 'rejected' are the same after their "
+                          "shared prompt turns; each needs its own answer")
+
+
 def _text_or_conv(value) -> bool:
     return isinstance(value, str) or (isinstance(value, list) and all(isinstance(m, dict) for m in value))
 
@@ -168,16 +188,19 @@ class DPORunTrainer(RunTrainer):
     def check_dataset(cls, spec, dataset, name: str) -> None:
         cols = set(dataset.column_names)
         missing = [c for c in ("chosen", "rejected") if c not in cols]
-        if missing or "prompt" not in cols:
+        if missing:
             raise ConfigError(
-                f"{name} has columns {sorted(cols)}; DPO needs 'prompt', 'chosen' and 'rejected' "
-                f"(missing: {', '.join(c for c in ('prompt', 'chosen', 'rejected') if c not in cols)})")
+                f"{name} has columns {sorted(cols)}; DPO needs 'chosen' and 'rejected' (and 'prompt', "
+                f"unless chosen and rejected share their first turns) (missing: {', '.join(missing)})")
+        present = [c for c in ("prompt", "chosen", "rejected") if c in cols]
         if len(dataset):
             row = dataset[0]
-            for c in ("prompt", "chosen", "rejected"):
+            for c in present:
                 if not _text_or_conv(row[c]):
                     raise ConfigError(f"{name}: column {c!r} must hold strings or lists of chat messages, "
                                       f"got {type(row[c]).__name__}")
+            if "prompt" not in cols:
+                _check_implicit_prompt(row, name)
         _unsupported(spec, {"sync_ref_model": True})
         _check_generation_columns(spec, dataset, name)
 
