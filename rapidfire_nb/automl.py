@@ -491,8 +491,9 @@ class RFModelConfig:
             ``trainer_type`` (``None``: TRL's defaults).
         model_type, model_kwargs, tokenizer_kwargs, ref_model_name, ref_model_type,
         ref_model_kwargs: passed to ``create_model`` in ``model_config``; dict values may be Lists.
-            DPO/GRPO use the base model as the reference: a ``ref_model_name`` other than
-            ``model_name`` is refused.
+            DPO/GRPO: a ``ref_model_name`` other than ``model_name`` is loaded through
+            ``create_model`` (with ``ref_model_type``/``ref_model_kwargs``, defaulting to the
+            base's) and used as the frozen reference; otherwise the base is the reference.
         formatting_func, compute_metrics: callables (or a ``List`` of them).
         generation_config: a dict of generation kwargs for evaluation (values may be Lists).
         reward_funcs: GRPO reward functions: a callable, a plain list of them (one value), or a
@@ -877,13 +878,6 @@ def _leaves_to_specs(leaves: list[dict], trainer_type: str) -> list[RunSpec]:
         if peft is not None:
             _be.build_checked(lora, dict(peft), context=context,
                               combination=_section_combo(knobs, "peft_config"))
-        ref_name = leaf.get("ref_model_name")
-        if trainer_type in ("DPO", "GRPO") and ref_name not in (None, leaf["model_name"]):
-            raise ConfigError(
-                f"ref_model_name={ref_name!r}{context}: a reference model other than the base is "
-                f"not supported yet. {trainer_type} runs use the base model {leaf['model_name']!r} "
-                "as the reference (its adapters disabled for LoRA runs, a frozen copy for full "
-                "fine-tuning); remove ref_model_name or set it to model_name")
         funcs = leaf.get("reward_funcs")
         specs.append(RunSpec(
             trainer_type=trainer_type,

@@ -252,9 +252,10 @@ def test_dpo_dataset_without_preference_columns_is_refused(dpo_data, tiny_data, 
     group = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
                                        training_args=dpo_args(1e-3, 0.1)), trainer_type="DPO")
     exp = Experiment("dpo-bad", experiment_path=tmp_path)
-    with pytest.raises(ConfigError, match=r"DPO needs 'prompt', 'chosen' and 'rejected' \(missing: chosen, rejected\)"):
+    with pytest.raises(ConfigError, match=r"DPO needs 'chosen' and 'rejected' .*\(missing: chosen, rejected\)"):
         exp.run_fit(group, tiny_create_model, sft_train, None)
-    with pytest.raises(ConfigError, match=r"eval_dataset .*missing: prompt"):
+    # without 'prompt', chosen and rejected must share their start (TRL's implicit prompt)
+    with pytest.raises(ConfigError, match=r"eval_dataset has no 'prompt' column .* share no first turn"):
         exp.run_fit(group, tiny_create_model, train, evald.remove_columns("prompt"))
     assert exp.engine is None and not any(ev["type"] == "run_created" for ev in exp.events.since(0))
     exp.end()
@@ -560,20 +561,59 @@ def test_generation_plan_errors_name_the_knobs():
         GenerationPlan(n_examples=3, micro_batch_size=8, grad_accum=1, num_chunks=1, seed=0, num_generations=2)
 
 
-def test_a_reference_model_other_than_the_base_is_refused_not_ignored():
-    """The reference is always the base model here; a different ref_model_name would otherwise be
-    silently ignored (and the user would believe the KL is against that model)."""
+def _first_step(exp, run_id, metric):
+    df = exp.get_results()
+    sel = df[(df.run_id == run_id) & (df.split == "train") & (df.metric == metric)].sort_values("step")
+    return float(sel.value.iloc[0])
+
+
+@pytest.mark.parametrize("trainer_type", ["DPO", "GRPO"])
+def test_a_reference_model_named_by_ref_model_name_is_loaded_and_used(trainer_type, tmp_path, dpo_data,
+                                                                      grpo_data):
+    """ref_model_name other than the base: create_model is called with that name (and
+    ref_model_kwargs) and the run scores against it. At step 1 a fresh LoRA policy equals its base,
+    so against the base the DPO rewards (the GRPO KL) are exactly 0; against another model not."""
+    calls = []
+
+    def create_model(model_config):
+        calls.append((model_config["model_name"], dict(model_config["model_kwargs"])))
+        return tiny_create_model(model_config)
+
     lora = RFLoraConfig(**LORA)
-    other = RFModelConfig(model_name="tiny", ref_model_name="tiny-sft", peft_config=lora,
-                          training_args=dpo_args(1e-3, 0.1))
-    with pytest.raises(ConfigError, match=r"ref_model_name='tiny-sft'.*not supported yet.*remove"):
-        RFGridSearch(other, trainer_type="DPO").expand()
-    grpo = RFModelConfig(model_name="tiny", ref_model_name="tiny-sft", peft_config=lora,
-                         training_args=grpo_args(1e-3, 2), reward_funcs=[short_answer])
-    with pytest.raises(ConfigError, match="GRPO runs use the base model 'tiny'"):
-        RFGridSearch(grpo, trainer_type="GRPO").expand()
-    # naming the base itself is what the engine does anyway: accepted
-    same = RFModelConfig(model_name="tiny", ref_model_name="tiny", peft_config=lora,
-                         training_args=dpo_args(1e-3, 0.1))
-    (spec,) = RFGridSearch(same, trainer_type="DPO").expand()
-    assert spec.ref_model_name == "tiny"
+    if trainer_type == "DPO":
+        args, data, metric, extra = dpo_args(1e-3, 0.1, max_steps=2), dpo_data, "rewards/margins", {}
+    else:
+        args = grpo_args(1e-3, 2, beta=0.5, max_steps=2)
+        data, metric, extra = grpo_data, "kl", {"reward_funcs": [short_answer]}
+    cfgs = List([RFModelConfig(model_name="tiny", ref_model_name=ref, ref_model_kwargs=kw, peft_config=lora,
+                               training_args=args, **extra)
+                 for ref, kw in ((None, None), ("tiny-other", {"seed": 7}))])
+    exp = Experiment(f"ref-{trainer_type}", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(RFGridSearch(cfgs, trainer_type=trainer_type), create_model, data[0], None, num_chunks=1, seed=5)
+    exp.end()
+    info = exp.get_runs_info()
+    assert set(info.status) == {"completed"}, info.error.tolist()
+    assert calls == [("tiny", {}), ("tiny-other", {"seed": 7})]
+    assert _first_step(exp, 1, metric) == 0.0
+    assert abs(_first_step(exp, 2, metric)) > 1e-4
+    # the reference stayed frozen and adapter-free: the engine keeps it apart from the bases
+    (ref,) = exp.engine.references.values()
+    assert not any(p.requires_grad for p in ref.parameters())
+    assert not any("lora" in n for n, _ in ref.named_parameters())
+
+
+def test_a_reference_with_another_vocabulary_is_refused(tmp_path, dpo_data):
+    cfg = RFModelConfig(model_name="tiny", ref_model_name="tiny-other", peft_config=RFLoraConfig(**LORA),
+                        training_args=dpo_args(1e-3, 0.1, max_steps=2))
+
+    def create_model(model_config):
+        model, tok = tiny_create_model(model_config)
+        if model_config["model_name"] == "tiny-other":
+            model.resize_token_embeddings(len(tok) + 8)
+        return model, tok
+
+    exp = Experiment("ref-vocab", experiment_path=tmp_path, tracking=[])
+    with pytest.raises(ConfigError, match="ref_model_name='tiny-other' has a vocabulary of"):
+        exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), create_model, dpo_data[0], None, num_chunks=1)
+    assert exp.engine is None
+    exp.end()

@@ -133,6 +133,7 @@ class Engine:
         self.idle = threading.Condition(self.lock)
         self.runs: dict[int, RunRecord] = {}
         self.bases: dict[str, Base] = {}
+        self.references: dict[str, Any] = {}   # DPO/GRPO references named by ref_model_name
         self.trainers: dict[int, RunTrainer] = {}
         self.ops: queue.SimpleQueue[Op] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
@@ -164,6 +165,7 @@ class Engine:
         """Call ``create_model`` once per distinct base (in the caller's thread: errors show)."""
         key = spec.base_key()
         if key in self.bases:
+            self.reference_model(spec)
             return self.bases[key]
         result = self.create_model(spec.model_config())
         self.create_model_calls += 1
@@ -186,7 +188,37 @@ class Engine:
         if need_pristine:
             base.pristine = copy.deepcopy(model)
         self.bases[key] = base
+        self.reference_model(spec)   # after the base: its vocabulary is checked against the base's
         return base
+
+    def reference_model(self, spec: RunSpec):
+        """A DPO/GRPO reference other than the base (``ref_model_name``): ``create_model`` called
+        once per distinct reference with its own type and kwargs, frozen, shared by every run that
+        names it, and kept apart from the bases (adapters never go into it). None: the base."""
+        ref_spec = spec.reference_spec()
+        if ref_spec is None:
+            return None
+        key = ref_spec.base_key()
+        if key in self.references:
+            return self.references[key]
+        result = self.create_model(ref_spec.model_config())
+        self.create_model_calls += 1
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ConfigError(f"create_model must return (model, tokenizer); for ref_model_name="
+                              f"{spec.ref_model_name!r} it returned {type(result).__name__}")
+        ref = result[0]
+        ref.requires_grad_(False)
+        ref.eval()
+        base = self.bases.get(spec.base_key())
+        if base is not None:
+            want = base.model.get_input_embeddings().num_embeddings
+            got = ref.get_input_embeddings().num_embeddings
+            if want != got:
+                raise ConfigError(f"ref_model_name={spec.ref_model_name!r} has a vocabulary of {got} tokens "
+                                  f"and the base {spec.model_name!r} {want}; the reference scores the "
+                                  "policy's tokens, so both need the same tokenizer")
+        self.references[key] = ref
+        return ref
 
     # -- runs ---------------------------------------------------------------------------------
     def next_run_id(self) -> int:
@@ -519,7 +551,7 @@ class Engine:
         try:
             rt = cls(rec, model, base.tokenizer, self.train_dataset, self.eval_dataset,
                      self.num_chunks, self.seed, out_dir, adapter, self.build_args,
-                     prep_cache=self.prep_cache)
+                     prep_cache=self.prep_cache, ref_model=self.reference_model(spec))
         finally:
             if was:
                 datasets.utils.logging.enable_progress_bar()

@@ -62,6 +62,16 @@ class RunSpec:
             sort_keys=True, default=repr,
         )
 
+    def reference_spec(self) -> "RunSpec | None":
+        """The reference model DPO/GRPO load through ``create_model`` when ``ref_model_name``
+        names another model than the base (None: the base itself is the reference)."""
+        if self.trainer_type not in ("DPO", "GRPO") or self.ref_model_name in (None, self.model_name):
+            return None
+        return RunSpec(trainer_type=self.trainer_type, model_name=self.ref_model_name,
+                       model_type=self.ref_model_type or self.model_type,
+                       model_kwargs=copy.deepcopy(self.ref_model_kwargs or self.model_kwargs),
+                       tokenizer_kwargs=copy.deepcopy(self.tokenizer_kwargs))
+
     def config_dict(self) -> dict:
         """The full JSON leaf config (what is stored, logged and editable)."""
         return {

@@ -129,8 +129,9 @@ class RunTrainer:
 
     def __init__(self, record, model, tokenizer, train_dataset, eval_dataset, num_chunks: int,
                  seed: int, output_dir: str, adapter_name: str | None, build_args,
-                 prep_cache: dict | None = None):
+                 prep_cache: dict | None = None, ref_model=None):
         self.record = record
+        self.ref_model = ref_model   # DPO/GRPO: a reference other than the base (ref_model_name)
         self.spec = record.spec
         self.model = model
         self.tokenizer = tokenizer

@@ -210,7 +210,9 @@ class DPORunTrainer(RunTrainer):
         _unsupported(self.spec, {"sync_ref_model": True})
         self.raw_eval_dataset = eval_dataset
         self.patches = RunPatches()
-        shared = self.adapter_name is not None
+        # the base with its adapters disabled (LoRA) is the reference, unless ref_model_name
+        # named another model (loaded by the engine, frozen, shared like a base)
+        shared = self.adapter_name is not None and self.ref_model is None
         precompute = bool(args.precompute_ref_log_probs)
         # TRL would precompute inside the constructor, before the placeholder below is dropped
         args.precompute_ref_log_probs = False
@@ -218,7 +220,8 @@ class DPORunTrainer(RunTrainer):
             ref = _Placeholder(self.model.config)
             patched = [_lm(self.model)]
         else:
-            ref = frozen_reference(self.model, self.tokenizer, self.spec.base_key())
+            ref = self.ref_model if self.ref_model is not None else frozen_reference(
+                self.model, self.tokenizer, self.spec.base_key())
             patched = [_lm(self.model), ref]
         with self.patches.capture(patched, [self.model] + ([] if shared else [ref])):
             trainer = DPOTrainer(model=self.model, ref_model=ref, args=args, train_dataset=train_dataset,
@@ -421,11 +424,13 @@ class GRPORunTrainer(RunTrainer):
                                   processing_class=self.tokenizer)
         args.beta = beta
         trainer.beta = beta
-        if beta != 0.0 and not shared:
+        if beta != 0.0 and (not shared or self.ref_model is not None):
             if args.cast_lm_head_to_fp32:
-                raise ConfigError("cast_lm_head_to_fp32=True with beta != 0 needs LoRA in rapidfire_nb "
-                                  "(the frozen reference is shared); use peft_config or beta=0")
-            ref = frozen_reference(self.model, self.tokenizer, self.spec.base_key())
+                raise ConfigError("cast_lm_head_to_fp32=True with beta != 0 needs LoRA and no "
+                                  "ref_model_name in rapidfire_nb (the frozen reference is shared); "
+                                  "use peft_config or beta=0")
+            ref = self.ref_model if self.ref_model is not None else frozen_reference(
+                self.model, self.tokenizer, self.spec.base_key())
             with self.patches.capture([ref], [ref]):
                 if args.disable_dropout:
                     disable_dropout_in_model(ref)
