@@ -12,8 +12,9 @@ from rapidfire_nb.demo_data import ANIMALS, WORDS, make_tiny_model_and_tokenizer
 _SAVED: dict[str, str] = {}
 
 
-def local_model_dir(root, name: str, seed: int = 0, hidden_size: int = 32) -> str:
-    """A tiny model and tokenizer saved on disk, standing in for the hub model ``name``."""
+def local_model_dir(root, name: str, seed: int = 0, hidden_size: int = 64) -> str:
+    """A tiny model and tokenizer saved on disk, standing in for the hub model ``name``
+    (hidden size 64: bitsandbytes quantizes in blocks of 64 values)."""
     if name in _SAVED:
         return _SAVED[name]
     model, tok = make_tiny_model_and_tokenizer(hidden_size=hidden_size, seed=seed)

@@ -26,7 +26,8 @@ from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.scheduler import FairScheduler, RunView, parking_order
 from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json
-from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, rng_fork, trainer_class)
+from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, prepare_quantized_base, rng_fork,
+                                          trainer_class)
 from rapidfire_nb.engine.writer import CheckpointWriter
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
@@ -184,6 +185,7 @@ class Engine:
                               "expected a transformers tokenizer")
         if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None):
             tokenizer.pad_token = tokenizer.eos_token
+        model = prepare_quantized_base(model, spec.model_name, need_pristine)
         base = Base(model=model, tokenizer=tokenizer)
         if need_pristine:
             base.pristine = copy.deepcopy(model)

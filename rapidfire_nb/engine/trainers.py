@@ -78,6 +78,33 @@ def derive_seed(seed: int, fingerprint: str) -> int:
     return (int(seed) * 1_000_003 + int(fingerprint[:12], 16)) % (2**31 - 1)
 
 
+def is_quantized(model) -> bool:
+    """A base loaded in 4 or 8 bits (bitsandbytes through ``quantization_config``)."""
+    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
+
+
+def prepare_quantized_base(model, name: str, full_finetuning: bool):
+    """A quantized base as LoRA training needs it (PEFT's ``prepare_model_for_kbit_training``:
+    frozen quantized weights, norms in fp32, input gradients on); full fine-tuning is refused."""
+    if not is_quantized(model):
+        return model
+    if full_finetuning:
+        raise ConfigError(f"model {name!r} is loaded quantized (quantization_config in model_kwargs); "
+                          "its weights cannot be trained directly: give the runs on it a peft_config "
+                          "(QLoRA), or load it unquantized for full fine-tuning")
+    from peft import prepare_model_for_kbit_training
+
+    # bitsandbytes (0.50) repacks a 4-bit weight for fast CPU inference the first time it runs in
+    # eval mode without gradients, and never unpacks it for training: after the first
+    # chunk-end evaluation every gradient through it would be zero. Runs alternate training and
+    # evaluation on the same modules, so that packing is turned off.
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+    # gradient checkpointing stays the run's own choice (training_args.gradient_checkpointing)
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
 _PROBES_CACHED = False
 
 
