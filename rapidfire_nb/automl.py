@@ -883,7 +883,7 @@ def _leaves_to_specs(leaves: list[dict], trainer_type: str) -> list[RunSpec]:
             trainer_type=trainer_type,
             model_name=leaf["model_name"],
             model_type=leaf["model_type"],
-            model_kwargs=copy.deepcopy(leaf.get("model_kwargs") or {}),
+            model_kwargs=_port_model_kwargs(copy.deepcopy(leaf.get("model_kwargs") or {}), context),
             tokenizer_kwargs=copy.deepcopy(leaf.get("tokenizer_kwargs") or {}),
             ref_model_name=leaf.get("ref_model_name"),
             ref_model_type=leaf.get("ref_model_type"),
@@ -898,6 +898,34 @@ def _leaves_to_specs(leaves: list[dict], trainer_type: str) -> list[RunSpec]:
             extra=copy.deepcopy(leaf.get("extra") or {}),
         ))
     return specs
+
+
+def _port_model_kwargs(kwargs: dict, context: str) -> dict:
+    """``load_in_4bit``/``load_in_8bit`` in model_kwargs, as RapidFire tutorials pass them to
+    ``from_pretrained``: transformers 5 refuses them there (they live in ``quantization_config``
+    now). ``False`` is dropped; ``True`` becomes ``quantization_config=BitsAndBytesConfig(...)``."""
+    flags = [k for k in ("load_in_4bit", "load_in_8bit") if k in kwargs]
+    if not flags:
+        return kwargs
+    import transformers
+
+    kwargs = dict(kwargs)
+    on = {k: bool(kwargs.pop(k)) for k in flags}
+    wanted = {k: v for k, v in on.items() if v}
+    if wanted:
+        if "quantization_config" in kwargs:
+            raise ConfigError(f"model_kwargs{context}: {', '.join(wanted)}=True and quantization_config "
+                              "are both given; keep quantization_config")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(**wanted)
+        what = "moved into quantization_config=BitsAndBytesConfig(" + ", ".join(f"{k}=True" for k in wanted) + ")"
+    else:
+        what = "dropped (False is the default)"
+    warnings.warn(RapidFireConfigWarning(
+        f"model_kwargs{context}: {', '.join(flags)} is no longer a from_pretrained argument in "
+        f"transformers {transformers.__version__}; {what}"), stacklevel=4)
+    return kwargs
 
 
 def _section_combo(knobs: dict, section: str) -> dict | None:

@@ -102,8 +102,12 @@ def test_bad_generation_settings_are_refused_before_training():
     G.check_eval_dataset(spec(compute_metrics=fn, generation_config={"max_new_tokens": 4}), evald)
     with pytest.raises(ConfigError, match=r"unknown generation setting 'max_new_token' \(did you mean 'max_new_tokens'"):
         G.check_eval_dataset(spec(compute_metrics=fn, generation_config={"max_new_token": 4}), evald)
-    with pytest.raises(ConfigError, match="generation_config is invalid.*do_sample"):
+    # sampling knobs without do_sample: greedy, as transformers does (RapidFire's SFT tutorial
+    # sets temperature/top_p/top_k alone), with a warning that says so
+    with pytest.warns(UserWarning, match="temperature only apply to sampling.*greedily"):
         G.check_eval_dataset(spec(compute_metrics=fn, generation_config={"temperature": 0.3}), evald)
+    with pytest.raises(ConfigError, match="generation_config is invalid"):
+        G.check_eval_dataset(spec(compute_metrics=fn, generation_config={"max_new_tokens": -1}), evald)
     with pytest.raises(ConfigError, match="needs an eval_dataset"):
         G.check_eval_dataset(spec(compute_metrics=fn), None)
     with pytest.raises(ConfigError, match="compute_metrics needs prompts and references"):

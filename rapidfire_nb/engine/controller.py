@@ -26,8 +26,8 @@ from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.scheduler import FairScheduler, RunView, parking_order
 from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json
-from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, prepare_quantized_base, rng_fork,
-                                          trainer_class)
+from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, merge_window, prepare_quantized_base,
+                                          rng_fork, trainer_class)
 from rapidfire_nb.engine.writer import CheckpointWriter
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
@@ -602,15 +602,31 @@ class Engine:
         batch: list[tuple[str, dict]] = []
         t0 = time.perf_counter()
         samples = rec.samples_seen
+        log_every, eval_every = rt.intervals(rec.total_steps - rec.step_offset)
+        window: list[dict] = []
+        mid_eval_s = 0.0
         for g in range(first, end):
             e, s = plan.position(g)
             with HF_STATE_LOCK:
                 out = rt.train_step(e, s, g - rec.step_offset)
             samples += out["examples"]
-            batch.append(("metric", dict(run_id=rec.run_id, split="train", step=g + 1,
-                                         samples_seen=samples, epoch=epoch, chunk=chunk,
-                                         metrics=out["metrics"])))
-        train_s = time.perf_counter() - t0
+            own = g + 1 - rec.step_offset
+            window.append(out["metrics"])
+            if log_every is None or own % log_every == 0 or g + 1 == end:
+                batch.append(("metric", dict(run_id=rec.run_id, split="train", step=g + 1,
+                                             samples_seen=samples, epoch=epoch, chunk=chunk,
+                                             metrics=merge_window(window))))
+                window = []
+            if eval_every and own % eval_every == 0 and g + 1 < end:
+                t1 = time.perf_counter()   # eval_strategy="steps" inside the chunk (RNG untouched)
+                with HF_STATE_LOCK:
+                    mid = rt.evaluate()
+                if mid:
+                    batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=g + 1,
+                                                 samples_seen=samples, epoch=epoch, chunk=chunk,
+                                                 metrics=mid)))
+                mid_eval_s += time.perf_counter() - t1
+        train_s = time.perf_counter() - t0 - mid_eval_s
         rt.swap_out()  # capture the RNG at the boundary (it is part of the checkpoint)
         if peak_probe is not None:
             self._chunk_peak_extra = max(self._chunk_peak_extra, peak_probe())
@@ -618,7 +634,7 @@ class Engine:
         t0 = time.perf_counter()
         with HF_STATE_LOCK:
             eval_metrics = rt.evaluate()
-        eval_s = time.perf_counter() - t0
+        eval_s = time.perf_counter() - t0 + mid_eval_s
         if eval_metrics:
             batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=end,
                                          samples_seen=samples, epoch=epoch, chunk=chunk,

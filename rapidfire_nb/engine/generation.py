@@ -30,6 +30,7 @@ from rapidfire_nb.errors import ConfigError
 
 REFERENCE_COLUMNS = ("completion", "chosen", "answer", "solution", "reference", "label", "target")
 DEFAULT_GENERATION = {"max_new_tokens": 32, "do_sample": False}
+SAMPLING_ONLY = ("temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
 
 
 def _is_messages(value) -> bool:
@@ -87,12 +88,23 @@ def check_generation_config(spec) -> None:
             near = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ConfigError(f"generation_config: unknown generation setting {key!r}{hint}")
+    kwargs = generation_kwargs(spec)
     try:
-        GenerationConfig(**generation_kwargs(spec)).validate(strict=True)
+        GenerationConfig(**kwargs).validate(strict=False)
     except ValueError as exc:
         lines = [ln.strip(" -") for ln in str(exc).splitlines()
                  if ln.strip() and "GenerationConfig is invalid" not in ln and "pretrained model" not in ln]
         raise ConfigError(f"generation_config is invalid: {' '.join(lines)}") from None
+    ignored = [k for k in SAMPLING_ONLY if k in user]
+    if ignored and not kwargs.get("do_sample"):
+        # what transformers does (and RapidFire's tutorials rely on): greedy, the flags unused
+        import warnings
+
+        from rapidfire_nb._automl_backend import RapidFireConfigWarning
+
+        warnings.warn(RapidFireConfigWarning(
+            f"generation_config: {', '.join(ignored)} only apply to sampling; without do_sample=True "
+            "evaluation generates greedily and ignores them"), stacklevel=3)
 
 
 def check_eval_dataset(spec, dataset) -> None:

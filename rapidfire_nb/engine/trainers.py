@@ -169,6 +169,7 @@ class RunTrainer:
         args = build_args(self.spec, output_dir=output_dir, seed=seed, **self.ENGINE_ARGS)
         self.args = args
         self.activate_adapter()
+        _fit_accelerate_precision(args)
         from rapidfire_nb.engine.formatting import formatted, uses_text_form
 
         # RapidFire's row-mapper formatting_func: the trainer sees the mapped columns
@@ -233,6 +234,30 @@ class RunTrainer:
         getitems = getattr(self.train_data, "__getitems__", None)
         rows = getitems(indices) if getitems is not None else [self.train_data[i] for i in indices]
         return self.trainer.data_collator(list(rows))
+
+    # -- logging and evaluation inside chunks -----------------------------------------------------
+    def intervals(self, own_total: int) -> tuple[int | None, int | None]:
+        """(log every N steps, evaluate every N steps) as the user's ``logging_steps`` and
+        ``eval_strategy="steps"``/``eval_steps`` say (a float below 1 is a fraction of the run's
+        steps, as in transformers). None: train metrics of every step / no evaluation inside a
+        chunk. The engine also evaluates, and logs what is left of a window, at every chunk end."""
+        user = self.spec.training_args or {}
+
+        def steps(value) -> int | None:
+            if value is None or isinstance(value, bool):
+                return None
+            if isinstance(value, float) and value < 1:
+                return max(1, math.ceil(value * own_total))
+            return max(1, int(value))
+
+        strategy = str(getattr(user.get("logging_strategy", "steps"), "value", user.get("logging_strategy", "steps")))
+        log_every = steps(user.get("logging_steps")) if strategy == "steps" else None
+        eval_strategy = str(getattr(user.get("eval_strategy", "no"), "value", user.get("eval_strategy", "no")))
+        eval_every = None
+        if eval_strategy == "steps":
+            # transformers: eval_steps defaults to logging_steps (itself 500 by default)
+            eval_every = steps(user.get("eval_steps")) or steps(user.get("logging_steps")) or 500
+        return log_every, eval_every
 
     # -- schedule ----------------------------------------------------------------------------------
     def total_steps(self) -> int:
@@ -502,6 +527,32 @@ class RunTrainer:
             acc._schedulers, acc._optimizers, acc._models, acc._dataloaders = [], [], [], []
         self.trainer = self.optimizer = self.scheduler = self.model = None
         self.train_data = self.eval_data = None
+
+
+def _fit_accelerate_precision(args) -> None:
+    """accelerate keeps one process-wide mixed-precision setting and refuses a trainer whose
+    config asks for another ("AcceleratorState has already been initialized and cannot be
+    changed"), so runs of different precisions could not share a kernel. The engine applies each
+    run's own autocast (``run_autocast``), so the shared setting is reset for the run being built."""
+    try:
+        from accelerate.state import AcceleratorState
+    except ImportError:  # pragma: no cover - accelerate is a dependency
+        return
+    want = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "no"
+    current = AcceleratorState._shared_state.get("_mixed_precision")
+    if current is not None and str(current) != want:
+        AcceleratorState._reset_state()
+
+
+def merge_window(window: list[dict]) -> dict:
+    """The train metrics of several steps logged as one point: means (what transformers logs
+    every ``logging_steps``), the learning rate as it is at the window's last step."""
+    out: dict = {}
+    for key in dict.fromkeys(k for m in window for k in m):
+        vals = [m[key] for m in window if key in m and m[key] is not None]
+        if vals:
+            out[key] = vals[-1] if key == "learning_rate" else sum(vals) / len(vals)
+    return out
 
 
 def _slot_data(container, key) -> torch.Tensor:
