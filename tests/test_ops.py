@@ -208,12 +208,13 @@ def test_warm_clone_starts_where_its_parent_is(cloned):
     branch_chunk, branch_samples, parent_latest = parent[1]      # after the parent's chunk 1
     initial_like = evals(exp, 3)[0][2]                           # cold clone, barely trained
     warm_first = evals(exp, 2)[0]
-    # the warm clone continues the parent's stream: its first chunk is the parent's next one
+    # RapidFire's warm start: the clone's data starts at the chunk after the parent's last
+    # completed one and it trains its own full schedule (8 steps = 4 chunks), wrapping around
     assert warm_first[0] == branch_chunk + 1
-    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=2)] == [2, 3]
+    assert [(c["epoch"], c["chunk"]) for c in events(exp, "chunk_done", run_id=2)] == [(0, 2), (0, 3), (1, 0), (1, 1)]
     created = events(exp, "run_created", run_id=2)[0]
-    assert created["base_samples_seen"] == branch_samples
-    assert warm_first[1] == branch_samples + 16
+    assert created["base_samples_seen"] == 0 and created["total_steps"] - created["base_step"] == 8
+    assert warm_first[1] == 16 and branch_samples == 32
     # its curve picks up at the parent's loss, far from where an untrained adapter is
     # (a LoRA on a random tiny base learns slowly: ~0.1 nats in 4 steps, but deterministically)
     gap = abs(initial_like - parent_latest)
@@ -226,9 +227,11 @@ def test_warm_clone_has_its_own_optimizer_and_schedule(cloned):
     exp = cloned
     res = exp.get_results()
     lrs = res[(res.run_id == 2) & (res.metric == "learning_rate")].sort_values("step")
-    # fresh linear schedule over the clone's remaining steps, at the clone's own rate
+    # a fresh linear schedule over the clone's own 8 steps, at the clone's own rate (its steps are
+    # numbered in the data stream: it starts at the parent's chunk 2, step 5)
     assert lrs.value.iloc[0] == pytest.approx(LR_TINY)
-    assert list(lrs.step) == [5, 6, 7, 8]
+    assert list(lrs.step) == list(range(5, 13))
+    assert lrs.value.iloc[4] == pytest.approx(LR_TINY / 2)   # linear decay over 8 steps, not 4
 
 
 def test_cold_clone_trains_from_scratch(cloned, reference):
@@ -307,18 +310,6 @@ def test_ops_on_a_deleted_run_are_refused(tiny_data, tmp_path):
     exp.end()
     with pytest.raises(Exception, match="ended"):
         exp.stop(1)
-
-
-def test_warm_clone_of_a_finished_run_is_refused_unless_it_adds_steps(reference):
-    before = _snapshot(reference)
-    # a finished run is at the end of its data stream: a warm clone would train nothing
-    with pytest.raises(OpRefused, match="nothing left to train"):
-        reference.clone_modify(1, {"training_args.learning_rate": 1e-3}, warm_start=True)
-    assert _snapshot(reference) == before
-    # another epoch gives it a stream to continue
-    spec = reference.validate_clone(1, {"training_args.num_train_epochs": 2}, warm_start=True)
-    assert spec.training_args["num_train_epochs"] == 2
-    assert _snapshot(reference) == before
 
 
 def test_warm_clone_raced_by_the_deletion_of_its_parent_is_refused(tiny_data, tmp_path):
@@ -578,7 +569,8 @@ def test_dpo_and_grpo_clones_inherit_callables(trainer_type, tmp_path):
         assert spec.trainer_type == trainer_type
         assert spec.compute_metrics is parent.compute_metrics
         assert spec.reward_funcs == parent.reward_funcs
-    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=2)] == [1]       # warm: continues
+    # warm: from the parent's next chunk, its own full schedule (wrapping to the next epoch)
+    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=2)] == [1, 0]
     assert [c["chunk"] for c in events(exp, "chunk_done", run_id=3)] == [0, 1]    # cold: from scratch
     res = exp.get_results()
     for rid in (1, 2, 3):

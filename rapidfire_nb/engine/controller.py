@@ -527,7 +527,7 @@ class Engine:
         base = self.load_base(spec, need_pristine=spec.peft_config is None)
         cls = trainer_class(spec.trainer_type)
         out_dir = str(self.store.output_dir(rec.run_id))
-        init_seed = derive_seed(self.seed, spec.fingerprint())
+        init_seed = derive_seed(self.seed, spec.seed_fingerprint())
         if spec.peft_config is not None:
             from peft import get_peft_model
 

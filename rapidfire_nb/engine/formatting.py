@@ -30,11 +30,16 @@ def _name(fn) -> str:
 
 def formatting_kind(spec, dataset, name: str = "train_dataset") -> str | None:
     """``"rows"`` (RapidFire row mapper), ``"text"`` (TRL string form) or None (no function)."""
+    return _probe(spec, dataset, name)[0]
+
+
+def _probe(spec, dataset, name: str):
+    """(kind, what the function returned for the first row)."""
     fn = spec.formatting_func
     if fn is None:
-        return None
+        return None, None
     if dataset is None or len(dataset) == 0:
-        return ROWS
+        return ROWS, None
     try:
         out = fn(dict(dataset[0]))
     except Exception as exc:
@@ -46,9 +51,9 @@ def formatting_kind(spec, dataset, name: str = "train_dataset") -> str | None:
                 f"formatting_func {_name(fn)!r} returned a string for the first row of {name}; "
                 f"{spec.trainer_type} needs a dict of columns (e.g. {{'prompt': ..., "
                 + ("'chosen': ..., 'rejected': ...}})" if spec.trainer_type == "DPO" else "'answer': ...})"))
-        return TEXT
+        return TEXT, out
     if isinstance(out, dict) and out and all(isinstance(k, str) for k in out):
-        return ROWS
+        return ROWS, out
     got = "an empty dict" if out == {} else type(out).__name__
     raise ConfigError(
         f"formatting_func {_name(fn)!r} returned {got} for the first row of {name}; it must return "
@@ -56,10 +61,9 @@ def formatting_kind(spec, dataset, name: str = "train_dataset") -> str | None:
         "for SFT, the training text as a string (TRL's form)")
 
 
-def _map(fn, dataset, keep_unreturned: bool, name: str):
+def _map(fn, dataset, first: dict, keep_unreturned: bool, name: str):
     import datasets
 
-    first = fn(dict(dataset[0]))
     drop = [] if keep_unreturned else [c for c in dataset.column_names if c not in first]
     # a content-derived fingerprint: datasets would otherwise hash the function with dill (and
     # warn, with a random hash, for most notebook-defined functions)
@@ -92,8 +96,8 @@ def formatted(spec, dataset, cache: dict, name: str):
     # the entry holds the function and the source: their ids cannot be reused while cached
     if hit is not None and hit[0] is fn and hit[1] is dataset:
         return hit[2]
-    kind = formatting_kind(spec, dataset, name)
-    out = dataset if kind == TEXT else _map(fn, dataset, keep, name)
+    kind, first = _probe(spec, dataset, name)
+    out = dataset if kind == TEXT or first is None else _map(fn, dataset, first, keep, name)
     cache[key] = (fn, dataset, out, kind)
     return out
 

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 TRAINER_TYPES = ("SFT", "DPO", "GRPO")
+# training_args knobs that change what is logged or evaluated, never what a run computes
+REPORTING_KNOBS = ("logging_steps", "logging_strategy", "logging_first_step", "eval_strategy",
+                   "eval_steps", "eval_delay", "save_strategy", "save_steps", "save_total_limit",
+                   "report_to", "run_name", "disable_tqdm")
 
 
 @dataclass
@@ -90,6 +94,17 @@ class RunSpec:
             "compute_metrics": _callable_name(self.compute_metrics),
             "reward_funcs": [_callable_name(f) for f in self.reward_funcs or []] or None,
         }
+
+    def seed_fingerprint(self) -> str:
+        """What seeds a run's adapter init and RNG: its config without the knobs that only say how
+        often it is logged or evaluated, so that those never change what it learns."""
+        config = self.config_dict()
+        args = dict(config["training_args"] or {})
+        for knob in REPORTING_KNOBS:
+            args.pop(knob, None)
+        config["training_args"] = args
+        blob = json.dumps(config, sort_keys=True, default=repr)
+        return hashlib.sha256(blob.encode()).hexdigest()
 
     def fingerprint(self) -> str:
         """Stable hash of the config; seeds adapter init so it depends on (seed, config) only."""

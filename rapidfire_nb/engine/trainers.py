@@ -188,7 +188,7 @@ class RunTrainer:
         self.optimizer = None
         self.scheduler = None
         self._eval_batches = None
-        self.rng = seeded_rng(derive_seed(seed, self.spec.fingerprint()) + 1)
+        self.rng = seeded_rng(derive_seed(seed, self.spec.seed_fingerprint()) + 1)
         self._parked: list | None = None   # where each moved tensor came from, while parked
         self._parked_bytes = 0
         self._host = torch.device("cpu")
