@@ -122,10 +122,11 @@ def make_reference(server, root: Path, clone: bool = False) -> dict:
         # 6 optimizer steps and 6 evaluations per run, each logged once
         assert sorted(counts[rid].values()) == [1] * 12
     if clone:
-        # the warm clone continues run 1's data stream after its first chunk: 5 chunks
-        assert sorted(counts[4].values()) == [1] * 10
+        # the warm clone (made after run 1's first chunk) trains its own full schedule, from run
+        # 1's second chunk on, wrapping into the next epoch: 6 steps, 6 evaluations
+        assert sorted(counts[4].values()) == [1] * 12
     chunks = chunk_keys(events)
-    assert set(chunks.values()) == {1} and len(chunks) == TOTAL_CHUNKS + (5 if clone else 0)
+    assert set(chunks.values()) == {1} and len(chunks) == TOTAL_CHUNKS + (6 if clone else 0)
     return {"weights": final_weights(root, runs), "counts": counts, "values": values,
             "runs": runs, "chunks": set(chunks)}
 
