@@ -23,13 +23,16 @@ from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.controller import Engine, Op
 from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.engine.lock import FolderLock
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json, read_json
+from rapidfire_nb.engine.store import (ExperimentStore, atomic_write_json, check_experiment_meta,
+                                       read_json)
 from rapidfire_nb.engine.trainers import trainer_class
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
 _current: "weakref.ref[Experiment] | None" = None
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# fullmatch, not match: "$" would let a trailing newline through into the folder name
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def current_experiment() -> "Experiment | None":
@@ -94,7 +97,7 @@ class Experiment:
                  mode: str = "fit", resume: bool = False, tracking: list[str] | None = None,
                  offload: str = "auto"):
         global _current
-        if not isinstance(experiment_name, str) or not _NAME_RE.match(experiment_name):
+        if not isinstance(experiment_name, str) or not _NAME_RE.fullmatch(experiment_name):
             raise ConfigError(
                 f"experiment_name must be 1-128 letters, digits, '.', '_' or '-' (got {experiment_name!r})")
         if mode not in ("fit",):
@@ -121,13 +124,20 @@ class Experiment:
         self.resumed = resume
         self.offload = offload
         self.store = ExperimentStore(self.path)
-        self.events = EventLog(self.store.events_path)
+        # the folder's owner from here to end(): nothing below may write before this
+        self._folder_lock = FolderLock(self.path).acquire()
+        try:
+            self.meta = check_experiment_meta(read_json(self.store.meta_path, {}),
+                                              self.store.meta_path) if resume else {}
+            self.events = EventLog(self.store.events_path)
+        except BaseException:
+            self._folder_lock.release()
+            raise
         self.engine: Engine | None = None
         self._ended = False
         self._reserved_ids: set[int] = set()
         self._panel = None
         self._tb = None
-        self.meta = read_json(self.store.meta_path, {}) if resume else {}
         if not resume:
             atomic_write_json(self.store.meta_path, {"name": self.name, "version": __version__})
         self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(resume))
@@ -259,7 +269,7 @@ class Experiment:
 
         engine = self.engine
         self.store.remove_stale_tmp()
-        stored = {int(k): v for k, v in (read_json(self.store.runs_path, {}) or {}).items()}
+        stored = R.check_runs_json(read_json(self.store.runs_path, {}), self.store.runs_path)
         for rid in range(1, len(specs) + 1):
             stored.setdefault(rid, {"status": R.PENDING, "parent_run_id": None, "warm_start": False})
         created: set[int] = set()
@@ -401,6 +411,7 @@ class Experiment:
             except Exception:
                 pass
         self.events.close()
+        self._folder_lock.release()
         self._ended = True
         if _current is not None and _current() is self:
             _current = None
