@@ -26,7 +26,7 @@ from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.lock import FolderLock
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import (ExperimentStore, atomic_write_json, check_experiment_meta,
-                                       read_json)
+                                       failed_by_the_disk, read_json)
 from rapidfire_nb.engine.trainers import trainer_class
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
@@ -322,7 +322,7 @@ class Experiment:
             setattr(rec, key, info.get(key, getattr(rec, key)))
         status = info.get("status", R.PENDING)
         reason = "restored after restart"
-        if status == R.FAILED and "CheckpointWriteError" in (rec.error or ""):
+        if status == R.FAILED and failed_by_the_disk(rec.error):
             status, reason = R.PENDING, "retried from its last intact checkpoint after a checkpoint write failure"
             rec.error = None
         ckpt = None

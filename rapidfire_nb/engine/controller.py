@@ -25,7 +25,7 @@ from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.scheduler import FairScheduler, RunView, parking_order
-from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json
+from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json, durable_write_failure
 from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, rng_fork, trainer_class)
 from rapidfire_nb.engine.writer import CheckpointWriter
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
@@ -158,6 +158,7 @@ class Engine:
         self._chunk_peak_extra = 0                 # largest memory a chunk added (CUDA, bytes)
         self.parks_done = 0
         self._runs_version = self._runs_written = 0
+        self.runs_write_error: OSError | None = None
 
     # -- bases -------------------------------------------------------------------------------
     def load_base(self, spec: RunSpec, need_pristine: bool) -> Base:
@@ -225,8 +226,8 @@ class Engine:
             self.save_runs()
         return rec
 
-    def save_runs(self) -> None:
-        """Persist every run record. The snapshot is taken under the engine lock; the write (with
+    def save_runs(self) -> bool:
+        """Persist every run record; False (and ``runs_write_error``) when the write failed. The snapshot is taken under the engine lock; the write (with
         its fsyncs) happens outside it when the caller does not hold the lock, and a snapshot
         older than one already written is dropped, so runs.json never goes back in time."""
         with self.lock:
@@ -240,8 +241,16 @@ class Engine:
                     data[str(rid)].update(durable)
         with self._runs_file_lock:
             if version > self._runs_written:
-                atomic_write_json(self.store.runs_path, data)
+                try:
+                    atomic_write_json(self.store.runs_path, data)
+                except OSError as exc:
+                    # never fatal here (the engine thread must live on): the previous runs.json is
+                    # intact, the next save writes everything; _persist fails the affected run
+                    self.runs_write_error = exc
+                    return False
                 self._runs_written = version
+                self.runs_write_error = None
+        return True
 
     def _set_status(self, rec: RunRecord, status: str, error: str | None = None,
                     reason: str | None = None, save: bool = True) -> None:
@@ -712,12 +721,16 @@ class Engine:
             self._unwritten.pop(rec.run_id, None)
         try:
             # the log has its own lock; holding the engine's through an fsync would stall it
-            self.events.extend(batch + [("chunk_done", chunk_event)])
+            logged = self.events.extend(batch + [("chunk_done", chunk_event)])
             if done:
                 with self.lock:
                     if rec.status in R.ACTIVE:
                         self._set_status(rec, R.COMPLETED, save=False)  # the engine frees it
-            self.save_runs()
+            saved = self.save_runs()
+            failure = durable_write_failure(self.events, logged[-1]["seq"], saved,
+                                            self.runs_write_error, rec.run_id, self.store)
+            if failure is not None:
+                raise failure
         except Exception as exc:
             # the checkpoint is on disk (a restart re-logs its events from it); this session
             # cannot log the run any more: it fails, visibly, with its counters as on disk

@@ -31,9 +31,13 @@ Opening a log never deletes valid history. The only thing dropped is a torn fina
 newline: what a crash mid-write leaves); its bytes are kept beside the log in
 ``events.jsonl.torn-<time>``. Any other damage (a line that is not JSON, not UTF-8, not an event,
 or out of sequence) refuses the open with ``EventLogError`` naming the file and the line, and the
-file is left exactly as it was. A failed append (disk full) removes whatever part of it reached the
-file and raises ``EventLogWriteError``; its sequence numbers are not used, so the next append
-continues the sequence with nothing duplicated.
+file is left exactly as it was.
+
+A failed write (disk full) removes whatever part of it reached the file; the events stay in memory,
+in order, and are written before anything newer by the next append that succeeds (or by
+``close``). So the file is always a gap-free prefix of the log: no sequence number is ever reused
+or written twice. ``write_error`` holds the last failure until a write succeeds again, and
+``durable_seq`` says how far the file goes; the engine uses them to fail the affected run.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ class EventLogError(RapidFireError):
 
 
 class EventLogWriteError(RapidFireError, OSError):
-    """An append could not be written (disk full, I/O error); nothing of it stays in the file."""
+    """Events could not be written (disk full, I/O error); nothing of them stays in the file."""
 
 
 class EventLog:
@@ -69,7 +73,9 @@ class EventLog:
         self._path = Path(path) if path is not None else None
         self._fd: int | None = None
         self._size = 0          # bytes of whole, durable lines in the file
+        self._durable = 0       # how many events (a prefix of _events) are in the file
         self._broken: str | None = None
+        self.write_error: EventLogWriteError | None = None
         self._listeners: list[Callable[[dict], None]] = []
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,6 +92,7 @@ class EventLog:
                     _set_aside_torn_tail(self._path, good, torn)
             self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._size = os.fstat(self._fd).st_size
+            self._durable = len(self._events)
 
     @property
     def path(self) -> Path | None:
@@ -96,14 +103,22 @@ class EventLog:
         with self._lock:
             return self._events[-1]["seq"] if self._events else 0
 
+    @property
+    def durable_seq(self) -> int:
+        """The last seq that is in the file (``last_seq`` when there is no file)."""
+        with self._lock:
+            if self._fd is None and self._path is None:
+                return self.last_seq_unlocked()
+            return self._events[self._durable - 1]["seq"] if self._durable else 0
+
     def append(self, type: str, **payload: Any) -> dict:
         return self.extend([(type, payload)])[-1]
 
     def extend(self, items: Iterable[tuple[str, dict]]) -> list[dict]:
         """Append several events atomically (one write + fsync).
 
-        On a write error (``EventLogWriteError``) nothing is appended: the file is cut back to
-        what it held before and the sequence numbers stay free for the next append."""
+        A write error does not raise: the events are logged in memory and written, in order,
+        with the next successful write (see ``write_error`` and ``durable_seq``)."""
         with self._lock:
             seq = self._events[-1]["seq"] if self._events else 0
             now = time.time()
@@ -111,10 +126,8 @@ class EventLog:
             for type_, payload in items:
                 seq += 1
                 new.append({"seq": seq, "time": now, "type": type_, **payload})
-            if self._fd is not None:
-                data = "".join(json.dumps(e, default=_json_default) + "\n" for e in new).encode("utf-8")
-                self._write(data)
             self._events.extend(new)
+            self._write_pending()
             self._lock.notify_all()
             listeners = list(self._listeners)
         for listener in listeners:
@@ -125,9 +138,16 @@ class EventLog:
                     pass
         return new
 
-    def _write(self, data: bytes) -> None:
+    def _write_pending(self) -> bool:
+        """Write every event not yet in the file; on failure cut the file back to whole lines."""
+        if self._fd is None or self._durable == len(self._events):
+            return self._durable == len(self._events)
         if self._broken:
-            raise EventLogWriteError(self._broken)
+            self.write_error = EventLogWriteError(self.write_error.errno if self.write_error else None,
+                                                  self._broken)
+            return False
+        pending = self._events[self._durable:]
+        data = "".join(json.dumps(e, default=_json_default) + "\n" for e in pending).encode("utf-8")
         try:
             view = memoryview(data)
             while view:
@@ -137,15 +157,21 @@ class EventLog:
         except OSError as exc:
             reason = _os_reason(exc)
             try:
-                os.ftruncate(self._fd, self._size)   # no part of this batch may stay behind
+                os.ftruncate(self._fd, self._size)   # no part of these events may stay behind
                 os.fsync(self._fd)
             except OSError as exc2:
-                # the file may now end in part of this batch: later appends would follow it with
-                # the same sequence numbers, so this session stops writing to it
-                self._broken = (f"{self._path} could not be cut back after a failed append "
-                                f"({_os_reason(exc2)}); reopen the experiment with resume=True")
-            raise EventLogWriteError(exc.errno, f"could not append to {self._path}: {reason}") from exc
+                # the file may now end in part of them: writing them again after it would
+                # duplicate sequence numbers, so this session stops writing to the file
+                self._broken = (f"{self._path} could not be cut back after a failed write "
+                                f"({_os_reason(exc2)}); events after seq {self._durable} are in "
+                                "memory only. Reopen the experiment with resume=True")
+            self.write_error = EventLogWriteError(
+                exc.errno, f"could not write {len(pending)} event(s) to {self._path}: {reason}")
+            return False
         self._size += len(data)
+        self._durable = len(self._events)
+        self.write_error = None
+        return True
 
     def since(self, seq: int = 0, limit: int | None = None) -> list[dict]:
         """Events with ``seq`` greater than the given one, oldest first."""
@@ -180,8 +206,10 @@ class EventLog:
         return unsubscribe
 
     def close(self) -> None:
+        """Write what is still pending (if the disk allows) and close the file."""
         with self._lock:
             if self._fd is not None:
+                self._write_pending()
                 os.close(self._fd)
                 self._fd = None
 

@@ -43,6 +43,36 @@ class CheckpointReadError(RapidFireError):
     """A checkpoint file exists but cannot be loaded."""
 
 
+class DurableWriteError(RapidFireError):
+    """A chunk's checkpoint is on disk but its log lines or runs.json could not be written."""
+
+
+# error names that mark a run as failed by the disk, not by its training: resume retries those
+RETRYABLE_WRITE_ERRORS = ("CheckpointWriteError", "DurableWriteError")
+
+
+def failed_by_the_disk(error: str | None) -> bool:
+    return bool(error) and any(name in error for name in RETRYABLE_WRITE_ERRORS)
+
+
+def durable_write_failure(events, last_seq: int, runs_saved: bool, runs_error: OSError | None,
+                          run_id: int, store: "ExperimentStore") -> "DurableWriteError | None":
+    """After a chunk was logged: the error that fails its run if the log or runs.json did not
+    reach the disk (the checkpoint did, so a resume continues from it), else None."""
+    problems = []
+    if events.durable_seq < last_seq:
+        err = events.write_error
+        problems.append(f"{store.events_path}: {err.strerror if err and err.strerror else err}")
+    if not runs_saved:
+        problems.append(f"{store.runs_path}: {_describe_os_error(runs_error) if runs_error else 'not written'}")
+    if not problems:
+        return None
+    return DurableWriteError(
+        f"run {run_id}: its chunk checkpoint was written but "
+        + "; ".join(problems)
+        + ". The checkpoint is intact; free disk space, then continue with Experiment(..., resume=True)")
+
+
 class MetadataError(RapidFireError):
     """experiment.json or runs.json is damaged; the message names the file and what is wrong."""
 
