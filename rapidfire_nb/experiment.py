@@ -11,6 +11,7 @@ queued for the engine thread, which applies them at the next chunk boundary.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -24,6 +25,7 @@ from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.controller import Engine, Op
 from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.lock import FolderLock
+from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import (ExperimentStore, atomic_write_json, check_experiment_meta,
                                        failed_by_the_disk, read_json)
@@ -440,47 +442,55 @@ class Experiment:
             raise RapidFireError(f"experiment {self.name!r} has ended; create a new Experiment")
 
     # -- interactive control ops --------------------------------------------------------------
-    def _run(self, run_id) -> R.RunRecord:
+    def _run(self, run_id) -> ProjectedRun:
+        """The run as the ops already queued will leave it (a queued clone's id works at once)."""
         self._check_open()
         if self.engine is None:
             raise OpRefused("no runs yet: call run_fit first")
         if isinstance(run_id, bool) or not isinstance(run_id, int):
             raise OpRefused(f"run_id must be an integer, got {run_id!r}")
-        rec = self.engine.runs.get(run_id)
+        rec = project(self.engine, run_id)
         if rec is None:
-            raise OpRefused(f"unknown run {run_id}; runs are {sorted(self.engine.runs)}")
+            raise OpRefused(f"unknown run {run_id}; runs are {known_ids(self.engine)}")
         return rec
 
     def stop(self, run_id: int) -> None:
         """Stop a pending or running run at its next chunk boundary; its checkpoint stays."""
-        rec = self._run(run_id)
-        if rec.status not in R.ACTIVE:
-            raise OpRefused(f"run {run_id} is {rec.status}; only pending or running runs can be stopped")
-        self.engine.submit(Op("stop", run_id))
+        with self.engine.lock if self.engine else contextlib.nullcontext():
+            rec = self._run(run_id)
+            if rec.status not in R.ACTIVE:
+                raise OpRefused(f"run {run_id} is {rec.status}; only pending or running runs can be stopped")
+            self.engine.submit(Op("stop", run_id))
 
     def resume(self, run_id: int) -> None:
         """Resume a stopped run from its checkpoint."""
-        rec = self._run(run_id)
-        if rec.status != R.STOPPED:
-            raise OpRefused(f"run {run_id} is {rec.status}; only stopped runs can be resumed")
-        self.engine.submit(Op("resume", run_id))
+        with self.engine.lock if self.engine else contextlib.nullcontext():
+            rec = self._run(run_id)
+            if rec.status != R.STOPPED:
+                raise OpRefused(f"run {run_id} is {rec.status}; only stopped runs can be resumed")
+            self.engine.submit(Op("resume", run_id))
 
     def delete(self, run_id: int) -> None:
         """Remove a run from scheduling for good and free its memory and checkpoints (metrics stay)."""
-        rec = self._run(run_id)
-        if rec.status == R.DELETED:
-            raise OpRefused(f"run {run_id} is already deleted")
-        self.engine.submit(Op("delete", run_id))
+        with self.engine.lock if self.engine else contextlib.nullcontext():
+            rec = self._run(run_id)
+            if rec.status == R.DELETED:
+                raise OpRefused(f"run {run_id} is already deleted (or its delete is queued)")
+            self.engine.submit(Op("delete", run_id))
 
     def validate_clone(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> RunSpec:
         """Check a clone_modify without creating anything; returns the new run's spec."""
         from rapidfire_nb import automl
 
-        rec = self._run(run_id)
-        if rec.status == R.DELETED:
-            raise OpRefused(f"run {run_id} is deleted; it cannot be cloned")
+        view = self._run(run_id)
+        if view.status == R.DELETED:
+            raise OpRefused(f"run {run_id} is deleted (or its delete is queued); it cannot be cloned")
         if not isinstance(warm_start, bool):
             raise OpRefused(f"warm_start must be True or False, got {warm_start!r}")
+        if warm_start and not view.exists:
+            raise OpRefused(f"run {run_id} is a queued clone that has not been created yet; a warm "
+                            "start needs its weights: clone it once it has trained a chunk")
+        rec = view.record if view.exists else view
         if changes is None:
             changes = {}
         if not isinstance(changes, dict):

@@ -135,6 +135,7 @@ class Engine:
         self.bases: dict[str, Base] = {}
         self.trainers: dict[int, RunTrainer] = {}
         self.ops: queue.SimpleQueue[Op] = queue.SimpleQueue()
+        self.queued_ops: list[Op] = []   # submitted, not yet applied (under self.lock)
         self.thread: threading.Thread | None = None
         self.on_device: int | None = None
         self.pending_weights: dict[int, dict] = {}
@@ -280,7 +281,9 @@ class Engine:
             self.thread.start()
 
     def submit(self, op: Op) -> None:
-        self.ops.put(op)
+        with self.lock:   # queued_ops and the queue change together (engine/queued.py reads both)
+            self.queued_ops.append(op)
+            self.ops.put(op)
         self.start()
 
     def busy(self) -> bool:
@@ -403,9 +406,12 @@ class Engine:
                 op = self.ops.get_nowait()
             except queue.Empty:
                 break
+            self.queued_ops[:] = [q for q in self.queued_ops if q is not op]
             rec = self.runs.get(op.run_id)
             ok, reason = True, None
             try:
+                if rec is None:   # a queued clone that was refused when applied
+                    raise OpRefused(f"run {op.run_id} does not exist (its clone was refused)")
                 if op.kind == "stop":
                     if rec.status in R.ACTIVE:
                         self._set_status(rec, R.STOPPED, reason="stopped by user")
