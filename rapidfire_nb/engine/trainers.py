@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rapidfire_nb.engine.chunks import ChunkPlan
+from rapidfire_nb.engine.hfstate import fresh_accelerator_state
 from rapidfire_nb.errors import ConfigError
 
 
@@ -141,6 +142,7 @@ class RunTrainer:
         args = build_args(self.spec, output_dir=output_dir, seed=seed, **self.ENGINE_ARGS)
         self.args = args
         self.activate_adapter()
+        fresh_accelerator_state()   # whatever trainer ran before (the user's own, too): see hfstate
         self.trainer = self.make_trainer(args, train_dataset, eval_dataset)
         # the engine owns autocast, from this run's own precision: accelerate's autocast reads a
         # process-wide setting left by whichever trainer was built last, and patching the shared
