@@ -613,20 +613,24 @@ class Experiment:
         path.mkdir(parents=True, exist_ok=True)
         base = self.engine.bases[rec.spec.base_key()]
         if rec.spec.peft_config is not None:
-            from safetensors.torch import save_file
+            from rapidfire_nb.engine.export import export_adapter
 
             lora = build_lora_config(rec.spec)
             lora.base_model_name_or_path = rec.spec.model_name
-            lora.save_pretrained(str(path))
-            adapter = f"run_{run_id}"   # PEFT's saved names carry no adapter name
-            tensors = {".".join(part for part in k.split(".") if part != adapter): v.contiguous()
-                       for k, v in weights.items()}
-            save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+            export_adapter(base.model, lora, weights, f"run_{run_id}", path)
         else:
             import copy
 
+            from rapidfire_nb.engine.export import ExportError
+
             model = copy.deepcopy(base.pristine if base.pristine is not None else base.model)
-            model.load_state_dict(weights, strict=False)
+            try:
+                result = model.load_state_dict(weights, strict=False)   # raises on a shape mismatch
+            except RuntimeError as exc:
+                raise ExportError(f"the weights of run {run_id} do not fit its model: {exc}") from None
+            if result.unexpected_keys:
+                raise ExportError(f"the weights of run {run_id} hold tensors its model lacks: "
+                                  f"{result.unexpected_keys[:3]}")
             model.save_pretrained(str(path))
             del model
         base.tokenizer.save_pretrained(str(path))
