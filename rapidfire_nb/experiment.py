@@ -25,6 +25,7 @@ from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.controller import Engine, Op
 from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.lock import FolderLock
+from rapidfire_nb.engine.precheck import check_before_training, check_target_modules
 from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import (ExperimentStore, atomic_write_json, check_experiment_meta,
@@ -207,6 +208,10 @@ class Experiment:
             need_pristine[spec.base_key()] = need_pristine.get(spec.base_key(), False) or spec.peft_config is None
         for spec in specs:
             engine.load_base(spec, need_pristine[spec.base_key()])
+        # what needs the base or the data: LoRA targets, the first rows, generation_config
+        check_before_training(specs, lambda s: (engine.bases[s.base_key()].model,
+                                                engine.bases[s.base_key()].tokenizer),
+                              train_dataset, eval_dataset)
         self.engine = engine
         if self.resumed:
             self._restore_runs(specs)
@@ -508,6 +513,9 @@ class Experiment:
                                 + "; ".join(reasons) + " (use a cold clone)")
             if spec.trainer_type != parent.trainer_type:
                 raise OpRefused("warm start needs the parent's trainer type")
+        base = self.engine.bases.get(spec.base_key())
+        if base is not None:
+            check_target_modules(spec, base.model)
         plan, total = self.engine.plan_run(spec)
         if warm_start and plan.chunk_start_step(rec.epoch, rec.chunk) >= total:
             raise OpRefused(
