@@ -168,6 +168,8 @@ def test_full_disk_fails_runs_not_the_engine_and_resume_finishes_them_exactly(sm
     assert filled and list(info.status) == ["failed"] * 3, info[["status", "error"]]
     for rid in (1, 2, 3):
         assert "disk full" in info.loc[rid, "error"], info.loc[rid, "error"]
+    # run 1's checkpoint was written, then its runs.json write failed: that alone fails it
+    assert "DurableWriteError" in info.loc[1, "error"] and "runs.json" in info.loc[1, "error"]
     reasons = [e["reason"] for e in exp.events.since(0)
                if e["type"] == "run_status" and e["status"] == "failed"]
     assert len(reasons) == 3 and all("disk full" in r for r in reasons), reasons

@@ -306,3 +306,37 @@ def test_tensorboard_html_escapes_the_folder_and_the_proxy_url(tmp_path, monkeyp
         tensorboard_html(proxy_url(6006), logdir)
     ok = tensorboard_html("https://hub.example/user/proxy/6006/", logdir)
     assert 'href="https://hub.example/user/proxy/6006/"' in ok
+
+
+def test_hostile_safetensors_checkpoints_are_refused_with_a_reason(tmp_path):
+    import torch
+    from safetensors.torch import save
+
+    from rapidfire_nb.engine import safeformat
+
+    store = ExperimentStore(tmp_path)
+    path = store.checkpoint_path(1)
+    path.parent.mkdir(parents=True)
+    t = {"t0": torch.zeros(3)}
+    cases = {
+        "no .rapidfire_state. metadata": save(t),
+        "not JSON": save(t, metadata={"rapidfire_state": "{"}),
+        "format version": save(t, metadata={"rapidfire_state": '{"version": 99, "state": {}}'}),
+        "not stored": save(t, metadata={"rapidfire_state": '{"version": 1, "state": {"$t": "t9"}}'}),
+        "is not allowed": save(t, metadata={"rapidfire_state":
+                                            '{"version": 1, "state": {"$np": "t0", "dtype": "|O"}}'}),
+        "damaged skeleton": save(t, metadata={"rapidfire_state": '{"version": 1, "state": {"$map": [1]}}'}),
+        "not a safetensors file": b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}",
+        "not JSON ": save(t, metadata={"rapidfire_state": "[" * 100000}),
+    }
+    for reason, data in cases.items():
+        path.write_bytes(data)
+        with pytest.raises(CheckpointReadError, match=reason.strip()):
+            store.load_checkpoint(1)
+    # and what the engine writes reads back exactly
+    state = {"w": torch.arange(6.0).reshape(2, 3), "steps": (1, 2.5, None), 0: "int key",
+             "$odd": float("inf")}
+    path.write_bytes(safeformat.encode(state))
+    back = store.load_checkpoint(1)
+    assert torch.equal(back["w"], state["w"]) and back["steps"] == (1, 2.5, None)
+    assert back[0] == "int key" and back["$odd"] == float("inf")

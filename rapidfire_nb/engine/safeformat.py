@@ -108,7 +108,7 @@ def decode(data: bytes, what: str = "checkpoint") -> Any:
         raise UnsafeFormatError(f"{what} has no {FORMAT_KEY!r} metadata: not a rapidfire checkpoint")
     try:
         doc = json.loads(meta[FORMAT_KEY])
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise UnsafeFormatError(f"{what}: its {FORMAT_KEY!r} metadata is not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
         raise UnsafeFormatError(f"{what}: unknown checkpoint format version "
@@ -150,7 +150,7 @@ def decode(data: bytes, what: str = "checkpoint") -> Any:
 
     try:
         return walk(doc.get("state"))
-    except (TypeError, IndexError, ValueError) as exc:
+    except (TypeError, IndexError, ValueError, KeyError, AttributeError, RecursionError) as exc:
         if isinstance(exc, UnsafeFormatError):
             raise
         raise UnsafeFormatError(f"{what}: damaged skeleton ({type(exc).__name__}: {exc})") from None
