@@ -323,6 +323,7 @@ class Engine:
         _ENGINE_THREADS[me] = log_file
         handler = logging.StreamHandler(log_file)
         handler.addFilter(lambda r: threading.get_ident() == me)
+        handler.handleError = lambda record: None   # a full disk: no traceback on stderr
         for name in ("transformers", "trl", "peft", "accelerate", "datasets"):
             logging.getLogger(name).addHandler(handler)
         try:
