@@ -46,12 +46,23 @@ def preserved_accelerate_state():
                     cls._shared_state.update(state)
 
 
-def fresh_accelerator_state() -> None:
-    """Forget accelerate's process-wide state so the next ``Accelerator`` takes its own settings.
-    Call with ``HF_STATE_LOCK`` held (the engine's trainer build does)."""
-    try:
-        from accelerate.state import AcceleratorState
-    except ImportError:  # pragma: no cover
-        return
+@contextlib.contextmanager
+def fresh_accelerator_state():
+    """Build a trainer inside this: accelerate's process-wide state is forgotten first, so the
+    trainer's ``Accelerator`` takes its own run's settings. If the build fails, the state the other
+    runs' trainers were using is put back (they go on training)."""
     with HF_STATE_LOCK:
+        saved = [(cls, dict(cls._shared_state)) for cls in _state_classes()]
+        try:
+            from accelerate.state import AcceleratorState
+        except ImportError:  # pragma: no cover
+            yield
+            return
         AcceleratorState._reset_state(reset_partial_state=True)
+        try:
+            yield
+        except BaseException:
+            for cls, state in saved:
+                cls._shared_state.clear()
+                cls._shared_state.update(state)
+            raise

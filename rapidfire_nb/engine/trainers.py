@@ -142,8 +142,8 @@ class RunTrainer:
         args = build_args(self.spec, output_dir=output_dir, seed=seed, **self.ENGINE_ARGS)
         self.args = args
         self.activate_adapter()
-        fresh_accelerator_state()   # whatever trainer ran before (the user's own, too): see hfstate
-        self.trainer = self.make_trainer(args, train_dataset, eval_dataset)
+        with fresh_accelerator_state():   # whatever trainer ran before (the user's too): see hfstate
+            self.trainer = self.make_trainer(args, train_dataset, eval_dataset)
         # the engine owns autocast, from this run's own precision: accelerate's autocast reads a
         # process-wide setting left by whichever trainer was built last, and patching the shared
         # model's forward (accelerator.prepare) would impose one run's precision on all
