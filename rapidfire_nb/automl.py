@@ -519,10 +519,10 @@ class RFModelConfig:
                       reward_funcs=reward_funcs, ref_model_name=ref_model_name,
                       ref_model_type=ref_model_type, ref_model_kwargs=ref_model_kwargs)
         for name in extra:
-            if name not in _KNOWN_EXTRA:
-                hint = _be.did_you_mean(name, _MODEL_FIELDS)
-                if hint:
-                    raise ConfigError(f"RFModelConfig: unknown argument '{name}'.{hint}")
+            if name not in _KNOWN_EXTRA:   # never silently kept: it would do nothing
+                hint = _be.did_you_mean(name, _MODEL_FIELDS + _KNOWN_EXTRA)
+                raise ConfigError(f"RFModelConfig: unknown argument '{name}'." + (hint or (
+                    " Known: " + ", ".join(_MODEL_FIELDS + _KNOWN_EXTRA) + ".")))
         for name, value in values.items():
             object.__setattr__(self, name, _check_model_field(name, value))
         object.__setattr__(self, "extra", {k: _normalize(v) for k, v in extra.items()})
@@ -633,6 +633,8 @@ def _check_model_field(name: str, value: Any) -> Any:
         if bad:
             raise ConfigError(f"{where} keys must be strings, got {bad[0]!r}.")
         _node(value, name)  # refuses Lists hidden in plain lists
+        if name == "generation_config":
+            _check_generation_keys(value)   # the keys clone_modify would refuse, refused here too
         return _normalize(value)
     if name in ("formatting_func", "compute_metrics"):
         for v in _options(value):
@@ -1156,13 +1158,18 @@ def _set_nested(container: dict, knob: str, nested: str, value: Any, key: str) -
     node[parts[-1]] = value
 
 
-def _check_generation_config(gc: dict) -> None:
+def _check_generation_keys(gc: dict) -> None:
     from transformers import GenerationConfig
     known = set(GenerationConfig().to_dict())
     for k in gc:
         if k not in known:
             raise ConfigError(f"'generation_config.{k}' is not a generation setting."
                               + _be.did_you_mean(k, known))
+
+
+def _check_generation_config(gc: dict) -> None:
+    from transformers import GenerationConfig
+    _check_generation_keys(gc)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

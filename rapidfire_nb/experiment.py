@@ -11,6 +11,7 @@ queued for the engine thread, which applies them at the next chunk boundary.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -23,13 +24,18 @@ from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.controller import Engine, Op
 from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.engine.lock import FolderLock
+from rapidfire_nb.engine.precheck import check_before_training, check_target_modules
+from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json, read_json
+from rapidfire_nb.engine.store import (ExperimentStore, atomic_write_json, check_experiment_meta,
+                                       failed_by_the_disk, read_json)
 from rapidfire_nb.engine.trainers import trainer_class
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
 _current: "weakref.ref[Experiment] | None" = None
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# fullmatch, not match: "$" would let a trailing newline through into the folder name
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def current_experiment() -> "Experiment | None":
@@ -94,7 +100,7 @@ class Experiment:
                  mode: str = "fit", resume: bool = False, tracking: list[str] | None = None,
                  offload: str = "auto"):
         global _current
-        if not isinstance(experiment_name, str) or not _NAME_RE.match(experiment_name):
+        if not isinstance(experiment_name, str) or not _NAME_RE.fullmatch(experiment_name):
             raise ConfigError(
                 f"experiment_name must be 1-128 letters, digits, '.', '_' or '-' (got {experiment_name!r})")
         if mode not in ("fit",):
@@ -121,13 +127,20 @@ class Experiment:
         self.resumed = resume
         self.offload = offload
         self.store = ExperimentStore(self.path)
-        self.events = EventLog(self.store.events_path)
+        # the folder's owner from here to end(): nothing below may write before this
+        self._folder_lock = FolderLock(self.path).acquire()
+        try:
+            self.meta = check_experiment_meta(read_json(self.store.meta_path, {}),
+                                              self.store.meta_path) if resume else {}
+            self.events = EventLog(self.store.events_path)
+        except BaseException:
+            self._folder_lock.release()
+            raise
         self.engine: Engine | None = None
         self._ended = False
         self._reserved_ids: set[int] = set()
         self._panel = None
         self._tb = None
-        self.meta = read_json(self.store.meta_path, {}) if resume else {}
         if not resume:
             atomic_write_json(self.store.meta_path, {"name": self.name, "version": __version__})
         self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(resume))
@@ -197,6 +210,10 @@ class Experiment:
             need_pristine[spec.base_key()] = need_pristine.get(spec.base_key(), False) or spec.peft_config is None
         for spec in specs:
             engine.load_base(spec, need_pristine[spec.base_key()])
+        # what needs the base or the data: LoRA targets, the first rows, generation_config
+        check_before_training(specs, lambda s: (engine.bases[s.base_key()].model,
+                                                engine.bases[s.base_key()].tokenizer),
+                              train_dataset, eval_dataset)
         self.engine = engine
         if self.resumed:
             self._restore_runs(specs)
@@ -261,7 +278,7 @@ class Experiment:
 
         engine = self.engine
         self.store.remove_stale_tmp()
-        stored = {int(k): v for k, v in (read_json(self.store.runs_path, {}) or {}).items()}
+        stored = R.check_runs_json(read_json(self.store.runs_path, {}), self.store.runs_path)
         for rid in range(1, len(specs) + 1):
             stored.setdefault(rid, {"status": R.PENDING, "parent_run_id": None, "warm_start": False})
         created: set[int] = set()
@@ -315,7 +332,7 @@ class Experiment:
             setattr(rec, key, info.get(key, getattr(rec, key)))
         status = info.get("status", R.PENDING)
         reason = "restored after restart"
-        if status == R.FAILED and "CheckpointWriteError" in (rec.error or ""):
+        if status == R.FAILED and failed_by_the_disk(rec.error):
             status, reason = R.PENDING, "retried from its last intact checkpoint after a checkpoint write failure"
             rec.error = None
         ckpt = None
@@ -420,6 +437,7 @@ class Experiment:
             except Exception:
                 pass
         self.events.close()
+        self._folder_lock.release()
         self._ended = True
         if _current is not None and _current() is self:
             _current = None
@@ -448,47 +466,55 @@ class Experiment:
             raise RapidFireError(f"experiment {self.name!r} has ended; create a new Experiment")
 
     # -- interactive control ops --------------------------------------------------------------
-    def _run(self, run_id) -> R.RunRecord:
+    def _run(self, run_id) -> ProjectedRun:
+        """The run as the ops already queued will leave it (a queued clone's id works at once)."""
         self._check_open()
         if self.engine is None:
             raise OpRefused("no runs yet: call run_fit first")
         if isinstance(run_id, bool) or not isinstance(run_id, int):
             raise OpRefused(f"run_id must be an integer, got {run_id!r}")
-        rec = self.engine.runs.get(run_id)
+        rec = project(self.engine, run_id)
         if rec is None:
-            raise OpRefused(f"unknown run {run_id}; runs are {sorted(self.engine.runs)}")
+            raise OpRefused(f"unknown run {run_id}; runs are {known_ids(self.engine)}")
         return rec
 
     def stop(self, run_id: int) -> None:
         """Stop a pending or running run at its next chunk boundary; its checkpoint stays."""
-        rec = self._run(run_id)
-        if rec.status not in R.ACTIVE:
-            raise OpRefused(f"run {run_id} is {rec.status}; only pending or running runs can be stopped")
-        self.engine.submit(Op("stop", run_id))
+        with self.engine.lock if self.engine else contextlib.nullcontext():
+            rec = self._run(run_id)
+            if rec.status not in R.ACTIVE:
+                raise OpRefused(f"run {run_id} is {rec.status}; only pending or running runs can be stopped")
+            self.engine.submit(Op("stop", run_id))
 
     def resume(self, run_id: int) -> None:
         """Resume a stopped run from its checkpoint."""
-        rec = self._run(run_id)
-        if rec.status != R.STOPPED:
-            raise OpRefused(f"run {run_id} is {rec.status}; only stopped runs can be resumed")
-        self.engine.submit(Op("resume", run_id))
+        with self.engine.lock if self.engine else contextlib.nullcontext():
+            rec = self._run(run_id)
+            if rec.status != R.STOPPED:
+                raise OpRefused(f"run {run_id} is {rec.status}; only stopped runs can be resumed")
+            self.engine.submit(Op("resume", run_id))
 
     def delete(self, run_id: int) -> None:
         """Remove a run from scheduling for good and free its memory and checkpoints (metrics stay)."""
-        rec = self._run(run_id)
-        if rec.status == R.DELETED:
-            raise OpRefused(f"run {run_id} is already deleted")
-        self.engine.submit(Op("delete", run_id))
+        with self.engine.lock if self.engine else contextlib.nullcontext():
+            rec = self._run(run_id)
+            if rec.status == R.DELETED:
+                raise OpRefused(f"run {run_id} is already deleted (or its delete is queued)")
+            self.engine.submit(Op("delete", run_id))
 
     def validate_clone(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> RunSpec:
         """Check a clone_modify without creating anything; returns the new run's spec."""
         from rapidfire_nb import automl
 
-        rec = self._run(run_id)
-        if rec.status == R.DELETED:
-            raise OpRefused(f"run {run_id} is deleted; it cannot be cloned")
+        view = self._run(run_id)
+        if view.status == R.DELETED:
+            raise OpRefused(f"run {run_id} is deleted (or its delete is queued); it cannot be cloned")
         if not isinstance(warm_start, bool):
             raise OpRefused(f"warm_start must be True or False, got {warm_start!r}")
+        if warm_start and not view.exists:
+            raise OpRefused(f"run {run_id} is a queued clone that has not been created yet; a warm "
+                            "start needs its weights: clone it once it has trained a chunk")
+        rec = view.record if view.exists else view
         if changes is None:
             changes = {}
         if not isinstance(changes, dict):
@@ -506,6 +532,9 @@ class Experiment:
                                 + "; ".join(reasons) + " (use a cold clone)")
             if spec.trainer_type != parent.trainer_type:
                 raise OpRefused("warm start needs the parent's trainer type")
+        base = self.engine.bases.get(spec.base_key())
+        if base is not None:
+            check_target_modules(spec, base.model)
         self.engine.plan_run(spec)   # num_chunks vs the clone's steps per epoch
         return spec
 
@@ -608,20 +637,24 @@ class Experiment:
         path.mkdir(parents=True, exist_ok=True)
         base = self.engine.bases[rec.spec.base_key()]
         if rec.spec.peft_config is not None:
-            from safetensors.torch import save_file
+            from rapidfire_nb.engine.export import export_adapter
 
             lora = build_lora_config(rec.spec)
             lora.base_model_name_or_path = rec.spec.model_name
-            lora.save_pretrained(str(path))
-            adapter = f"run_{run_id}"   # PEFT's saved names carry no adapter name
-            tensors = {".".join(part for part in k.split(".") if part != adapter): v.contiguous()
-                       for k, v in weights.items()}
-            save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+            export_adapter(base.model, lora, weights, f"run_{run_id}", path)
         else:
             import copy
 
+            from rapidfire_nb.engine.export import ExportError
+
             model = copy.deepcopy(base.pristine if base.pristine is not None else base.model)
-            model.load_state_dict(weights, strict=False)
+            try:
+                result = model.load_state_dict(weights, strict=False)   # raises on a shape mismatch
+            except RuntimeError as exc:
+                raise ExportError(f"the weights of run {run_id} do not fit its model: {exc}") from None
+            if result.unexpected_keys:
+                raise ExportError(f"the weights of run {run_id} hold tensors its model lacks: "
+                                  f"{result.unexpected_keys[:3]}")
             model.save_pretrained(str(path))
             del model
         base.tokenizer.save_pretrained(str(path))

@@ -96,7 +96,7 @@ def install_pause(root: Path, spec: str) -> None:
 
     file, n, phase = spec.split(":")
     n = int(n)
-    suffix = {"state": ".state.pt.tmp-", "runs": ".runs.json.tmp-"}[file]
+    suffix = {"state": ".state.safetensors.tmp-", "runs": ".runs.json.tmp-"}[file]
     count = {"writes": 0}
     if phase == "mid":
         plain = store._plain_write

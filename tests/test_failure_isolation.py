@@ -196,7 +196,7 @@ class DiskFull:
     """A writer that fills half of the new file, then fails as a full disk does."""
 
     def __init__(self, run_id: int, nth: int):
-        self.marker = f"run_{run_id}/.state.pt.tmp-"
+        self.marker = f"run_{run_id}/.state.safetensors.tmp-"
         self.nth, self.calls, self.plain = nth, 0, store_mod._plain_write
 
     def __call__(self, f, data):

@@ -25,7 +25,7 @@ from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.scheduler import FairScheduler, RunView, parking_order
-from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json
+from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json, durable_write_failure
 from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, merge_window, prepare_quantized_base,
                                           rng_fork, trainer_class)
 from rapidfire_nb.engine.writer import CheckpointWriter
@@ -137,6 +137,7 @@ class Engine:
         self.references: dict[str, Any] = {}   # DPO/GRPO references named by ref_model_name
         self.trainers: dict[int, RunTrainer] = {}
         self.ops: queue.SimpleQueue[Op] = queue.SimpleQueue()
+        self.queued_ops: list[Op] = []   # submitted, not yet applied (under self.lock)
         self.thread: threading.Thread | None = None
         self.on_device: int | None = None
         self.pending_weights: dict[int, dict] = {}
@@ -160,6 +161,7 @@ class Engine:
         self._chunk_peak_extra = 0                 # largest memory a chunk added (CUDA, bytes)
         self.parks_done = 0
         self._runs_version = self._runs_written = 0
+        self.runs_write_error: OSError | None = None
 
     # -- bases -------------------------------------------------------------------------------
     def load_base(self, spec: RunSpec, need_pristine: bool) -> Base:
@@ -262,8 +264,8 @@ class Engine:
             self.save_runs()
         return rec
 
-    def save_runs(self) -> None:
-        """Persist every run record. The snapshot is taken under the engine lock; the write (with
+    def save_runs(self) -> bool:
+        """Persist every run record; False (and ``runs_write_error``) when the write failed. The snapshot is taken under the engine lock; the write (with
         its fsyncs) happens outside it when the caller does not hold the lock, and a snapshot
         older than one already written is dropped, so runs.json never goes back in time."""
         with self.lock:
@@ -277,8 +279,16 @@ class Engine:
                     data[str(rid)].update(durable)
         with self._runs_file_lock:
             if version > self._runs_written:
-                atomic_write_json(self.store.runs_path, data)
+                try:
+                    atomic_write_json(self.store.runs_path, data)
+                except OSError as exc:
+                    # never fatal here (the engine thread must live on): the previous runs.json is
+                    # intact, the next save writes everything; _persist fails the affected run
+                    self.runs_write_error = exc
+                    return False
                 self._runs_written = version
+                self.runs_write_error = None
+        return True
 
     def _set_status(self, rec: RunRecord, status: str, error: str | None = None,
                     reason: str | None = None, save: bool = True) -> None:
@@ -308,7 +318,9 @@ class Engine:
             self.thread.start()
 
     def submit(self, op: Op) -> None:
-        self.ops.put(op)
+        with self.lock:   # queued_ops and the queue change together (engine/queued.py reads both)
+            self.queued_ops.append(op)
+            self.ops.put(op)
         self.start()
 
     def busy(self) -> bool:
@@ -348,6 +360,7 @@ class Engine:
         _ENGINE_THREADS[me] = log_file
         handler = logging.StreamHandler(log_file)
         handler.addFilter(lambda r: threading.get_ident() == me)
+        handler.handleError = lambda record: None   # a full disk: no traceback on stderr
         for name in ("transformers", "trl", "peft", "accelerate", "datasets"):
             logging.getLogger(name).addHandler(handler)
         try:
@@ -431,9 +444,12 @@ class Engine:
                 op = self.ops.get_nowait()
             except queue.Empty:
                 break
+            self.queued_ops[:] = [q for q in self.queued_ops if q is not op]
             rec = self.runs.get(op.run_id)
             ok, reason = True, None
             try:
+                if rec is None:   # a queued clone that was refused when applied
+                    raise OpRefused(f"run {op.run_id} does not exist (its clone was refused)")
                 if op.kind == "stop":
                     if rec.status in R.ACTIVE:
                         self._set_status(rec, R.STOPPED, reason="stopped by user")
@@ -765,12 +781,16 @@ class Engine:
             self._unwritten.pop(rec.run_id, None)
         try:
             # the log has its own lock; holding the engine's through an fsync would stall it
-            self.events.extend(batch + [("chunk_done", chunk_event)])
+            logged = self.events.extend(batch + [("chunk_done", chunk_event)])
             if done:
                 with self.lock:
                     if rec.status in R.ACTIVE:
                         self._set_status(rec, R.COMPLETED, save=False)  # the engine frees it
-            self.save_runs()
+            saved = self.save_runs()
+            failure = durable_write_failure(self.events, logged[-1]["seq"], saved,
+                                            self.runs_write_error, rec.run_id, self.store)
+            if failure is not None:
+                raise failure
         except Exception as exc:
             # the checkpoint is on disk (a restart re-logs its events from it); this session
             # cannot log the run any more: it fails, visibly, with its counters as on disk

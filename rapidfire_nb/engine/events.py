@@ -25,7 +25,19 @@ Event types and payloads (``run_id`` is an int where present):
 - ``experiment_end`` {}
 
 The log lives in memory and, when a path is given, in ``events.jsonl`` (one JSON per line,
-flushed and fsynced per event batch) so a dead kernel loses nothing already logged.
+written and fsynced per event batch) so a dead kernel loses nothing already logged.
+
+Opening a log never deletes valid history. The only thing dropped is a torn final line (no
+newline: what a crash mid-write leaves); its bytes are kept beside the log in
+``events.jsonl.torn-<time>``. Any other damage (a line that is not JSON, not UTF-8, not an event,
+or out of sequence) refuses the open with ``EventLogError`` naming the file and the line, and the
+file is left exactly as it was.
+
+A failed write (disk full) removes whatever part of it reached the file; the events stay in memory,
+in order, and are written before anything newer by the next append that succeeds (or by
+``close``). So the file is always a gap-free prefix of the log: no sequence number is ever reused
+or written twice. ``write_error`` holds the last failure until a write succeeds again, and
+``durable_seq`` says how far the file goes; the engine uses them to fail the affected run.
 """
 
 from __future__ import annotations
@@ -37,22 +49,50 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from rapidfire_nb.errors import RapidFireError
+
+
+class EventLogError(RapidFireError):
+    """The event log file is damaged in a way that cannot be repaired without losing history."""
+
+
+class EventLogWriteError(RapidFireError, OSError):
+    """Events could not be written (disk full, I/O error); nothing of them stays in the file."""
+
 
 class EventLog:
-    """Thread-safe append-only log. ``append`` from any thread; readers poll ``since``."""
+    """Thread-safe append-only log. ``append`` from any thread; readers poll ``since``.
+
+    With a ``path``, the file is opened for appending: only the experiment's owner (the process
+    holding the folder lock) should do that. ``read_events(path)`` reads a log without writing.
+    """
 
     def __init__(self, path: str | os.PathLike | None = None):
         self._lock = threading.Condition()
         self._events: list[dict] = []
         self._path = Path(path) if path is not None else None
-        self._file = None
+        self._fd: int | None = None
+        self._size = 0          # bytes of whole, durable lines in the file
+        self._durable = 0       # how many events (a prefix of _events) are in the file
+        self._broken: str | None = None
+        self.write_error: EventLogWriteError | None = None
         self._listeners: list[Callable[[dict], None]] = []
         if self._path is not None:
-            if self._path.exists():
-                self._events = list(_read_events(self._path))
-                _truncate_partial_tail(self._path)
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self._path, "a", encoding="utf-8")
+            if self._path.exists():
+                self._events, good, torn = _parse_log(self._path)
+                last = _complete_tail(torn, len(self._events) + 1) if torn.strip() else None
+                if last is not None:
+                    with open(self._path, "ab") as f:
+                        f.write(b"\n")
+                        f.flush()
+                        os.fsync(f.fileno())
+                    self._events.append(last)
+                elif torn:
+                    _set_aside_torn_tail(self._path, good, torn)
+            self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._size = os.fstat(self._fd).st_size
+            self._durable = len(self._events)
 
     @property
     def path(self) -> Path | None:
@@ -63,11 +103,22 @@ class EventLog:
         with self._lock:
             return self._events[-1]["seq"] if self._events else 0
 
+    @property
+    def durable_seq(self) -> int:
+        """The last seq that is in the file (``last_seq`` when there is no file)."""
+        with self._lock:
+            if self._fd is None and self._path is None:
+                return self.last_seq_unlocked()
+            return self._events[self._durable - 1]["seq"] if self._durable else 0
+
     def append(self, type: str, **payload: Any) -> dict:
         return self.extend([(type, payload)])[-1]
 
     def extend(self, items: Iterable[tuple[str, dict]]) -> list[dict]:
-        """Append several events atomically (one write + fsync)."""
+        """Append several events atomically (one write + fsync).
+
+        A write error does not raise: the events are logged in memory and written, in order,
+        with the next successful write (see ``write_error`` and ``durable_seq``)."""
         with self._lock:
             seq = self._events[-1]["seq"] if self._events else 0
             now = time.time()
@@ -75,11 +126,8 @@ class EventLog:
             for type_, payload in items:
                 seq += 1
                 new.append({"seq": seq, "time": now, "type": type_, **payload})
-            if self._file is not None:
-                self._file.write("".join(json.dumps(e, default=_json_default) + "\n" for e in new))
-                self._file.flush()
-                os.fsync(self._file.fileno())
             self._events.extend(new)
+            self._write_pending()
             self._lock.notify_all()
             listeners = list(self._listeners)
         for listener in listeners:
@@ -89,6 +137,41 @@ class EventLog:
                 except Exception:  # a listener never breaks the writer
                     pass
         return new
+
+    def _write_pending(self) -> bool:
+        """Write every event not yet in the file; on failure cut the file back to whole lines."""
+        if self._fd is None or self._durable == len(self._events):
+            return self._durable == len(self._events)
+        if self._broken:
+            self.write_error = EventLogWriteError(self.write_error.errno if self.write_error else None,
+                                                  self._broken)
+            return False
+        pending = self._events[self._durable:]
+        data = "".join(json.dumps(e, default=_json_default) + "\n" for e in pending).encode("utf-8")
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            os.fsync(self._fd)
+        except OSError as exc:
+            reason = _os_reason(exc)
+            try:
+                os.ftruncate(self._fd, self._size)   # no part of these events may stay behind
+                os.fsync(self._fd)
+            except OSError as exc2:
+                # the file may now end in part of them: writing them again after it would
+                # duplicate sequence numbers, so this session stops writing to the file
+                self._broken = (f"{self._path} could not be cut back after a failed write "
+                                f"({_os_reason(exc2)}); events after seq {self._durable} are in "
+                                "memory only. Reopen the experiment with resume=True")
+            self.write_error = EventLogWriteError(
+                exc.errno, f"could not write {len(pending)} event(s) to {self._path}: {reason}")
+            return False
+        self._size += len(data)
+        self._durable = len(self._events)
+        self.write_error = None
+        return True
 
     def since(self, seq: int = 0, limit: int | None = None) -> list[dict]:
         """Events with ``seq`` greater than the given one, oldest first."""
@@ -123,10 +206,20 @@ class EventLog:
         return unsubscribe
 
     def close(self) -> None:
+        """Write what is still pending (if the disk allows) and close the file."""
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._fd is not None:
+                self._write_pending()
+                os.close(self._fd)
+                self._fd = None
+
+
+def _os_reason(exc: OSError) -> str:
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full ({exc.strerror or exc})"
+    return exc.strerror or str(exc)
 
 
 def _json_default(obj: Any) -> Any:
@@ -140,41 +233,74 @@ def _json_default(obj: Any) -> Any:
     return repr(obj)
 
 
-def _read_events(path: Path) -> Iterable[dict]:
-    """Complete lines only: a line cut by a crash mid-write is ignored."""
-    expected = 1
-    with open(path, "r", encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if event.get("seq") != expected:
-                break
-            expected += 1
-            yield event
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """Every event of a log file, without changing it (a torn final line is skipped).
+
+    Raises ``EventLogError`` naming the line when the file is damaged elsewhere."""
+    return _parse_log(Path(path))[0]
 
 
-def _truncate_partial_tail(path: Path) -> None:
-    """Drop bytes after the last complete, valid line so appends stay line-aligned."""
-    good = 0
+def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
+    """(events, bytes of whole lines, torn tail). Refuses any damage other than a torn tail."""
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    tail = lines.pop()          # b"" when the file ends with a newline
+    events: list[dict] = []
     expected = 1
-    with open(path, "rb") as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                break
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                break
-            if event.get("seq") != expected:
-                break
-            expected += 1
-            good += len(raw)
-    if good != path.stat().st_size:
-        with open(path, "r+b") as f:
-            f.truncate(good)
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue             # an empty line holds no history
+        where = f"{path}, line {number}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EventLogError(f"{where}: not UTF-8 text (byte {exc.start} is "
+                                f"{raw[exc.start:exc.start + 1]!r}); the log was left as it is. "
+                                "Repair or remove that line, then open the experiment again") from None
+        try:
+            event = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EventLogError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); the "
+                                "log was left as it is. Repair or remove that line, then open the "
+                                "experiment again") from None
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str) \
+                or isinstance(event.get("seq"), bool) or not isinstance(event.get("seq"), int):
+            raise EventLogError(f"{where}: not an event (a JSON object with an integer 'seq' and "
+                                "a string 'type'); the log was left as it is")
+        if event["seq"] != expected:
+            raise EventLogError(
+                f"{where}: sequence number {event['seq']} where {expected} was expected (were two "
+                "processes writing to this experiment?); the log was left as it is")
+        expected += 1
+        events.append(event)
+    return events, len(data) - len(tail), tail
+
+
+def _complete_tail(tail: bytes, expected: int) -> dict | None:
+    """A final line that lacks only its newline (the crash came between the two) is a whole
+    event: kept, not dropped."""
+    try:
+        event = json.loads(tail.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(event, dict) and isinstance(event.get("type"), str) and event.get("seq") == expected \
+            and not isinstance(event.get("seq"), bool):
+        return event
+    return None
+
+
+def _set_aside_torn_tail(path: Path, good: int, torn: bytes) -> None:
+    """Keep the torn bytes in a file of their own, then cut them off the log so appends stay
+    line-aligned."""
+    aside = path.with_name(f"{path.name}.torn-{int(time.time() * 1000)}")
+    try:
+        with open(aside, "wb") as f:
+            f.write(torn)
             f.flush()
             os.fsync(f.fileno())
+    except OSError:
+        pass     # a full disk must not keep the experiment from opening: the bytes were a torn write
+    with open(path, "r+b") as f:
+        f.truncate(good)
+        f.flush()
+        os.fsync(f.fileno())

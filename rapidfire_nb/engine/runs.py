@@ -72,3 +72,45 @@ class RunRecord:
             "config": self.spec.config_dict(), "knobs": self.spec.knobs,
             "fingerprint": self.spec.fingerprint(),
         }
+
+
+_RECORD_TYPES: dict[str, tuple] = {
+    "parent_run_id": (int, type(None)), "warm_start": (bool,), "changes": (dict, type(None)),
+    "total_steps": (int,), "steps_per_epoch": (int,), "completed_steps": (int,),
+    "step_offset": (int,), "samples_seen": (int,), "epoch": (int,), "chunk": (int,),
+    "chunks_done": (int,), "error": (str, type(None)), "fingerprint": (str, type(None)),
+}
+
+
+def check_runs_json(data: Any, path) -> dict[int, dict]:
+    """runs.json as ``{run_id: record}``, or a ``MetadataError`` naming the file, the run and
+    what is wrong (an unknown status would leave a run that silently never trains)."""
+    from rapidfire_nb.engine.store import MetadataError
+
+    if not isinstance(data, dict):
+        kind = "array" if isinstance(data, list) else type(data).__name__
+        raise MetadataError(f"{path} holds a JSON {kind} where an object of run_id -> run record "
+                            "was expected; it was left as it is")
+    out: dict[int, dict] = {}
+    for key, rec in data.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
+            raise MetadataError(f"{path}: key {key!r} is not a run id (a positive integer)")
+        rid = int(key)
+        if not isinstance(rec, dict):
+            raise MetadataError(f"{path}: run {rid} is not an object")
+        status = rec.get("status", PENDING)
+        if status not in STATUSES:
+            raise MetadataError(f"{path}: run {rid} has unknown status {status!r}; a status is one "
+                                f"of {', '.join(STATUSES)}")
+        for field_name, types in _RECORD_TYPES.items():
+            if field_name not in rec:
+                continue
+            v = rec[field_name]
+            bad = not isinstance(v, types) or (isinstance(v, bool) and bool not in types)
+            if not bad and isinstance(v, int) and not isinstance(v, bool) and v < 0:
+                bad = True
+            if bad:
+                raise MetadataError(f"{path}: run {rid} has {field_name}={v!r:.60}, which is not a "
+                                    f"valid {'/'.join(t.__name__ for t in types)}")
+        out[rid] = rec
+    return out

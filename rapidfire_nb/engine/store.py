@@ -4,9 +4,9 @@
         experiment.json          name, seed, num_chunks, data fingerprints, version
         runs.json                every run record (config, status, counters)
         events.jsonl             the append-only event log
-        checkpoints/run_<id>/state.pt        latest chunk-boundary checkpoint of a run
-        checkpoints/run_<id>/warm_start.pt   a warm-start clone's initial weights (until its
-                                             first checkpoint exists)
+        checkpoints/run_<id>/state.safetensors       latest chunk-boundary checkpoint of a run
+        checkpoints/run_<id>/warm_start.safetensors  a warm-start clone's initial weights (until
+                                                     its first checkpoint exists)
         logs/run_<id>.log        transformers/TRL output of a run
         outputs/run_<id>/        TRL's output_dir (nothing is saved there by the engine)
 
@@ -14,11 +14,14 @@ Every file is written aside, fsynced and renamed over the old one, so a crash at
 leaves the previous consistent version. A write that fails (disk full, permission) removes its
 temporary file and leaves the previous version in place; checkpoint writes then raise
 ``CheckpointWriteError``, which says so.
+
+Nothing read from the folder can run code: checkpoints are safetensors with a JSON skeleton
+(engine/safeformat.py), metadata is JSON checked for shape, and a pickle file (``state.pt`` of
+older versions, or one planted by someone) is refused, never loaded.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -38,6 +41,40 @@ class CheckpointWriteError(RapidFireError):
 
 class CheckpointReadError(RapidFireError):
     """A checkpoint file exists but cannot be loaded."""
+
+
+class DurableWriteError(RapidFireError):
+    """A chunk's checkpoint is on disk but its log lines or runs.json could not be written."""
+
+
+# error names that mark a run as failed by the disk, not by its training: resume retries those
+RETRYABLE_WRITE_ERRORS = ("CheckpointWriteError", "DurableWriteError")
+
+
+def failed_by_the_disk(error: str | None) -> bool:
+    return bool(error) and any(name in error for name in RETRYABLE_WRITE_ERRORS)
+
+
+def durable_write_failure(events, last_seq: int, runs_saved: bool, runs_error: OSError | None,
+                          run_id: int, store: "ExperimentStore") -> "DurableWriteError | None":
+    """After a chunk was logged: the error that fails its run if the log or runs.json did not
+    reach the disk (the checkpoint did, so a resume continues from it), else None."""
+    problems = []
+    if events.durable_seq < last_seq:
+        err = events.write_error
+        problems.append(f"{store.events_path}: {err.strerror if err and err.strerror else err}")
+    if not runs_saved:
+        problems.append(f"{store.runs_path}: {_describe_os_error(runs_error) if runs_error else 'not written'}")
+    if not problems:
+        return None
+    return DurableWriteError(
+        f"run {run_id}: its chunk checkpoint was written but "
+        + "; ".join(problems)
+        + ". The checkpoint is intact; free disk space, then continue with Experiment(..., resume=True)")
+
+
+class MetadataError(RapidFireError):
+    """experiment.json or runs.json is damaged; the message names the file and what is wrong."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -106,11 +143,48 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=repr).encode())
 
 
-def read_json(path: Path, default: Any = None) -> Any:
+def read_json(path: Path, default: Any = None, expect: type | None = None) -> Any:
+    """A JSON file's content (``default`` when it does not exist). A file that is not UTF-8, not
+    JSON, or (with ``expect``) not of that JSON type raises ``MetadataError`` naming it."""
+    path = Path(path)
     try:
-        return json.loads(Path(path).read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
         return default
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MetadataError(f"{path} is not UTF-8 text (byte {exc.start}); it was left as it is") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MetadataError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column "
+                            f"{exc.colno}; it was left as it is") from None
+    if expect is not None and not isinstance(obj, expect):
+        names = {dict: "an object", list: "an array"}
+        raise MetadataError(f"{path} holds a JSON {_json_kind(obj)} where {names.get(expect, expect.__name__)} "
+                            "was expected; it was left as it is")
+    return obj
+
+
+def _json_kind(obj: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(obj), "number")
+
+
+def check_experiment_meta(meta: Any, path: Path) -> dict:
+    """experiment.json: an object whose known fields have the types the engine relies on."""
+    if not isinstance(meta, dict):
+        raise MetadataError(f"{path} holds a JSON {_json_kind(meta)} where an object was expected")
+    types = {"name": str, "version": str, "num_chunks": int, "seed": int, "data": dict, "runs": list}
+    for key, typ in types.items():
+        if key in meta and meta[key] is not None and (
+                not isinstance(meta[key], typ) or isinstance(meta[key], bool)):
+            raise MetadataError(f"{path}: {key!r} is a JSON {_json_kind(meta[key])} "
+                                f"({meta[key]!r:.60}); expected {typ.__name__}")
+    if isinstance(meta.get("runs"), list) and not all(isinstance(r, str) for r in meta["runs"]):
+        raise MetadataError(f"{path}: 'runs' must be a list of run fingerprints (strings)")
+    return meta
 
 
 class ExperimentStore:
@@ -130,10 +204,10 @@ class ExperimentStore:
         return self.root / "runs.json"
 
     def checkpoint_path(self, run_id: int) -> Path:
-        return self.root / "checkpoints" / f"run_{run_id}" / "state.pt"
+        return self.root / "checkpoints" / f"run_{run_id}" / "state.safetensors"
 
     def warm_start_path(self, run_id: int) -> Path:
-        return self.root / "checkpoints" / f"run_{run_id}" / "warm_start.pt"
+        return self.root / "checkpoints" / f"run_{run_id}" / "warm_start.safetensors"
 
     def log_path(self, run_id: int) -> Path:
         return self.root / "logs" / f"run_{run_id}.log"
@@ -178,27 +252,42 @@ class ExperimentStore:
         return removed
 
     def _save_torch(self, run_id: int, path: Path, obj: Any, what: str) -> int:
-        import torch
+        from rapidfire_nb.engine.safeformat import encode
 
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        data = buf.getvalue()
+        data = encode(obj)
         try:
             atomic_write_bytes(path, data)
         except OSError as exc:
             raise CheckpointWriteError(
                 f"could not write the {what} of run {run_id} to {path} ({len(data)} bytes): "
-                f"{exc.strerror or exc}. The previous checkpoint is intact; free disk space or fix "
-                f"permissions, then continue with Experiment(..., resume=True)") from exc
+                f"{_describe_os_error(exc)}. The previous checkpoint is intact; free disk space or "
+                f"fix permissions, then continue with Experiment(..., resume=True)") from exc
         return len(data)
 
     @staticmethod
     def _load_torch(path: Path) -> Any:
-        import torch
+        from rapidfire_nb.engine.safeformat import UnsafeFormatError, decode
 
         if not path.exists():
+            legacy = path.with_suffix(".pt")
+            if legacy.exists():
+                # never unpickled: a pickle can run code, and folders get shared and downloaded
+                raise CheckpointReadError(
+                    f"{legacy} is a pickle (torch.save) checkpoint; rapidfire does not load pickle "
+                    "files from an experiment folder because unpickling can run code. Checkpoints "
+                    f"are now {path.name}; this run cannot continue from that file")
             return None
         try:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as exc:
-            raise CheckpointReadError(f"cannot load {path}: {type(exc).__name__}: {exc}") from exc
+            return decode(path.read_bytes(), what=str(path))
+        except UnsafeFormatError as exc:
+            raise CheckpointReadError(f"cannot load {path}: {exc}") from None
+        except OSError as exc:
+            raise CheckpointReadError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _describe_os_error(exc: OSError) -> str:
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full ({exc.strerror or exc})"
+    return str(exc.strerror or exc)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rapidfire_nb.engine.chunks import ChunkPlan
+from rapidfire_nb.engine.hfstate import fresh_accelerator_state
 from rapidfire_nb.errors import ConfigError
 
 
@@ -169,14 +170,14 @@ class RunTrainer:
         args = build_args(self.spec, output_dir=output_dir, seed=seed, **self.ENGINE_ARGS)
         self.args = args
         self.activate_adapter()
-        _fit_accelerate_precision(args)
         from rapidfire_nb.engine.formatting import formatted, uses_text_form
 
         # RapidFire's row-mapper formatting_func: the trainer sees the mapped columns
         self.text_formatting = uses_text_form(self.spec, self.prep_cache, train_dataset)
         train_dataset = formatted(self.spec, train_dataset, self.prep_cache, "train_dataset")
         eval_dataset = formatted(self.spec, eval_dataset, self.prep_cache, "eval_dataset")
-        self.trainer = self.make_trainer(args, train_dataset, eval_dataset)
+        with fresh_accelerator_state():   # whatever trainer ran before (the user's too): see hfstate
+            self.trainer = self.make_trainer(args, train_dataset, eval_dataset)
         # the engine owns autocast, from this run's own precision: accelerate's autocast reads a
         # process-wide setting left by whichever trainer was built last, and patching the shared
         # model's forward (accelerator.prepare) would impose one run's precision on all
@@ -527,21 +528,6 @@ class RunTrainer:
             acc._schedulers, acc._optimizers, acc._models, acc._dataloaders = [], [], [], []
         self.trainer = self.optimizer = self.scheduler = self.model = None
         self.train_data = self.eval_data = None
-
-
-def _fit_accelerate_precision(args) -> None:
-    """accelerate keeps one process-wide mixed-precision setting and refuses a trainer whose
-    config asks for another ("AcceleratorState has already been initialized and cannot be
-    changed"), so runs of different precisions could not share a kernel. The engine applies each
-    run's own autocast (``run_autocast``), so the shared setting is reset for the run being built."""
-    try:
-        from accelerate.state import AcceleratorState
-    except ImportError:  # pragma: no cover - accelerate is a dependency
-        return
-    want = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "no"
-    current = AcceleratorState._shared_state.get("_mixed_precision")
-    if current is not None and str(current) != want:
-        AcceleratorState._reset_state()
 
 
 def merge_window(window: list[dict]) -> dict:

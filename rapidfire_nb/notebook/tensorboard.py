@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import atexit
 import base64
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -263,11 +265,22 @@ def show_tensorboard(exp_or_path=None, height: int = 800) -> None:
     from IPython.display import HTML, display
 
     url = proxy_url(port) if where == "jupyter" else f"http://localhost:{port}/"
-    display(HTML(
-        f'<iframe src="{url}" width="100%" height="{int(height)}" frameborder="0" '
-        f'title="TensorBoard"></iframe>'
-        f'<div><a href="{url}" target="_blank" rel="noopener">Open TensorBoard in a new tab'
-        f'</a> &middot; <code>{logdir}</code></div>'))
+    display(HTML(tensorboard_html(url, logdir, height)))
+
+
+def tensorboard_html(url: str, logdir, height: int = 800) -> str:
+    """The iframe and link shown in a notebook. The folder name and the proxy URL come from the
+    user's disk and environment: both are escaped, and a URL that is not http(s) or a path is
+    refused (a ``javascript:`` URL in ``href`` would run on click)."""
+    scheme = re.match(r"^\s*([A-Za-z][A-Za-z0-9+.-]*):", url)
+    if scheme and scheme.group(1).lower() not in ("http", "https"):
+        raise RapidFireError(f"TensorBoard URL {url!r} (from RF_TENSORBOARD_PROXY_URL?) must be "
+                             "http(s) or a path such as /proxy/%PORT%/")
+    u = html.escape(url, quote=True)
+    return (f'<iframe src="{u}" width="100%" height="{int(height)}" frameborder="0" '
+            f'title="TensorBoard"></iframe>'
+            f'<div><a href="{u}" target="_blank" rel="noopener">Open TensorBoard in a new tab'
+            f'</a> &middot; <code>{html.escape(str(logdir), quote=True)}</code></div>')
 
 
 def server_proxy_entry() -> dict:

@@ -1,0 +1,138 @@
+"""Checks that need the loaded base model or the data, run before the first run trains.
+
+Configs are validated when they are built (automl); these are the errors that otherwise surfaced
+only once a run's trainer was built in the engine thread, as a failed run:
+
+- LoRA ``target_modules`` that match no module of the base (or ``[]``);
+- a dataset row that cannot be tokenized (checked on the first rows of each dataset, after the
+  run's ``formatting_func``: a full pass would cost as much as the training's own preprocessing);
+- a ``generation_config`` that transformers refuses.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+from rapidfire_nb.errors import ConfigError
+
+ROWS_CHECKED = 8
+_TEXT_COLUMNS = ("text", "prompt", "completion", "chosen", "rejected", "messages")
+
+
+def check_target_modules(spec, base_model) -> None:
+    """Refuse LoRA target modules that adapt nothing in ``base_model``."""
+    peft = spec.peft_config
+    if peft is None:
+        return
+    tm = peft.get("target_modules")
+    if tm is None:
+        return   # PEFT picks the model type's defaults
+    if isinstance(tm, (list, tuple, set)) and len(tm) == 0:
+        raise ConfigError("peft_config.target_modules=[] adapts no module: name the layers to adapt "
+                          "(e.g. ['q_proj', 'v_proj']) or use 'all-linear'")
+    names = [n for n, _ in base_model.named_modules() if n]
+    if isinstance(tm, (list, tuple, set)):
+        missing = [t for t in tm if not any(n == t or n.endswith("." + t) for n in names)]
+        if missing:
+            raise ConfigError(
+                f"peft_config.target_modules {missing} match no module of base model "
+                f"{spec.model_name!r}; its layers include {_leaf_names(base_model)}")
+        return
+    if isinstance(tm, str) and tm != "all-linear":
+        try:
+            pattern = re.compile(tm)
+        except re.error as exc:
+            raise ConfigError(f"peft_config.target_modules={tm!r} is not a valid regex: {exc}") from None
+        if not any(pattern.fullmatch(n) for n in names):
+            raise ConfigError(
+                f"peft_config.target_modules={tm!r} (a regex, matched against full module names) "
+                f"matches no module of base model {spec.model_name!r}; its layers include "
+                f"{_leaf_names(base_model)}")
+
+
+def _leaf_names(model, limit: int = 12) -> list[str]:
+    import torch
+
+    seen: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or type(module).__name__ == "Conv1D":
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf not in seen and not leaf.isdigit():
+                seen.append(leaf)
+    return seen[:limit]
+
+
+def check_rows(spec, dataset, name: str, tokenizer) -> None:
+    """Apply the run's ``formatting_func`` to the first rows and tokenize their text columns."""
+    if dataset is None:
+        return
+    n = min(len(dataset), ROWS_CHECKED)
+    for i in range(n):
+        row = dict(dataset[i])
+        if spec.formatting_func is not None:
+            try:
+                out = spec.formatting_func(copy.deepcopy(row))
+            except Exception as exc:  # noqa: BLE001 - the user's function: say where it broke
+                raise ConfigError(f"formatting_func raised on {name} row {i}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+            if isinstance(out, str):
+                row = {"text": out}
+            elif isinstance(out, dict):
+                row.update(out)
+            elif isinstance(out, (list, tuple)) and out and all(isinstance(x, str) for x in out):
+                row = {"text": out[0]}   # TRL's batched form returns a list of strings
+            else:
+                raise ConfigError(f"formatting_func returned {type(out).__name__} for {name} row {i}; "
+                                  "expected a dict of columns or a string")
+        for col in _TEXT_COLUMNS:
+            if col in row:
+                _check_text(row[col], f"{name} row {i}, column {col!r}", tokenizer)
+
+
+def _check_text(value, where: str, tokenizer) -> None:
+    if isinstance(value, str):
+        _tokenize(value, where, tokenizer)
+        return
+    if isinstance(value, (list, tuple)):   # a conversation
+        for j, msg in enumerate(value):
+            if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+                raise ConfigError(f"{where}: message {j} is {type(msg).__name__} {msg!r:.80}; a "
+                                  "conversation is a list of {'role': ..., 'content': ...} dicts")
+            content = msg.get("content")
+            if isinstance(content, str):
+                _tokenize(content, f"{where}, message {j}", tokenizer)
+            elif content is not None and not isinstance(content, list):
+                raise ConfigError(f"{where}: message {j} has content of type "
+                                  f"{type(content).__name__}; expected text")
+        return
+    raise ConfigError(f"{where} is {type(value).__name__} {value!r:.80}; expected text or a "
+                      "conversation (list of messages), so it cannot be tokenized")
+
+
+def _tokenize(text: str, where: str, tokenizer) -> None:
+    try:
+        tokenizer(text)
+    except Exception as exc:  # noqa: BLE001 - any tokenizer failure is the row's problem here
+        raise ConfigError(f"{where} cannot be tokenized: {type(exc).__name__}: {exc}") from exc
+
+
+def check_before_training(specs, bases_for, train_dataset, eval_dataset) -> None:
+    """Every check above, for every run; ``bases_for(spec)`` gives the loaded base (model,
+    tokenizer). Raises the first ``ConfigError``, naming the run."""
+    from rapidfire_nb import automl
+
+    done_rows: set = set()
+    for i, spec in enumerate(specs, start=1):
+        model, tokenizer = bases_for(spec)
+        try:
+            check_target_modules(spec, model)
+            if spec.generation_config:
+                automl._check_generation_config(dict(spec.generation_config))
+            key = (spec.base_key(), id(spec.formatting_func))
+            if key not in done_rows:
+                done_rows.add(key)
+                check_rows(spec, train_dataset, "train_dataset", tokenizer)
+                check_rows(spec, eval_dataset, "eval_dataset", tokenizer)
+        except ConfigError as exc:
+            raise ConfigError(f"run {i}: {exc}") from exc

@@ -1,0 +1,342 @@
+"""The experiment folder survives damage, sharing and hostile files (issue 15).
+
+Each test here failed on the code before issue 15: a damaged log line cut the history short, a
+second process could train the same folder, a planted pickle ran code, damaged metadata gave bare
+Python errors, and names with control characters made folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rapidfire_nb import Experiment
+from rapidfire_nb.engine.events import EventLog, EventLogError, read_events
+from rapidfire_nb.engine.lock import ExperimentLocked
+from rapidfire_nb.engine.store import CheckpointReadError, ExperimentStore, MetadataError
+from rapidfire_nb.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_log(path: Path, n: int = 46) -> bytes:
+    log = EventLog(path)
+    for i in range(n):
+        log.append("metric", run_id=1 + i % 3, split="train", step=i, samples_seen=i, epoch=0,
+                   chunk=0, metrics={"loss": 1.0 / (i + 1)})
+    log.close()
+    return path.read_bytes()
+
+
+def replace_line(data: bytes, number: int, new: bytes) -> bytes:
+    lines = data.split(b"\n")
+    lines[number - 1] = new
+    return b"\n".join(lines)
+
+
+# -- 1. opening a log never deletes valid history ------------------------------------------------
+
+@pytest.mark.parametrize("damage, message", [
+    (b'{"seq": 20, "time": 1, "type": "metric", "run_id": 2, ', "line 20: not valid JSON"),
+    (b'{"seq": 20, "type": "metric", "note": "\xff\xfe"}', "line 20: not UTF-8"),
+    (b'{"seq": 19, "time": 1, "type": "metric"}', "line 20: sequence number 19 where 20"),
+    (b'[1, 2, 3]', "line 20: not an event"),
+])
+def test_damage_in_the_middle_refuses_the_open_and_leaves_the_file(tmp_path, damage, message):
+    path = tmp_path / "events.jsonl"
+    damaged = replace_line(make_log(path), 20, damage)
+    path.write_bytes(damaged)
+    with pytest.raises(EventLogError, match=message) as err:
+        EventLog(path)
+    assert str(path) in str(err.value)
+    with pytest.raises(EventLogError, match=message):
+        read_events(path)
+    assert path.read_bytes() == damaged, "a refused open must not change the file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl"]
+
+
+def test_only_a_torn_final_line_is_dropped_and_its_bytes_are_kept_aside(tmp_path):
+    path = tmp_path / "events.jsonl"
+    data = make_log(path)
+    last = data.rstrip(b"\n").rsplit(b"\n", 1)[1]
+    torn = data[: -len(last) // 2]            # a crash in the middle of the last write
+    path.write_bytes(torn)
+    log = EventLog(path)
+    assert [e["seq"] for e in log.since(0)] == list(range(1, 46))
+    log.append("experiment_end")
+    log.close()
+    assert [e["seq"] for e in read_events(path)] == list(range(1, 47))
+    aside = list(tmp_path.glob("events.jsonl.torn-*"))
+    assert len(aside) == 1 and torn.endswith(aside[0].read_bytes())
+
+
+def test_a_whole_last_event_without_its_newline_is_kept(tmp_path):
+    path = tmp_path / "events.jsonl"
+    data = make_log(path)
+    path.write_bytes(data[:-1])               # the crash came between the event and its newline
+    log = EventLog(path)
+    assert log.last_seq == 46
+    log.append("experiment_end")
+    log.close()
+    assert [e["seq"] for e in read_events(path)] == list(range(1, 48))
+
+
+def test_an_experiment_with_a_damaged_log_refuses_to_resume_and_keeps_it(tmp_path):
+    exp = Experiment("dmg", experiment_path=tmp_path, tracking=[])
+    for i in range(10):
+        exp.events.append("op", op="stop", run_id=i, accepted=False, reason="x", new_run_id=None)
+    exp.end()
+    path = tmp_path / "dmg" / "events.jsonl"
+    original = path.read_bytes()
+    damaged = replace_line(original, 5, b"garbage")
+    path.write_bytes(damaged)
+    with pytest.raises(EventLogError, match=r"events.jsonl, line 5: not valid JSON"):
+        Experiment("dmg", experiment_path=tmp_path, resume=True, tracking=[])
+    assert path.read_bytes() == damaged
+    # the refused open let go of the folder: once repaired, it opens with all its history
+    path.write_bytes(original)
+    again = Experiment("dmg", experiment_path=tmp_path, resume=True, tracking=[])
+    assert sum(e["type"] == "op" for e in again.events.since(0)) == 10
+    again.end()
+
+
+# -- 2. one live engine per folder ---------------------------------------------------------------
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    import crash_worker as W
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.demo_data import tiny_create_model
+
+    root = Path(sys.argv[1])
+    exp = Experiment(W.NAME, experiment_path=root, tracking=[])
+
+    def hold(ev):
+        # training: a chunk is on disk; stay in the middle of the experiment until killed
+        if ev["type"] == "chunk_done":
+            (root / "TRAINING").write_text(str(ev["seq"]))
+            time.sleep(600)
+
+    exp.events.subscribe(hold)
+    train, evald = W.make_data()
+    exp.run_fit(W.make_group(), tiny_create_model, train, evald, block=True, **W.RUN_FIT_KW)
+""")
+
+
+def test_a_second_process_cannot_train_a_folder_in_use_and_a_killed_one_releases_it(tmp_path):
+    import crash_worker as W
+    from rapidfire_nb.demo_data import tiny_create_model
+
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER.format(tests=str(Path(__file__).parent)))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "TRAINING").exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        log_before = (tmp_path / W.NAME / "events.jsonl").read_bytes()
+        with pytest.raises(ExperimentLocked, match=rf"in use by another live process \(pid {proc.pid}"):
+            Experiment(W.NAME, experiment_path=tmp_path, resume=True, tracking=[])
+        assert (tmp_path / W.NAME / "events.jsonl").read_bytes() == log_before, \
+            "the refused Experiment must not write to the folder"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+        proc.stderr.close()
+    # the OS dropped the dead process's lock: the folder resumes and finishes
+    train, evald = W.make_data()
+    again = Experiment(W.NAME, experiment_path=tmp_path, resume=True, tracking=[])
+    again.run_fit(W.make_group(), tiny_create_model, train, evald, **W.RUN_FIT_KW)
+    assert set(again.get_runs_info().status) == {"completed"}
+    seqs = [e["seq"] for e in read_events(again.store.events_path)]
+    assert seqs == list(range(1, len(seqs) + 1))
+    again.end()
+
+
+def test_two_experiments_of_one_process_on_one_folder(tmp_path):
+    first = Experiment("same", experiment_path=tmp_path, tracking=[])
+    with pytest.raises(ExperimentLocked, match="already open in this process"):
+        Experiment("same", experiment_path=tmp_path, resume=True, tracking=[])
+    first.end()
+    second = Experiment("same", experiment_path=tmp_path, resume=True, tracking=[])
+    second.end()
+
+
+# -- 4. nothing read from the folder can run code ------------------------------------------------
+
+class _Exploit:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_pickle_checkpoint_is_refused_not_run(tmp_path):
+    import crash_worker as W
+    from rapidfire_nb.demo_data import tiny_create_model
+
+    exp = Experiment(W.NAME, experiment_path=tmp_path, tracking=[])
+    exp.end()
+    store = ExperimentStore(tmp_path / W.NAME)
+    marker = tmp_path / "PWNED"
+    payload = pickle.dumps({"trainer": _Exploit(marker), "counters": {}})
+    for rid in (1, 2):   # the old name, and a pickle disguised under the new one
+        store.checkpoint_path(rid).parent.mkdir(parents=True)
+    store.checkpoint_path(1).with_suffix(".pt").write_bytes(payload)
+    store.checkpoint_path(2).write_bytes(payload)
+    store.warm_start_path(3).parent.mkdir(parents=True)
+    store.warm_start_path(3).write_bytes(payload)
+
+    with pytest.raises(CheckpointReadError, match="pickle"):
+        store.load_checkpoint(1)
+    with pytest.raises(CheckpointReadError, match="pickle"):
+        store.load_checkpoint(2)
+    with pytest.raises(CheckpointReadError, match="pickle"):
+        store.load_warm_start(3)
+    train, evald = W.make_data()
+    again = Experiment(W.NAME, experiment_path=tmp_path, resume=True, tracking=[])
+    again.run_fit(W.make_group(), tiny_create_model, train, evald, block=False, **W.RUN_FIT_KW)
+    info = again.get_runs_info().set_index("run_id")
+    assert info.loc[1, "status"] == "failed" and "pickle" in info.loc[1, "error"]
+    assert info.loc[2, "status"] == "failed" and "pickle" in info.loc[2, "error"]
+    assert again.wait(timeout=300)
+    again.end()
+    assert not marker.exists(), "a pickle from the experiment folder was executed"
+
+
+def test_the_package_never_unpickles():
+    offenders = []
+    for path in (REPO / "rapidfire_nb").rglob("*.py"):
+        text = path.read_text()
+        for needle in ("weights_only=False", "pickle.load", "import pickle", "torch.load("):
+            if needle in text:
+                offenders.append(f"{path.relative_to(REPO)}: {needle}")
+    assert offenders == []
+
+
+# -- 5. damaged metadata -------------------------------------------------------------------------
+
+def _fresh(tmp_path, name="meta"):
+    exp = Experiment(name, experiment_path=tmp_path, tracking=[])
+    exp.end()
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{not json", r"runs.json is not valid JSON: .* line 1 column 2"),
+    (b"[1, 2]", r"runs.json holds a JSON array where an object"),
+    (b'{"1": {"status": "runing"}}', r"runs.json: run 1 has unknown status 'runing'"),
+    (b'{"1": {"status": "pending", "completed_steps": "3"}}', r"runs.json: run 1 has completed_steps='3'"),
+    (b'{"x": {"status": "pending"}}', r"runs.json: key 'x' is not a run id"),
+    (b'{"1": "pending"}', r"runs.json: run 1 is not an object"),
+    (b'\xff\xfe{}', r"runs.json is not UTF-8"),
+])
+def test_damaged_runs_json_is_named(tmp_path, content, message):
+    import crash_worker as W
+    from rapidfire_nb.demo_data import tiny_create_model
+
+    root = _fresh(tmp_path, W.NAME)
+    (root / "runs.json").write_bytes(content)
+    train, evald = W.make_data()
+    again = Experiment(W.NAME, experiment_path=tmp_path, resume=True, tracking=[])
+    with pytest.raises(MetadataError, match=message):
+        again.run_fit(W.make_group(), tiny_create_model, train, evald, **W.RUN_FIT_KW)
+    assert again.engine is None or again.engine.thread is None, "nothing may start"
+    again.end()
+    assert (root / "runs.json").read_bytes() == content
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"name": "meta", ', r"experiment.json is not valid JSON"),
+    (b'"meta"', r"experiment.json holds a JSON string where an object"),
+    (b'{"name": "meta", "seed": "11"}', r"experiment.json: 'seed' is a JSON string"),
+    (b'\x80abc', r"experiment.json is not UTF-8"),
+])
+def test_damaged_experiment_json_is_named(tmp_path, content, message):
+    root = _fresh(tmp_path)
+    (root / "experiment.json").write_bytes(content)
+    log = (root / "events.jsonl").read_bytes()
+    with pytest.raises(MetadataError, match=message):
+        Experiment("meta", experiment_path=tmp_path, resume=True, tracking=[])
+    assert (root / "experiment.json").read_bytes() == content
+    assert (root / "events.jsonl").read_bytes() == log
+    # the refused open let go of the folder
+    (root / "experiment.json").write_text('{"name": "meta"}')
+    Experiment("meta", experiment_path=tmp_path, resume=True, tracking=[]).end()
+
+
+# -- 9. names and HTML ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["ok\n", "ok\r", "a/b", "a\\b", "x\x00y", "tab\there", "..", "",
+                                  ".hidden", "é" * 3])
+def test_experiment_names_with_control_chars_or_separators_are_refused(tmp_path, name):
+    with pytest.raises(ConfigError, match="experiment_name"):
+        Experiment(name, experiment_path=tmp_path, tracking=[])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tensorboard_html_escapes_the_folder_and_the_proxy_url(tmp_path, monkeypatch):
+    from rapidfire_nb.errors import RapidFireError
+    from rapidfire_nb.notebook.tensorboard import proxy_url, tensorboard_html
+
+    logdir = tmp_path / '<img src=x onerror="alert(1)">'
+    monkeypatch.setenv("RF_TENSORBOARD_PROXY_URL", '/p/%PORT%/"><script>alert(2)</script>')
+    html = tensorboard_html(proxy_url(6006), logdir)
+    assert "<script>" not in html and "<img" not in html
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in html
+    assert 'src="/p/6006/&quot;&gt;&lt;script&gt;alert(2)&lt;/script&gt;"' in html
+    monkeypatch.setenv("RF_TENSORBOARD_PROXY_URL", "javascript:alert(3)//%PORT%")
+    with pytest.raises(RapidFireError, match="must be http"):
+        tensorboard_html(proxy_url(6006), logdir)
+    ok = tensorboard_html("https://hub.example/user/proxy/6006/", logdir)
+    assert 'href="https://hub.example/user/proxy/6006/"' in ok
+
+
+def test_hostile_safetensors_checkpoints_are_refused_with_a_reason(tmp_path):
+    import torch
+    from safetensors.torch import save
+
+    from rapidfire_nb.engine import safeformat
+
+    store = ExperimentStore(tmp_path)
+    path = store.checkpoint_path(1)
+    path.parent.mkdir(parents=True)
+    t = {"t0": torch.zeros(3)}
+    cases = {
+        "no .rapidfire_state. metadata": save(t),
+        "not JSON": save(t, metadata={"rapidfire_state": "{"}),
+        "format version": save(t, metadata={"rapidfire_state": '{"version": 99, "state": {}}'}),
+        "not stored": save(t, metadata={"rapidfire_state": '{"version": 1, "state": {"$t": "t9"}}'}),
+        "is not allowed": save(t, metadata={"rapidfire_state":
+                                            '{"version": 1, "state": {"$np": "t0", "dtype": "|O"}}'}),
+        "damaged skeleton": save(t, metadata={"rapidfire_state": '{"version": 1, "state": {"$map": [1]}}'}),
+        "not a safetensors file": b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}",
+        "not JSON ": save(t, metadata={"rapidfire_state": "[" * 100000}),
+    }
+    for reason, data in cases.items():
+        path.write_bytes(data)
+        with pytest.raises(CheckpointReadError, match=reason.strip()):
+            store.load_checkpoint(1)
+    # and what the engine writes reads back exactly
+    state = {"w": torch.arange(6.0).reshape(2, 3), "steps": (1, 2.5, None), 0: "int key",
+             "$odd": float("inf")}
+    path.write_bytes(safeformat.encode(state))
+    back = store.load_checkpoint(1)
+    assert torch.equal(back["w"], state["w"]) and back["steps"] == (1, 2.5, None)
+    assert back[0] == "int key" and back["$odd"] == float("inf")
