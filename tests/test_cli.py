@@ -20,6 +20,11 @@ def test_demo_trains_four_configs_and_prints_a_leaderboard(tmp_path):
     # progress after every chunk of every run: 4 runs x 4 chunks
     assert out.count(" chunk ") == 16
     assert (tmp_path / "demo" / "events.jsonl").exists()
+    # what the numbers mean: a baseline for scale, and each run's answers checked
+    assert "a uniform guess over the vocabulary has eval_loss 6.24" in out
+    assert "correct" in out.split("Leaderboard")[1].splitlines()[1]
+    assert all(line.split()[-1].endswith("/12") for line in board), board
+    assert "answers: What color is the" in out
     assert "Traceback" not in proc.stderr
 
 

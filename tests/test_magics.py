@@ -129,6 +129,9 @@ def test_stop_resume_status_on_a_training_experiment(exp, shell, capsys):
     assert table.loc[2, "status"] == "stopped"
     assert table.loc[1, "steps"] == f"{int(info.loc[1, 'total_steps'])}/{int(info.loc[1, 'total_steps'])}"
     assert list(table["learning_rate"]) == [LR1, LR2]
+    # the panel's wording for the last chunk trained ("chunk 2/2"), not a running total of chunks
+    assert table.loc[1, "progress"].endswith("chunk 2/2") and table.loc[1, "progress"].startswith("epoch ")
+    assert "chunks" not in table.columns
     assert table.loc[1, "eval_loss"] == pytest.approx(float(info.loc[1, "eval_loss"]), abs=1e-4)
     out, err, result = run(shell, capsys, "status")
     assert err == "" and "stopped" in out and "completed" in out

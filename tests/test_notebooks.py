@@ -210,3 +210,24 @@ def test_notebook_runs_end_to_end_in_smoke_mode(path, tmp_path):
     while _pid_alive(tb_pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _pid_alive(tb_pid), f"{path.name}: TensorBoard (pid {tb_pid}) outlived its kernel"
+
+
+def test_a_rerun_cell_says_its_new_folder_in_one_line(tmp_path, capsys):
+    """Re-running the Experiment cell moves to `<name>_2`: one short line in the cell, no warning
+    with the kernel's temporary file path."""
+    import warnings
+
+    from rapidfire_nb import Experiment
+
+    first = Experiment("quickstart", experiment_path=str(tmp_path), tracking=[])
+    first.end()
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second = Experiment("quickstart", experiment_path=str(tmp_path), tracking=[])
+    second.end()
+    out = capsys.readouterr()
+    assert second.name == "quickstart_2"
+    assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and "quickstart_2" in lines[0] and len(lines[0]) < 200, lines
