@@ -20,8 +20,8 @@ def _demo_parser() -> argparse.ArgumentParser:
                                                    "text columns (needs the network); default: synthetic")
     p.add_argument("--num-chunks", type=int, default=4)
     p.add_argument("--train-size", type=int, default=512)
-    p.add_argument("--epochs", type=float, default=2)
-    p.add_argument("--lr-high", type=float, default=5e-2)
+    p.add_argument("--epochs", type=float, default=3)
+    p.add_argument("--lr-high", type=float, default=2e-2)
     p.add_argument("--lr-low", type=float, default=5e-3)
     p.add_argument("--path", default="rapidfire_experiments", help="experiment folder parent")
     p.add_argument("--name", default="demo")
@@ -125,6 +125,7 @@ def demo(argv: list[str]) -> int:
 def _colors_answers(exp, run_ids: list[int]) -> dict[int, tuple[int, list[str]]]:
     """Each run's adapter asked every animal's colour: (how many right, a few sample lines)."""
     import tempfile
+    import warnings
 
     import torch
     from peft import PeftModel
@@ -132,7 +133,9 @@ def _colors_answers(exp, run_ids: list[int]) -> dict[int, tuple[int, list[str]]]
     from rapidfire_nb import demo_data
 
     out = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    # transformers' deprecation notes from loading the adapters are not the demo's business
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         for rid in run_ids:
             base, tok = demo_data.tiny_create_model({"model_kwargs": {}})
             model = PeftModel.from_pretrained(base, str(exp.export(rid, f"{tmp}/run{rid}"))).eval()
