@@ -737,9 +737,9 @@ def _parser() -> argparse.ArgumentParser:
                     "after another with plain TRL SFTTrainer.train(), in this process; report the "
                     "wall-time ratio, the engine's overhead, time per swap, peak memory (1 vs 8 runs) "
                     "and when the first all-run comparison is available, each against a target "
-                    "([ok] met, [MISS] not met). Takes about 5-10 minutes with the cpu preset on 2 "
-                    "cores (3 repeats plus a warm-up; --repeats 1 --no-memory: about 2 minutes); "
-                    "the smoke preset takes seconds.")
+                    "([ok] met, [MISS] not met). Takes about 4 minutes with the cpu preset on 2 CPU "
+                    "cores (a warm-up, 3 repeats and the memory probes; --repeats 1 --no-memory: "
+                    "about 1 minute); the smoke preset takes seconds.")
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS),
                     help="cpu: ~4.5M-param Llama, fp32 (default); tinyllama: 1.1B-shaped, bf16, CUDA")
     ap.add_argument("--repeats", type=int, default=3, help="repeats (medians are reported); default 3")

@@ -32,3 +32,14 @@ def test_unknown_command_is_a_clear_error(tmp_path):
     proc = run(["fly"], tmp_path)
     assert proc.returncode == 2 and "unknown command 'fly'" in proc.stderr
     assert "demo" in run(["--help"], tmp_path).stdout
+
+
+def test_bench_says_how_long_it_takes_and_what_its_marks_mean(tmp_path, capsys):
+    help_text = run(["bench", "--help"], tmp_path).stdout
+    assert "about 4 minutes" in help_text and "[MISS] not met" in help_text
+    from rapidfire_nb import bench
+
+    assert bench.main(["--preset", "smoke", "--repeats", "1", "--eval", "none", "--no-memory", "--no-warmup"]) == 0
+    out = capsys.readouterr().out
+    assert "[MISS] not met on this machine" in out
+    assert "below 1.0 is possible because" in out and "per-train() set-up" in out
