@@ -330,3 +330,21 @@ def test_engine_state_after_all_commands(exp):
     statuses = {rid: r.status for rid, r in exp.engine.runs.items()}
     assert statuses == {1: "completed", 2: "completed", 3: "deleted", 4: "completed"}
     assert 3 not in exp.engine.trainers
+
+
+def test_load_ext_keeps_library_import_chatter_out_of_the_cell():
+    """bitsandbytes (imported by peft) logs a 'Failed to load CPU gemm_4bit_forward' warning at
+    import on machines without the `kernels` package; after %load_ext nothing of it is printed."""
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "sh = InteractiveShell.instance()\n"
+        "sh.run_line_magic('load_ext', 'rapidfire')\n"
+        "from rapidfire_nb.automl import RFLoraConfig\n"
+        "RFLoraConfig(r=8, lora_alpha=16, target_modules=['q_proj'])\n"
+    )
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "gemm_4bit_forward" not in proc.stderr + proc.stdout
