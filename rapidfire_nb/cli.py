@@ -10,16 +10,19 @@ import time
 def _demo_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rapidfire demo",
                                 description="Train 4 SFT configs (2 LoRA x 2 learning rates) interleaved, "
-                                            "offline on a tiny model, and print a leaderboard.")
+                                            "offline on a tiny model, and print a leaderboard. The offline "
+                                            "task: answer each animal's colour (a dozen facts); the demo "
+                                            "prints what a guess would score, and each run's answers. "
+                                            "About a minute on 2 CPU cores.")
     p.add_argument("--model", default=None, help="a Hugging Face model name (needs the network); "
                                                  "default: a tiny model built offline")
     p.add_argument("--dataset", default=None, help="a Hugging Face dataset name with prompt/completion or "
                                                    "text columns (needs the network); default: synthetic")
     p.add_argument("--num-chunks", type=int, default=4)
-    p.add_argument("--train-size", type=int, default=1024)
+    p.add_argument("--train-size", type=int, default=512)
     p.add_argument("--epochs", type=float, default=3)
-    p.add_argument("--lr-high", type=float, default=3e-2)
-    p.add_argument("--lr-low", type=float, default=3e-3)
+    p.add_argument("--lr-high", type=float, default=2e-2)
+    p.add_argument("--lr-low", type=float, default=5e-3)
     p.add_argument("--path", default="rapidfire_experiments", help="experiment folder parent")
     p.add_argument("--name", default="demo")
     return p
@@ -42,7 +45,10 @@ def demo(argv: list[str]) -> int:
         model_name, targets_small, targets_big = args.model, ["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"]
     else:
         create_model = demo_data.tiny_create_model
-        model_name, targets_small, targets_big = "tiny-llama-offline", ["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"]
+        # the big adapter also covers the MLP: on a randomly initialised base, attention-only
+        # adapters learn the facts slowly, which is the difference the leaderboard should show
+        model_name, targets_small, targets_big = "tiny-llama-offline", ["q_proj", "v_proj"], [
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     if args.dataset:
         from datasets import load_dataset
 
@@ -50,7 +56,11 @@ def demo(argv: list[str]) -> int:
         train = ds.select(range(min(args.train_size, len(ds) - 64)))
         evald = ds.select(range(len(ds) - 64, len(ds)))
     else:
-        train, evald = demo_data.make_demo_datasets(args.train_size, 32)
+        train, evald = demo_data.make_demo_datasets(args.train_size, 32, task="colors")
+        print("task: 'What color is the fox?' -> ' green' (one colour per animal, "
+              f"{len(demo_data.ANIMAL_COLORS)} facts). For scale: a uniform guess over the vocabulary has "
+              f"eval_loss {demo_data.uniform_guess_loss(demo_data.make_tokenizer()):.2f}; lower is better, "
+              "and the leaderboard checks each run's answers.", flush=True)
 
     loras = List([RFLoraConfig(r=8, lora_alpha=16, target_modules=targets_small, lora_dropout=0.05),
                   RFLoraConfig(r=32, lora_alpha=64, target_modules=targets_big, lora_dropout=0.05)])
@@ -86,9 +96,21 @@ def demo(argv: list[str]) -> int:
     info = exp.get_runs_info()
     cols = [c for c in info.columns if c in ("run_id", "status", "learning_rate", "r", "target_modules",
                                              "completed_steps", "eval_loss")]
-    board = info[cols].sort_values("eval_loss")
-    print("\nLeaderboard (lower eval_loss is better):")
+    board = info[cols].copy()
+    answers = {}
+    if not args.model and not args.dataset:
+        answers = _colors_answers(exp, [int(r) for r in info.run_id[info.status == "completed"]])
+        board["correct"] = [f"{answers[r][0]}/{len(demo_data.ANIMALS)}" if r in answers else "–"
+                            for r in info.run_id]
+    board = board.sort_values("eval_loss")
+    print("\nLeaderboard (lower eval_loss is better"
+          + ("; correct = animals whose colour the run's adapter answers, greedy decoding;"
+             f" a random colour gets about {len(demo_data.ANIMALS) / len(demo_data.COLORS):.1f}"
+             if answers else "") + "):")
     print(board.to_string(index=False))
+    if answers:
+        best = int(board.run_id.iloc[0])
+        print(f"\nrun {best} answers: " + "; ".join(answers[best][1][:4]))
     split = exp.time_split()
     wall = time.time() - t0
     print(f"\nwall {wall:.1f}s; engine time split: train {split['train']:.1f}s, eval {split['eval']:.1f}s, "
@@ -98,6 +120,36 @@ def demo(argv: list[str]) -> int:
     exp.end()
     failed = (info["status"] == "failed").any()
     return 1 if failed else 0
+
+
+def _colors_answers(exp, run_ids: list[int]) -> dict[int, tuple[int, list[str]]]:
+    """Each run's adapter asked every animal's colour: (how many right, a few sample lines)."""
+    import tempfile
+    import warnings
+
+    import torch
+    from peft import PeftModel
+
+    from rapidfire_nb import demo_data
+
+    out = {}
+    # transformers' deprecation notes from loading the adapters are not the demo's business
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for rid in run_ids:
+            base, tok = demo_data.tiny_create_model({"model_kwargs": {}})
+            model = PeftModel.from_pretrained(base, str(exp.export(rid, f"{tmp}/run{rid}"))).eval()
+            right, lines = 0, []
+            for animal, color in demo_data.ANIMAL_COLORS.items():
+                prompt = demo_data.colors_prompt(animal)
+                x = tok(prompt, return_tensors="pt")
+                with torch.no_grad():
+                    y = model.generate(**x, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+                said = tok.decode(y[0, x["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+                right += said.split()[:1] == [color]
+                lines.append(f"{prompt} -> {said!r}{'' if said.split()[:1] == [color] else f' (is {color})'}")
+            out[rid] = (right, lines)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

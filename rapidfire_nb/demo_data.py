@@ -108,14 +108,27 @@ def tiny_create_model(model_config: dict):
     return make_tiny_model_and_tokenizer(**kwargs)
 
 
+# The "colors" task: one fixed colour per animal, a dozen facts a tiny model learns in a few
+# dozen steps, so configs that learn faster or slower show it within the first chunk.
+ANIMAL_COLORS = {a: COLORS[i % len(COLORS)] for i, a in enumerate(ANIMALS)}
+
+
+def colors_prompt(animal: str) -> str:
+    return f"What color is the {animal}?"
+
+
 def make_sft_dataset(n: int, seed: int = 0, task: str = "reverse"):
-    """Prompt/completion pairs of a small learnable task (word reversal or addition)."""
+    """Prompt/completion pairs of a small learnable task: word reversal ("reverse"), addition
+    ("add") or each animal's colour ("colors", see ``ANIMAL_COLORS``)."""
     from datasets import Dataset
 
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        if task == "add":
+        if task == "colors":
+            a = rng.choice(ANIMALS)
+            rows.append({"prompt": colors_prompt(a), "completion": f" {ANIMAL_COLORS[a]}"})
+        elif task == "add":
             a, b = rng.randrange(20), rng.randrange(20)
             rows.append({"prompt": f"What is {a} plus {b}?", "completion": f" {a + b}"})
         else:
@@ -124,8 +137,16 @@ def make_sft_dataset(n: int, seed: int = 0, task: str = "reverse"):
     return Dataset.from_list(rows)
 
 
-def make_demo_datasets(n_train: int = 256, n_eval: int = 32, seed: int = 0):
-    return make_sft_dataset(n_train, seed=seed), make_sft_dataset(n_eval, seed=seed + 1)
+def make_demo_datasets(n_train: int = 256, n_eval: int = 32, seed: int = 0, task: str = "reverse"):
+    return make_sft_dataset(n_train, seed=seed, task=task), make_sft_dataset(n_eval, seed=seed + 1, task=task)
+
+
+def uniform_guess_loss(tokenizer) -> float:
+    """The loss of a model that spreads its guess evenly over the vocabulary: ln(vocabulary size).
+    An eval_loss below it means the run has learned something about the data."""
+    import math
+
+    return math.log(len(tokenizer))
 
 
 def make_dpo_dataset(n: int, seed: int = 0):

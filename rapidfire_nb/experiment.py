@@ -117,9 +117,9 @@ class Experiment:
             n = 2
             while (parent / f"{experiment_name}_{n}" / "experiment.json").exists():
                 n += 1
-            warnings.warn(f"{root} already holds an experiment; this one goes to "
-                          f"{parent / f'{experiment_name}_{n}'} (pass resume=True to continue the old one)",
-                          stacklevel=2)
+            # one short line in the cell (a re-run cell is normal), not a warning with a temp path
+            print(f"rapidfire: experiment {experiment_name!r} exists; this one is "
+                  f"'{experiment_name}_{n}' (resume=True continues {experiment_name!r})")
             experiment_name, root = f"{experiment_name}_{n}", parent / f"{experiment_name}_{n}"
         root.mkdir(parents=True, exist_ok=True)
         self.name = experiment_name

@@ -20,6 +20,11 @@ def test_demo_trains_four_configs_and_prints_a_leaderboard(tmp_path):
     # progress after every chunk of every run: 4 runs x 4 chunks
     assert out.count(" chunk ") == 16
     assert (tmp_path / "demo" / "events.jsonl").exists()
+    # what the numbers mean: a baseline for scale, and each run's answers checked
+    assert "a uniform guess over the vocabulary has eval_loss 6.24" in out
+    assert "correct" in out.split("Leaderboard")[1].splitlines()[1]
+    assert all(line.split()[-1].endswith("/12") for line in board), board
+    assert "answers: What color is the" in out
     assert "Traceback" not in proc.stderr
 
 
@@ -27,3 +32,14 @@ def test_unknown_command_is_a_clear_error(tmp_path):
     proc = run(["fly"], tmp_path)
     assert proc.returncode == 2 and "unknown command 'fly'" in proc.stderr
     assert "demo" in run(["--help"], tmp_path).stdout
+
+
+def test_bench_says_how_long_it_takes_and_what_its_marks_mean(tmp_path, capsys):
+    help_text = run(["bench", "--help"], tmp_path).stdout
+    assert "about 4 minutes" in help_text and "[MISS] not met" in help_text
+    from rapidfire_nb import bench
+
+    assert bench.main(["--preset", "smoke", "--repeats", "1", "--eval", "none", "--no-memory", "--no-warmup"]) == 0
+    out = capsys.readouterr().out
+    assert "[MISS] not met on this machine" in out
+    assert "below 1.0 is possible because" in out and "per-train() set-up" in out

@@ -129,6 +129,9 @@ def test_stop_resume_status_on_a_training_experiment(exp, shell, capsys):
     assert table.loc[2, "status"] == "stopped"
     assert table.loc[1, "steps"] == f"{int(info.loc[1, 'total_steps'])}/{int(info.loc[1, 'total_steps'])}"
     assert list(table["learning_rate"]) == [LR1, LR2]
+    # the panel's wording for the last chunk trained ("chunk 2/2"), not a running total of chunks
+    assert table.loc[1, "progress"].endswith("chunk 2/2") and table.loc[1, "progress"].startswith("epoch ")
+    assert "chunks" not in table.columns
     assert table.loc[1, "eval_loss"] == pytest.approx(float(info.loc[1, "eval_loss"]), abs=1e-4)
     out, err, result = run(shell, capsys, "status")
     assert err == "" and "stopped" in out and "completed" in out
@@ -327,3 +330,21 @@ def test_engine_state_after_all_commands(exp):
     statuses = {rid: r.status for rid, r in exp.engine.runs.items()}
     assert statuses == {1: "completed", 2: "completed", 3: "deleted", 4: "completed"}
     assert 3 not in exp.engine.trainers
+
+
+def test_load_ext_keeps_library_import_chatter_out_of_the_cell():
+    """bitsandbytes (imported by peft) logs a 'Failed to load CPU gemm_4bit_forward' warning at
+    import on machines without the `kernels` package; after %load_ext nothing of it is printed."""
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "sh = InteractiveShell.instance()\n"
+        "sh.run_line_magic('load_ext', 'rapidfire')\n"
+        "from rapidfire_nb.automl import RFLoraConfig\n"
+        "RFLoraConfig(r=8, lora_alpha=16, target_modules=['q_proj'])\n"
+    )
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "gemm_4bit_forward" not in proc.stderr + proc.stdout

@@ -210,3 +210,46 @@ def test_notebook_runs_end_to_end_in_smoke_mode(path, tmp_path):
     while _pid_alive(tb_pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _pid_alive(tb_pid), f"{path.name}: TensorBoard (pid {tb_pid}) outlived its kernel"
+
+
+def test_a_rerun_cell_says_its_new_folder_in_one_line(tmp_path, capsys):
+    """Re-running the Experiment cell moves to `<name>_2`: one short line in the cell, no warning
+    with the kernel's temporary file path."""
+    import warnings
+
+    from rapidfire_nb import Experiment
+
+    first = Experiment("quickstart", experiment_path=str(tmp_path), tracking=[])
+    first.end()
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second = Experiment("quickstart", experiment_path=str(tmp_path), tracking=[])
+    second.end()
+    out = capsys.readouterr()
+    assert second.name == "quickstart_2"
+    assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and "quickstart_2" in lines[0] and len(lines[0]) < 200, lines
+
+
+def test_quickstart_steers_after_the_first_chunk():
+    """Read cell by cell, the quickstart waits for the first chunk's results, then stops, resumes
+    and warm-clones while runs train (full mode: 128 steps per run, minutes on a CPU)."""
+    nb = nbformat.read(str(NB_DIR / "quickstart.ipynb"), as_version=4)
+    code = [_source(c) for c in nb.cells if c.cell_type == "code"]
+
+    def first(pattern: str) -> int:
+        hits = [i for i, s in enumerate(code) if re.search(pattern, s)]
+        assert hits, f"quickstart: no cell matches {pattern!r}"
+        return hits[0]
+
+    fit, wait = first(r"\.run_fit\("), first(r"(?m)^info = wait_for_chunk\(exp, 1\)")
+    stop, clone, resume = first(r"exp\.stop\("), first(r"warm_start=True"), first(r"exp\.resume\(")
+    final = first(r"(?m)^exp\.wait\(\)")
+    assert fit < wait < stop <= clone < resume < final
+    sizes = re.search(r"TRAIN_SIZE, EVAL_SIZE, EPOCHS, BATCH = \(.*\) if SMOKE else \((\d+), \d+, (\d+), (\d+)\)",
+                      "\n".join(code))
+    assert sizes, "quickstart: the full-mode sizes line"
+    train, epochs, batch = map(int, sizes.groups())
+    assert train * epochs // batch >= 128, "full mode must train long enough to steer the runs"

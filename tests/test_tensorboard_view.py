@@ -84,12 +84,12 @@ def test_tensorboard_serves_runs_scalars_and_hparams_on_localhost(tensorboard, e
     assert server.url == f"http://127.0.0.1:{port}/" and server.process.poll() is None
     base = server.url
     tags = scalar_runs(base)
-    assert sorted(tags) == ["run_1", "run_2", "run_3", "run_4"]  # run_5 was deleted untrained
+    assert sorted(tags) == ["run 1", "run 2", "run 3", "run 4"]  # run_5 was deleted untrained
     assert {"train/loss", "train/learning_rate", "train/grad_norm", "eval/loss",
-            "eval/accuracy"} <= set(tags["run_3"])
-    points = get(base + "data/plugin/scalars/scalars?run=run_1&tag=eval%2Floss")
+            "eval/accuracy"} <= set(tags["run 3"])
+    points = get(base + "data/plugin/scalars/scalars?run=run%201&tag=eval%2Floss")
     assert [p[1] for p in points] == [16, 32, 48]
-    assert wait_for(lambda: "run_5" in get(base + "data/runs"), what="run_5 in the run list")
+    assert wait_for(lambda: "run 5" in get(base + "data/runs"), what="run_5 in the run list")
 
     # the HParams dashboard: every run's knobs, lineage and final metrics
     experiment = get(base + "data/plugin/hparams/experiment", data={"experimentName": ""})
@@ -102,10 +102,10 @@ def test_tensorboard_serves_runs_scalars_and_hparams_on_localhost(tensorboard, e
         "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
                             "STATUS_RUNNING"], "colParams": []})
     by_name = {g["name"]: g for g in groups["sessionGroups"]}
-    assert by_name["run_3"]["hparams"]["training_args.learning_rate"] == pytest.approx(5e-4)
-    assert by_name["run_1"]["sessions"][0]["status"] == "STATUS_SUCCESS"
-    assert by_name["run_4"]["sessions"][0]["status"] == "STATUS_FAILURE"
-    final = {m["name"]["tag"]: m for m in by_name["run_1"]["metricValues"]}
+    assert by_name["run 3"]["hparams"]["training_args.learning_rate"] == pytest.approx(5e-4)
+    assert by_name["run 1"]["sessions"][0]["status"] == "STATUS_SUCCESS"
+    assert by_name["run 4"]["sessions"][0]["status"] == "STATUS_FAILURE"
+    final = {m["name"]["tag"]: m for m in by_name["run 1"]["metricValues"]}
     assert final["eval/loss"]["trainingStep"] == 48
     assert final["eval/loss"]["value"] == pytest.approx(2.5 / 12 + 1 / 50, rel=1e-6)
 
@@ -201,7 +201,7 @@ def test_same_pages_through_jupyter_server_proxy(jupyter_server, tensorboard):
     assert scalar_runs(proxied, headers) == direct
     page = get(proxied, headers)
     assert "<tf-tensorboard" in page or "TensorBoard" in page
-    points = get(proxied + "data/plugin/scalars/scalars?run=run_2&tag=train%2Floss", headers)
+    points = get(proxied + "data/plugin/scalars/scalars?run=run%202&tag=train%2Floss", headers)
     assert [p[1] for p in points] == [4 * i for i in range(1, 9)]
     # without the token the proxy refuses (redirect to login): it does not expose TensorBoard
     import http.client
@@ -221,7 +221,7 @@ def test_launcher_entry_serves_every_experiment(jupyter_server):
     launched = f"{root}tensorboard-rapidfire/"
     runs = wait_for(lambda: (lambda r: r if len(r) >= 5 else None)(
         get(launched + "data/runs", headers, timeout=60)), timeout=120, what="launcher runs")
-    assert sorted(runs) == [f"exp/tensorboard/run_{i}" for i in range(1, 6)]
+    assert sorted(runs) == [f"exp/tensorboard/run {i}" for i in range(1, 6)]
 
 
 def test_kernel_shows_an_iframe_that_works_through_the_proxy(jupyter_server, tensorboard,
@@ -250,4 +250,4 @@ def test_kernel_shows_an_iframe_that_works_through_the_proxy(jupyter_server, ten
     # the kernel reused this test's TensorBoard (same folder), and the URL is proxy-relative
     assert src == f"{base_url}proxy/{port}/"
     origin = root[: root.index(base_url)]
-    assert scalar_runs(origin + src, headers)["run_1"]
+    assert scalar_runs(origin + src, headers)["run 1"]

@@ -165,7 +165,7 @@ def _track(exp_path: Path, names, name="exp") -> tuple[Recorder, TrackerHub]:
 def tb_accumulator(exp_path: Path, run_id: int):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(exp_path / "tensorboard" / f"run_{run_id}"),
+    acc = EventAccumulator(str(exp_path / "tensorboard" / f"run {run_id}"),  # the panel's name
                            size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     return acc
@@ -342,7 +342,15 @@ def test_all_backends_hold_the_same_metrics_params_and_lifecycle(tmp_path):
     # the stop/resume of run 2 happen at the samples it had seen (16, then 32)
     assert [s for s, _ in tb_texts(exp_path, 2, "lifecycle")] == [0, 16, 16, 32]
     config_text = tb_texts(exp_path, 3, "config")[0][1]
-    assert "clone of run_1 (warm start)" in config_text and '"learning_rate": 0.0005' in config_text
+    assert "clone of run 1 (warm start)" in config_text and '"learning_rate": 0.0005' in config_text
+
+
+def test_tensorboard_names_runs_as_the_panel_does(tmp_path):
+    from rapidfire_nb.tracking.tb_tracker import tb_run_name
+
+    assert tb_run_name(tmp_path, 3) == "run 3"
+    (tmp_path / "run_4").mkdir()  # an experiment written with the old naming keeps its folder
+    assert tb_run_name(tmp_path, 4) == "run_4"
 
 
 def test_resume_continues_runs_without_duplicates(tmp_path):
@@ -354,7 +362,7 @@ def test_resume_continues_runs_without_duplicates(tmp_path):
     assert hub.flush(120)
     hub.close()
     events.close()
-    first_files = sorted((exp_path / "tensorboard" / "run_1").iterdir())
+    first_files = sorted((exp_path / "tensorboard" / "run 1").iterdir())
 
     # a new session: the log is read back from disk and the experiment goes on
     events = EventLog(exp_path / "events.jsonl")
@@ -365,7 +373,7 @@ def test_resume_continues_runs_without_duplicates(tmp_path):
     assert hub.flush(120), hub.failures
     hub.close()
 
-    assert len(sorted((exp_path / "tensorboard" / "run_1").iterdir())) == len(first_files) + 1
+    assert len(sorted((exp_path / "tensorboard" / "run 1").iterdir())) == len(first_files) + 1
     mruns = mlflow_runs(exp_path)
     assert sorted(mruns) == [1, 2, 3, 4, 5]  # one MLflow run per run, the old ones continued
     for run_id, expected in rec.expected.items():
@@ -373,7 +381,7 @@ def test_resume_continues_runs_without_duplicates(tmp_path):
         assert_same_points(mlflow_points(exp_path, mruns[run_id]), expected, f"mlflow run_{run_id}")
         assert_same_points(trackio_points(exp_path, run_id), expected, f"trackio run_{run_id}")
     for run_id in LIFECYCLES:  # the session start (hparams) is written once per run
-        assert tb_hparams(exp_path, run_id)[0].group_name == f"run_{run_id}"
+        assert tb_hparams(exp_path, run_id)[0].group_name == f"run {run_id}"
     last = {name: json.loads((exp_path / "tracking" / f"{name}.json").read_text())["last_seq"]
             for name in ALL}
     assert last == {name: events.last_seq for name in ALL}

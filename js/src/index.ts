@@ -19,8 +19,12 @@ import {
   fmtSeconds,
   formatKnobValue,
   ingest,
+  cloneFormKnobs,
+  headerCounts,
   knobChanges,
   knobColumns,
+  readableKnob,
+  waitingText,
   knobNamedIn,
   legalOps,
   needsPull,
@@ -31,10 +35,7 @@ import {
   progressFraction,
   stepText,
   runColor,
-  shortKnobNames,
   STATUS_COLORS,
-  STATUSES,
-  statusCounts,
   timeSplitFigure,
   type ChartBook,
   type ChartPlan,
@@ -71,11 +72,14 @@ function themeLayout(root: HTMLElement): Record<string, unknown> {
     paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)",
     font: { color, size: 11 },
+    // The legend sits above the plot, where it grows with the number of runs (plotly widens the
+    // top margin for it) instead of running into the x-axis title below.
     margin: { l: 48, r: 8, t: 8, b: 36 },
     showlegend: true,
-    legend: { orientation: "h", y: -0.22, font: { size: 10 } },
+    legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: { size: 10 } },
     hovermode: "closest",
-    xaxis: { gridcolor: "rgba(128,128,128,0.2)", zeroline: false },
+    // From zero: a chart whose runs have one point each still gets a readable axis (0..x).
+    xaxis: { gridcolor: "rgba(128,128,128,0.2)", zeroline: false, rangemode: "tozero" },
     yaxis: { gridcolor: "rgba(128,128,128,0.2)", zeroline: false },
   };
 }
@@ -97,6 +101,7 @@ function toPlotlyTrace(t: TraceSpec, xLabel: string, metric: string): Record<str
 interface Chart {
   book: ChartBook;
   div: HTMLDivElement;
+  waiting: HTMLDivElement;
   select: HTMLSelectElement;
   xLabel: string;
   queue: Promise<unknown>;
@@ -128,10 +133,12 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   function makeChart(split: "train" | "eval", label: string, xLabel: string, preferred: string): Chart {
     const select = h("select", { "data-testid": `rf-metric-${split}` });
     const div = h("div", { class: "rf-chart-plot", "data-testid": `rf-chart-${split}` });
-    const head = h("div", { class: "rf-chart-head" }, [label, select, `vs ${xLabel}`]);
-    chartsRow.append(h("div", { class: "rf-chart" }, [head, div]));
+    const waiting = h("div", { class: "rf-chart-waiting", "data-testid": `rf-waiting-${split}` });
+    const head = h("div", { class: "rf-chart-head", title: "drag to zoom, double-click to zoom out" },
+      [label, select, `vs ${xLabel}`]);
+    chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const chart: Chart = {
-      book: createChartBook(split, null), div, select, xLabel, queue: Promise.resolve(), options: [], preferred,
+      book: createChartBook(split, null), div, waiting, select, xLabel, queue: Promise.resolve(), options: [], preferred,
     };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
@@ -205,11 +212,11 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
 
   function renderHeader(): void {
     title.textContent = state.experiment ? `RapidFire · ${state.experiment}` : "RapidFire";
-    const c = statusCounts(state);
     counts.replaceChildren(
-      ...STATUSES.filter((s) => c[s] > 0).map((s) => {
-        const span = h("span", { class: "rf-count", text: `${c[s]} ${s}` });
+      ...headerCounts(state).map(([text, s]) => {
+        const span = h("span", { class: "rf-count", text });
         span.style.background = STATUS_COLORS[s];
+        if (s === "pending") span.title = "runs train one at a time on the device; these wait for their turn";
         return span;
       }),
     );
@@ -227,6 +234,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       chart.select.replaceChildren(...options.map((o) => h("option", { value: o, text: o })));
     }
     if (chart.book.metric !== null) chart.select.value = chart.book.metric;
+    // No metric yet: say what the chart waits for instead of an empty menu and empty axes.
+    chart.select.style.display = options.length ? "" : "none";
+    const empty = chart.book.metric === null || ![...state.runs.values()].some(
+      (r) => ((chart.book.split === "train" ? r.train : r.eval)[chart.book.metric!]?.x.length ?? 0) > 0);
+    chart.waiting.textContent = empty ? waitingText(state, chart.book.split) : "";
+    chart.waiting.style.display = empty ? "" : "none";
+    chart.div.style.visibility = empty ? "hidden" : "";
   }
 
   function applyPlan(chart: Chart, plan: ChartPlan): Promise<unknown> {
@@ -237,7 +251,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       yaxis: { ...(themeLayout(root).yaxis as object), title: { text: metric, font: { size: 11 } } },
       uirevision: metric,
     };
-    const config = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+    // No toolbar: it floats over the top right of the plot and hides points there; drag zooms and a
+    // double-click zooms out without it.
+    const config = { displaylogo: false, responsive: true, displayModeBar: false };
     let p: Promise<unknown> = Promise.resolve();
     if (plan.reset) {
       p = p.then(() => Plotly.react(chart.div, plan.traces.map((t) => toPlotlyTrace(t, chart.xLabel, metric)), layout, config));
@@ -277,17 +293,19 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   }
 
   // --- the run table, keyed by run id so buttons stay put while rows update ------------------
+  // Id, status and the buttons come first so that they stay in view in a narrow notebook; then
+  // only the knobs that differ between runs, values clipped with the full text on hover.
   interface Row {
     tr: HTMLTableRowElement;
     status: HTMLSpanElement;
-    knobCells: HTMLTableCellElement[];
+    knobCells: HTMLSpanElement[];
     progressBar: HTMLSpanElement;
     progressText: HTMLSpanElement;
     chunkText: HTMLDivElement;
     trainLoss: HTMLTableCellElement;
-    latest: HTMLTableCellElement;
-    best: HTMLTableCellElement;
-    parent: HTMLTableCellElement;
+    latest: HTMLSpanElement;
+    best: HTMLDivElement;
+    parent: HTMLTableCellElement | null;
     note: HTMLDivElement;
     buttons: Record<"stop" | "resume" | "delete" | "clone" | "traceback", HTMLButtonElement>;
     busy: boolean;
@@ -298,15 +316,16 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   function renderTable(): void {
     const knobs = knobColumns(state);
     const metric = evalChart.book.metric;
-    const key = JSON.stringify([knobs, metric]);
+    const lineage = [...state.runs.values()].some((r) => r.parent !== null);
+    const key = JSON.stringify([knobs, metric, lineage]);
     if (key !== columnsKey) {
       columnsKey = key;
-      const short = shortKnobNames(knobs);
       const heads: [string, string][] = [
-        ["run", ""], ["status", ""], ...knobs.map((k): [string, string] => [short[k], k]),
+        ["run", ""], ["status", ""], ["", "Stop · Resume · Delete · Clone"],
+        ...knobs.map((k): [string, string] => [readableKnob(k), k]),
         ["progress", "optimizer steps, and the last chunk trained"], ["train loss", "latest training loss"],
-        [metric ?? "eval", `latest ${metric ?? "eval metric"}`], [`best ${metric ?? ""}`, ""],
-        ["parent", "the run this one was cloned from"], ["", ""],
+        [metric ?? "eval", `latest ${metric ?? "eval metric"} (and the best so far)`],
+        ...(lineage ? [["parent", "the run this one was cloned from"] as [string, string]] : []),
       ];
       thead.replaceChildren(h("tr", {}, heads.map(([t, title]) => h("th", title ? { text: t, title } : { text: t }))));
       rows.clear();
@@ -315,7 +334,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     for (const run of [...state.runs.values()].sort((a, b) => a.id - b.id)) {
       let row = rows.get(run.id);
       if (!row) {
-        row = makeRow(run, knobs);
+        row = makeRow(run, knobs, lineage);
         rows.set(run.id, row);
         tbody.append(row.tr);
       }
@@ -323,12 +342,12 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
   }
 
-  function makeRow(run: RunState, knobs: string[]): Row {
+  function makeRow(run: RunState, knobs: string[], lineage: boolean): Row {
     const tr = h("tr", { "data-run-id": String(run.id) });
     const swatch = h("span", { class: "rf-swatch" });
     swatch.style.background = runColor(run.id);
     const status = h("span", { class: "rf-status", "data-testid": "rf-status" });
-    const knobCells = knobs.map(() => h("td", { class: "rf-knob" }));
+    const knobCells = knobs.map(() => h("span", { class: "rf-clip" }));
     const progressBar = h("span");
     const progressTextEl = h("span", { class: "rf-progress-text" });
     const chunkTextEl = h("div", { class: "rf-note" });
@@ -350,9 +369,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       progressText: progressTextEl,
       chunkText: chunkTextEl,
       trainLoss: h("td", { class: "rf-num" }),
-      latest: h("td", { class: "rf-num", "data-testid": "rf-latest" }),
-      best: h("td", { class: "rf-num" }),
-      parent: h("td"),
+      latest: h("span", { "data-testid": "rf-latest" }),
+      best: h("div", { class: "rf-note" }),
+      parent: lineage ? h("td") : null,
       note: h("div", { class: "rf-note rf-row-note" }),
       buttons,
       busy: false,
@@ -363,15 +382,14 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     buttons.clone.addEventListener("click", () => openCloneEditor(run.id));
     buttons.traceback.addEventListener("click", () => showTraceback(run.id));
     tr.append(
-      h("td", {}, [swatch, `${run.id}`]),
+      h("td", { class: "rf-id" }, [swatch, `${run.id}`]),
       h("td", {}, [status]),
-      ...knobCells,
+      h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note]),
+      ...knobCells.map((c) => h("td", { class: "rf-knob" }, [c])),
       h("td", {}, [h("span", { class: "rf-progress" }, [progressBar]), progressTextEl, chunkTextEl]),
       row.trainLoss,
-      row.latest,
-      row.best,
-      row.parent,
-      h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note]),
+      h("td", { class: "rf-num" }, [row.latest, row.best]),
+      ...(row.parent ? [row.parent] : []),
     );
     return row;
   }
@@ -381,15 +399,18 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     row.status.textContent = run.status;
     row.status.style.background = STATUS_COLORS[run.status];
     knobs.forEach((k, i) => {
-      row.knobCells[i].textContent = k in run.knobs ? formatKnobValue(run.knobs[k]) : "";
+      const text = k in run.knobs ? formatKnobValue(run.knobs[k]) : "";
+      row.knobCells[i].textContent = text;
+      row.knobCells[i].title = `${k} = ${text}`;
     });
     row.progressBar.style.width = `${(progressFraction(run) * 100).toFixed(1)}%`;
     row.progressText.textContent = stepText(run);
     row.chunkText.textContent = chunkText(run);
     row.trainLoss.textContent = fmtNumber(run.latest["loss"]);
     row.latest.textContent = metric ? fmtNumber(run.latest[metric]) : "–";
-    row.best.textContent = metric ? fmtNumber(run.best[metric]) : "–";
-    row.parent.textContent = run.parent !== null ? `${run.parent}${run.warmStart ? " (warm)" : ""}` : "";
+    const best = metric ? run.best[metric] : undefined;
+    row.best.textContent = best !== undefined && best !== run.latest[metric!] ? `best ${fmtNumber(best)}` : "";
+    if (row.parent) row.parent.textContent = run.parent !== null ? `${run.parent}${run.warmStart ? " (warm)" : ""}` : "";
     const legal = legalOps(run.status);
     row.buttons.stop.disabled = row.busy || !legal.stop;
     row.buttons.resume.disabled = row.busy || !legal.resume;
@@ -439,6 +460,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   async function openCloneEditor(runId: number): Promise<void> {
     const serial = ++editorSerial;
     editorBox.style.display = "";
+    // The form opens below the table: bring it into view, or the click seems to do nothing.
+    editorBox.scrollIntoView({ block: "nearest", behavior: "smooth" });
     editorBox.replaceChildren(h("h4", { text: `Clone run ${runId}` }), h("div", { class: "rf-note", text: "loading knobs…" }));
     const reply = await client.request({ type: "editable", run_id: runId });
     if (serial !== editorSerial || disposed) return;
@@ -464,35 +487,44 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   }
 
   function buildCloneForm(runId: number, original: Record<string, unknown>, serial: number): void {
-    const keys = Object.keys(original).sort((a, b) => {
-      const rank = (k: string) => (k.startsWith("training_args.") ? 0 : k.startsWith("peft_config.") ? 1 : 2);
-      return rank(a) - rank(b) || a.localeCompare(b);
-    });
+    const { main, more } = cloneFormKnobs(Object.keys(original), knobColumns(state));
+    const keys = [...main, ...more];
     const inputs = new Map<string, HTMLInputElement>();
     const fieldErrors = new Map<string, HTMLSpanElement>();
-    const form = h("div", { class: "rf-form" });
-    for (const k of keys) {
-      const input = h("input", { type: "text", "data-knob": k, value: formatKnobValue(original[k]) });
+    const field = (k: string, grid: HTMLDivElement) => {
+      const input = h("input", { type: "text", "data-knob": k, value: formatKnobValue(original[k]), title: k });
       input.value = formatKnobValue(original[k]);
       const err = h("span", { class: "rf-field-error", "data-error-for": k });
       inputs.set(k, input);
       fieldErrors.set(k, err);
-      form.append(h("label", { text: k }), input, err);
+      grid.append(h("label", { text: readableKnob(k), title: k }), input, err);
       input.addEventListener("input", () => scheduleCheck());
-    }
+    };
+    const mainForm = h("div", { class: "rf-form rf-form-main" });
+    const moreForm = h("div", { class: "rf-form" });
+    for (const k of main) field(k, mainForm);
+    for (const k of more) field(k, moreForm);
+    const moreBox = h("details", { class: "rf-more" }, [h("summary", { text: `other knobs (${more.length})` }), moreForm]);
     const warm = h("input", { type: "checkbox", "data-testid": "rf-clone-warm" });
     warm.addEventListener("change", () => scheduleCheck());
     const status = h("div", { class: "rf-note", "data-testid": "rf-clone-status" });
     const create = h("button", { class: "rf-primary", text: "Create clone", "data-testid": "rf-clone-create" });
     editorBox.replaceChildren(
       h("h4", { text: `Clone run ${runId}` }),
-      keys.length ? form : h("div", { class: "rf-note", text: "this run has no editable knobs" }),
+      keys.length ? mainForm : h("div", { class: "rf-note", text: "this run has no editable knobs" }),
+      ...(more.length ? [moreBox] : []),
       h("div", { class: "rf-buttons" }, [
         h("label", {}, [warm, " warm start (continue from the parent's current weights)"]),
       ]),
       h("div", { class: "rf-buttons" }, [create, closeButton()]),
       status,
     );
+    editorBox.scrollIntoView({ block: "nearest", behavior: "smooth" });
+    let serverError = false;
+    const gate = (ok: boolean) => {
+      create.disabled = !ok;
+      create.title = ok ? "" : "fix the marked fields first";
+    };
 
     function collect(): { changes: Record<string, unknown>; ok: boolean } {
       const edited: Record<string, string> = {};
@@ -503,7 +535,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         input.classList.toggle("rf-changed", k in changes);
         fieldErrors.get(k)!.textContent = errors[k] ?? "";
       }
-      return { changes, ok: Object.keys(errors).length === 0 };
+      const ok = Object.keys(errors).length === 0;
+      gate(ok && !serverError);
+      return { changes, ok };
     }
 
     function showServerError(error: string): void {
@@ -519,6 +553,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     let checkTimer: ReturnType<typeof setTimeout> | undefined;
     let checkSerial = 0;
     function scheduleCheck(): void {
+      // An edit may fix what the server refused; parse errors gate Create at once.
+      serverError = false;
+      collect();
       if (checkTimer !== undefined) clearTimeout(checkTimer);
       checkTimer = setTimeout(() => void check(), 400);
     }
@@ -541,9 +578,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       });
       if (mine !== checkSerial || serial !== editorSerial) return false;
       if (!reply.ok) {
+        serverError = true;
+        gate(false);
         showServerError(reply.error ?? "refused");
         return false;
       }
+      serverError = false;
+      gate(true);
       if (Object.keys(changes).length > 0) {
         status.className = "rf-ok";
         status.textContent = `valid: ${Object.entries(changes).map(([k, v]) => `${k}=${formatKnobValue(v)}`).join(", ")}`;
@@ -570,7 +611,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         editorBox.replaceChildren();
         requestPull();
       } finally {
-        create.disabled = false;
+        gate(!serverError && collect().ok);
       }
     });
   }
@@ -695,6 +736,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   m.on("change:snapshot", onSnapshot);
   applySnapshot(state, m.get("snapshot"));
   renderHeader();
+  scheduleRender({ charts: true });
   requestPull();
 
   const timer = setInterval(() => {

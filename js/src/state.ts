@@ -386,11 +386,18 @@ export function legalOps(status: RunStatus): LegalOps {
   };
 }
 
-/** Knob columns of the run table: every knob that any run varies, in a stable order. */
+/**
+ * Knob columns of the run table: the knobs whose values differ between the runs shown (deleted
+ * runs aside), in a stable order. A knob every run shares says nothing about the comparison and
+ * would only push the buttons out of view.
+ */
 export function knobColumns(state: PanelState): string[] {
+  const runs = [...state.runs.values()].filter((r) => r.status !== "deleted");
   const keys = new Set<string>();
-  for (const run of state.runs.values()) for (const k of Object.keys(run.knobs)) keys.add(k);
-  return [...keys].sort();
+  for (const run of runs) for (const k of Object.keys(run.knobs)) keys.add(k);
+  return [...keys]
+    .filter((k) => new Set(runs.map((r) => (k in r.knobs ? JSON.stringify(r.knobs[k]) : "\u0000absent"))).size > 1)
+    .sort();
 }
 
 /** Column titles: the last part of a dotted knob name, or the whole name where that is ambiguous. */
@@ -401,6 +408,73 @@ export function shortKnobNames(keys: string[]): Record<string, string> {
     out[k] = last.filter((l) => l === last[i]).length === 1 ? last[i] : k;
   });
   return out;
+}
+
+const LABELS: Record<string, string> = {
+  per_device_train_batch_size: "batch size",
+  per_device_eval_batch_size: "eval batch size",
+  gradient_accumulation_steps: "grad accumulation",
+  num_train_epochs: "epochs",
+  lr_scheduler_type: "LR schedule",
+  r: "LoRA rank",
+  lora_alpha: "LoRA alpha",
+  lora_dropout: "LoRA dropout",
+  target_modules: "target modules",
+  max_length: "max length",
+};
+
+/** A label a person reads: "training_args.learning_rate" -> "learning rate". */
+export function readableKnob(key: string): string {
+  const leaf = key.split(".").pop()!;
+  return LABELS[leaf] ?? leaf.replace(/_/g, " ");
+}
+
+/** Knobs the engine sets for the machine (not the user's to choose in a clone). */
+export function isMachineKnob(key: string): boolean {
+  return /(^|\.)(use_cpu|no_cuda)$/.test(key);
+}
+
+/**
+ * The clone form's knob order: the ones that vary across runs first (in column order), then the
+ * rest sorted, training arguments before the adapter's; machine knobs left out.
+ */
+export function cloneFormKnobs(keys: string[], varying: string[]): { main: string[]; more: string[] } {
+  const usable = keys.filter((k) => !isMachineKnob(k));
+  const main = varying.filter((k) => usable.includes(k));
+  const rank = (k: string) => (k.startsWith("training_args.") ? 0 : k.startsWith("peft_config.") ? 1 : 2);
+  const more = usable.filter((k) => !main.includes(k)).sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+  // Nothing varies (a single run): the learning rate is the knob people change first.
+  if (main.length === 0) {
+    const lr = more.findIndex((k) => k.endsWith("learning_rate"));
+    if (lr >= 0) main.push(...more.splice(lr, 1));
+  }
+  return { main, more };
+}
+
+/** "1 training · 2 waiting · 1 stopped": one run trains at a time; the others wait their turn. */
+export function headerCounts(state: PanelState): [string, RunStatus][] {
+  const c = statusCounts(state);
+  const active = c.running + c.pending;
+  const out: [string, RunStatus][] = [];
+  if (active > 0) {
+    if (!state.ended && c.running > 0) out.push(["1 training", "running"]);
+    const waiting = active - (!state.ended && c.running > 0 ? 1 : 0);
+    if (waiting > 0) out.push([`${waiting} waiting`, "pending"]);
+  }
+  for (const s of ["stopped", "completed", "failed", "deleted"] as RunStatus[]) {
+    if (c[s] > 0) out.push([`${c[s]} ${s}`, s]);
+  }
+  return out;
+}
+
+/** Shown in place of a chart that has no point yet. */
+export function waitingText(state: PanelState, split: "train" | "eval"): string {
+  if (state.runs.size === 0) return "waiting for the runs to be created…";
+  const active = [...state.runs.values()].filter((r) => r.status === "running" || r.status === "pending").length;
+  if (active === 0) return split === "eval" ? "no eval points (no eval dataset, or no run finished a chunk)" : "no points";
+  return split === "train"
+    ? "waiting for the first chunk: runs take turns, and each one's loss appears as it trains"
+    : "waiting for the first chunk: every run is evaluated after each chunk it trains";
 }
 
 export function statusCounts(state: PanelState): Record<RunStatus, number> {
@@ -685,9 +759,14 @@ export function stepText(run: RunState): string {
   return run.totalSteps !== null ? `step ${run.completedSteps}/${run.totalSteps}` : `step ${run.completedSteps}`;
 }
 
-/** "epoch 1 · chunk 2/4": the last chunk trained, 1-based. */
+/** "epoch 1 · chunk 2/4": the last chunk trained, 1-based; before any, what the run waits for. */
 export function chunkText(run: RunState): string {
-  if (run.epoch === null || run.chunk === null) return run.numChunks !== null ? `chunk 0/${run.numChunks}` : "chunk 0";
+  if (run.epoch === null || run.chunk === null) {
+    if (run.status === "pending" || run.status === "running") {
+      return run.warmStart && run.parent !== null ? `warm start from run ${run.parent} · first chunk next` : "first chunk next";
+    }
+    return "no chunk trained";
+  }
   const chunk = run.numChunks !== null ? `chunk ${run.chunk + 1}/${run.numChunks}` : `chunk ${run.chunk + 1}`;
   return `epoch ${run.epoch + 1} · ${chunk}`;
 }

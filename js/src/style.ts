@@ -28,23 +28,29 @@ export const CSS = `
 .rf-charts { display: flex; gap: 8px; flex-wrap: wrap; }
 .rf-chart { flex: 1 1 360px; min-width: 300px; border: 1px solid var(--rf-border); border-radius: 4px; padding: 4px; }
 .rf-chart-head { display: flex; gap: 6px; align-items: center; font-size: 12px; color: var(--rf-fg2); }
+.rf-chart-body { position: relative; }
 .rf-chart-plot { width: 100%; height: 260px; }
+.rf-chart-waiting {
+  position: absolute; inset: 0; display: flex; align-items: center; justify-content: center;
+  padding: 0 24px; text-align: center; color: var(--rf-fg2); font-size: 12px;
+}
 .rf-panel select, .rf-panel input[type=text] {
   font: inherit; color: var(--rf-fg); background: var(--rf-bg);
   border: 1px solid var(--rf-border); border-radius: 3px; padding: 1px 4px;
 }
 .rf-table-wrap { overflow-x: auto; margin-top: 8px; }
 .rf-table { border-collapse: collapse; width: 100%; font-size: 12px; }
-.rf-table th, .rf-table td { padding: 2px 5px; border-bottom: 1px solid var(--rf-border); text-align: left; white-space: nowrap; }
-.rf-table th { color: var(--rf-fg2); font-weight: 600; background: var(--rf-bg2); }
+.rf-table th, .rf-table td { padding: 2px 4px; border-bottom: 1px solid var(--rf-border); text-align: left; white-space: nowrap; }
+.rf-table th { color: var(--rf-fg2); font-weight: 600; background: var(--rf-bg2); white-space: normal; vertical-align: bottom; }
+.rf-clip { display: inline-block; max-width: 7.5em; overflow: hidden; text-overflow: ellipsis; vertical-align: bottom; }
 .rf-table td.rf-num { text-align: right; font-variant-numeric: tabular-nums; }
 .rf-swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; vertical-align: -1px; }
 .rf-status { padding: 0 6px; border-radius: 8px; color: #fff; font-size: 11px; }
-.rf-progress { display: inline-block; width: 40px; height: 6px; background: var(--rf-bg2); border: 1px solid var(--rf-border); border-radius: 3px; vertical-align: middle; margin-right: 6px; overflow: hidden; }
+.rf-progress { display: inline-block; width: 32px; height: 6px; background: var(--rf-bg2); border: 1px solid var(--rf-border); border-radius: 3px; vertical-align: middle; margin-right: 6px; overflow: hidden; }
 .rf-progress > span { display: block; height: 100%; background: var(--rf-accent); }
-.rf-actions { display: flex; gap: 3px; }
+.rf-actions { display: flex; gap: 2px; }
 .rf-panel button {
-  font: inherit; font-size: 11px; padding: 1px 5px; cursor: pointer;
+  font: inherit; font-size: 11px; padding: 1px 4px; cursor: pointer;
   color: var(--rf-fg); background: var(--rf-bg2); border: 1px solid var(--rf-border); border-radius: 3px;
 }
 .rf-panel button:disabled { opacity: 0.4; cursor: default; }
@@ -55,7 +61,9 @@ export const CSS = `
 .rf-box { border: 1px solid var(--rf-border); border-radius: 4px; padding: 6px 8px; margin-top: 8px; background: var(--rf-bg); }
 .rf-box h4 { margin: 0 0 6px 0; font-size: 13px; }
 .rf-form { display: grid; grid-template-columns: max-content minmax(120px, 320px) 1fr; gap: 3px 8px; align-items: center; }
-.rf-form label { font-family: var(--jp-code-font-family, monospace); font-size: 12px; }
+.rf-form label { font-size: 12px; }
+.rf-more { margin-top: 4px; }
+.rf-more > .rf-form { margin-top: 4px; }
 .rf-form input.rf-invalid { border-color: var(--rf-error); }
 .rf-form input.rf-changed { border-color: var(--rf-accent); }
 .rf-field-error { color: var(--rf-error); font-size: 11px; }

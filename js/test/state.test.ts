@@ -7,7 +7,11 @@ import {
   defaultMetric,
   ingest,
   knobChanges,
+  cloneFormKnobs,
+  headerCounts,
   knobColumns,
+  readableKnob,
+  waitingText,
   knobNamedIn,
   legalOps,
   MAX_PENDING,
@@ -317,10 +321,12 @@ describe("derived view data", () => {
     const state = createState();
     ingest(state, experimentLog());
     expect(progressText(state.runs.get(1)!)).toBe("epoch 1 · chunk 1/4 · step 2/8");
-    expect(progressText(state.runs.get(3)!)).toBe("chunk 0/4 · step 0/8");
+    // run 3 failed before its first chunk; run 4 is a warm clone that has not trained yet
+    expect(progressText(state.runs.get(3)!)).toBe("no chunk trained · step 0/8");
     ingest(state, [{ seq: 22, type: "run_created", run_id: 4, knobs: {}, parent_run_id: 1, warm_start: true,
       total_steps: 8, num_chunks: 4, base_samples_seen: 16, base_step: 2 }]);
-    expect(progressText(state.runs.get(4)!)).toBe("chunk 0/4 · step 2/8");
+    expect(progressText(state.runs.get(4)!)).toBe("warm start from run 1 · first chunk next · step 2/8");
+    expect(progressText(state.runs.get(4)!)).not.toContain("chunk 0/");
   });
 });
 
@@ -359,5 +365,58 @@ describe("clone editor parsing", () => {
     expect(knobNamedIn("training_args.learning_rate must be > 0", keys)).toBe("training_args.learning_rate");
     expect(knobNamedIn("invalid value for r: -1", keys)).toBe("peft_config.r");
     expect(knobNamedIn("something else", keys)).toBe(null);
+  });
+});
+
+describe("what a newcomer reads", () => {
+  const run = (id: number, knobs: Record<string, unknown>, status: string) => [
+    { type: "run_created", run_id: id, trainer_type: "SFT", knobs, total_steps: 8, num_chunks: 4 },
+    { type: "run_status", run_id: id, status, has_error: false, reason: null },
+  ];
+  const numbered = (evs: Record<string, unknown>[]) => evs.map((e, i) => ({ seq: i + 1, ...e }));
+
+  it("shows only the knobs that differ between the runs shown", () => {
+    const state = createState();
+    ingest(state, numbered([
+      ...run(1, { "training_args.learning_rate": 1e-3, "peft_config.r": 8, "training_args.max_length": 64 }, "running"),
+      ...run(2, { "training_args.learning_rate": 1e-4, "peft_config.r": 8, "training_args.max_length": 64 }, "pending"),
+      ...run(3, { "training_args.learning_rate": 1e-4, "peft_config.r": 16, "training_args.max_length": 64 }, "deleted"),
+    ]));
+    // r differs only on a deleted run; max_length never differs
+    expect(knobColumns(state)).toEqual(["training_args.learning_rate"]);
+  });
+
+  it("counts one run training and the rest waiting", () => {
+    const state = createState();
+    ingest(state, numbered([...run(1, {}, "running"), ...run(2, {}, "running"), ...run(3, {}, "pending"),
+      ...run(4, {}, "stopped")]));
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["1 training", "2 waiting", "1 stopped"]);
+    expect(headerCounts(state).map(([t]) => t).join(" ")).not.toContain("running");
+    ingest(state, [{ seq: 9, type: "experiment_end" }]);
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["3 waiting", "1 stopped"]);
+  });
+
+  it("says what an empty chart waits for", () => {
+    const state = createState();
+    expect(waitingText(state, "train")).toContain("waiting for the runs");
+    ingest(state, numbered(run(1, {}, "running")));
+    expect(waitingText(state, "train")).toContain("first chunk");
+    expect(waitingText(state, "eval")).toContain("first chunk");
+  });
+
+  it("labels knobs for people and orders the clone form", () => {
+    expect(readableKnob("training_args.learning_rate")).toBe("learning rate");
+    expect(readableKnob("training_args.per_device_train_batch_size")).toBe("batch size");
+    expect(readableKnob("peft_config.r")).toBe("LoRA rank");
+    const keys = ["training_args.use_cpu", "training_args.max_length", "peft_config.r",
+      "training_args.learning_rate", "peft_config.lora_alpha"];
+    expect(cloneFormKnobs(keys, ["peft_config.r", "training_args.learning_rate"])).toEqual({
+      main: ["peft_config.r", "training_args.learning_rate"],
+      more: ["training_args.max_length", "peft_config.lora_alpha"],
+    });
+    // nothing varies: the learning rate first; use_cpu never shows
+    const single = cloneFormKnobs(keys, []);
+    expect(single.main).toEqual(["training_args.learning_rate"]);
+    expect([...single.main, ...single.more]).not.toContain("training_args.use_cpu");
   });
 });

@@ -247,13 +247,14 @@ def status_table(exp):
     fixed = {"run_id", "status", "completed_steps", "total_steps", "samples_seen", "chunks_done",
              "epoch", "parent_run_id", "warm_start", "eval_loss", "error"}
     knob_cols = [c for c in info.columns if c not in fixed]
+    num_chunks = getattr(getattr(exp, "engine", None), "num_chunks", None)
     rows = []
     for _, r in info.iterrows():
         row = {"run_id": int(r.run_id), "status": r.status}
         for c in knob_cols:
             row[c] = r[c]
         row["steps"] = f"{int(r.completed_steps)}/{int(r.total_steps)}"
-        row["chunks"] = int(r.chunks_done)
+        row["progress"] = _chunk_text(int(r.chunks_done), num_chunks)
         row["eval_loss"] = None if r.eval_loss is None or pd.isna(r.eval_loss) else round(float(r.eval_loss), 4)
         parent = r.parent_run_id
         row["from"] = "" if parent is None or pd.isna(parent) else (
@@ -262,6 +263,16 @@ def status_table(exp):
         row["error"] = "" if not isinstance(err, str) or not err else _last_line(err)
         rows.append(row)
     return pd.DataFrame(rows).set_index("run_id")
+
+
+def _chunk_text(chunks_done: int, num_chunks: int | None) -> str:
+    """The panel's wording: "epoch 2 · chunk 4/4" for the last chunk trained."""
+    if not num_chunks:
+        return f"{chunks_done} chunks"
+    if chunks_done <= 0:
+        return "no chunk yet"
+    epoch, chunk = divmod(chunks_done - 1, num_chunks)
+    return f"epoch {epoch + 1} · chunk {chunk + 1}/{num_chunks}"
 
 
 def _last_line(text: str) -> str:
@@ -396,8 +407,26 @@ def _experiment():
     return exp
 
 
+def _import_peft_quietly() -> None:
+    """peft imports bitsandbytes, whose CPU backend logs a warning at import when the optional
+    ``kernels`` package is missing; with no engine log yet, it lands in a cell as a red box. Import
+    it here, once, with bitsandbytes' logger raised to ERROR for the import only."""
+    import logging
+
+    logger = logging.getLogger("bitsandbytes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import peft  # noqa: F401
+    except Exception:  # a broken peft shows its own error where it is used
+        pass
+    finally:
+        logger.setLevel(level)
+
+
 def load_ipython_extension(ipython) -> None:
     """``%load_ext rapidfire`` (or ``rapidfire_nb``): register ``%rapidfire``."""
+    _import_peft_quietly()
     ipython.register_magics(RapidFireMagics)
 
 

@@ -2,7 +2,7 @@
 
 ``Panel(exp)`` (or ``panel_for(exp)``, which reuses a live one) is what an Experiment displays as.
 Its view is the ESM bundle ``rapidfire_nb/static/panel.js``, built from ``js/`` (TypeScript +
-plotly.js) by ``npm run build`` there, and during ``pip install``/wheel builds.
+plotly.js) by ``npm run build`` there and committed, so installing needs no Node.js.
 
 How state reaches the view (the wire format is in ``_panel_protocol``):
 
@@ -59,9 +59,10 @@ export default {
 };
 """
 _MISSING_BUNDLE_TEXT = (
-    "rapidfire_nb/static/panel.js was not built. From a source checkout run "
-    "`cd js && npm install && npm run build` (Node.js 18+), or reinstall with `pip install .`, "
-    "which builds it. Training is unaffected: exp.get_runs_info() and %rapidfire status work."
+    "rapidfire_nb/static/panel.js is missing from this install. It is part of the repository: "
+    "reinstall from a complete clone (`pip install .` needs no Node.js), or rebuild it with "
+    "`cd js && npm install && npm run build` (Node.js 20+). Training is unaffected: "
+    "exp.get_runs_info() and %rapidfire status work."
 )
 
 PUSH_INTERVAL_S = 0.3

@@ -1,4 +1,7 @@
-"""TensorBoard tracker (on by default): ``<experiment>/tensorboard/run_<id>/`` per run.
+"""TensorBoard tracker (on by default): ``<experiment>/tensorboard/run <id>/`` per run.
+
+The folder is TensorBoard's run name, so it reads ``run 1`` as the panel and ``%rapidfire status``
+do. An experiment written before that naming keeps its ``run_<id>`` folders on resume.
 
 Per run folder: the scalars (``train/*``, ``eval/*`` at step = samples seen), the run's config as
 text (tag ``config``), its lifecycle as text (tag ``lifecycle``), and the HParams plugin's
@@ -48,7 +51,7 @@ class TensorBoardTracker(Tracker):
 
             # On resume this opens a new event file in the same folder: TensorBoard reads
             # every file of a run folder as one run.
-            writer = SummaryWriter(log_dir=str(self.logdir / run.name), flush_secs=10)
+            writer = SummaryWriter(log_dir=str(self.logdir / tb_run_name(self.logdir, run.run_id)), flush_secs=10)
             self._writers[run.run_id] = writer
         return writer
 
@@ -102,7 +105,7 @@ def _plugin_summary(tag: str, content: bytes):
 def _session_start(run: RunState, wall_time: float):
     from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
-    info = plugin_data_pb2.SessionStartInfo(group_name=run.name, start_time_secs=wall_time)
+    info = plugin_data_pb2.SessionStartInfo(group_name=f"run {run.run_id}", start_time_secs=wall_time)
     for key, value in run.params.items():
         if isinstance(value, bool):
             info.hparams[key].bool_value = value
@@ -125,11 +128,17 @@ def _session_end(status: str, wall_time: float):
     return _plugin_summary(metadata.SESSION_END_INFO_TAG, data.SerializeToString())
 
 
+def tb_run_name(logdir: Path, run_id: int) -> str:
+    """``run 1``, the panel's name for the run; ``run_1`` where an older experiment has that folder."""
+    legacy = f"run_{run_id}"
+    return legacy if (Path(logdir) / legacy).is_dir() else f"run {run_id}"
+
+
 def _config_markdown(run: RunState) -> str:
-    lines = [f"**{run.name}** ({run.trainer_type})"]
+    lines = [f"**run {run.run_id}** ({run.trainer_type})"]
     if run.parent_run_id is not None:
         start = "warm start" if run.warm_start else "cold start"
-        lines.append(f"clone of run_{run.parent_run_id} ({start})")
+        lines.append(f"clone of run {run.parent_run_id} ({start})")
     if run.knobs:
         lines.append("knobs: " + ", ".join(f"`{k}={v!r}`" for k, v in sorted(run.knobs.items())))
     body = json.dumps(run.config, indent=2, sort_keys=True, default=repr)
