@@ -127,6 +127,7 @@ class Experiment:
         self._reserved_ids: set[int] = set()
         self._panel = None
         self._tb = None
+        self.automl = None   # pruning/refill driver of the config group (tuning.py), if any
         self.meta = read_json(self.store.meta_path, {}) if resume else {}
         if not resume:
             atomic_write_json(self.store.meta_path, {"name": self.name, "version": __version__})
@@ -175,6 +176,15 @@ class Experiment:
         specs = _expand(config_group)
         if eval_dataset is None and any(s.compute_metrics is not None for s in specs):
             raise ConfigError("compute_metrics needs an eval_dataset: pass eval_dataset= to run_fit")
+        # -- AutoML at chunk boundaries (issue 18): pruners, RFOptuna --------------------------
+        from rapidfire_nb.tuning import driver_for
+
+        automl = driver_for(self, config_group, specs, num_chunks)
+        if automl is not None and eval_dataset is None:
+            raise ConfigError(f"{type(config_group).__name__}: the objective "
+                              f"{automl.options.objective!r} is measured on the eval set after "
+                              "every chunk: pass eval_dataset= to run_fit")
+        # -------------------------------------------------------------------------------------
         for spec in specs:
             cls = trainer_class(spec.trainer_type)
             cls.check_dataset(spec, train_dataset, "train_dataset")
@@ -196,6 +206,7 @@ class Experiment:
         for spec in specs:
             engine.load_base(spec, need_pristine[spec.base_key()])
         self.engine = engine
+        self.automl = automl
         if self.resumed:
             self._restore_runs(specs)
         else:
@@ -205,6 +216,10 @@ class Experiment:
                     "data": data_fp, "runs": [s.fingerprint() for s in specs]}
             atomic_write_json(self.store.meta_path, meta)
             self.meta = meta
+        if automl is not None:
+            if self.resumed:
+                automl.load()
+            automl.attach(engine, self.resumed)
         engine.start()
         if block is None:
             block = not _in_kernel()
@@ -292,10 +307,14 @@ class Experiment:
         engine = self.engine
         parent_id = info.get("parent_run_id")
         if parent_id is None:
-            if rid > len(specs):
+            added = self.automl.spec_for(rid) if self.automl is not None else None  # refills
+            if added is not None:
+                spec = added
+            elif rid > len(specs):
                 raise ConfigError(f"resume=True but the config group expands to {len(specs)} runs and "
                                   f"the experiment has a run {rid}; pass the same config group")
-            spec = specs[rid - 1]
+            else:
+                spec = specs[rid - 1]
         elif parent_id in engine.runs:
             spec = automl.apply_changes(engine.runs[parent_id].spec, info.get("changes") or {})
         else:
@@ -512,6 +531,22 @@ class Experiment:
                               new_run_id=new_id))
         return new_id
 
+    # -- AutoML (issue 18, rapidfire_nb/tuning.py) ---------------------------------------------
+    def apply_suggestions(self, run_ids=None) -> list[int]:
+        """With ``pruner_mode="suggest"``: stop the runs the pruner marked (all of them, or the
+        given ids) with the pruning reason; returns the ids stopped. Unmarked runs are refused."""
+        self._check_open()
+        if self.automl is None or self.automl.options.mode != "suggest":
+            raise OpRefused("apply_suggestions needs a config group with pruner_mode='suggest'")
+        return self.automl.apply_suggestions(run_ids)
+
+    def get_pareto_front(self):
+        """RFOptuna with several objectives: the non-dominated finished trials (run_id, values,
+        params)."""
+        if self.automl is None or self.automl.tuner is None:
+            raise OpRefused("get_pareto_front needs an RFOptuna config group")
+        return self.automl.tuner.pareto_front()
+
     def editable_knobs(self, run_id: int) -> dict:
         from rapidfire_nb import automl
 
@@ -542,6 +577,8 @@ class Experiment:
                        samples_seen=rec.samples_seen, chunks_done=rec.chunks_done, epoch=rec.epoch,
                        parent_run_id=rec.parent_run_id, warm_start=rec.warm_start,
                        eval_loss=rec.last_metrics.get("eval_loss"), error=rec.error)
+            if self.automl is not None:
+                row["pruning"] = self.automl.reason_for(rec.run_id)
             rows.append(row)
         return pd.DataFrame(rows)
 
