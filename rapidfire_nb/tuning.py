@@ -171,6 +171,8 @@ def _make_rfoptuna():
                      objective: str = "minimize:eval_loss", sampler: str = "tpe",
                      pruner: str | None = "median", seed: int = 42, granularity: str = "chunk", *,
                      pruner_mode: str = "stop", reduction_factor: int = 2, min_chunks: int = 1):
+            if isinstance(configs, (list, tuple)):
+                configs = automl.List(list(configs))   # RapidFire's RFOptuna takes a plain list
             super().__init__(configs, trainer_type)
             for name, value in (("n_initial", n_initial), ("budget", budget)):
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -189,6 +191,7 @@ def _make_rfoptuna():
                                           min_chunks, objective, granularity)
             self.n_initial, self.budget, self.sampler, self.seed = n_initial, budget, sampler, seed
             self._initial: list[dict] | None = None
+            self._study = None     # the experiment's Optuna study, once run_fit attached it
             tree = self._tree()
             keys = automl._varying([automl._flatten(leaf) for leaf, _ in
                                     zip(tree.corners(), range(512))])
@@ -412,8 +415,13 @@ class ChunkAutoML:
 
     # -- user-facing ---------------------------------------------------------------------------
     def reason_for(self, run_id: int) -> str | None:
+        """The pruning note of a run for ``get_runs_info`` (None if the pruner never judged it)."""
+        rec = self.engine.runs.get(run_id) if getattr(self, "engine", None) else None
         if run_id in self.pruned:
-            return self.pruned[run_id].reason
+            reason = self.pruned[run_id].reason
+            if rec is not None and rec.status != R.STOPPED:
+                reason += f"; then resumed by hand ({rec.status})"
+            return reason
         if run_id in self.suggestions:
             return "suggested: " + self.suggestions[run_id].reason
         return None
@@ -464,6 +472,7 @@ class _OptunaTuner:
         self.study = optuna.create_study(study_name="rapidfire", storage=self.storage,
                                          directions=group.directions(), load_if_exists=True)
         self.multi = len(group.directions()) > 1
+        group._study = self.study     # RapidFire's tutorials read config_group._study
         self.specs: dict[int, Any] = {}
         self.trial_of: dict[int, int] = {}       # run id -> trial number
         self.initial_specs = specs
