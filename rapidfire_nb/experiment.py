@@ -176,15 +176,6 @@ class Experiment:
         specs = _expand(config_group)
         if eval_dataset is None and any(s.compute_metrics is not None for s in specs):
             raise ConfigError("compute_metrics needs an eval_dataset: pass eval_dataset= to run_fit")
-        # -- AutoML at chunk boundaries (issue 18): pruners, RFOptuna --------------------------
-        from rapidfire_nb.tuning import driver_for
-
-        automl = driver_for(self, config_group, specs, num_chunks)
-        if automl is not None and eval_dataset is None:
-            raise ConfigError(f"{type(config_group).__name__}: the objective "
-                              f"{automl.options.objective!r} is measured on the eval set after "
-                              "every chunk: pass eval_dataset= to run_fit")
-        # -------------------------------------------------------------------------------------
         for spec in specs:
             cls = trainer_class(spec.trainer_type)
             cls.check_dataset(spec, train_dataset, "train_dataset")
@@ -199,6 +190,15 @@ class Experiment:
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
         if self.resumed:
             self._check_resume(specs, data_fp, num_chunks, seed)
+        # -- AutoML at chunk boundaries (issue 18): pruners, RFOptuna --------------------------
+        from rapidfire_nb.tuning import driver_for, needs_driver
+
+        if needs_driver(config_group) and eval_dataset is None:
+            raise ConfigError(f"{type(config_group).__name__}: the objective "
+                              f"{config_group.pruning.objective!r} is measured on the eval set "
+                              "after every chunk: pass eval_dataset= to run_fit")
+        automl = driver_for(self, config_group, specs, num_chunks)
+        # -------------------------------------------------------------------------------------
         # create_model once per distinct base, in this thread so its errors show here
         need_pristine = {}
         for spec in specs:

@@ -631,11 +631,14 @@ class _OptunaTuner:
         return pd.DataFrame(rows)
 
 
+def needs_driver(group) -> bool:
+    """True for RFOptuna and for any group with a pruner."""
+    options = getattr(group, "pruning", None)
+    return options is not None and (options.active or hasattr(group, "budget"))
+
+
 def driver_for(exp, group, specs, num_chunks: int) -> ChunkAutoML | None:
     """The AutoML driver a config group asks for, or None (plain grid/random search)."""
-    options = getattr(group, "pruning", None)
-    if options is None:
+    if not needs_driver(group):
         return None
-    if not options.active and not hasattr(group, "budget"):
-        return None
-    return ChunkAutoML(exp, group, options, specs, num_chunks)
+    return ChunkAutoML(exp, group, group.pruning, specs, num_chunks)

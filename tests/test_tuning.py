@@ -4,6 +4,7 @@ Real SFTTrainer on the tiny in-process model; 32 training rows, batch 8 and num_
 optimizer step per chunk (a batch-4 run takes two), so a whole experiment takes seconds.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -277,6 +278,9 @@ def _rouge_l(pred: str, ref: str) -> float:
     return 0.0 if lcs == 0 else 2 * p * r / (p + r)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("rapidfire_nb.engine.formatting") is None,
+                    reason="formatting_func as a row mapper on the eval set comes with issue 14 "
+                           "(rapidfire_nb/engine/formatting.py), merged separately")
 def test_port_of_rf_tutorial_optuna_sft_chatqa_tiny(tmp_path):
     """The flow of RapidFire AI's rf-tutorial-optuna-sft-chatqa-tiny notebook, import changed
     alone (a tiny model, an in-code support dataset and a word-level ROUGE-L stand in for
