@@ -390,7 +390,10 @@ class ChunkAutoML:
             self.seen[rid] = rec.chunks_done if fresh_warm else 0
             changed = True
             if self.policy is not None and rid not in self.policy.members:
-                self.policy.add_run(rid, bracket=self.bracket_of_new.pop(rid, None),
+                bracket = self.bracket_of_new.pop(rid, None)
+                if bracket is None and self.tuner is not None:
+                    bracket = self.tuner.brackets.get(rid)     # a refill restored after a crash
+                self.policy.add_run(rid, bracket=bracket,
                                     parent=rec.parent_run_id, chunks=self.seen[rid] // self.unit)
         for chunks in range(self.seen[rid] + 1, rec.chunks_done + 1):
             changed = True
@@ -475,6 +478,7 @@ class _OptunaTuner:
         group._study = self.study     # RapidFire's tutorials read config_group._study
         self.specs: dict[int, Any] = {}
         self.trial_of: dict[int, int] = {}       # run id -> trial number
+        self.brackets: dict[int, Any] = {}       # run id -> pruning bracket (refills)
         self.initial_specs = specs
 
     def _trials(self):
@@ -494,10 +498,19 @@ class _OptunaTuner:
             trials = self._trials()
         for t in trials:
             rid = t.user_attrs.get("run_id")
+            if rid is None and not t.state.is_finished():
+                # killed between study.ask() and naming the trial's run: name it now, as the
+                # uninterrupted session did next (the restore adds the run)
+                rid = max(set(self.trial_of) | set(engine.runs)) + 1
+                self.optuna.trial.Trial(self.study, t._trial_id).set_user_attr("run_id", rid)
             if rid is not None:
                 self.trial_of[rid] = t.number
+                self.brackets[rid] = t.user_attrs.get("bracket")
                 if rid > len(self.initial_specs):
-                    self.specs[rid] = self._spec_of(t)
+                    try:
+                        self.specs[rid] = self._spec_of(t)
+                    except Exception:     # killed in the middle of its suggestions
+                        self.study.tell(t.number, state=self.optuna.trial.TrialState.FAIL)
 
     def _spec_of(self, frozen):
         trial = self.optuna.trial.FixedTrial(frozen.params, frozen.number)
@@ -578,6 +591,11 @@ class _OptunaTuner:
             trial = self.study.ask()
             leaf = suggest(self.group._tree(), trial)
             new_id = max(set(engine.runs) | exp._reserved_ids | set(self.trial_of)) + 1
+            if driver.policy is not None and driver.policy.name != "hyperband":
+                # the runs asked at one boundary form one bracket
+                bracket = bracket if bracket is not None else f"t{number}"
+                driver.bracket_of_new[new_id] = self.brackets[new_id] = bracket
+                trial.set_user_attr("bracket", bracket)
             trial.set_user_attr("run_id", new_id)
             self.trial_of[new_id] = number
             changed = True
@@ -592,10 +610,6 @@ class _OptunaTuner:
                 continue
             self.specs[new_id] = spec
             exp._reserved_ids.add(new_id)
-            if driver.policy is not None and driver.policy.name != "hyperband":
-                # the runs asked at one boundary form one bracket
-                bracket = bracket if bracket is not None else f"t{number}"
-                driver.bracket_of_new[new_id] = bracket
             engine.submit(Op("add", new_id, spec=spec))
         return changed
 

@@ -78,6 +78,9 @@ def test_grid_with_sha_prunes_the_worse_half_at_each_rung_at_equal_samples(data,
     # the reason is in the log (the panel and %rapidfire status read it from there)
     reasons = status_reasons(exp)
     assert reasons[rung1[3]] == "pruned at chunk 1 (rank 4 of 4)"
+    from rapidfire_nb.notebook.magics import status_table
+
+    assert status_table(exp).loc[rung1[3], "pruning"] == "pruned at chunk 1 (rank 4 of 4)"
     # a pruned run is an ordinary stopped run: resume it by hand and it trains to the end
     exp.resume(rung1[3])
     exp.wait()
