@@ -339,6 +339,15 @@ class ChunkAutoML:
     def attach(self, engine, resumed: bool) -> None:
         self.engine = engine
         self._logged = self.rung_values_from_log() if resumed else {}
+        self._restop: list[int] = []
+        if resumed and self.options.mode == "stop":
+            # killed between a decision (saved) and its stop (not yet applied or logged): the
+            # run came back pending; stop it now. A pruned run the user later resumed by hand
+            # has its pruning stop in the log and is left alone.
+            applied = {ev["run_id"] for ev in self.exp.events.since(0)
+                       if ev["type"] == "run_status" and ev["status"] == R.STOPPED
+                       and ev.get("reason") == getattr(self.pruned.get(ev["run_id"]), "reason", None)}
+            self._restop = [rid for rid in sorted(self.pruned) if rid not in applied]
         if self.tuner is not None:
             self.tuner.attach(engine, resumed)
         engine.boundary_hook = self.on_boundary
@@ -350,6 +359,11 @@ class ChunkAutoML:
 
         engine = self.engine
         changed = False
+        for rid in self._restop:
+            rec = engine.runs.get(rid)
+            if rec is not None and rec.status in R.ACTIVE:
+                engine.submit(Op("stop", rid, reason=self.pruned[rid].reason))
+        self._restop = []
         if self.tuner is not None:
             changed |= self.tuner.restore_missing_runs(self)
         for rid, rec in sorted(engine.runs.items()):
