@@ -132,8 +132,12 @@ def make_sampler(kind: str, seed: int, number: int):
         # asks spread out; pruned trials count with their intermediate values
         return optuna.samplers.TPESampler(seed=s, constant_liar=True, n_startup_trials=min(10, 4))
     if kind == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=s, consider_pruned_trials=True,
-                                            warn_independent_sampling=False)
+        import warnings
+
+        with warnings.catch_warnings():    # consider_pruned_trials is marked experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.CmaEsSampler(seed=s, consider_pruned_trials=True,
+                                                warn_independent_sampling=False)
     return optuna.samplers.RandomSampler(seed=s)
 
 
@@ -276,7 +280,10 @@ class ChunkAutoML:
         self.unit = 1 if options.granularity == "chunk" else num_chunks
         self.policy = None
         if options.active:
-            max_chunks = max(1, max(1, num_chunks) // self.unit)
+            # hyperband sizes its brackets by the longest data stream (epochs x chunks)
+            epochs = max((math.ceil(float(s.training_args.get("num_train_epochs") or 1)) for s in specs),
+                         default=1)
+            max_chunks = max(1, num_chunks * epochs // self.unit)
             self.policy = P.make_policy(options.pruner, options.objectives[0][0], options.min_chunks,
                                         options.reduction_factor, max_chunks=max(max_chunks, 4))
         self.state_path = Path(exp.path) / "automl.json"
