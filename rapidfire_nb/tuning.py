@@ -130,7 +130,7 @@ def make_sampler(kind: str, seed: int, number: int):
     if kind == "tpe":
         # constant liar: trials still training count as (pessimistic) observations, so parallel
         # asks spread out; pruned trials count with their intermediate values
-        return optuna.samplers.TPESampler(seed=s, constant_liar=True, n_startup_trials=min(10, 4))
+        return optuna.samplers.TPESampler(seed=s, constant_liar=True, n_startup_trials=4)
     if kind == "cmaes":
         import warnings
 

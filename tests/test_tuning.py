@@ -369,3 +369,40 @@ def test_port_of_rf_tutorial_optuna_sft_chatqa_tiny(tmp_path):
     info = experiment.get_runs_info()
     assert len(info) == len(study.trials)
     experiment.end()
+
+
+def test_importing_the_package_does_not_import_optuna():
+    code = ("import sys, rapidfire_nb, rapidfire_nb.automl\n"
+            "from rapidfire_nb.automl import RFGridSearch\n"
+            "assert 'optuna' not in sys.modules, 'optuna imported'\n"
+            "from rapidfire_nb.automl import RFOptuna\n"
+            "assert 'optuna' not in sys.modules, 'optuna imported by the class alone'\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("good_low", [True, False])
+def test_the_sampler_learns_from_pruned_trials_rung_values(good_low):
+    """Our TPE set-up ranks pruned trials by their last rung value: a refill asked after the
+    first rung goes where the surviving trials are."""
+    import optuna
+
+    from rapidfire_nb.tuning import make_sampler
+
+    TS = optuna.trial.TrialState
+    study = optuna.create_study(direction="minimize")
+    for number, x in enumerate([0.1, 0.9, 0.2, 0.8, 0.15, 0.85]):
+        study.enqueue_trial({"x": x})
+        study.sampler = make_sampler("tpe", 0, number)
+        trial = study.ask()
+        trial.suggest_float("x", 0.0, 1.0)
+        value = x if good_low else 1.0 - x
+        trial.report(value, 1)
+        if value > 0.5:
+            study.tell(trial, state=TS.PRUNED)
+        else:
+            study.tell(trial, value)
+    study.sampler = make_sampler("tpe", 0, 6)
+    x = study.ask().suggest_float("x", 0.0, 1.0)
+    assert (x < 0.5) if good_low else (x > 0.5)
