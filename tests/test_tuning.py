@@ -406,3 +406,23 @@ def test_the_sampler_learns_from_pruned_trials_rung_values(good_low):
     study.sampler = make_sampler("tpe", 0, 6)
     x = study.ask().suggest_float("x", 0.0, 1.0)
     assert (x < 0.5) if good_low else (x > 0.5)
+
+
+def test_epoch_granularity_judges_runs_only_at_epoch_ends(data, tmp_path):
+    train, evald = data
+    cfg = RFModelConfig(
+        model_name="tiny", peft_config=RFLoraConfig(r=4, **LORA),
+        training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True), per_device_train_batch_size=8,
+                                  num_train_epochs=2, max_length=64))
+    group = RFOptuna(cfg, trainer_type="SFT", n_initial=4, budget=4, pruner="sha", seed=1,
+                     granularity="epoch", sampler="random")
+    exp = Experiment("epoch", experiment_path=tmp_path)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=3)
+    info = exp.get_runs_info().set_index("run_id")
+    pruned = info[info.status == "stopped"]
+    assert len(pruned) == 2 and set(info.status) == {"stopped", "completed"}
+    assert (pruned.chunks_done == 2).all(), "judged after one epoch (2 chunks), not after chunk 1"
+    assert sorted(pruned.pruning) == ["pruned at epoch 1 (rank 3 of 4)", "pruned at epoch 1 (rank 4 of 4)"]
+    for t in group._study.trials:
+        assert set(t.intermediate_values) <= {2, 4}     # reported at epoch ends, in chunks
+    exp.end()
