@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapidfire_nb.engine.pruning import (Hyperband, MedianRule, SuccessiveHalving, make_policy)
+from rapidfire_nb.engine.pruning import (
+    Hyperband,
+    MedianRule,
+    SuccessiveHalving,
+    make_policy,
+)
 
 values_st = st.floats(min_value=-100, max_value=100, allow_nan=False)
 
@@ -80,6 +85,9 @@ def test_user_stopped_runs_are_not_pruned_and_do_not_hold_the_bracket(table, dat
     assert not {d.run_id for d in decisions} & stopped
     for rid in stopped:
         assert not policy.is_pruned(rid)
+        assert trained[rid] == 1
+    # the bracket went on without them: the best remaining run trained to the end
+    assert max(trained[r] for r in table if r not in stopped) == len(table[1])
 
 
 @settings(max_examples=150, deadline=None)

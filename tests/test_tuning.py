@@ -16,9 +16,21 @@ from pathlib import Path
 import pytest
 
 from rapidfire_nb import Experiment
-from rapidfire_nb.automl import (List, Range, RFGridSearch, RFLoraConfig, RFModelConfig, RFOptuna,
-                                 RFRandomSearch, RFSFTConfig)
-from rapidfire_nb.demo_data import make_demo_datasets, make_tiny_model_and_tokenizer, tiny_create_model
+from rapidfire_nb.automl import (
+    List,
+    Range,
+    RFGridSearch,
+    RFLoraConfig,
+    RFModelConfig,
+    RFOptuna,
+    RFRandomSearch,
+    RFSFTConfig,
+)
+from rapidfire_nb.demo_data import (
+    make_demo_datasets,
+    make_tiny_model_and_tokenizer,
+    tiny_create_model,
+)
 from rapidfire_nb.errors import ConfigError, OpRefused
 
 LORA = dict(target_modules=["q_proj", "v_proj"])
@@ -300,7 +312,13 @@ def test_port_of_rf_tutorial_optuna_sft_chatqa_tiny(tmp_path):
     from optuna.trial import TrialState
 
     from rapidfire_nb import Experiment
-    from rapidfire_nb.automl import List, RFLoraConfig, RFModelConfig, RFOptuna, RFSFTConfig
+    from rapidfire_nb.automl import (
+        List,
+        RFLoraConfig,
+        RFModelConfig,
+        RFOptuna,
+        RFSFTConfig,
+    )
 
     RF_SEED = 42
     rows = [{"instruction": f"how do I {verb} my order {i}",

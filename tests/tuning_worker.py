@@ -17,7 +17,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def make_group():
-    from rapidfire_nb.automl import List, Range, RFLoraConfig, RFModelConfig, RFOptuna, RFSFTConfig
+    from rapidfire_nb.automl import (
+        List,
+        Range,
+        RFLoraConfig,
+        RFModelConfig,
+        RFOptuna,
+        RFSFTConfig,
+    )
 
     cfg = RFModelConfig(
         model_name="tiny",

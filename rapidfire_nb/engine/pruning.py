@@ -209,7 +209,7 @@ class Hyperband(SuccessiveHalving):
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks!r}")
         ratio = max(1, max_chunks // min_chunks)
-        self.n_brackets = max(1, int(math.floor(math.log(ratio, reduction_factor) + 1e-9)))
+        self.n_brackets = max(1, math.floor(math.log(ratio, reduction_factor) + 1e-9))
 
     def _default_bracket(self):
         return f"hb{self.added % self.n_brackets}"
