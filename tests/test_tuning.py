@@ -444,3 +444,19 @@ def test_epoch_granularity_judges_runs_only_at_epoch_ends(data, tmp_path):
     for t in group._study.trials:
         assert set(t.intermediate_values) <= {2, 4}     # reported at epoch ends, in chunks
     exp.end()
+
+
+def test_a_clone_enters_its_parents_bracket(data, tmp_path):
+    """Hyperband deals runs 1-4 to brackets hb0, hb1, hb0, hb1 (first rungs 1 and 2 chunks); a new
+    run would go to hb0 next, but a clone of run 2 joins run 2's bracket hb1."""
+    train, evald = data
+    exp = Experiment("clone", experiment_path=tmp_path)
+    exp.run_fit(grid(pruner="hyperband"), tiny_create_model, train, evald, num_chunks=4, block=False)
+    # applied within one chunk; hb1's first decision needs its members' second chunks
+    clone = exp.clone_modify(2, {"training_args.learning_rate": 5e-3})
+    exp.wait()
+    info = exp.get_runs_info().set_index("run_id")
+    notes = sorted(p for p in info.pruning if isinstance(p, str))
+    assert notes == ["pruned at chunk 1 (rank 2 of 2)", "pruned at chunk 2 (rank 3 of 3)"]
+    assert info.loc[clone, "parent_run_id"] == 2
+    exp.end()
