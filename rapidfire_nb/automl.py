@@ -54,7 +54,7 @@ from rapidfire_nb.errors import ConfigError
 
 __all__ = [
     "List", "Range", "RFLoraConfig", "RFSFTConfig", "RFDPOConfig", "RFGRPOConfig", "RFModelConfig",
-    "RFGridSearch", "RFRandomSearch", "RapidFireConfigWarning", "apply_changes", "editable_knobs",
+    "RFGridSearch", "RFRandomSearch", "RFOptuna", "RapidFireConfigWarning", "apply_changes", "editable_knobs",
     "build_training_args", "build_lora_config", "warm_start_conflicts",
 ]
 
@@ -735,8 +735,11 @@ class RFGridSearch(_SearchGroup):
 
     _name = "RFGridSearch"
 
-    def __init__(self, configs, trainer_type: str = "SFT"):
+    def __init__(self, configs, trainer_type: str = "SFT", *, pruner: str | None = None,
+                 pruner_mode: str = "stop", reduction_factor: int = 2, min_chunks: int = 1,
+                 objective: str = "minimize:eval_loss"):
         super().__init__(configs, trainer_type)
+        self.pruning = _pruning(self._name, pruner, pruner_mode, reduction_factor, min_chunks, objective)
         try:
             self._tree().grid_size()   # refuses a Range now rather than at run_fit
         except ConfigError as exc:
@@ -763,8 +766,10 @@ class RFRandomSearch(_SearchGroup):
     _name = "RFRandomSearch"
 
     def __init__(self, configs, trainer_type: str = "SFT", num_runs: int | None = None, seed: int = 42,
-                 num_samples: int | None = None):
+                 num_samples: int | None = None, *, pruner: str | None = None, pruner_mode: str = "stop",
+                 reduction_factor: int = 2, min_chunks: int = 1, objective: str = "minimize:eval_loss"):
         super().__init__(configs, trainer_type)
+        self.pruning = _pruning(self._name, pruner, pruner_mode, reduction_factor, min_chunks, objective)
         if num_samples is not None:   # the name the TRL docs' RapidFire page uses
             if num_runs is not None and num_runs != num_samples:
                 raise ConfigError(f"RFRandomSearch: num_runs={num_runs!r} and num_samples={num_samples!r} "
@@ -814,6 +819,22 @@ class RFRandomSearch(_SearchGroup):
             raise ConfigError(f"RFRandomSearch: the space has only {len(seen) + len(rest)} distinct "
                               f"configurations, fewer than num_runs={self.num_runs}.")
         return rng.sample(rest, missing)
+
+
+def _pruning(where, pruner, pruner_mode, reduction_factor, min_chunks, objective):
+    """Pruning at chunk boundaries (``pruner="sha"|"median"|"hyperband"``), see ``tuning.py``."""
+    from rapidfire_nb.tuning import PruningOptions
+
+    return PruningOptions(where, pruner, pruner_mode, reduction_factor, min_chunks, objective)
+
+
+def __getattr__(name: str):
+    # RFOptuna lives in tuning.py (issue 18) and needs this module's classes: created on first use
+    if name == "RFOptuna":
+        from rapidfire_nb.tuning import rfoptuna_class
+
+        return rfoptuna_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ============================================================================================

@@ -141,6 +141,7 @@ class Experiment:
         self._reserved_ids: set[int] = set()
         self._panel = None
         self._tb = None
+        self.automl = None   # pruning/refill driver of the config group (tuning.py), if any
         if not resume:
             atomic_write_json(self.store.meta_path, {"name": self.name, "version": __version__})
         self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(resume))
@@ -204,6 +205,15 @@ class Experiment:
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
         if self.resumed:
             self._check_resume(specs, data_fp, num_chunks, seed)
+        # -- AutoML at chunk boundaries (issue 18): pruners, RFOptuna --------------------------
+        from rapidfire_nb.tuning import driver_for, needs_driver
+
+        if needs_driver(config_group) and eval_dataset is None:
+            raise ConfigError(f"{type(config_group).__name__}: the objective "
+                              f"{config_group.pruning.objective!r} is measured on the eval set "
+                              "after every chunk: pass eval_dataset= to run_fit")
+        automl = driver_for(self, config_group, specs, num_chunks)
+        # -------------------------------------------------------------------------------------
         # create_model once per distinct base, in this thread so its errors show here
         need_pristine = {}
         for spec in specs:
@@ -215,6 +225,7 @@ class Experiment:
                                                 engine.bases[s.base_key()].tokenizer),
                               train_dataset, eval_dataset)
         self.engine = engine
+        self.automl = automl
         if self.resumed:
             self._restore_runs(specs)
         else:
@@ -224,6 +235,10 @@ class Experiment:
                     "data": data_fp, "runs": [s.fingerprint() for s in specs]}
             atomic_write_json(self.store.meta_path, meta)
             self.meta = meta
+        if automl is not None:
+            if self.resumed:
+                automl.load()
+            automl.attach(engine, self.resumed)
         engine.start()
         if block is None:
             block = not _in_kernel()
@@ -311,10 +326,14 @@ class Experiment:
         engine = self.engine
         parent_id = info.get("parent_run_id")
         if parent_id is None:
-            if rid > len(specs):
+            added = self.automl.spec_for(rid) if self.automl is not None else None  # refills
+            if added is not None:
+                spec = added
+            elif rid > len(specs):
                 raise ConfigError(f"resume=True but the config group expands to {len(specs)} runs and "
                                   f"the experiment has a run {rid}; pass the same config group")
-            spec = specs[rid - 1]
+            else:
+                spec = specs[rid - 1]
         elif parent_id in engine.runs:
             spec = automl.apply_changes(engine.runs[parent_id].spec, info.get("changes") or {})
         else:
@@ -557,6 +576,22 @@ class Experiment:
                               new_run_id=new_id))
         return new_id
 
+    # -- AutoML (issue 18, rapidfire_nb/tuning.py) ---------------------------------------------
+    def apply_suggestions(self, run_ids=None) -> list[int]:
+        """With ``pruner_mode="suggest"``: stop the runs the pruner marked (all of them, or the
+        given ids) with the pruning reason; returns the ids stopped. Unmarked runs are refused."""
+        self._check_open()
+        if self.automl is None or self.automl.options.mode != "suggest":
+            raise OpRefused("apply_suggestions needs a config group with pruner_mode='suggest'")
+        return self.automl.apply_suggestions(run_ids)
+
+    def get_pareto_front(self):
+        """RFOptuna with several objectives: the non-dominated finished trials (run_id, values,
+        params)."""
+        if self.automl is None or self.automl.tuner is None:
+            raise OpRefused("get_pareto_front needs an RFOptuna config group")
+        return self.automl.tuner.pareto_front()
+
     def editable_knobs(self, run_id: int) -> dict:
         from rapidfire_nb import automl
 
@@ -587,6 +622,8 @@ class Experiment:
                        samples_seen=rec.samples_seen, chunks_done=rec.chunks_done, epoch=rec.epoch,
                        parent_run_id=rec.parent_run_id, warm_start=rec.warm_start,
                        eval_loss=rec.last_metrics.get("eval_loss"), error=rec.error)
+            if self.automl is not None:
+                row["pruning"] = self.automl.reason_for(rec.run_id)
             rows.append(row)
         return pd.DataFrame(rows)
 

@@ -45,13 +45,14 @@ class Base:
 
 @dataclass
 class Op:
-    kind: str                     # stop | resume | delete | clone
+    kind: str                     # stop | resume | delete | clone | add (a new run from spec)
     run_id: int
     spec: RunSpec | None = None
     warm_start: bool = False
     changes: dict | None = None
     new_run_id: int | None = None
     submitted: float = field(default_factory=time.time)
+    reason: str | None = None     # why (a pruner's stop); default: the user asked
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,6 +163,10 @@ class Engine:
         self.parks_done = 0
         self._runs_version = self._runs_written = 0
         self.runs_write_error: OSError | None = None
+        # called by the engine thread, under the lock, before each scheduling decision (i.e. at
+        # every chunk boundary); it may submit ops, applied before the next chunk (AutoML pruning
+        # and refills, rapidfire_nb/tuning.py)
+        self.boundary_hook: Callable[[], None] | None = None
 
     # -- bases -------------------------------------------------------------------------------
     def load_base(self, spec: RunSpec, need_pristine: bool) -> Base:
@@ -382,6 +387,11 @@ class Engine:
         while True:
             flush = False
             with self.lock:
+                if self.boundary_hook is not None and not self.stop_all:
+                    try:
+                        self.boundary_hook()
+                    except Exception:   # a policy bug must not kill training: logged, ignored
+                        self._log_file.write("boundary hook failed:\n" + traceback.format_exc())
                 if self.stop_all:
                     flush = True
                 elif not self.ops.empty() and self.writer.busy():
@@ -452,7 +462,7 @@ class Engine:
                     raise OpRefused(f"run {op.run_id} does not exist (its clone was refused)")
                 if op.kind == "stop":
                     if rec.status in R.ACTIVE:
-                        self._set_status(rec, R.STOPPED, reason="stopped by user")
+                        self._set_status(rec, R.STOPPED, reason=op.reason or "stopped by user")
                     else:
                         ok, reason = False, f"run {op.run_id} is {rec.status}"
                 elif op.kind == "resume":
@@ -464,6 +474,11 @@ class Engine:
                     self._delete(rec)
                 elif op.kind == "clone":
                     self._clone(op, rec)
+                elif op.kind == "add":
+                    if op.run_id in self.runs:
+                        ok, reason = False, f"run {op.run_id} exists already"
+                    else:
+                        self.add_run(op.spec, run_id=op.run_id)
             except Exception as exc:
                 ok, reason = False, f"{type(exc).__name__}: {exc}"
             latency = time.time() - op.submitted

@@ -1,0 +1,177 @@
+"""Pruning policy at chunk boundaries (engine/pruning.py): pure, property-tested, no torch."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rapidfire_nb.engine.pruning import (
+    Hyperband,
+    MedianRule,
+    SuccessiveHalving,
+    make_policy,
+)
+
+values_st = st.floats(min_value=-100, max_value=100, allow_nan=False)
+
+
+def lockstep(policy, table, stop_user=(), total=None):
+    """Drive ``policy`` like the fair scheduler does: chunk 1 for every live run, then chunk 2...
+    ``table[run][c]`` is the run's objective after c+1 chunks. Returns all decisions in order and
+    the chunks each run trained."""
+    n_chunks = total or len(next(iter(table.values())))
+    for rid in table:
+        policy.add_run(rid)
+    trained = {rid: 0 for rid in table}
+    decisions = []
+    for chunk in range(1, n_chunks + 1):
+        for rid in sorted(table):
+            m = policy.members[rid]
+            if not m.live:
+                continue
+            policy.report(rid, chunk, table[rid][chunk - 1])
+            trained[rid] = chunk
+            if rid in stop_user and chunk == 1:
+                policy.set_state(rid, live=False)
+            if chunk == n_chunks:
+                policy.set_state(rid, live=False, finished=True)
+            decisions += policy.decide()
+    return decisions, trained
+
+
+@st.composite
+def tables(draw, min_runs=2, max_runs=12, max_chunks=8):
+    n = draw(st.integers(min_runs, max_runs))
+    c = draw(st.integers(1, max_chunks))
+    return {rid: draw(st.lists(values_st, min_size=c, max_size=c)) for rid in range(1, n + 1)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables(), st.integers(2, 4), st.integers(1, 3), st.sampled_from(["minimize", "maximize"]))
+def test_sha_keeps_the_best_ceil_n_over_eta_at_each_rung(table, eta, min_chunks, direction):
+    policy = SuccessiveHalving(direction, min_chunks=min_chunks, reduction_factor=eta)
+    decisions, trained = lockstep(policy, table)
+    n_chunks = len(table[1])
+    sign = 1 if direction == "minimize" else -1
+    alive = set(table)
+    rung = min_chunks
+    by_rung = {}
+    for d in decisions:
+        by_rung.setdefault(d.rung, []).append(d)
+    assert set(by_rung) <= {min_chunks * eta ** i for i in range(10)}
+    while rung <= n_chunks:
+        ranked = sorted(alive, key=lambda r: (sign * table[r][rung - 1], r))
+        keep = math.ceil(len(ranked) / eta)
+        # the finished (last-chunk) rung only ranks; it never stops a finished run
+        losers = set(ranked[keep:]) if rung < n_chunks else set()
+        got = {d.run_id for d in by_rung.get(rung, [])}
+        assert got == losers
+        for d in by_rung.get(rung, []):
+            assert d.of == len(ranked) and d.rank == ranked.index(d.run_id) + 1
+            assert d.reason == f"pruned at chunk {rung} (rank {d.rank} of {len(ranked)})"
+            assert trained[d.run_id] == rung    # stopped right at the rung: equal samples seen
+        alive -= losers
+        rung *= eta
+    assert alive, "someone always survives"
+
+
+@settings(max_examples=150, deadline=None)
+@given(tables(min_runs=3), st.data())
+def test_user_stopped_runs_are_not_pruned_and_do_not_hold_the_bracket(table, data):
+    stopped = set(data.draw(st.lists(st.sampled_from(sorted(table)), max_size=len(table) - 1)))
+    policy = SuccessiveHalving(min_chunks=1)
+    decisions, trained = lockstep(policy, table, stop_user=stopped)
+    assert not {d.run_id for d in decisions} & stopped
+    for rid in stopped:
+        assert not policy.is_pruned(rid)
+        assert trained[rid] == 1
+    # the bracket went on without them: the best remaining run trained to the end
+    assert max(trained[r] for r in table if r not in stopped) == len(table[1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(tables(), st.sampled_from(["sha", "median", "hyperband"]))
+def test_decisions_are_deterministic_and_never_stop_the_leader(table, name):
+    a = lockstep(make_policy(name, max_chunks=len(table[1])), table)[0]
+    b = lockstep(make_policy(name, max_chunks=len(table[1])), table)[0]
+    assert a == b
+    for d in a:
+        # at every decision some run ranked better than the pruned one
+        assert d.rank > 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(tables(min_runs=3))
+def test_median_stops_only_runs_worse_than_the_rung_median(table):
+    policy = MedianRule(min_chunks=1)
+    decisions, _ = lockstep(policy, table)
+    for d in decisions:
+        vals = sorted(m.values[d.rung] for m in policy.members.values() if d.rung in m.values)
+        n = len(vals)
+        median = vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
+        assert table[d.run_id][d.rung - 1] > median
+
+
+def test_a_bracket_waits_for_its_slowest_live_run():
+    p = SuccessiveHalving(min_chunks=1)
+    for rid in (1, 2, 3, 4):
+        p.add_run(rid)
+    for rid, v in ((1, 1.0), (2, 2.0), (3, 3.0)):
+        p.report(rid, 1, v)
+        assert p.decide() == []            # run 4 has not reached rung 1
+    p.report(4, 1, 4.0)
+    ds = p.decide()
+    assert [(d.run_id, d.rank) for d in ds] == [(3, 3), (4, 4)]
+
+
+def test_a_clone_joins_its_parents_bracket_and_a_warm_clone_is_not_ranked_at_passed_rungs():
+    p = SuccessiveHalving(min_chunks=1)
+    p.add_run(1, bracket="a")
+    p.add_run(2, bracket="b")
+    assert p.add_run(3, parent=1) == "a"
+    # a warm clone entering at chunk 1: not judged at rung 1 (no value there), judged at rung 2
+    p.report(1, 1, 5.0)
+    p.add_run(4, parent=1, chunks=1)
+    p.report(3, 1, 1.0)
+    ds = p.decide()
+    assert [d.run_id for d in ds] == [1]          # 1 vs 3 at rung 1; 4 not ranked
+    p.report(3, 2, 2.0)
+    p.report(4, 2, 1.0)
+    assert [d.run_id for d in p.decide()] == [3]
+
+
+def test_nan_ranks_last_and_maximize_flips():
+    p = SuccessiveHalving("maximize", min_chunks=1)
+    for rid, v in ((1, 0.2), (2, float("nan")), (3, 0.9), (4, 0.5)):
+        p.add_run(rid)
+        p.report(rid, 1, v)
+    assert sorted(d.run_id for d in p.decide()) == [1, 2]
+
+
+def test_hyperband_spreads_runs_over_brackets_with_later_first_rungs():
+    p = Hyperband(min_chunks=1, reduction_factor=2, max_chunks=8)
+    assert p.n_brackets == 3
+    brackets = [p.add_run(rid) for rid in range(1, 7)]
+    assert brackets == ["hb0", "hb1", "hb2", "hb0", "hb1", "hb2"]
+    assert p._first_rung("hb2") == 4
+
+
+def test_state_round_trips_through_json():
+    import json
+
+    p = SuccessiveHalving(min_chunks=1)
+    for rid, v in ((1, 1.0), (2, 2.0)):
+        p.add_run(rid)
+        p.report(rid, 1, v)
+    p.decide()
+    q = SuccessiveHalving(min_chunks=1)
+    q.load_json(json.loads(json.dumps(p.to_json())))
+    assert q.to_json() == p.to_json()
+    assert q.is_pruned(2) and not q.is_pruned(1)
+
+
+@pytest.mark.parametrize("kw", [dict(reduction_factor=1), dict(min_chunks=0), dict(direction="up")])
+def test_bad_settings_are_refused(kw):
+    with pytest.raises(ValueError):
+        SuccessiveHalving(**kw)

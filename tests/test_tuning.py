@@ -1,0 +1,462 @@
+"""AutoML at chunk boundaries (issue 18): pruned grids, RFOptuna, suggest mode, resume.
+
+Real SFTTrainer on the tiny in-process model; 32 training rows, batch 8 and num_chunks=4 give one
+optimizer step per chunk (a batch-4 run takes two), so a whole experiment takes seconds.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import (
+    List,
+    Range,
+    RFGridSearch,
+    RFLoraConfig,
+    RFModelConfig,
+    RFOptuna,
+    RFRandomSearch,
+    RFSFTConfig,
+)
+from rapidfire_nb.demo_data import (
+    make_demo_datasets,
+    make_tiny_model_and_tokenizer,
+    tiny_create_model,
+)
+from rapidfire_nb.errors import ConfigError, OpRefused
+
+LORA = dict(target_modules=["q_proj", "v_proj"])
+LRS = (1e-4, 1e-3, 1e-2, 3e-2)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_demo_datasets(32, 8)
+
+
+def grid(epochs=1, **kw):
+    configs = List([
+        RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, **LORA),
+                      training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=bs,
+                                                num_train_epochs=epochs, max_length=64))
+        for lr, bs in zip(LRS, (8, 4, 8, 8))])
+    return RFGridSearch(configs, trainer_type="SFT", **kw)
+
+
+def eval_table(exp):
+    """run -> {chunks done: eval_loss}, read back from the logged results."""
+    res = exp.get_results()
+    ev = res[(res.split == "eval") & (res.metric == "eval_loss")]
+    out = {}
+    for rid, grp in ev.groupby("run_id"):
+        out[int(rid)] = {i + 1: v for i, v in enumerate(grp.sort_values("step").value)}
+    return out
+
+
+def status_reasons(exp):
+    return {ev["run_id"]: ev["reason"] for ev in exp.events.since(0)
+            if ev["type"] == "run_status" and ev["status"] == "stopped"}
+
+
+def test_grid_with_sha_prunes_the_worse_half_at_each_rung_at_equal_samples(data, tmp_path):
+    train, evald = data
+    exp = Experiment("sha", experiment_path=tmp_path)
+    exp.run_fit(grid(pruner="sha"), tiny_create_model, train, evald, num_chunks=4)
+    info = exp.get_runs_info().set_index("run_id")
+    table = eval_table(exp)
+    # rung 1: the best 2 of 4 by eval loss after one chunk go on
+    rung1 = sorted(table, key=lambda r: (table[r][1], r))
+    for rank, rid in enumerate(rung1[2:], start=3):
+        assert info.loc[rid, "status"] == "stopped"
+        assert info.loc[rid, "chunks_done"] == 1
+        assert info.loc[rid, "pruning"] == f"pruned at chunk 1 (rank {rank} of 4)"
+    # rung 2: of the two survivors one goes on to the end
+    rung2 = sorted(rung1[:2], key=lambda r: (table[r][2], r))
+    assert info.loc[rung2[1], "pruning"] == "pruned at chunk 2 (rank 2 of 2)"
+    assert info.loc[rung2[0], "status"] == "completed" and info.loc[rung2[0], "chunks_done"] == 4
+    # equal samples seen at a rung, although run 2 (batch 4) takes twice the steps per chunk
+    assert info.loc[2, "total_steps"] == 2 * info.loc[1, "total_steps"]
+    res = exp.get_results()
+    first = res[(res.split == "eval") & (res.chunk == 0) & (res.metric == "eval_loss")]
+    assert first.samples_seen.nunique() == 1
+    # the reason is in the log (the panel and %rapidfire status read it from there)
+    reasons = status_reasons(exp)
+    assert reasons[rung1[3]] == "pruned at chunk 1 (rank 4 of 4)"
+    from rapidfire_nb.notebook.magics import status_table
+
+    assert status_table(exp).loc[rung1[3], "pruning"] == "pruned at chunk 1 (rank 4 of 4)"
+    # a pruned run is an ordinary stopped run: resume it by hand and it trains to the end
+    exp.resume(rung1[3])
+    exp.wait()
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[rung1[3], "status"] == "completed"
+    assert "then resumed by hand" in info.loc[rung1[3], "pruning"]
+    exp.end()
+
+
+def test_user_stopped_runs_are_not_counted_as_pruned(data, tmp_path):
+    train, evald = data
+    exp = Experiment("user", experiment_path=tmp_path)
+    exp.run_fit(grid(pruner="sha"), tiny_create_model, train, evald, num_chunks=4, block=False)
+    exp.stop(1)            # queued before any chunk: the user's stop comes first
+    exp.wait()
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[1, "status"] == "stopped" and info.loc[1, "chunks_done"] == 0
+    assert not isinstance(info.loc[1, "pruning"], str)
+    assert status_reasons(exp)[1] == "stopped by user"
+    # the other three form the bracket: ceil(3/2) = 2 survive rung 1
+    assert sum(isinstance(p, str) and p.startswith("pruned at chunk 1") for p in info.pruning) == 1
+    exp.end()
+
+
+def test_suggest_mode_only_marks_and_apply_suggestions_stops(data, tmp_path):
+    train, evald = data
+    exp = Experiment("suggest", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=4, block=False)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        marked = exp.get_runs_info().dropna(subset=["pruning"])
+        if len(marked) >= 2:
+            break
+        time.sleep(0.02)
+    assert len(marked) >= 2
+    assert all(p.startswith("suggested: pruned at chunk 1") for p in marked.pruning)
+    assert set(marked.status) <= {"pending", "running"}      # nothing was stopped
+    with pytest.raises(OpRefused, match="no pruning suggestion"):
+        exp.apply_suggestions([99])
+    stopped = exp.apply_suggestions(list(marked.run_id[:2]))
+    exp.wait()
+    info = exp.get_runs_info().set_index("run_id")
+    assert stopped == list(marked.run_id[:2])
+    for rid in stopped:
+        assert info.loc[rid, "status"] == "stopped"
+        assert info.loc[rid, "pruning"].startswith("pruned at chunk 1")
+        assert info.loc[rid, "chunks_done"] < 8
+    assert (info.status == "completed").sum() >= 1
+    exp.end()
+
+
+def test_pruner_needs_an_eval_set_and_bad_knobs_are_named(data, tmp_path):
+    train, _ = data
+    with pytest.raises(ConfigError, match="pruner must be one of"):
+        grid(pruner="asha")
+    with pytest.raises(ConfigError, match="pruner_mode"):
+        grid(pruner="sha", pruner_mode="ask")
+    with pytest.raises(ConfigError, match="reduction_factor"):
+        grid(pruner="sha", reduction_factor=1)
+    with pytest.raises(ConfigError, match="objective part"):
+        grid(pruner="sha", objective="lowest:eval_loss")
+    with pytest.raises(ConfigError, match="needs a single objective"):
+        grid(pruner="sha", objective="minimize:eval_loss,maximize:eval_mean_token_accuracy")
+    exp = Experiment("noeval", experiment_path=tmp_path)
+    with pytest.raises(ConfigError, match="pass eval_dataset"):
+        exp.run_fit(grid(pruner="sha"), tiny_create_model, train, None, num_chunks=4)
+    assert exp.engine is None
+    cfg = RFModelConfig(model_name="tiny", training_args=RFSFTConfig(learning_rate=Range(1e-4, 1e-2)))
+    RFRandomSearch(cfg, num_runs=2, pruner="median")      # accepted on random search too
+    with pytest.raises(ConfigError, match="budget"):
+        RFOptuna(cfg, n_initial=4, budget=2)
+    with pytest.raises(ConfigError, match="sampler"):
+        RFOptuna(cfg, sampler="grid")
+
+
+def optuna_group(seed=3, **kw):
+    cfg = RFModelConfig(
+        model_name="tiny", peft_config=RFLoraConfig(r=List([4, 8]), **LORA),
+        training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True), per_device_train_batch_size=8,
+                                  num_train_epochs=1, max_length=64))
+    base = dict(n_initial=3, budget=6, pruner="sha", seed=seed)
+    base.update(kw)
+    return RFOptuna(cfg, trainer_type="SFT", **base)
+
+
+def run_optuna(path, data, **kw):
+    train, evald = data
+    group = optuna_group(**kw)
+    exp = Experiment("optuna", experiment_path=path)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=4, seed=3)
+    info = exp.get_runs_info()
+    out = [(int(r.run_id), r.status, exp.engine.runs[int(r.run_id)].spec.knobs,
+            r.pruning if isinstance(r.pruning, str) else None) for r in info.itertuples()]
+    trials = list(group._study.trials)
+    return exp, out, trials
+
+
+def test_rfoptuna_refills_freed_slots_within_budget_deterministically(data, tmp_path):
+    import optuna
+
+    exp, runs, trials = run_optuna(tmp_path / "a", data)
+    TS = optuna.trial.TrialState
+    assert len(runs) == 6 and len(trials) == 6, "budget is 6 trials"
+    assert all(r[1] in ("stopped", "completed") for r in runs)
+    pruned = {r[0] for r in runs if r[3] and r[3].startswith("pruned")}
+    assert pruned, "successive halving pruned something"
+    by_run = {t.user_attrs["run_id"]: t for t in trials}
+    for rid, status, knobs, note in runs:
+        t = by_run[rid]
+        assert t.state == (TS.PRUNED if rid in pruned else TS.COMPLETE)
+        # the trial's params are the run's config
+        assert math.isclose(t.params["training_args.learning_rate"], knobs["training_args.learning_rate"])
+        # intermediate values at chunk counts: what the sampler learns from
+        assert sorted(t.intermediate_values) == list(range(1, len(t.intermediate_values) + 1))
+    # refills (runs 4..6) were asked after the first pruning decision
+    created = [ev for ev in exp.events.since(0) if ev["type"] == "run_created"]
+    first_prune = min(ev["seq"] for ev in exp.events.since(0)
+                      if ev["type"] == "run_status" and (ev.get("reason") or "").startswith("pruned"))
+    assert all(ev["seq"] > first_prune for ev in created if ev["run_id"] > 3)
+    # the study lives in the experiment folder
+    assert (exp.path / "optuna" / "journal.log").stat().st_size > 0
+    exp.end()
+    # same seed: the same trials and the same decisions
+    exp2, runs2, trials2 = run_optuna(tmp_path / "b", data)
+    assert runs2 == runs
+    assert [t.params for t in trials2] == [t.params for t in trials]
+    assert [t.intermediate_values for t in trials2] == [t.intermediate_values for t in trials]
+    exp2.end()
+    # another seed: other trials (expand alone asks the initial ones)
+    assert [s.knobs for s in optuna_group(seed=4).expand()] != [r[2] for r in runs[:3]]
+
+
+def test_multi_objective_has_no_pruning_and_a_pareto_front(data, tmp_path):
+    train, evald = data
+    group = optuna_group(n_initial=4, budget=4, objective="minimize:eval_loss,minimize:eval_entropy",
+                         pruner="sha")
+    assert group.pruning.pruner is None
+    exp = Experiment("multi", experiment_path=tmp_path)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=3)
+    info = exp.get_runs_info()
+    assert set(info.status) == {"completed"}
+    front = exp.get_pareto_front()
+    final = {}
+    res = exp.get_results()
+    for rid in info.run_id:
+        sel = res[(res.run_id == rid) & (res.split == "eval")]
+        last = sel[sel.step == sel.step.max()]
+        final[int(rid)] = tuple(float(last[last.metric == m].value.iloc[0]) for m in ("eval_loss", "eval_entropy"))
+
+    def dominated(a):
+        return any(b != a and all(x <= y for x, y in zip(b, a)) for b in final.values())
+
+    assert set(front.run_id) == {rid for rid, v in final.items() if not dominated(v)}
+    for row in front.itertuples():
+        assert (row.eval_loss, row.eval_entropy) == final[row.run_id]
+    exp.end()
+    with pytest.raises(OpRefused):
+        Experiment("x", experiment_path=tmp_path).get_pareto_front()
+
+
+WORKER = Path(__file__).with_name("tuning_worker.py")
+
+
+def worker(root, mode, kill_after=0):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, str(WORKER), str(root), mode, str(kill_after)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return proc.returncode, (json.loads(lines[-1]) if lines else None), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    code, reference, err = worker(tmp_path_factory.mktemp("ref"), "fresh")
+    assert code == 0, err[-3000:]
+    assert len(reference["trials"]) == 6
+    return reference
+
+
+# killed after 3 logged chunks: around the first rung's decision and its refill asks (the kill
+# comes from the checkpoint writer, racing the engine thread's decision); after 8: later rungs
+@pytest.mark.parametrize("kill_after", [3, 8])
+def test_resume_after_sigkill_restores_the_study_and_reaches_the_same_decisions(
+        tmp_path, uninterrupted, kill_after):
+    code, partial, err = worker(tmp_path, "fresh", kill_after=kill_after)
+    assert code == -9 and partial is None
+    assert (tmp_path / "optuna" / "optuna" / "journal.log").exists()
+    code, resumed, err = worker(tmp_path, "resume")
+    assert code == 0, err[-3000:]
+    assert resumed["trials"] == uninterrupted["trials"]
+    assert resumed["runs"] == uninterrupted["runs"]
+
+
+def _rouge_l(pred: str, ref: str) -> float:
+    a, b = pred.split(), ref.split()
+    if not a or not b:
+        return 0.0
+    dp = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            dp[i + 1][j + 1] = dp[i][j] + 1 if x == y else max(dp[i][j + 1], dp[i + 1][j])
+    lcs = dp[-1][-1]
+    p, r = lcs / len(a), lcs / len(b)
+    return 0.0 if lcs == 0 else 2 * p * r / (p + r)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rapidfire_nb.engine.formatting") is None,
+                    reason="formatting_func as a row mapper on the eval set comes with issue 14 "
+                           "(rapidfire_nb/engine/formatting.py), merged separately")
+def test_port_of_rf_tutorial_optuna_sft_chatqa_tiny(tmp_path):
+    """The flow of RapidFire AI's rf-tutorial-optuna-sft-chatqa-tiny notebook, import changed
+    alone (a tiny model, an in-code support dataset and a word-level ROUGE-L stand in for
+    TinyLlama, bitext and `evaluate`, which need the network)."""
+    import pandas as pd
+    from datasets import Dataset
+    from optuna.trial import TrialState
+
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.automl import (
+        List,
+        RFLoraConfig,
+        RFModelConfig,
+        RFOptuna,
+        RFSFTConfig,
+    )
+
+    RF_SEED = 42
+    rows = [{"instruction": f"how do I {verb} my order {i}",
+             "response": f"you can {verb} order {i} in your account"}
+            for i, verb in enumerate(["cancel", "track", "change", "return"] * 8)]
+    dataset = Dataset.from_list(rows)
+    train_dataset = dataset.select(range(24)).shuffle(seed=RF_SEED)
+    eval_dataset = dataset.select(range(24, 28)).shuffle(seed=RF_SEED)
+
+    def sample_formatting_function(row):
+        SYSTEM_PROMPT = "You are a helpful and friendly customer support assistant."
+        return {"prompt": [{"role": "system", "content": SYSTEM_PROMPT},
+                           {"role": "user", "content": row["instruction"]}],
+                "completion": [{"role": "assistant", "content": row["response"]}]}
+
+    def sample_compute_metrics(eval_preds):
+        predictions, labels = eval_preds
+        scores = [_rouge_l(p, r) for p, r in zip(predictions, labels)]
+        return {"rougeL": round(sum(scores) / len(scores), 4), "bleu": 0.0}
+
+    experiment = Experiment(experiment_name="exp-optuna-chatqa-tiny1", mode="fit",
+                            experiment_path=tmp_path)
+    config_template = RFModelConfig(
+        model_name="tiny",
+        peft_config=RFLoraConfig(r=List([8, 32]), lora_alpha=List([16, 32, 64, 128]), lora_dropout=0.1,
+                                 target_modules=List([["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"]]),
+                                 bias="none"),
+        training_args=RFSFTConfig(learning_rate=List([1e-3, 1e-4]), lr_scheduler_type="linear",
+                                  per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=4,
+                                  gradient_accumulation_steps=1, logging_steps=2, eval_strategy="steps",
+                                  eval_steps=4, bf16=True),
+        model_type="causal_lm",
+        model_kwargs={"device_map": "auto", "torch_dtype": "auto", "use_cache": False},
+        formatting_func=sample_formatting_function,
+        compute_metrics=sample_compute_metrics,
+        # one deviation: the notebook's sampling knobs without do_sample=True are refused by
+        # this project's generation_config check (transformers 5 is strict); see notes/issue18.md
+        generation_config={"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9, "top_k": 30,
+                           "repetition_penalty": 1.05, "do_sample": True},
+    )
+    config_group = RFOptuna(configs=[config_template], trainer_type="SFT", n_initial=4, budget=6,
+                            objective="maximize:rougeL", sampler="tpe", pruner="median", seed=RF_SEED)
+    def sample_create_model(model_config):
+        # stands in for AutoModelForCausalLM/AutoTokenizer.from_pretrained(model_name, **model_kwargs)
+        assert model_config["model_kwargs"] == {"device_map": "auto", "torch_dtype": "auto", "use_cache": False}
+        return make_tiny_model_and_tokenizer()
+
+    experiment.run_fit(config_group, sample_create_model, train_dataset, eval_dataset, num_chunks=4,
+                       seed=RF_SEED)
+
+    study = config_group._study
+    completed = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    # slots freed by pruning or by finishing are refilled up to the budget
+    assert len(study.trials) == 6 and len(completed) + len(pruned) == 6
+    best = study.best_trial
+    trials_df = pd.DataFrame([
+        {"trial": t.number, "state": t.state.name, "best": "✓" if t.number == best.number else "",
+         **{k.split(".")[-1]: v for k, v in t.params.items()},
+         "rougeL": f"{t.value:.4f}" if t.value is not None else "—"}
+        for t in study.trials])
+    assert {"learning_rate", "r", "lora_alpha"} <= set(trials_df.columns)
+    assert best.value == max(t.value for t in completed)
+    results = experiment.get_results()
+    assert "eval_rougeL" in set(results.metric)
+    info = experiment.get_runs_info()
+    assert len(info) == len(study.trials)
+    experiment.end()
+
+
+def test_importing_the_package_does_not_import_optuna():
+    code = ("import sys, rapidfire_nb, rapidfire_nb.automl\n"
+            "from rapidfire_nb.automl import RFGridSearch\n"
+            "assert 'optuna' not in sys.modules, 'optuna imported'\n"
+            "from rapidfire_nb.automl import RFOptuna\n"
+            "assert 'optuna' not in sys.modules, 'optuna imported by the class alone'\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("good_low", [True, False])
+def test_the_sampler_learns_from_pruned_trials_rung_values(good_low):
+    """Our TPE set-up ranks pruned trials by their last rung value: a refill asked after the
+    first rung goes where the surviving trials are."""
+    import optuna
+
+    from rapidfire_nb.tuning import make_sampler
+
+    TS = optuna.trial.TrialState
+    study = optuna.create_study(direction="minimize")
+    for number, x in enumerate([0.1, 0.9, 0.2, 0.8, 0.15, 0.85]):
+        study.enqueue_trial({"x": x})
+        study.sampler = make_sampler("tpe", 0, number)
+        trial = study.ask()
+        trial.suggest_float("x", 0.0, 1.0)
+        value = x if good_low else 1.0 - x
+        trial.report(value, 1)
+        if value > 0.5:
+            study.tell(trial, state=TS.PRUNED)
+        else:
+            study.tell(trial, value)
+    study.sampler = make_sampler("tpe", 0, 6)
+    x = study.ask().suggest_float("x", 0.0, 1.0)
+    assert (x < 0.5) if good_low else (x > 0.5)
+
+
+def test_epoch_granularity_judges_runs_only_at_epoch_ends(data, tmp_path):
+    train, evald = data
+    cfg = RFModelConfig(
+        model_name="tiny", peft_config=RFLoraConfig(r=4, **LORA),
+        training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True), per_device_train_batch_size=8,
+                                  num_train_epochs=2, max_length=64))
+    group = RFOptuna(cfg, trainer_type="SFT", n_initial=4, budget=4, pruner="sha", seed=1,
+                     granularity="epoch", sampler="random")
+    exp = Experiment("epoch", experiment_path=tmp_path)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=3)
+    info = exp.get_runs_info().set_index("run_id")
+    pruned = info[info.status == "stopped"]
+    assert len(pruned) == 2 and set(info.status) == {"stopped", "completed"}
+    assert (pruned.chunks_done == 2).all(), "judged after one epoch (2 chunks), not after chunk 1"
+    assert sorted(pruned.pruning) == ["pruned at epoch 1 (rank 3 of 4)", "pruned at epoch 1 (rank 4 of 4)"]
+    for t in group._study.trials:
+        assert set(t.intermediate_values) <= {2, 4}     # reported at epoch ends, in chunks
+    exp.end()
+
+
+def test_a_clone_enters_its_parents_bracket(data, tmp_path):
+    """Hyperband deals runs 1-4 to brackets hb0, hb1, hb0, hb1 (first rungs 1 and 2 chunks); a new
+    run would go to hb0 next, but a clone of run 2 joins run 2's bracket hb1."""
+    train, evald = data
+    exp = Experiment("clone", experiment_path=tmp_path)
+    exp.run_fit(grid(pruner="hyperband"), tiny_create_model, train, evald, num_chunks=4, block=False)
+    # applied within one chunk; hb1's first decision needs its members' second chunks
+    clone = exp.clone_modify(2, {"training_args.learning_rate": 5e-3})
+    exp.wait()
+    info = exp.get_runs_info().set_index("run_id")
+    notes = sorted(p for p in info.pruning if isinstance(p, str))
+    assert notes == ["pruned at chunk 1 (rank 2 of 2)", "pruned at chunk 2 (rank 3 of 3)"]
+    assert info.loc[clone, "parent_run_id"] == 2
+    exp.end()
