@@ -223,7 +223,7 @@ class Experiment:
         # what needs the base or the data: LoRA targets, the first rows, generation_config
         check_before_training(specs, lambda s: (engine.bases[s.base_key()].model,
                                                 engine.bases[s.base_key()].tokenizer),
-                              train_dataset, eval_dataset)
+                              train_dataset, eval_dataset, engine.prep_cache)
         self.engine = engine
         self.automl = automl
         if self.resumed:

@@ -55,19 +55,20 @@ def test_a_row_that_cannot_be_tokenized(tmp_path):
     refused(tmp_path, group(), conv, None, r"train_dataset row 0, column 'messages': message 1 is dict")
 
 
-def test_a_formatting_func_that_breaks_on_a_row(tmp_path):
+@pytest.mark.parametrize("bad_row", [0, 3])
+def test_a_formatting_func_that_breaks_on_a_row(tmp_path, bad_row):
+    """A row mapper that raises on one row is refused before training, whether the row is the
+    first (the probe that tells RapidFire's form from TRL's) or a later one (the mapping)."""
     train, evald = make_demo_datasets(16, 4)
+    train = train.add_column("row_index", list(range(len(train))))
 
     def fmt(row):
-        if "bee" in row["prompt"] or row["prompt"].endswith("a\nAnswer:"):
+        if row.get("row_index") == bad_row:
             raise KeyError("answer")
         return {"prompt": row["prompt"], "completion": row["completion"]}
 
-    index = next(i for i, r in enumerate(train) if "bee" in r["prompt"] or r["prompt"].endswith("a\nAnswer:"))
-    if index >= 8:
-        pytest.skip("no matching row among the rows checked")
-    refused(tmp_path, group(formatting_func=fmt), train, evald,
-            rf"formatting_func raised on train_dataset row {index}: KeyError")
+    where = "raised on the first row of train_dataset" if bad_row == 0 else "failed while mapping train_dataset"
+    refused(tmp_path, group(formatting_func=fmt), train, evald, rf"formatting_func '[\w.<>]*fmt' {where}: KeyError")
 
 
 def test_generation_config_is_checked_like_clone_modify_checks_it(tmp_path):

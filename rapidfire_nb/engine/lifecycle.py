@@ -25,9 +25,11 @@ def wait_with_progress(engine, stream=None, every_s: float = 5.0) -> bool:
     most every ``every_s`` seconds). False if the engine thread died with runs still active."""
     stream = stream if stream is not None else sys.stdout
     last_line, last_t = None, 0.0
+    timeout = 0.0   # first look without waiting: runs still active get a line at once
     while True:
-        if engine.wait(timeout=1.0):
+        if engine.wait(timeout=timeout):
             break
+        timeout = 1.0
         t = engine.thread
         if (t is None or not t.is_alive()) and engine.ops.empty():
             return False    # nothing will move these runs; end() stops them

@@ -63,14 +63,22 @@ def _leaf_names(model, limit: int = 12) -> list[str]:
     return seen[:limit]
 
 
-def check_rows(spec, dataset, name: str, tokenizer) -> None:
-    """Apply the run's ``formatting_func`` to the first rows and tokenize their text columns."""
+def check_rows(spec, dataset, name: str, tokenizer, cache: dict | None = None) -> None:
+    """Tokenize the text columns of the first rows as the run reads them: after a row-mapper
+    ``formatting_func`` (taken from ``cache``, where run_fit keeps the mapped data, so the user's
+    function is not called again), or with TRL's string form applied here."""
     if dataset is None:
         return
+    mapper = spec.formatting_func
+    if mapper is not None and cache is not None:
+        from rapidfire_nb.engine.formatting import formatted, uses_text_form
+
+        if not uses_text_form(spec, cache, dataset):
+            dataset, mapper = formatted(spec, dataset, cache, name), None
     n = min(len(dataset), ROWS_CHECKED)
     for i in range(n):
         row = dict(dataset[i])
-        if spec.formatting_func is not None:
+        if mapper is not None:
             try:
                 out = spec.formatting_func(copy.deepcopy(row))
             except Exception as exc:  # noqa: BLE001 - the user's function: say where it broke
@@ -117,7 +125,7 @@ def _tokenize(text: str, where: str, tokenizer) -> None:
         raise ConfigError(f"{where} cannot be tokenized: {type(exc).__name__}: {exc}") from exc
 
 
-def check_before_training(specs, bases_for, train_dataset, eval_dataset) -> None:
+def check_before_training(specs, bases_for, train_dataset, eval_dataset, cache: dict | None = None) -> None:
     """Every check above, for every run; ``bases_for(spec)`` gives the loaded base (model,
     tokenizer). Raises the first ``ConfigError``, naming the run."""
     from rapidfire_nb import automl
@@ -132,7 +140,7 @@ def check_before_training(specs, bases_for, train_dataset, eval_dataset) -> None
             key = (spec.base_key(), id(spec.formatting_func))
             if key not in done_rows:
                 done_rows.add(key)
-                check_rows(spec, train_dataset, "train_dataset", tokenizer)
-                check_rows(spec, eval_dataset, "eval_dataset", tokenizer)
+                check_rows(spec, train_dataset, "train_dataset", tokenizer, cache)
+                check_rows(spec, eval_dataset, "eval_dataset", tokenizer, cache)
         except ConfigError as exc:
             raise ConfigError(f"run {i}: {exc}") from exc
