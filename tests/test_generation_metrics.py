@@ -185,10 +185,15 @@ def test_bad_eval_columns_for_compute_metrics_are_refused_by_run_fit(tmp_path):
     train = make_dpo_dataset(8)
     evald = make_dpo_dataset(2)
     args = RFDPOConfig(learning_rate=1e-3, per_device_train_batch_size=4, bf16=False, max_length=48)
-    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=args,
-                        compute_metrics=recording_metrics([]), generation_config={"max_new_tokns": 2})
-    exp = Experiment("gen-bad", experiment_path=tmp_path)
+    # a bad generation_config key is refused when the config is built (issue 15), as clone_modify does
     with pytest.raises(ConfigError, match="max_new_tokns"):
+        RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=args,
+                      compute_metrics=recording_metrics([]), generation_config={"max_new_tokns": 2})
+    # a value transformers refuses is caught by run_fit, before anything trains
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=args,
+                        compute_metrics=recording_metrics([]), generation_config={"max_new_tokens": -2})
+    exp = Experiment("gen-bad", experiment_path=tmp_path)
+    with pytest.raises(ConfigError, match="generation_config"):
         exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, evald)
     assert exp.engine is None
     exp.end()
