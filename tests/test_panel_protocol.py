@@ -431,10 +431,10 @@ def invalid_messages(draw):
         msg[key] = draw(json_any)
     elif kind == "bad_field":
         field = "since" if msg["type"] == "pull" else "run_id"
-        low = 0 if field == "since" else 1
+        low, high = (0, proto.MAX_SEQ) if field == "since" else (1, proto.MAX_RUN_ID)
         msg[field] = draw(st.one_of(
-            hostile_leaf.filter(lambda v: not (isinstance(v, int) and not isinstance(v, bool) and low <= v <= 10**9)),
-            st.integers(max_value=low - 1), st.integers(min_value=2**54)))
+            hostile_leaf.filter(lambda v: not (isinstance(v, int) and not isinstance(v, bool) and low <= v <= high)),
+            st.integers(max_value=low - 1), st.integers(min_value=high + 1)))
     elif kind == "not_a_dict":
         return draw(st.one_of(hostile_leaf, st.lists(json_any, max_size=3))), None
     elif kind == "bad_request_id":
