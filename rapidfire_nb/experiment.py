@@ -296,10 +296,18 @@ class Experiment:
         stored = R.check_runs_json(read_json(self.store.runs_path, {}), self.store.runs_path)
         for rid in range(1, len(specs) + 1):
             stored.setdefault(rid, {"status": R.PENDING, "parent_run_id": None, "warm_start": False})
+        from rapidfire_nb.engine.lifecycle import ENDED_REASON
+
         created: set[int] = set()
         logged_chunks: set[tuple] = set()
         logged_metrics: set[tuple] = set()
+        self._stopped_by_end: set[int] = set()   # by end(wait=False), not by the user: they go on
         for ev in self.events.since(0):
+            if ev["type"] == "run_status":
+                if ev["status"] == R.STOPPED and ev.get("reason") == ENDED_REASON:
+                    self._stopped_by_end.add(ev["run_id"])
+                else:
+                    self._stopped_by_end.discard(ev["run_id"])
             if ev["type"] == "run_created":
                 created.add(ev["run_id"])
             elif ev["type"] == "chunk_done":
@@ -351,6 +359,8 @@ class Experiment:
             setattr(rec, key, info.get(key, getattr(rec, key)))
         status = info.get("status", R.PENDING)
         reason = "restored after restart"
+        if status == R.STOPPED and rid in self._stopped_by_end:
+            status, reason = R.PENDING, "continued: it was stopped only because the experiment ended"
         if status == R.FAILED and failed_by_the_disk(rec.error):
             status, reason = R.PENDING, "retried from its last intact checkpoint after a checkpoint write failure"
             rec.error = None
@@ -424,8 +434,8 @@ class Experiment:
         ``wait=True`` (default, as RapidFire notebooks call it right after ``run_fit``): first
         waits for every pending and running run to finish, printing progress. ``wait=False``: runs
         not finished stop at their next chunk boundary and are marked ``stopped`` (their
-        checkpoints stay: ``Experiment(name, resume=True)`` plus the same ``run_fit`` call and
-        ``resume(run_id)`` continue them). No run is left ``running`` either way.
+        checkpoints stay: ``Experiment(name, resume=True)`` plus the same ``run_fit`` call
+        continues them; runs the user stopped stay stopped). No run is left ``running`` either way.
         """
         global _current
         if self._ended:

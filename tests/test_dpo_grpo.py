@@ -487,7 +487,7 @@ def test_grpo_resumes_from_checkpoints_to_the_same_result(grpo_data, tmp_path):
     while sum(ev["type"] == "chunk_done" for ev in part.events.since(0)) < 3:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    part.end(wait=False)   # stop the runs at their next chunk boundary, as a dead kernel would leave them
+    part.end(wait=False)   # end() would wait for the runs to finish
     done_before = sum(ev["type"] == "chunk_done" for ev in part.events.since(0))
     assert done_before < 6, "the experiment should have been interrupted"
 

@@ -213,8 +213,10 @@ def test_warm_clone_starts_where_its_parent_is(cloned):
     assert warm_first[0] == branch_chunk + 1
     assert [(c["epoch"], c["chunk"]) for c in events(exp, "chunk_done", run_id=2)] == [(0, 2), (0, 3), (1, 0), (1, 1)]
     created = events(exp, "run_created", run_id=2)[0]
-    assert created["base_samples_seen"] == 0 and created["total_steps"] - created["base_step"] == 8
-    assert warm_first[1] == 16 and branch_samples == 32
+    assert created["total_steps"] - created["base_step"] == 8
+    # its curve continues the parent's samples-seen axis from the branch point
+    assert created["base_samples_seen"] == branch_samples
+    assert warm_first[1] == branch_samples + 16
     # its curve picks up at the parent's loss, far from where an untrained adapter is
     # (a LoRA on a random tiny base learns slowly: ~0.1 nats in 4 steps, but deterministically)
     gap = abs(initial_like - parent_latest)

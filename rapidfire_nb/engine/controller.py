@@ -257,6 +257,8 @@ class Engine:
                 rec.step_offset = plan.chunk_start_step(0, parent.chunk)
                 rec.completed_steps = rec.step_offset
                 rec.total_steps = total + rec.step_offset
+                # its curves continue the parent's samples-seen axis from the branch point
+                rec.samples_seen = parent.samples_seen
             self.runs[rid] = rec
             if emit:
                 self.events.append(

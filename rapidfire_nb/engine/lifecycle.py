@@ -10,6 +10,9 @@ import time
 
 from rapidfire_nb.engine import runs as R
 
+# the run_status reason that tells a resumed experiment these runs are to continue
+ENDED_REASON = "experiment ended before the run finished"
+
 
 def _progress(engine) -> tuple[int, int, int]:
     with engine.lock:
@@ -25,23 +28,22 @@ def wait_with_progress(engine, stream=None, every_s: float = 5.0) -> bool:
     most every ``every_s`` seconds). False if the engine thread died with runs still active."""
     stream = stream if stream is not None else sys.stdout
     last_line, last_t = None, 0.0
-    timeout = 0.0   # first look without waiting: runs still active get a line at once
+    if not engine.busy():
+        return True
     while True:
-        if engine.wait(timeout=timeout):
-            break
-        timeout = 1.0
-        t = engine.thread
-        if (t is None or not t.is_alive()) and engine.ops.empty():
-            return False    # nothing will move these runs; end() stops them
         active, done, total = _progress(engine)
         line = f"end(): waiting for {active} run(s) to finish: {done}/{total} steps done"
         now = time.monotonic()
-        if line != last_line and now - last_t >= every_s or last_line is None:
+        if last_line is None or (line != last_line and now - last_t >= every_s):
             print(line, file=stream, flush=True)
             last_line, last_t = line, now
-    if last_line is not None:
-        active, done, total = _progress(engine)
-        print(f"end(): every run finished ({done}/{total} steps)", file=stream, flush=True)
+        if engine.wait(timeout=1.0):
+            break
+        t = engine.thread
+        if (t is None or not t.is_alive()) and engine.ops.empty():
+            return False    # nothing will move these runs; end() stops them
+    active, done, total = _progress(engine)
+    print(f"end(): every run finished ({done}/{total} steps)", file=stream, flush=True)
     return True
 
 
@@ -56,6 +58,6 @@ def mark_unfinished_stopped(engine) -> list[int]:
             if rec.completed_steps >= rec.total_steps:   # its last chunk is on disk already
                 engine._set_status(rec, R.COMPLETED, reason="finished as the experiment ended")
             else:
-                engine._set_status(rec, R.STOPPED, reason="experiment ended before the run finished")
+                engine._set_status(rec, R.STOPPED, reason=ENDED_REASON)
                 stopped.append(rec.run_id)
     return stopped
