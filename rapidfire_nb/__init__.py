@@ -5,7 +5,10 @@
     from rapidfire_nb.automl import List, RFModelConfig, RFLoraConfig, RFSFTConfig, RFGridSearch
 """
 
+from rapidfire_nb._compat import check_versions
 from rapidfire_nb._version import __version__
+
+check_versions()   # TRL/transformers/peft/accelerate/datasets within the tested ranges, or a clear ImportError
 
 __all__ = ["Experiment", "__version__", "load_ipython_extension", "unload_ipython_extension"]
 
