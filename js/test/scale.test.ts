@@ -9,9 +9,12 @@ import {
   isCollapsible,
   isPruned,
   lttb,
-  MAX_DRAWN_POINTS,
+  MAX_TRACE_POINTS,
+  POINT_BUDGET,
+  tracePointLimit,
   PALETTE,
   planChart,
+  planIsEmpty,
   runColor,
   runDash,
   runShown,
@@ -138,28 +141,71 @@ describe("chart plans at scale", () => {
   }
 
   it("appends while a run has few points, then replaces its trace with a bounded downsample", () => {
-    const { state, next } = runWithSteps(MAX_DRAWN_POINTS);
+    const { state, next } = runWithSteps(MAX_TRACE_POINTS);
     const book = createChartBook("train", "loss");
-    expect(planChart(state, book).traces[0].x).toHaveLength(MAX_DRAWN_POINTS);
-    ingest(state, [{ seq: next, type: "metric", run_id: 1, split: "train", step: MAX_DRAWN_POINTS + 1, metrics: { loss: 0 } }]);
+    expect(planChart(state, book).traces[0].x).toHaveLength(MAX_TRACE_POINTS);
+    ingest(state, [{ seq: next, type: "metric", run_id: 1, split: "train", step: MAX_TRACE_POINTS + 1, metrics: { loss: 0 } }]);
     const plan = planChart(state, book);
     expect(plan.extend.indices).toEqual([]);
     expect(plan.replace.indices).toEqual([0]);
-    expect(plan.replace.x[0]).toHaveLength(MAX_DRAWN_POINTS);
-    expect(plan.replace.x[0][MAX_DRAWN_POINTS - 1]).toBe(MAX_DRAWN_POINTS + 1);
+    expect(plan.replace.x[0]).toHaveLength(MAX_TRACE_POINTS);
+    expect(plan.replace.x[0][MAX_TRACE_POINTS - 1]).toBe(MAX_TRACE_POINTS + 1);
   });
 
-  it("never sends more than MAX_DRAWN_POINTS for a 10,000-step run, and all points when zoomed in", () => {
+  it("redraws a downsampled trace once new points fill a bucket, and a zoomed one only for points in range", () => {
+    const { state, next } = runWithSteps(5000);
+    const book = createChartBook("train", "loss");
+    planChart(state, book);
+    // 5,000 points in 1,000: a bucket holds 5 points.
+    let seqNo = next;
+    let step = 5000;
+    const add = () => ingest(state, [{ seq: seqNo++, type: "metric", run_id: 1, split: "train", step: ++step, metrics: { loss: 0.1 } }]);
+    const replaced: boolean[] = [];
+    for (let i = 0; i < 10; i++) {
+      add();
+      replaced.push(planChart(state, book).replace.indices.length > 0);
+    }
+    expect(replaced).toEqual([false, false, false, false, true, false, false, false, false, true]);
+    // The redraw that comes includes every point logged meanwhile (none is lost).
+    book.range = [100, 200];
+    planChart(state, book);
+    add();
+    expect(planIsEmpty(planChart(state, book))).toBe(true); // step 5011 is outside the zoom
+    book.range = [100, 6000];
+    planChart(state, book);
+    add();
+    expect(planChart(state, book).replace.indices).toEqual([0]);
+  });
+
+  it("shares a fixed point budget between the traces of a chart", () => {
+    expect(tracePointLimit(1)).toBe(MAX_TRACE_POINTS);
+    expect(tracePointLimit(48)).toBe(200);
+    for (const n of [4, 16, 48]) expect(n * tracePointLimit(n)).toBeLessThanOrEqual(Math.max(POINT_BUDGET, 4 * MAX_TRACE_POINTS));
+    // 48 runs of 2,000 steps: a full redraw draws 200 points per run, not 2,000.
+    const state = createState();
+    const events: WireEvent[] = [];
+    let q = 0;
+    for (let id = 1; id <= 48; id++) {
+      events.push({ seq: ++q, type: "run_created", run_id: id } as WireEvent);
+      for (let s = 1; s <= 2000; s++) events.push({ seq: ++q, type: "metric", run_id: id, split: "train", step: s, metrics: { loss: 1 / s } });
+    }
+    ingest(state, events);
+    const plan = planChart(state, createChartBook("train", "loss"));
+    expect(plan.traces).toHaveLength(48);
+    expect(plan.traces.every((t) => t.x.length === 200)).toBe(true);
+  });
+
+  it("never sends more than MAX_TRACE_POINTS for a 10,000-step run, and all points when zoomed in", () => {
     const { state } = runWithSteps(10000);
     const book = createChartBook("train", "loss");
     const first = planChart(state, book);
-    expect(first.traces[0].x.length).toBe(MAX_DRAWN_POINTS);
+    expect(first.traces[0].x.length).toBe(MAX_TRACE_POINTS);
     book.range = [5000, 5100];
     const zoom = planChart(state, book);
     expect(zoom.reset).toBe(true);
     expect(zoom.traces[0].x).toHaveLength(103);
     book.range = null;
-    expect(planChart(state, book).traces[0].x).toHaveLength(MAX_DRAWN_POINTS);
+    expect(planChart(state, book).traces[0].x).toHaveLength(MAX_TRACE_POINTS);
   });
 });
 
