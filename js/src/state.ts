@@ -466,8 +466,11 @@ export function headerCounts(state: PanelState): [string, RunStatus][] {
     const waiting = active - (!state.ended && c.running > 0 ? 1 : 0);
     if (waiting > 0) out.push([`${waiting} waiting`, "pending"]);
   }
+  const pruned = [...state.runs.values()].filter(isPruned).length;
   for (const s of ["stopped", "completed", "failed", "deleted"] as RunStatus[]) {
-    if (c[s] > 0) out.push([`${c[s]} ${s}`, s]);
+    const n = s === "stopped" ? c[s] - pruned : c[s];
+    if (n > 0) out.push([`${n} ${s}`, s]);
+    if (s === "stopped" && pruned > 0) out.push([`${pruned} pruned`, "stopped"]);
   }
   return out;
 }

@@ -5,6 +5,7 @@ import {
   createState,
   drawnPoints,
   effectiveSort,
+  headerCounts,
   ingest,
   isCollapsible,
   isPruned,
@@ -253,6 +254,12 @@ describe("run table at scale", () => {
     // An explicit sort puts runs without the value last, whatever the direction.
     expect(sortRuns(live(), { column: "eval", descending: true }, "eval_loss")).toEqual([3, 1, 2, 6]);
     expect(sortRuns(live(), { column: "eval", descending: false }, "eval_loss")).toEqual([2, 1, 3, 6]);
+  });
+
+  it("counts pruned runs apart from stopped ones in the header", () => {
+    const state = table();
+    ingest(state, [{ seq: 11, type: "run_status", run_id: 1, status: "stopped", reason: "stopped by user", has_error: false }]);
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["2 waiting", "1 stopped", "1 pruned", "1 deleted"]);
   });
 
   it("hides stopped, pruned and deleted runs only when asked", () => {
