@@ -507,6 +507,11 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     if (orderKey !== shownOrder) {
       shownOrder = orderKey;
       tbody.replaceChildren(...order.map((id) => (id === "group" ? groupRow : rows.get(id as number)!.tr)));
+      // A row taken out from under the pointer never gets its mouseleave.
+      if (hoverRun !== null && !order.includes(hoverRun)) {
+        hoverRun = null;
+        emphasizeAll();
+      }
     }
     const hiddenCount = all.length - shown.length;
     hiddenNote.textContent = hiddenCount ? `${hiddenCount} run${hiddenCount > 1 ? "s" : ""} hidden` : "";
