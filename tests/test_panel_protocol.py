@@ -613,3 +613,54 @@ def test_real_experiment_driven_from_the_panel(tmp_path):
     assert not panel._publisher.is_alive()
     # After end() the view can still pull the whole log.
     assert pull_all(wire)[-1]["type"] == "experiment_end"
+
+
+# ---------------------------------------------------------------------------------------------
+# scale (issue 20): 48 runs, thousands of steps
+
+
+def test_pruned_runs_are_flagged_on_the_wire_and_their_error_stays_in_python(wire, exp):
+    exp.events.append("run_status", run_id=1, status="stopped", error=None, reason="pruned at chunk 2 (median rule)")
+    exp.events.append("run_status", run_id=2, status="stopped", error="Pruned at chunk 1: below the median", reason=None)
+    exp.events.append("run_status", run_id=3, status="stopped", error=None, reason="stopped by user")
+    exp.events.append("run_status", run_id=3, status="pending", error=None, reason="pruned at chunk 1, resumed by user")
+    statuses = [e for e in pull_all(wire) if e["type"] == "run_status"][-4:]
+    assert [e.get("pruned", False) for e in statuses] == [True, True, False, False]
+    assert all("error" not in e for e in statuses)
+
+
+def test_history_is_sent_once_at_48_runs(exp):
+    """The publisher pushes each event once, pulls from the view's last seq are empty, and the
+    snapshot trait does not grow with the steps logged: nothing the view holds is sent again."""
+    for run_id in range(4, 49):
+        exp._create(run_id, parent=None, knobs={"training_args.learning_rate": run_id * 1e-4})
+    panel = Panel(exp)
+    w = Wire(panel)
+    try:
+        start = exp.events.last_seq
+        snapshot_sizes = []
+        for round_ in range(5):
+            step0 = round_ * 40
+            exp.events.extend(
+                ("metric", dict(run_id=r, split="train", step=s, samples_seen=8 * s, epoch=0, chunk=0,
+                                metrics={"loss": 1.0 / s}))
+                for r in range(1, 49) for s in range(step0 + 1, step0 + 41)
+            )
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                pushed = [e["seq"] for m in w.pushes() for e in m["events"]]
+                if pushed and pushed[-1] == exp.events.last_seq:
+                    break
+                time.sleep(0.05)
+            panel._refresh_snapshot()
+            snapshot_sizes.append(len(str(panel.snapshot)))
+        pushed = [e["seq"] for m in w.pushes() for e in m["events"]]
+        assert pushed == list(range(start + 1, exp.events.last_seq + 1)), "an event was pushed twice or never"
+        assert exp.events.last_seq - start == 5 * 48 * 40
+        # A view that holds everything asks for nothing and gets nothing.
+        reply = w.ask({"type": "pull", "since": exp.events.last_seq, "request_id": "p"})
+        assert reply["ok"] and reply["events"] == [] and reply["more"] is False
+        # The snapshot carries statuses, not history: as big after 9,600 steps as after 1,920.
+        assert len(set(snapshot_sizes)) == 1, snapshot_sizes
+    finally:
+        panel.close()

@@ -35,6 +35,15 @@ import {
   progressFraction,
   stepText,
   runColor,
+  runShown,
+  isCollapsible,
+  isPruned,
+  effectiveSort,
+  sortRuns,
+  lowerIsBetter,
+  type SortColumn,
+  type SortKey,
+  type StatusFilters,
   STATUS_COLORS,
   timeSplitFigure,
   type ChartBook,
@@ -72,11 +81,10 @@ function themeLayout(root: HTMLElement): Record<string, unknown> {
     paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)",
     font: { color, size: 11 },
-    // The legend sits above the plot, where it grows with the number of runs (plotly widens the
-    // top margin for it) instead of running into the x-axis title below.
+    // No legend: with dozens of runs it would take the chart's space. Hovering a curve names its
+    // run, the table's colour swatches are the key, and hovering a row highlights its curves.
     margin: { l: 48, r: 8, t: 8, b: 36 },
-    showlegend: true,
-    legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: { size: 10 } },
+    showlegend: false,
     hovermode: "closest",
     // From zero: a chart whose runs have one point each still gets a readable axis (0..x).
     xaxis: { gridcolor: "rgba(128,128,128,0.2)", zeroline: false, rangemode: "tozero" },
@@ -84,14 +92,18 @@ function themeLayout(root: HTMLElement): Record<string, unknown> {
   };
 }
 
-function toPlotlyTrace(t: TraceSpec, xLabel: string, metric: string): Record<string, unknown> {
+function toPlotlyTrace(t: TraceSpec, split: "train" | "eval", xLabel: string, metric: string): Record<string, unknown> {
   return {
+    // plotly.js-basic has no scattergl; bounded point counts (LTTB) keep SVG lines fast instead.
     type: "scatter",
-    mode: "lines+markers",
+    // Train curves have a point per step: markers would be thousands of SVG nodes. Eval curves
+    // have one point per chunk, and the markers show where the evaluations are.
+    mode: split === "train" ? "lines" : "lines+markers",
     name: t.name,
     x: t.x,
     y: t.y,
-    line: { color: t.color, width: 2, dash: t.dash },
+    opacity: t.faded ? 0.35 : 1,
+    line: { color: t.color, width: 1.5, dash: t.dash },
     marker: { color: t.color, size: 4 },
     hovertemplate: `${t.name}<br>${xLabel} %{x}<br>${metric} %{y:.5g}<extra></extra>`,
     meta: { runId: t.runId },
@@ -108,6 +120,21 @@ interface Chart {
   options: string[];
   /** The metric shown until the user picks another (when some run logs it). */
   preferred: string;
+  /** The visibility/opacity/width last applied to the traces (skip identical restyles). */
+  emphasisKey: string;
+  listening: boolean;
+}
+
+/** One update's cost in the browser, as the browser test reads it from the panel element. */
+interface UpdateTiming {
+  events: number;
+  runs: number;
+  /** ingest (state) + render (DOM and Plotly) work, excluding the wait for an animation frame. */
+  workMs: number;
+  ingestMs: number;
+  renderMs: number;
+  /** From the message's arrival to the charts being drawn, the frame wait included. */
+  wallMs: number;
 }
 
 function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }>): () => void {
@@ -139,6 +166,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const chart: Chart = {
       book: createChartBook(split, null), div, waiting, select, xLabel, queue: Promise.resolve(), options: [], preferred,
+      emphasisKey: "", listening: false,
     };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
@@ -155,7 +183,18 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const thead = h("thead");
   const tbody = h("tbody");
   table.append(thead, tbody);
-  root.append(h("div", { class: "rf-table-wrap" }, [table]));
+  const filterBox = h("div", { class: "rf-filters", "data-testid": "rf-filters" }, ["hide:"]);
+  for (const s of ["stopped", "pruned", "deleted"] as (keyof StatusFilters)[]) {
+    const box = h("input", { type: "checkbox", "data-filter": s });
+    box.addEventListener("change", () => {
+      hide[s] = box.checked;
+      scheduleRender({ charts: true, table: true });
+    });
+    filterBox.append(h("label", { title: `hide ${s} runs in the charts and the table` }, [box, ` ${s}`]));
+  }
+  const hiddenNote = h("span", { class: "rf-note", "data-testid": "rf-hidden-note" });
+  filterBox.append(hiddenNote);
+  root.append(filterBox, h("div", { class: "rf-table-wrap" }, [table]));
   const messages = h("div", { class: "rf-messages", "data-testid": "rf-messages" });
   root.append(messages);
 
@@ -193,6 +232,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       if (disposed) return;
       const what = pendingRender;
       pendingRender = { charts: false, table: false, time: false, header: false };
+      const renderStart = performance.now();
       try {
         if (what.header) renderHeader();
         if (what.charts) renderCharts();
@@ -200,6 +240,17 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         if (what.time) renderTimeSplit();
       } catch (err) {
         say(`panel render error: ${String(err)}`, "error");
+      }
+      if (update !== null) {
+        const u = update;
+        update = null;
+        void Promise.all(charts.map((c) => c.queue)).then(() => {
+          const end = performance.now();
+          recordTiming({
+            events: u.events, runs: state.runs.size, ingestMs: u.ingestMs, renderMs: end - renderStart,
+            workMs: u.ingestMs + (end - renderStart), wallMs: end - u.start,
+          });
+        });
       }
     };
     // Background tabs throttle requestAnimationFrame to nothing; a timeout keeps state current.
@@ -255,26 +306,91 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     // double-click zooms out without it.
     const config = { displaylogo: false, responsive: true, displayModeBar: false };
     let p: Promise<unknown> = Promise.resolve();
+    const split = chart.book.split;
+    if (plan.reset || plan.add.length) chart.emphasisKey = "";
     if (plan.reset) {
-      p = p.then(() => Plotly.react(chart.div, plan.traces.map((t) => toPlotlyTrace(t, chart.xLabel, metric)), layout, config));
-      return p;
+      p = p.then(() => Plotly.react(chart.div, plan.traces.map((t) => toPlotlyTrace(t, split, chart.xLabel, metric)), layout, config));
+      return p.then(() => listen(chart));
     }
     if (plan.add.length) {
-      p = p.then(() => Plotly.addTraces(chart.div, plan.add.map((t) => toPlotlyTrace(t, chart.xLabel, metric))));
+      p = p.then(() => Plotly.addTraces(chart.div, plan.add.map((t) => toPlotlyTrace(t, split, chart.xLabel, metric))));
+    }
+    if (plan.replace.indices.length) {
+      p = p.then(() => Plotly.restyle(chart.div, { x: plan.replace.x, y: plan.replace.y }, plan.replace.indices));
     }
     if (plan.extend.indices.length) {
       const update = { x: plan.extend.x, y: plan.extend.y as number[][] };
       p = p.then(() => Plotly.extendTraces(chart.div, update, plan.extend.indices));
     }
     if (plan.restyle.indices.length) {
-      const names = plan.restyle.indices.map((i) => {
-        const id = chart.book.order[i];
-        const run = state.runs.get(id);
-        return run && run.status === "deleted" ? `run ${id} (deleted)` : `run ${id}`;
-      });
-      p = p.then(() => Plotly.restyle(chart.div, { "line.dash": plan.restyle.dash, name: names }, plan.restyle.indices));
+      // Fading itself is applied with the emphasis (below), which knows about hover and pins.
+      chart.emphasisKey = "";
+      p = p.then(() => Plotly.restyle(chart.div, { name: plan.restyle.name }, plan.restyle.indices));
     }
     return p;
+  }
+
+  /** Zoom follows plotly's relayout events: a range redraws at full resolution inside it. */
+  function listen(chart: Chart): void {
+    const div = chart.div as unknown as { on?: (ev: string, fn: (d: any) => void) => void };
+    if (chart.listening || typeof div.on !== "function") return;
+    chart.listening = true;
+    div.on("plotly_relayout", (ev: Record<string, unknown>) => {
+      let range: [number, number] | null | undefined;
+      const r0 = ev["xaxis.range[0]"], r1 = ev["xaxis.range[1]"], r = ev["xaxis.range"];
+      if (typeof r0 === "number" && typeof r1 === "number") range = [r0, r1];
+      else if (Array.isArray(r) && typeof r[0] === "number" && typeof r[1] === "number") range = [r[0], r[1]];
+      else if (ev["xaxis.autorange"] === true) range = null;
+      if (range === undefined) return;
+      chart.book.range = range;
+      scheduleRender({ charts: true });
+    });
+    div.on("plotly_hover", (d: { points?: { curveNumber: number }[] }) => {
+      const id = chart.book.order[d.points?.[0]?.curveNumber ?? -1];
+      for (const [rid, row] of rows) row.tr.classList.toggle("rf-hot", rid === id);
+    });
+    div.on("plotly_unhover", () => {
+      for (const row of rows.values()) row.tr.classList.remove("rf-hot");
+    });
+  }
+
+  // --- emphasis: hover a row to highlight its curves, click to pin, swatch to hide, filters ------
+  let hoverRun: number | null = null;
+  const pinned = new Set<number>();
+  const hiddenRuns = new Set<number>();
+  const hide: StatusFilters = { stopped: false, pruned: false, deleted: false };
+
+  function emphasize(chart: Chart): void {
+    const order = chart.book.order;
+    if (chart.book.drawnMetric === null || order.length === 0) return;
+    const focus = new Set(pinned);
+    if (hoverRun !== null) focus.add(hoverRun);
+    const visible: boolean[] = [];
+    const opacity: number[] = [];
+    const width: number[] = [];
+    for (const id of order) {
+      const run = state.runs.get(id);
+      visible.push(!!run && runShown(run, hide) && !hiddenRuns.has(id));
+      const faded = run ? isCollapsible(run) : false;
+      if (focus.size > 0) {
+        opacity.push(focus.has(id) ? 1 : 0.12);
+        width.push(focus.has(id) ? 3 : 1.5);
+      } else {
+        opacity.push(faded ? 0.35 : 1);
+        width.push(1.5);
+      }
+    }
+    const key = JSON.stringify([visible, opacity, width]);
+    if (key === chart.emphasisKey) return;
+    chart.emphasisKey = key;
+    const indices = order.map((_, i) => i);
+    chart.queue = chart.queue
+      .then(() => Plotly.restyle(chart.div, { visible, opacity, "line.width": width }, indices))
+      .catch(() => { chart.emphasisKey = ""; });
+  }
+
+  function emphasizeAll(): void {
+    for (const c of charts) emphasize(c);
   }
 
   function renderCharts(): void {
@@ -290,6 +406,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
           say(`chart error: ${String(err)}`, "error");
         });
     }
+    emphasizeAll();
   }
 
   // --- the run table, keyed by run id so buttons stay put while rows update ------------------
@@ -312,6 +429,26 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   }
   const rows = new Map<number, Row>();
   let columnsKey = "";
+  let sortKey: SortKey = { column: "auto", descending: false };
+  const sortHeads = new Map<SortColumn, HTMLTableCellElement>();
+  let groupOpen = false;
+  const groupRow = h("tr", { class: "rf-group-row", "data-testid": "rf-group" });
+  const groupCell = h("td");
+  groupRow.append(groupCell);
+  groupRow.addEventListener("click", () => {
+    groupOpen = !groupOpen;
+    scheduleRender({ table: true });
+  });
+  let shownOrder = "";
+
+  function headerClicked(column: SortColumn): void {
+    const metric = evalChart.book.metric;
+    const current = effectiveSort(state, sortKey, metric);
+    // First click: the column's natural "best first" order; a second click reverses it.
+    const natural = column === "eval" ? metric !== null && !lowerIsBetter(metric) : column === "progress";
+    sortKey = current.column === column ? { column, descending: !current.descending } : { column, descending: natural };
+    scheduleRender({ table: true });
+  }
 
   function renderTable(): void {
     const knobs = knobColumns(state);
@@ -320,32 +457,97 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const key = JSON.stringify([knobs, metric, lineage]);
     if (key !== columnsKey) {
       columnsKey = key;
-      const heads: [string, string][] = [
-        ["run", ""], ["status", ""], ["", "Stop · Resume · Delete · Clone"],
-        ...knobs.map((k): [string, string] => [readableKnob(k), k]),
-        ["progress", "optimizer steps, and the last chunk trained"], ["train loss", "latest training loss"],
-        [metric ?? "eval", `latest ${metric ?? "eval metric"} (and the best so far)`],
-        ...(lineage ? [["parent", "the run this one was cloned from"] as [string, string]] : []),
+      const heads: [string, string, SortColumn | null][] = [
+        ["run", "", "id"], ["status", "", "status"], ["", "Stop · Resume · Delete · Clone", null],
+        ...knobs.map((k): [string, string, null] => [readableKnob(k), k, null]),
+        ["progress", "optimizer steps, and the last chunk trained", "progress"],
+        ["train loss", "latest training loss", "loss"],
+        [metric ?? "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
+        ...(lineage ? [["parent", "the run this one was cloned from", null] as [string, string, null]] : []),
       ];
-      thead.replaceChildren(h("tr", {}, heads.map(([t, title]) => h("th", title ? { text: t, title } : { text: t }))));
+      sortHeads.clear();
+      thead.replaceChildren(h("tr", {}, heads.map(([t, title, col]) => {
+        const th = h("th", title ? { text: t, title } : { text: t });
+        if (col !== null) {
+          th.classList.add("rf-sortable");
+          th.dataset.sort = col;
+          th.title = `${title ? `${title}. ` : ""}Click to sort`;
+          th.addEventListener("click", () => headerClicked(col));
+          sortHeads.set(col, th);
+        }
+        return th;
+      })));
+      groupCell.colSpan = heads.length;
       rows.clear();
       tbody.replaceChildren();
+      shownOrder = "";
     }
-    for (const run of [...state.runs.values()].sort((a, b) => a.id - b.id)) {
+    const sort = effectiveSort(state, sortKey, metric);
+    for (const [col, th] of sortHeads) {
+      th.dataset.sorted = col === sort.column ? (sort.descending ? "desc" : "asc") : "";
+    }
+    const all = [...state.runs.values()];
+    const shown = all.filter((r) => runShown(r, hide));
+    const main = sortRuns(shown.filter((r) => !isCollapsible(r)), sort, metric);
+    const folded = shown.filter((r) => isCollapsible(r)).sort((a, b) => a.id - b.id);
+    for (const run of all) {
       let row = rows.get(run.id);
       if (!row) {
         row = makeRow(run, knobs, lineage);
         rows.set(run.id, row);
-        tbody.append(row.tr);
       }
       updateRow(row, run, knobs, metric);
     }
+    const nPruned = folded.filter((r) => isPruned(r)).length;
+    const nDeleted = folded.length - nPruned;
+    const parts = [nPruned ? `${nPruned} pruned` : "", nDeleted ? `${nDeleted} deleted` : ""].filter(Boolean).join(" · ");
+    groupCell.textContent = `${groupOpen ? "▾" : "▸"} ${parts} (click to ${groupOpen ? "fold" : "show"})`;
+    const order = [...main, ...(folded.length ? ["group"] : []), ...(groupOpen ? folded.map((r) => r.id) : [])];
+    const orderKey = order.join(",");
+    if (orderKey !== shownOrder) {
+      shownOrder = orderKey;
+      tbody.replaceChildren(...order.map((id) => (id === "group" ? groupRow : rows.get(id as number)!.tr)));
+      // A row taken out from under the pointer never gets its mouseleave.
+      if (hoverRun !== null && !order.includes(hoverRun)) {
+        hoverRun = null;
+        emphasizeAll();
+      }
+    }
+    const hiddenCount = all.length - shown.length;
+    hiddenNote.textContent = hiddenCount ? `${hiddenCount} run${hiddenCount > 1 ? "s" : ""} hidden` : "";
   }
 
   function makeRow(run: RunState, knobs: string[], lineage: boolean): Row {
     const tr = h("tr", { "data-run-id": String(run.id) });
-    const swatch = h("span", { class: "rf-swatch" });
+    const swatch = h("span", {
+      class: "rf-swatch", "data-testid": "rf-swatch",
+      title: `run ${run.id}: click to hide or show its curves; click the row to pin them`,
+    });
     swatch.style.background = runColor(run.id);
+    swatch.style.borderColor = runColor(run.id);
+    swatch.addEventListener("click", (ev) => {
+      ev.stopPropagation();
+      if (hiddenRuns.has(run.id)) hiddenRuns.delete(run.id);
+      else hiddenRuns.add(run.id);
+      swatch.classList.toggle("rf-swatch-off", hiddenRuns.has(run.id));
+      emphasizeAll();
+    });
+    tr.addEventListener("mouseenter", () => {
+      hoverRun = run.id;
+      emphasizeAll();
+    });
+    tr.addEventListener("mouseleave", () => {
+      if (hoverRun === run.id) hoverRun = null;
+      emphasizeAll();
+    });
+    tr.addEventListener("click", (ev) => {
+      // Buttons and form fields in the row do their own thing.
+      if ((ev.target as HTMLElement).closest("button, input, select, a")) return;
+      if (pinned.has(run.id)) pinned.delete(run.id);
+      else pinned.add(run.id);
+      tr.classList.toggle("rf-pinned", pinned.has(run.id));
+      emphasizeAll();
+    });
     const status = h("span", { class: "rf-status", "data-testid": "rf-status" });
     const knobCells = knobs.map(() => h("span", { class: "rf-clip" }));
     const progressBar = h("span");
@@ -658,6 +860,11 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       `swap ${pct(fig.values.swap[0])} · other ${pct(fig.values.other[0])} (overhead ${(fig.overhead * 100).toFixed(1)}%)`;
     const colors = { train: "#1a7f37", eval: "#0b61a4", swap: "#b58900", other: "#8a8a8a" };
     const rowsRev = [...fig.rows].reverse();
+    // Each run's label carries its chart colour, so the time split reads with the same key.
+    const tickText = rowsRev.map((r) => {
+      const id = Number(r.replace(/^run /, ""));
+      return Number.isInteger(id) && r.startsWith("run ") ? `<span style="color:${runColor(id)}">■</span> ${r}` : r;
+    });
     const data = fig.categories.map((c) => ({
       type: "bar",
       orientation: "h",
@@ -671,19 +878,36 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const layout = {
       ...base,
       barmode: "stack",
-      height: 70 + 22 * fig.rows.length,
+      // 22 px a row for a few runs; thinner bars at 48 runs rather than a chart a screen tall.
+      height: 70 + Math.max(10, Math.min(22, 500 / fig.rows.length)) * fig.rows.length,
       margin: { l: 70, r: 8, t: 4, b: 30 },
       legend: { orientation: "h", y: 1.15, font: { size: 10 } },
+      showlegend: true,
       xaxis: { ...(base.xaxis as object), title: { text: "seconds", font: { size: 11 } } },
+      yaxis: { ...(base.yaxis as object), tickmode: "array", tickvals: rowsRev, ticktext: tickText },
     };
     void Plotly.react(timeDiv, data, layout, { displaylogo: false, displayModeBar: false, responsive: true });
   }
 
   // --- protocol: push, pull, snapshot -----------------------------------------------------------
   let lastPushAt = 0;
+  let update: { start: number; ingestMs: number; events: number } | null = null;
+  const timings: UpdateTiming[] = [];
+  // The browser test reads these off the panel element (performance.now() around each update).
+  (root as unknown as { rfTimings: UpdateTiming[] }).rfTimings = timings;
+  function recordTiming(t: UpdateTiming): void {
+    timings.push(t);
+    if (timings.length > 500) timings.splice(0, timings.length - 500);
+  }
   function absorb(events: unknown, lastSeq: unknown): void {
+    const t0 = performance.now();
     noteKnownSeq(state, lastSeq);
     const r = ingest(state, events);
+    if (r.applied > 0) {
+      if (update === null) update = { start: t0, ingestMs: 0, events: 0 };
+      update.ingestMs += performance.now() - t0;
+      update.events += r.applied;
+    }
     scheduleRender({
       header: true,
       charts: r.applied > 0,

@@ -47,6 +47,8 @@ export interface RunState {
   chunk: number | null;
   hasError: boolean;
   reason: string | null;
+  /** Stopped by a pruner (the event's `pruned` field or "pruned" in its reason/error). */
+  pruned: boolean;
   /** Latest value of every metric (train and eval), by metric name. */
   latest: Record<string, number | null>;
   /** Best value of every metric so far (see `lowerIsBetter`). */
@@ -156,6 +158,7 @@ function newRun(id: number): RunState {
     chunk: null,
     hasError: false,
     reason: null,
+    pruned: false,
     latest: {},
     best: {},
     train: {},
@@ -297,6 +300,8 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       if (status && (STATUSES as string[]).includes(status)) run.status = status as RunStatus;
       run.hasError = ev.has_error === true || (typeof ev.error === "string" && ev.error.length > 0);
       run.reason = str(ev.reason);
+      run.pruned = run.status === "stopped"
+        && (ev.pruned === true || isPrunedText(run.reason) || isPrunedText(str(ev.error)));
       break;
     }
     case "metric": {
@@ -461,8 +466,11 @@ export function headerCounts(state: PanelState): [string, RunStatus][] {
     const waiting = active - (!state.ended && c.running > 0 ? 1 : 0);
     if (waiting > 0) out.push([`${waiting} waiting`, "pending"]);
   }
+  const pruned = [...state.runs.values()].filter(isPruned).length;
   for (const s of ["stopped", "completed", "failed", "deleted"] as RunStatus[]) {
-    if (c[s] > 0) out.push([`${c[s]} ${s}`, s]);
+    const n = s === "stopped" ? c[s] - pruned : c[s];
+    if (n > 0) out.push([`${n} ${s}`, s]);
+    if (s === "stopped" && pruned > 0) out.push([`${pruned} pruned`, "stopped"]);
   }
   return out;
 }
@@ -492,15 +500,196 @@ export function defaultMetric(names: Set<string>, preferred: string): string | n
   return all.length ? all[0] : null;
 }
 
-const PALETTE = [
-  "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-  "#393b79", "#ad494a", "#637939", "#7b4173", "#3182bd",
+/**
+ * Run colours: tab10, then colours picked greedily for the largest CIELAB distance to those already
+ * chosen (light ones left out: they vanish on a white background). Any two of the 24 are at least
+ * ΔE76 27 apart (js/test/colors.test.ts checks it). Runs past 24 reuse the colours with a dash style,
+ * so 96 runs have distinct (colour, dash) pairs; hovering and pinning tell the rest apart.
+ */
+export const PALETTE = [
+  "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+  "#bcbd22", "#17becf", "#000000", "#000075", "#f032e6", "#005a32", "#a6761d", "#f99379",
+  "#dcbeff", "#c2b280", "#7a0177", "#e7298a", "#393b79", "#b3446c", "#800000", "#e6ab02",
 ];
+export type Dash = "solid" | "dash" | "dot" | "dashdot";
+const DASHES: Dash[] = ["solid", "dash", "dot", "dashdot"];
 
-/** One colour per run id, the same in every chart and in the table. */
+function paletteIndex(runId: number): number {
+  return (((runId - 1) % PALETTE.length) + PALETTE.length) % PALETTE.length;
+}
+
+/** One colour per run id, the same in every chart, the table and the time split. */
 export function runColor(runId: number): string {
-  return PALETTE[(((runId - 1) % PALETTE.length) + PALETTE.length) % PALETTE.length];
+  return PALETTE[paletteIndex(runId)];
+}
+
+/** The line style that tells apart runs sharing a colour (run 1 and run 25). */
+export function runDash(runId: number): Dash {
+  const round = Math.floor(Math.max(0, runId - 1) / PALETTE.length);
+  return DASHES[round % DASHES.length];
+}
+
+/**
+ * A pruned run: `stopped` by a pruner, which says so in the run's reason (or error) text, e.g.
+ * "pruned at chunk 2", or with an explicit `pruned` field on the event.
+ */
+export function isPrunedText(text: string | null | undefined): boolean {
+  return typeof text === "string" && /\bpruned\b/i.test(text);
+}
+
+export function isPruned(run: RunState): boolean {
+  return run.status === "stopped" && (run.pruned || isPrunedText(run.reason));
+}
+
+/** Runs the table folds into one group row: pruned and deleted ones. */
+export function isCollapsible(run: RunState): boolean {
+  return run.status === "deleted" || isPruned(run);
+}
+
+export interface StatusFilters {
+  stopped: boolean;
+  pruned: boolean;
+  deleted: boolean;
+}
+
+/** Whether a run's curves and row show under the "hide ..." filters. */
+export function runShown(run: RunState, hide: StatusFilters): boolean {
+  if (run.status === "deleted") return !hide.deleted;
+  if (isPruned(run)) return !hide.pruned;
+  if (run.status === "stopped") return !hide.stopped;
+  return true;
+}
+
+export type SortColumn = "auto" | "id" | "status" | "progress" | "loss" | "eval";
+export interface SortKey {
+  column: SortColumn;
+  /** true: best / largest first, as the column's header arrow shows. */
+  descending: boolean;
+}
+
+/** The value a run sorts by in a metric column; undefined sorts last whatever the direction. */
+function sortValue(run: RunState, column: SortColumn, metric: string | null): number | undefined {
+  switch (column) {
+    case "progress":
+      return progressFraction(run);
+    case "loss":
+      return run.latest["loss"] ?? undefined;
+    case "eval":
+      return metric === null ? undefined : run.best[metric];
+    case "status":
+      return STATUSES.indexOf(run.status);
+    default:
+      return run.id;
+  }
+}
+
+/**
+ * "auto" sorts by the best eval metric (best first) once every live run has one (a ranking with
+ * gaps would put unevaluated runs in arbitrary places), and by run id until then.
+ */
+export function effectiveSort(state: PanelState, key: SortKey, metric: string | null): SortKey {
+  if (key.column !== "auto") return key;
+  const live = [...state.runs.values()].filter((r) => !isCollapsible(r));
+  if (metric !== null && live.length > 0 && live.every((r) => r.best[metric] !== undefined)) {
+    return { column: "eval", descending: !lowerIsBetter(metric) };
+  }
+  return { column: "id", descending: false };
+}
+
+/** Run ids in table order; ties (and missing values, always last) fall back to the run id. */
+export function sortRuns(runs: RunState[], key: SortKey, metric: string | null): number[] {
+  const dir = key.descending ? -1 : 1;
+  return [...runs]
+    .sort((a, b) => {
+      const va = sortValue(a, key.column, metric);
+      const vb = sortValue(b, key.column, metric);
+      if (va === undefined && vb !== undefined) return 1;
+      if (vb === undefined && va !== undefined) return -1;
+      if (va !== undefined && vb !== undefined && va !== vb) return (va - vb) * dir;
+      return a.id - b.id;
+    })
+    .map((r) => r.id);
+}
+
+/**
+ * Largest-Triangle-Three-Buckets (Steinarsson 2013): keeps `threshold` points, first and last
+ * included, choosing in each bucket the point that spans the largest triangle with its neighbours,
+ * so spikes and the curve's shape survive. Points with a null y are dropped (a gap in a
+ * downsampled line means nothing). x must be ascending.
+ */
+export function lttb(x: number[], y: (number | null)[], threshold: number): { x: number[]; y: number[] } {
+  const xs: number[] = [];
+  const ys: number[] = [];
+  for (let i = 0; i < x.length; i++) {
+    const v = y[i];
+    if (v !== null && v !== undefined && Number.isFinite(v)) {
+      xs.push(x[i]);
+      ys.push(v);
+    }
+  }
+  const n = xs.length;
+  if (threshold >= n || threshold < 3) return { x: xs, y: ys };
+  const outX = [xs[0]];
+  const outY = [ys[0]];
+  const every = (n - 2) / (threshold - 2);
+  let a = 0;
+  for (let i = 0; i < threshold - 2; i++) {
+    const start = Math.floor(i * every) + 1;
+    const end = Math.min(Math.floor((i + 1) * every) + 1, n - 1);
+    // Average of the next bucket (the last point for the last bucket).
+    const nStart = end;
+    const nEnd = Math.min(Math.floor((i + 2) * every) + 1, n);
+    let avgX = 0;
+    let avgY = 0;
+    for (let j = nStart; j < nEnd; j++) {
+      avgX += xs[j];
+      avgY += ys[j];
+    }
+    const cnt = Math.max(1, nEnd - nStart);
+    avgX /= cnt;
+    avgY /= cnt;
+    let best = start;
+    let bestArea = -1;
+    for (let j = start; j < end; j++) {
+      const area = Math.abs((xs[a] - avgX) * (ys[j] - ys[a]) - (xs[a] - xs[j]) * (avgY - ys[a]));
+      if (area > bestArea) {
+        bestArea = area;
+        best = j;
+      }
+    }
+    outX.push(xs[best]);
+    outY.push(ys[best]);
+    a = best;
+  }
+  outX.push(xs[n - 1]);
+  outY.push(ys[n - 1]);
+  return { x: outX, y: outY };
+}
+
+/**
+ * What a chart draws of one series: the points inside the zoomed x range (plus one on each side,
+ * so lines run to the edges), downsampled with LTTB to `maxPoints` when there are more. Zoomed in
+ * far enough, that is every logged point.
+ */
+export function drawnPoints(
+  s: Series,
+  range: [number, number] | null,
+  maxPoints: number,
+): { x: number[]; y: (number | null)[]; sampled: boolean } {
+  let lo = 0;
+  let hi = s.x.length;
+  if (range !== null) {
+    while (lo < s.x.length && s.x[lo] < range[0]) lo++;
+    lo = Math.max(0, lo - 1);
+    hi = lo;
+    while (hi < s.x.length && s.x[hi] <= range[1]) hi++;
+    hi = Math.min(s.x.length, hi + 1);
+  }
+  const x = s.x.slice(lo, hi);
+  const y = s.y.slice(lo, hi);
+  if (x.length <= maxPoints) return { x, y, sampled: false };
+  const d = lttb(x, y, maxPoints);
+  return { x: d.x, y: d.y, sampled: true };
 }
 
 export const STATUS_COLORS: Record<RunStatus, string> = {
@@ -522,19 +711,36 @@ export interface TraceSpec {
   color: string;
   x: number[];
   y: (number | null)[];
-  dash: "solid" | "dot";
+  dash: Dash;
+  /** Deleted or pruned: drawn fainter. */
+  faded: boolean;
+}
+
+/**
+ * Points a chart draws in all: what an update costs is one SVG redraw of every trace, so the cost
+ * follows the total (measured in Chromium: ~20 ms at 4 runs x 600 points, ~58 ms at 48 x 600).
+ * Each trace gets an equal share, between MIN and MAX_TRACE_POINTS (LTTB above it).
+ */
+export const POINT_BUDGET = 9600;
+export const MIN_TRACE_POINTS = 200;
+export const MAX_TRACE_POINTS = 1000;
+
+export function tracePointLimit(traces: number): number {
+  return Math.max(MIN_TRACE_POINTS, Math.min(MAX_TRACE_POINTS, Math.floor(POINT_BUDGET / Math.max(1, traces))));
 }
 
 export interface ChartPlan {
-  /** Draw from scratch (first draw or another metric): `traces` is the whole figure. */
+  /** Draw from scratch (first draw, another metric, a new zoom range): `traces` is the whole figure. */
   reset: boolean;
   traces: TraceSpec[];
   /** New traces to add after the existing ones (one per new run). */
   add: TraceSpec[];
-  /** Points to append to existing traces, by trace index. */
+  /** Points to append to existing traces, by trace index (traces drawn at full resolution). */
   extend: { indices: number[]; x: number[][]; y: (number | null)[][] };
-  /** Traces whose line style changed (a run was deleted). */
-  restyle: { indices: number[]; dash: ("solid" | "dot")[] };
+  /** Traces whose drawn points are replaced (downsampled ones that got new points). */
+  replace: { indices: number[]; x: number[][]; y: (number | null)[][] };
+  /** Traces whose name or fading changed (a run was deleted or pruned). */
+  restyle: { indices: number[]; name: string[]; faded: boolean[] };
 }
 
 /** What one chart has drawn: its metric, the run of each trace, points drawn per run. */
@@ -543,16 +749,27 @@ export interface ChartBook {
   metric: string | null;
   drawnMetric: string | null;
   order: number[];
+  /** Logged points of each run already reflected in its trace. */
   drawn: Map<number, number>;
-  dash: Map<number, "solid" | "dot">;
+  /** Runs whose trace holds a downsampled or clipped copy (so new points replace, not append). */
+  sampled: Set<number>;
+  style: Map<number, string>;
+  /** The zoomed x range (null: all); `drawnRange` is the one the traces were drawn for. */
+  range: [number, number] | null;
+  drawnRange: [number, number] | null;
+  maxPoints: number;
 }
 
 export function createChartBook(split: "train" | "eval", metric: string | null = null): ChartBook {
-  return { split, metric, drawnMetric: null, order: [], drawn: new Map(), dash: new Map() };
+  return {
+    split, metric, drawnMetric: null, order: [], drawn: new Map(), sampled: new Set(), style: new Map(),
+    range: null, drawnRange: null, maxPoints: MAX_TRACE_POINTS,
+  };
 }
 
 function traceName(run: RunState): string {
-  return run.status === "deleted" ? `run ${run.id} (deleted)` : `run ${run.id}`;
+  if (run.status === "deleted") return `run ${run.id} (deleted)`;
+  return isPruned(run) ? `run ${run.id} (pruned)` : `run ${run.id}`;
 }
 
 /**
@@ -565,7 +782,8 @@ export function planChart(state: PanelState, book: ChartBook): ChartPlan {
     traces: [],
     add: [],
     extend: { indices: [], x: [], y: [] },
-    restyle: { indices: [], dash: [] },
+    replace: { indices: [], x: [], y: [] },
+    restyle: { indices: [], name: [], faded: [] },
   };
   const metric = book.metric;
   const seriesOf = (run: RunState): Series | undefined =>
@@ -574,68 +792,99 @@ export function planChart(state: PanelState, book: ChartBook): ChartPlan {
     .filter((run) => (seriesOf(run)?.x.length ?? 0) > 0)
     .sort((a, b) => a.id - b.id);
 
-  let mustReset = book.drawnMetric !== metric;
+  const sameRange = JSON.stringify(book.range) === JSON.stringify(book.drawnRange);
+  let mustReset = book.drawnMetric !== metric || !sameRange;
+  // More runs, fewer points each; redraw only when the share moved by a quarter (runs come in
+  // batches as a search expands, so this happens a few times per experiment).
+  const limit = tracePointLimit(runsWithData.length);
+  if (mustReset || Math.abs(limit - book.maxPoints) > 0.25 * book.maxPoints) {
+    mustReset = mustReset || limit !== book.maxPoints;
+    book.maxPoints = limit;
+  }
   if (!mustReset) {
     for (const run of runsWithData) {
       if ((seriesOf(run)?.x.length ?? 0) < (book.drawn.get(run.id) ?? 0)) mustReset = true;
     }
   }
-  const spec = (run: RunState, from: number): TraceSpec => {
+  const styleKey = (run: RunState) => `${traceName(run)}|${isCollapsible(run)}`;
+  const spec = (run: RunState): TraceSpec => {
     const s = seriesOf(run) ?? { x: [], y: [] };
+    const d = drawnPoints(s, book.range, book.maxPoints);
+    if (d.sampled || book.range !== null) book.sampled.add(run.id);
+    else book.sampled.delete(run.id);
+    book.drawn.set(run.id, s.x.length);
     return {
-      runId: run.id,
-      name: traceName(run),
-      color: runColor(run.id),
-      x: s.x.slice(from),
-      y: s.y.slice(from),
-      dash: run.status === "deleted" ? "dot" : "solid",
+      runId: run.id, name: traceName(run), color: runColor(run.id), x: d.x, y: d.y,
+      dash: runDash(run.id), faded: isCollapsible(run),
     };
   };
   if (mustReset) {
     plan.reset = true;
     book.drawnMetric = metric;
+    book.drawnRange = book.range;
     book.order = [];
     book.drawn = new Map();
-    book.dash = new Map();
+    book.sampled = new Set();
+    book.style = new Map();
     for (const run of runsWithData) {
-      const t = spec(run, 0);
-      plan.traces.push(t);
+      plan.traces.push(spec(run));
       book.order.push(run.id);
-      book.drawn.set(run.id, t.x.length);
-      book.dash.set(run.id, t.dash);
+      book.style.set(run.id, styleKey(run));
     }
     return plan;
   }
   for (const run of runsWithData) {
     const s = seriesOf(run)!;
     const idx = book.order.indexOf(run.id);
-    const dash = run.status === "deleted" ? "dot" : "solid";
     if (idx < 0) {
-      const t = spec(run, 0);
-      plan.add.push(t);
+      plan.add.push(spec(run));
       book.order.push(run.id);
-      book.drawn.set(run.id, t.x.length);
-      book.dash.set(run.id, dash);
+      book.style.set(run.id, styleKey(run));
       continue;
     }
     const drawn = book.drawn.get(run.id) ?? 0;
     if (s.x.length > drawn) {
-      plan.extend.indices.push(idx);
-      plan.extend.x.push(s.x.slice(drawn));
-      plan.extend.y.push(s.y.slice(drawn));
-      book.drawn.set(run.id, s.x.length);
+      if (!book.sampled.has(run.id) && book.range === null && s.x.length <= book.maxPoints) {
+        plan.extend.indices.push(idx);
+        plan.extend.x.push(s.x.slice(drawn));
+        plan.extend.y.push(s.y.slice(drawn));
+        book.drawn.set(run.id, s.x.length);
+      } else if (book.sampled.has(run.id) && !newPointsShow(s, drawn, book)) {
+        // Leave the trace as drawn: the picture would move by less than one bucket (about a
+        // pixel), and not touching Plotly is what keeps an update cheap at 48 runs.
+      } else {
+        const t = spec(run);
+        plan.replace.indices.push(idx);
+        plan.replace.x.push(t.x);
+        plan.replace.y.push(t.y);
+      }
     }
-    if (book.dash.get(run.id) !== dash) {
+    if (book.style.get(run.id) !== styleKey(run)) {
       plan.restyle.indices.push(idx);
-      plan.restyle.dash.push(dash);
-      book.dash.set(run.id, dash);
+      plan.restyle.name.push(traceName(run));
+      plan.restyle.faded.push(isCollapsible(run));
+      book.style.set(run.id, styleKey(run));
     }
   }
   return plan;
 }
 
+/**
+ * Whether a downsampled or zoomed trace must be redrawn for the points logged since `drawn`: when
+ * zoomed, only points inside the range show; otherwise once they fill one LTTB bucket
+ * (length / maxPoints points), since fewer change the drawn line by about a pixel.
+ */
+export function newPointsShow(s: Series, drawn: number, book: ChartBook): boolean {
+  if (book.range !== null) {
+    for (let i = drawn; i < s.x.length; i++) if (s.x[i] >= book.range[0] && s.x[i] <= book.range[1]) return true;
+    return false;
+  }
+  return s.x.length - drawn >= Math.max(1, Math.floor(s.x.length / book.maxPoints));
+}
+
 export function planIsEmpty(plan: ChartPlan): boolean {
-  return !plan.reset && plan.add.length === 0 && plan.extend.indices.length === 0 && plan.restyle.indices.length === 0;
+  return !plan.reset && plan.add.length === 0 && plan.extend.indices.length === 0
+    && plan.replace.indices.length === 0 && plan.restyle.indices.length === 0;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -38,13 +38,25 @@ export const CSS = `
   font: inherit; color: var(--rf-fg); background: var(--rf-bg);
   border: 1px solid var(--rf-border); border-radius: 3px; padding: 1px 4px;
 }
-.rf-table-wrap { overflow-x: auto; margin-top: 8px; }
+/* At 48 runs the table scrolls inside its own box (header kept in view), so the charts above and
+   the top runs of the sort stay on screen together. */
+.rf-table-wrap { overflow: auto; margin-top: 4px; max-height: 460px; }
+.rf-table thead th { position: sticky; top: 0; z-index: 1; }
+.rf-table th.rf-sortable { cursor: pointer; }
+.rf-table th[data-sorted=asc]::after { content: " ▲"; font-size: 9px; }
+.rf-table th[data-sorted=desc]::after { content: " ▼"; font-size: 9px; }
+.rf-table tbody tr:hover, .rf-table tbody tr.rf-hot { background: var(--rf-bg2); }
+.rf-table tbody tr.rf-pinned { outline: 2px solid var(--rf-accent); outline-offset: -2px; }
+.rf-group-row td { cursor: pointer; color: var(--rf-fg2); font-style: italic; }
+.rf-filters { display: flex; gap: 10px; align-items: center; margin-top: 6px; font-size: 11px; color: var(--rf-fg2); }
+.rf-filters label { display: inline-flex; gap: 3px; align-items: center; cursor: pointer; }
 .rf-table { border-collapse: collapse; width: 100%; font-size: 12px; }
 .rf-table th, .rf-table td { padding: 2px 4px; border-bottom: 1px solid var(--rf-border); text-align: left; white-space: nowrap; }
 .rf-table th { color: var(--rf-fg2); font-weight: 600; background: var(--rf-bg2); white-space: normal; vertical-align: bottom; }
 .rf-clip { display: inline-block; max-width: 7.5em; overflow: hidden; text-overflow: ellipsis; vertical-align: bottom; }
 .rf-table td.rf-num { text-align: right; font-variant-numeric: tabular-nums; }
-.rf-swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; vertical-align: -1px; }
+.rf-swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; vertical-align: -1px; border: 2px solid; cursor: pointer; }
+.rf-swatch.rf-swatch-off { background: transparent !important; }
 .rf-status { padding: 0 6px; border-radius: 8px; color: #fff; font-size: 11px; }
 .rf-progress { display: inline-block; width: 32px; height: 6px; background: var(--rf-bg2); border: 1px solid var(--rf-border); border-radius: 3px; vertical-align: middle; margin-right: 6px; overflow: hidden; }
 .rf-progress > span { display: block; height: 100%; background: var(--rf-accent); }

@@ -244,7 +244,7 @@ describe("chart plans", () => {
     expect(plan.add).toEqual([]);
   });
 
-  it("redraws when the metric changes and restyles deleted runs", () => {
+  it("redraws when the metric changes and renames and fades deleted runs", () => {
     const state = createState();
     ingest(state, experimentLog());
     const book = createChartBook("eval", "eval_loss");
@@ -258,7 +258,7 @@ describe("chart plans", () => {
     planChart(state, book);
     ingest(state, [{ seq: 22, type: "run_status", run_id: 2, status: "deleted", has_error: false, reason: null }]);
     const restyle = planChart(state, book);
-    expect(restyle.restyle).toEqual({ indices: [1], dash: ["dot"] });
+    expect(restyle.restyle).toEqual({ indices: [1], name: ["run 2 (deleted)"], faded: [true] });
   });
 
   it("uses the same colour for a run everywhere", () => {

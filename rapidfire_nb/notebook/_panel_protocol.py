@@ -252,9 +252,21 @@ def wire_event(event: dict) -> dict:
     if out.get("type") == "run_status":
         error = out.pop("error", None)
         out["has_error"] = bool(error)
+        # The view groups pruned runs apart; the error text that may say so stays here.
+        if out.get("status") == "stopped" and (out.get("pruned") is True or is_pruned_text(out.get("reason"))
+                                               or is_pruned_text(error)):
+            out["pruned"] = True
     elif out.get("type") == "run_created":
         out.pop("config", None)
     return to_json(out)
+
+
+_PRUNED = re.compile(r"\bpruned\b", re.IGNORECASE)
+
+
+def is_pruned_text(text: Any) -> bool:
+    """A pruner stops a run with a reason such as "pruned at chunk 2"; plain words, no codes."""
+    return isinstance(text, str) and _PRUNED.search(text) is not None
 
 
 def batch_events(events: list[dict]) -> tuple[list[dict], bool]:

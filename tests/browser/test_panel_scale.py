@@ -1,0 +1,387 @@
+"""The panel at AutoML scale, in JupyterLab: 4, 16 and 48 runs of 2,000 logged steps, one of 10,000.
+
+The runs are synthetic: engine-shaped events (run_created, run_status, metric, chunk_done, op, in
+the schema of rapidfire_nb/engine/events.py) appended to a real EventLog and shown by the real
+Panel, so the widget protocol and the view are what is under test; training 48 runs of thousands of
+steps on 2 shared cores would take hours. Stop / resume / delete log what the controller logs.
+
+Checked in the browser: every row's Stop button can be scrolled to and is the element under the
+pointer there, the first 20 runs have 20 distinct colours, each curve has its row's colour, no
+legend, the table sorts best eval first and folds pruned + deleted runs into one group, hovering a
+row highlights its curves, clicking its swatch hides them, "hide stopped" hides a stopped run, the
+10,000-step curve is drawn with its share of the point budget (200 points at 48 runs), and at full
+resolution once zoomed in.
+The time the view takes to apply one update (performance.now() around ingest + render, read from
+the panel element) is written to test-output/browser/scale_timings.json for 4, 16 and 48 runs; it is
+a measurement, not an assertion (speed goals belong in `rapidfire bench`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "browser"
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+# js/src/state.ts: a chart draws POINT_BUDGET points in all, at most MAX_TRACE_POINTS a trace.
+POINT_BUDGET, MAX_TRACE_POINTS = 9600, 1000
+UPDATES = 12
+
+SETUP = """\
+import math, time
+from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.errors import OpRefused
+from rapidfire_nb.notebook.panel import Panel
+
+
+class SyntheticRuns:
+    \"\"\"Engine-shaped events for many runs in a real EventLog; the Panel shows them.\"\"\"
+
+    def __init__(self, name, runs, steps, long_run=None, pruned=(), deleted=()):
+        self.name, self.path = name, f"/synthetic/{name}"
+        self.events = EventLog(None)
+        self.status, self.step = {}, {}
+        self.events.append("experiment", name=name, path=self.path, resumed=False)
+        for r in range(1, runs + 1):
+            total = long_run if (long_run and r == 1) else steps
+            self.events.extend([
+                ("run_created", dict(run_id=r, trainer_type="SFT", parent_run_id=None, warm_start=False,
+                                     knobs={"training_args.learning_rate": round(r * 1e-4, 6), "peft_config.r": 8 * (1 + r % 3)},
+                                     total_steps=total + 2000, steps_per_epoch=total + 2000, num_chunks=4,
+                                     base_samples_seen=0)),
+                ("run_status", dict(run_id=r, status="running" if r == 1 else "pending", error=None, reason=None)),
+            ])
+            self.status[r] = "running" if r == 1 else "pending"
+            self._log(r, total)
+        for r in pruned:
+            self._set(r, "stopped", "pruned at chunk 2 (below the median)")
+        for r in deleted:
+            self._set(r, "deleted", "deleted by user")
+
+    @staticmethod
+    def eval_loss(r, s):
+        # Run 9 has the lowest eval loss of 48, whatever its step count.
+        return 1 + ((r * 5 + 3) % 48) / 10 + math.exp(-s / 800)
+
+    def _point(self, r, s):
+        loss = 0.5 + (1 + ((r * 5 + 3) % 48) / 10) * math.exp(-s / 800) + 0.02 * math.sin(s * 0.7 + r)
+        out = [("metric", dict(run_id=r, split="train", step=s, samples_seen=8 * s, epoch=0, chunk=0,
+                               metrics={"loss": loss}))]
+        if s % 100 == 0:
+            out.append(("metric", dict(run_id=r, split="eval", step=s, samples_seen=8 * s, epoch=0, chunk=0,
+                                       metrics={"eval_loss": self.eval_loss(r, s)})))
+        if s % 500 == 0:
+            out.append(("chunk_done", dict(run_id=r, epoch=(s // 500 - 1) // 4, chunk=(s // 500 - 1) % 4, completed_steps=s,
+                                           samples_seen=8 * s, chunks_done=s // 500, train_s=1.0 + r / 48,
+                                           eval_s=0.1, swap_s=0.01, other_s=0.02)))
+        return out
+
+    def _log(self, r, total):
+        for start in range(1, total + 1, 1000):
+            self.events.extend(item for s in range(start, min(total, start + 999) + 1) for item in self._point(r, s))
+        self.step[r] = total
+
+    def step_all(self):
+        \"\"\"One new logged step for every live run, appended at once: one update for the view.\"\"\"
+        items = []
+        for r, status in self.status.items():
+            if status in ("pending", "running"):
+                self.step[r] += 1
+                items += self._point(r, self.step[r])[:1]
+        self.events.extend(items)
+        return len(items)
+
+    def _set(self, r, status, reason):
+        self.status[r] = status
+        self.events.append("run_status", run_id=r, status=status, error=None, reason=reason)
+
+    def _op(self, op, r, allowed, status, reason):
+        if self.status.get(r) not in allowed:
+            raise OpRefused(f"cannot {op} run {r}: it is {self.status.get(r)}")
+        self.events.append("op", op=op, run_id=r, accepted=True, reason=None, new_run_id=None)
+        self._set(r, status, reason)
+
+    def stop(self, r):
+        self._op("stop", r, ("pending", "running"), "stopped", "stopped by user")
+
+    def resume(self, r):
+        self._op("resume", r, ("stopped",), "pending", "resumed by user")
+
+    def delete(self, r):
+        self._op("delete", r, ("pending", "running", "stopped", "completed", "failed"), "deleted", "deleted by user")
+
+    def validate_clone(self, r, changes, warm_start=False):
+        raise OpRefused("synthetic runs have no trainer to clone")
+
+    clone_modify = validate_clone
+
+    def editable_knobs(self, r):
+        raise OpRefused("synthetic runs have no trainer to clone")
+"""
+
+SCENARIOS = {
+    4: "src = SyntheticRuns('scale-4', 4, 2000)\nprint('LAST_SEQ', src.events.last_seq)\nPanel(src)",
+    16: "src = SyntheticRuns('scale-16', 16, 2000)\nprint('LAST_SEQ', src.events.last_seq)\nPanel(src)",
+    48: ("src = SyntheticRuns('scale-48', 48, 2000, long_run=10000, pruned=(45, 46, 47), deleted=(44,))\n"
+         "print('LAST_SEQ', src.events.last_seq)\nPanel(src)"),
+}
+MEASURE = f"for _ in range({UPDATES}):\n    src.step_all()\n    time.sleep(0.8)\nprint('LAST_SEQ', src.events.last_seq)"
+
+# The panel element's own record of update costs (js/src/index.ts, UpdateTiming).
+TIMINGS = "(el) => el.rfTimings.slice()"
+
+CHART_DATA = """(el) => {
+  const gd = el.querySelector('[data-testid=rf-chart-train]');
+  return {
+    legend: gd.querySelector('g.legend') !== null,
+    range: gd.layout && gd.layout.xaxis ? gd.layout.xaxis.range : null,
+    autorange: gd.layout && gd.layout.xaxis ? gd.layout.xaxis.autorange : null,
+    traces: (gd.data || []).map((t) => ({
+      run: t.meta && t.meta.runId, color: t.line.color, dash: t.line.dash, n: t.x.length,
+      x: t.meta && t.meta.runId === 1 ? Array.from(t.x) : null,
+      opacity: t.opacity, visible: t.visible, type: t.type, mode: t.mode,
+    })),
+  };
+}"""
+
+
+def _wait(predicate, timeout: float, what: str, page=None, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    if page is not None:
+        page.screenshot(path=str(OUTPUT / "scale_timeout.png"))
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+DIALOGS: list[str] = []
+
+
+def _dismiss_dialogs(page) -> None:
+    """A loaded machine sometimes gets a JupyterLab dialog (kernel picker, file changed) over the
+    notebook; accept it, and keep its text for the report."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() and dialog.first.is_visible():
+        DIALOGS.append((dialog.first.text_content() or "")[:200])
+        dialog.first.locator(".jp-mod-accept").first.click()
+        dialog.first.wait_for(state="hidden", timeout=10_000)
+
+
+def _run_cell(page, index: int, timeout: float = 120) -> None:
+    _dismiss_dialogs(page)
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    prompt = cell.locator(".jp-InputPrompt")
+    before = (prompt.text_content() or "")
+    for _ in range(3):
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        try:
+            _wait(lambda: (prompt.text_content() or "") != before, 15, f"cell {index} to start")
+            break
+        except AssertionError:
+            continue
+    _wait(lambda: re.search(r"\[\d+\]", (prompt.text_content() or "")) is not None, timeout, f"cell {index} to finish", page)
+
+
+def _last_seq(page, index: int) -> int:
+    text = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea").text_content() or ""
+    match = re.search(r"LAST_SEQ (\d+)", text)
+    assert match, f"cell {index} printed no LAST_SEQ: {text[:500]!r}"
+    return int(match.group(1))
+
+
+def _caught_up(panel, seq: int) -> bool:
+    text = panel.locator("[data-testid=rf-live]").text_content() or ""
+    match = re.search(r"seq (\d+)(?: / (\d+))?", text)
+    return bool(match) and match.group(2) is None and int(match.group(1)) >= seq
+
+
+def _summary(timings: list[dict], runs: int, live: int) -> dict:
+    """Medians over the updates that carried one new step for every live run (a pull can split one)."""
+    full = [t for t in timings if t["events"] == live] or timings
+    work = sorted(t["workMs"] for t in full)
+    wall = sorted(t["wallMs"] for t in full)
+    return {
+        "runs": runs, "updates": len(timings), "updates_with_one_step_per_run": len([t for t in timings if t["events"] == live]),
+        "work_ms_median": round(statistics.median(work), 1), "work_ms_max": round(work[-1], 1),
+        "wall_ms_median": round(statistics.median(wall), 1), "wall_ms_max": round(wall[-1], 1),
+        "all": timings,
+    }
+
+
+def test_panel_at_48_runs_and_10000_steps(lab, browser):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(SETUP)]
+    for n in (4, 16, 48):
+        nb.cells += [nbformat.v4.new_code_cell(SCENARIOS[n]), nbformat.v4.new_code_cell(MEASURE)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, lab.root / "scale.ipynb")
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    results: dict = {"dialogs": DIALOGS}
+    try:
+        page.goto(f"{lab.url}/lab/tree/scale.ipynb?token={lab.token}")
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+        _run_cell(page, 0)
+        for k, n in enumerate((4, 16, 48)):
+            cell = 1 + 2 * k
+            _run_cell(page, cell, timeout=300)
+            seq = _last_seq(page, cell)
+            panel = page.locator("[data-testid=rf-panel]").nth(k)
+            panel.wait_for(timeout=60_000)
+            t0 = time.monotonic()
+            _wait(lambda: _caught_up(panel, seq), 600, f"the {n}-run panel to catch up to seq {seq}", page, interval=1)
+            results[f"catch_up_s_{n}"] = round(time.monotonic() - t0, 1)
+            time.sleep(1.5)  # let the last renders settle before measuring
+            panel.evaluate("(el) => { el.rfTimings.length = 0; }")
+            _run_cell(page, cell + 1, timeout=120)
+            after = _last_seq(page, cell + 1)
+            _wait(lambda: _caught_up(panel, after), 30, "the measured updates to arrive", page)
+            time.sleep(0.5)
+            timings = panel.evaluate(TIMINGS)
+            assert len(timings) >= UPDATES // 2, f"{n} runs: only {len(timings)} updates recorded: {timings}"
+            live = n - 4 if n == 48 else n  # 44 to 47 are deleted or pruned: no new steps
+            assert after - seq == UPDATES * live
+            results[n] = _summary(timings, n, live)
+            (OUTPUT / "scale_timings.json").write_text(json.dumps(results, indent=1))
+
+        # --- the 48-run panel -------------------------------------------------------------------
+        panel = page.locator("[data-testid=rf-panel]").nth(2)
+        panel.scroll_into_view_if_needed()
+        chart = panel.evaluate(CHART_DATA)
+        assert not chart["legend"], "no legend block at 48 runs"
+        by_run = {t["run"]: t for t in chart["traces"]}
+        assert set(by_run) == set(range(1, 49)), sorted(by_run)
+        long_run = by_run[1]
+        # Its share of the budget, set while runs arrived (it moves only when off by a quarter).
+        assert long_run["n"] <= 1.25 * POINT_BUDGET / 48, f"the 10,000-step run draws {long_run['n']} points"
+        assert sum(t["n"] for t in chart["traces"]) <= 1.25 * POINT_BUDGET
+        assert long_run["mode"] == "lines"
+        # the state holds every step (the view's table counts them)
+        assert f"step {10000 + UPDATES}/" in panel.locator('tr[data-run-id="1"]').text_content()
+
+        # Colours: 20 distinct among the first 20 runs; each curve has its row's swatch colour.
+        swatches = panel.evaluate("""(el) => Object.fromEntries([...el.querySelectorAll('tr[data-run-id]')].map(
+            (tr) => [tr.dataset.runId, getComputedStyle(tr.querySelector('[data-testid=rf-swatch]')).borderTopColor]))""")
+
+        def rgb(hex_: str) -> str:
+            v = int(hex_[1:], 16)
+            return f"rgb({v >> 16}, {(v >> 8) & 255}, {v & 255})"
+
+        first20 = [swatches[str(r)] for r in range(1, 21)]
+        assert len(set(first20)) == 20, first20
+        for r in range(1, 44):
+            assert rgb(by_run[r]["color"]) == swatches[str(r)], (r, by_run[r]["color"], swatches[str(r)])
+        assert by_run[25]["color"] == by_run[1]["color"] and by_run[25]["dash"] != by_run[1]["dash"]
+
+        # Table: best eval first; the top rows in view without scrolling; pruned + deleted folded.
+        ids = panel.evaluate("(el) => [...el.querySelectorAll('[data-testid=rf-runs] tbody tr[data-run-id]')].map((tr) => +tr.dataset.runId)")
+        assert ids[0] == 9, ids[:5]
+        assert not {44, 45, 46, 47} & set(ids), ids
+        group = panel.locator("[data-testid=rf-group]")
+        assert "3 pruned" in group.text_content() and "1 deleted" in group.text_content(), group.text_content()
+        wrap_box = panel.evaluate("""(el) => {
+            const wrap = el.querySelector('.rf-table-wrap'); const w = wrap.getBoundingClientRect();
+            const rows = [...wrap.querySelectorAll('tbody tr[data-run-id]')].slice(0, 8).map((tr) => tr.getBoundingClientRect());
+            return {scrollTop: wrap.scrollTop, inside: rows.every((r) => r.top >= w.top && r.bottom <= w.bottom + 0.5),
+                    wrapHeight: w.height, rowHeight: rows[0].height};
+        }""")
+        results["table_48"] = wrap_box
+        assert wrap_box["scrollTop"] == 0 and wrap_box["inside"], wrap_box
+        group.click()
+        _wait(lambda: panel.locator('[data-testid=rf-runs] tbody tr[data-run-id]').count() == 48, 10, "the group to open", page)
+
+        # Every Stop button can be reached: scrolled to, it is the element under the pointer.
+        reach = panel.evaluate("""async (el) => {
+            const out = [];
+            for (const tr of el.querySelectorAll('[data-testid=rf-runs] tbody tr[data-run-id]')) {
+                const b = tr.querySelector('button[data-op=stop]');
+                b.scrollIntoView({block: 'center'});
+                await new Promise((r) => requestAnimationFrame(r));
+                const r = b.getBoundingClientRect();
+                const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+                out.push({run: +tr.dataset.runId, hit: hit === b || b.contains(hit), enabled: !b.disabled});
+            }
+            return out;
+        }""")
+        assert len(reach) == 48
+        assert all(r["hit"] for r in reach), [r for r in reach if not r["hit"]]
+        assert {r["run"] for r in reach if r["enabled"]} == set(range(1, 44)) | {48}, reach
+
+        # Clicking Stop reaches Python; "hide stopped" then hides that run's row and curve.
+        stop48 = panel.locator('tr[data-run-id="48"] button[data-op=stop]')
+        stop48.scroll_into_view_if_needed()
+        stop48.click()
+        _wait(lambda: panel.locator('tr[data-run-id="48"] [data-testid=rf-status]').text_content() == "stopped", 30,
+              "run 48 to be stopped", page)
+        panel.locator('input[data-filter="stopped"]').check()
+        _wait(lambda: panel.locator('tr[data-run-id="48"]').count() == 1 and not panel.locator('tr[data-run-id="48"]').is_visible()
+              or panel.evaluate("(el) => !el.querySelector('[data-testid=rf-runs] tbody').contains(el.querySelector('tr[data-run-id=\"48\"]'))"),
+              10, "run 48's row to be hidden", page)
+        _wait(lambda: {t["run"]: t for t in panel.evaluate(CHART_DATA)["traces"]}[48]["visible"] is False, 10,
+              "run 48's curve to be hidden", page)
+        assert {t["run"]: t for t in panel.evaluate(CHART_DATA)["traces"]}[45]["visible"] is not False
+        panel.locator('input[data-filter="stopped"]').uncheck()
+
+        # Hovering a row highlights its curves; leaving restores them.
+        panel.locator('tr[data-run-id="5"] td').nth(1).hover()
+        _wait(lambda: (lambda t: t[5]["opacity"] == 1 and t[6]["opacity"] < 0.5)(
+            {t["run"]: t for t in panel.evaluate(CHART_DATA)["traces"]}), 10, "run 5 highlighted", page)
+        page.screenshot(path=str(OUTPUT / "scale_48_hover.png"))
+        page.mouse.move(5, 5)
+        _wait(lambda: {t["run"]: t for t in panel.evaluate(CHART_DATA)["traces"]}[6]["opacity"] == 1, 10, "highlight off", page)
+        # The swatch hides a run's curve.
+        panel.locator('tr[data-run-id="2"] [data-testid=rf-swatch]').click()
+        _wait(lambda: {t["run"]: t for t in panel.evaluate(CHART_DATA)["traces"]}[2]["visible"] is False, 10, "run 2 hidden", page)
+
+        # Zoom: a drag over a narrow x range redraws the 10,000-step run at full resolution there.
+        train = panel.locator("[data-testid=rf-chart-train]")
+        train.scroll_into_view_if_needed()
+        drag = train.locator("rect.nsewdrag").first.bounding_box()
+        y = drag["y"] + drag["height"] / 2
+        page.mouse.move(drag["x"] + drag["width"] * 0.50, y)
+        page.mouse.down()
+        page.mouse.move(drag["x"] + drag["width"] * 0.51, y, steps=5)
+        page.mouse.move(drag["x"] + drag["width"] * 0.52, y, steps=5)
+        page.mouse.up()
+
+        def zoomed():
+            c = panel.evaluate(CHART_DATA)
+            xs = next(t["x"] for t in c["traces"] if t["run"] == 1)
+            if not c["range"] or c["autorange"] is True:
+                return None
+            lo, hi = c["range"]
+            inside = [x for x in xs if lo <= x <= hi]
+            return (lo, hi, inside) if inside and inside == list(range(inside[0], inside[-1] + 1)) and len(inside) > 50 else None
+
+        lo, hi, inside = _wait(zoomed, 15, "full-resolution points inside the zoomed range", page)
+        results["zoom_48"] = {"range": [lo, hi], "points_inside": len(inside)}
+        page.screenshot(path=str(OUTPUT / "scale_48_zoom.png"))
+        train.locator("rect.nsewdrag").first.dblclick()
+        _wait(lambda: next(t["n"] for t in panel.evaluate(CHART_DATA)["traces"] if t["run"] == 1) <= 1.25 * POINT_BUDGET / 48,
+              15, "the zoomed-out curve downsampled again", page)
+        panel.screenshot(path=str(OUTPUT / "scale_48_panel.png"))
+        assert errors == [], errors
+    finally:
+        (OUTPUT / "scale_timings.json").write_text(json.dumps(results, indent=1))
+        print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "all"} if isinstance(v, dict) else v)
+                          for k, v in results.items()}, indent=1))
+        context.close()
+        for kernel in lab.api("/api/kernels") or []:
+            lab.api(f"/api/kernels/{kernel['id']}", method="DELETE")
