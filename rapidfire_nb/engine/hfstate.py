@@ -47,7 +47,7 @@ def preserved_accelerate_state():
 
 
 @contextlib.contextmanager
-def fresh_accelerator_state():
+def fresh_accelerator_state(use_cpu: bool = False):
     """Build a trainer inside this: accelerate's process-wide state is forgotten first, so the
     trainer's ``Accelerator`` takes its own run's settings. If the build fails, the state the other
     runs' trainers were using is put back (they go on training)."""
@@ -60,6 +60,12 @@ def fresh_accelerator_state():
             return
         AcceleratorState._reset_state(reset_partial_state=True)
         try:
+            # the trainer's own Accelerator re-creates the state, but TRL trainers log through
+            # accelerate's logger before that (DPOTrainer's loss-config warnings), which raises on
+            # an empty PartialState: give it the device state the run's config resolves to
+            from accelerate.state import PartialState
+
+            PartialState(cpu=bool(use_cpu))
             yield
         except BaseException:
             for cls, state in saved:
