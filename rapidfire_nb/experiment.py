@@ -83,7 +83,10 @@ class Experiment:
     """A named experiment: a folder, an event log, and the runs trained in it.
 
     Args:
-        experiment_name: folder name under ``experiment_path``.
+        experiment_name: folder name under ``experiment_path``. Creating an ``Experiment`` whose
+            folder already holds one starts a new folder ``<name>_2``, ``_3``, ... (one printed
+            line; ``exp.path`` says where); ``resume=True`` continues the old one instead. Opening
+            a folder that a live Experiment holds is refused.
         experiment_path: parent folder (default ``./rapidfire_experiments``).
         resume: continue an existing experiment folder after a dead kernel; call ``run_fit`` with
             the same arguments again (datasets and callables cannot be stored).

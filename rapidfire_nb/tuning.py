@@ -90,7 +90,8 @@ def _optuna():
     try:
         import optuna
     except ImportError:
-        raise ConfigError("RFOptuna needs Optuna: pip install 'rapidfire-nb[optuna]' (or optuna)") from None
+        raise ConfigError("RFOptuna needs Optuna: pip install optuna, or install rapidfire-nb with "
+                          "the [optuna] extra (pip install -e '.[optuna]' from the clone)") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
 

@@ -476,7 +476,7 @@ def test_missing_package_and_unwritable_folder_disable_only_that_tracker(tmp_pat
     assert len(messages) == 2
     assert "tensorboard tracker failed" in messages[0]
     assert "trackio tracker failed" in messages[1] and "ModuleNotFoundError" in messages[1]
-    assert "pip install 'rapidfire-nb[trackio]'" in messages[1]
+    assert "pip install trackio" in messages[1] and "[trackio] extra" in messages[1]
     assert sorted(hub.failures) == ["tensorboard", "trackio"] and hub.names == ["mlflow"]
     mruns = mlflow_runs(exp_path)
     for run_id, expected in rec.expected.items():
