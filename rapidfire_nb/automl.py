@@ -20,8 +20,9 @@ Names and shapes follow RapidFire AI, so its tutorials port by changing one impo
 
 What lives here (public): ``List`` and ``Range`` (grid and random-search axes); ``RFLoraConfig``,
 ``RFSFTConfig``, ``RFDPOConfig``, ``RFGRPOConfig`` (every keyword of the installed PEFT/TRL class,
-validated at construction by building the real object); ``RFModelConfig``; ``RFGridSearch`` and
-``RFRandomSearch``; and the helpers the engine and ``clone_modify`` use on expanded runs:
+validated at construction by building the real object); ``RFModelConfig``; ``RFGridSearch``,
+``RFRandomSearch`` and ``RFOptuna`` (Optuna's ask/tell over chunk-level eval values);
+``RapidFireConfigWarning`` (the category of this module's warnings); and the helpers the engine and ``clone_modify`` use on expanded runs:
 ``apply_changes``, ``editable_knobs``, ``build_training_args``, ``build_lora_config``,
 ``warm_start_conflicts``. TRL/PEFT knowledge lives in ``_automl_backend``; expansion in
 ``_automl_space``.

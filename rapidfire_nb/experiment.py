@@ -638,10 +638,14 @@ class Experiment:
             if self.automl is not None:
                 row["pruning"] = self.automl.reason_for(rec.run_id)
             rows.append(row)
-        return pd.DataFrame(rows)
+        df = pd.DataFrame(rows)
+        # run ids are integers; a column with missing parents would otherwise read 1.0, 2.0
+        df["parent_run_id"] = df["parent_run_id"].astype("Int64")
+        return df
 
     def get_results(self):
-        """Every logged metric, long form: run_id, split, step, samples_seen, epoch, chunk, metric, value."""
+        """Every logged metric, long form: run_id, split, step, samples_seen, epoch, chunk, metric,
+        value, and deleted (True for the metrics of a run deleted since)."""
         import pandas as pd
 
         deleted = set()

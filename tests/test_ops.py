@@ -202,6 +202,8 @@ def test_warm_clone_starts_where_its_parent_is(cloned):
     info = exp.get_runs_info().set_index("run_id")
     assert set(info.status) == {"completed"}
     assert info.loc[2, "parent_run_id"] == 1 and bool(info.loc[2, "warm_start"])
+    # run ids stay integers (not 1.0) with a missing parent shown as <NA>
+    assert str(info["parent_run_id"].dtype) == "Int64" and info["parent_run_id"].isna().loc[1]
     assert info.loc[3, "parent_run_id"] == 1 and not bool(info.loc[3, "warm_start"])
 
     parent = evals(exp, 1)

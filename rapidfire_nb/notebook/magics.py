@@ -407,26 +407,11 @@ def _experiment():
     return exp
 
 
-def _import_peft_quietly() -> None:
-    """peft imports bitsandbytes, whose CPU backend logs a warning at import when the optional
-    ``kernels`` package is missing; with no engine log yet, it lands in a cell as a red box. Import
-    it here, once, with bitsandbytes' logger raised to ERROR for the import only."""
-    import logging
-
-    logger = logging.getLogger("bitsandbytes")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        import peft  # noqa: F401
-    except Exception:  # a broken peft shows its own error where it is used
-        pass
-    finally:
-        logger.setLevel(level)
-
-
 def load_ipython_extension(ipython) -> None:
     """``%load_ext rapidfire`` (or ``rapidfire_nb``): register ``%rapidfire``."""
-    _import_peft_quietly()
+    from rapidfire_nb._quiet import import_peft_quietly
+
+    import_peft_quietly()
     ipython.register_magics(RapidFireMagics)
 
 
