@@ -215,6 +215,10 @@ class Experiment:
             raise ConfigError(f"{type(config_group).__name__}: the objective "
                               f"{config_group.pruning.objective!r} is measured on the eval set "
                               "after every chunk: pass eval_dataset= to run_fit")
+        if needs_driver(config_group):
+            from rapidfire_nb.tuning import check_objective_is_logged
+
+            check_objective_is_logged(config_group, specs)
         automl = driver_for(self, config_group, specs, num_chunks)
         # -------------------------------------------------------------------------------------
         # create_model once per distinct base, in this thread so its errors show here

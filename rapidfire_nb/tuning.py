@@ -264,6 +264,47 @@ def is_done(rec) -> bool:
                                          and rec.completed_steps >= rec.total_steps)
 
 
+# What each trainer logs at every eval without a compute_metrics (engine/trainers.py evaluate():
+# eval_loss plus what TRL's SFTTrainer.compute_loss records in _metrics["eval"]). DPO and GRPO log
+# more (rewards/..., logps/..., one reward per reward function), which depends on TRL and on the
+# config, so for them an objective is checked at run time only, after the first eval.
+SFT_EVAL_METRICS = ("loss", "entropy", "mean_token_accuracy", "aux_loss")
+
+
+def _bare(metric: str) -> str:
+    return metric[len("eval_"):] if metric.startswith("eval_") else metric
+
+
+def check_objective_is_logged(group, specs) -> None:
+    """Refuse, before anything trains, an objective that a run can never log: an SFT run without
+    ``compute_metrics`` logs only SFT_EVAL_METRICS, so a pruner or RFOptuna judging by anything
+    else would never see a value (every trial trained in full, a sampler that learns nothing)."""
+    options = getattr(group, "pruning", None)
+    if options is None:
+        return
+    where = type(group).__name__
+    for _, metric in options.objectives:
+        if _bare(metric) in SFT_EVAL_METRICS:
+            continue
+        blind = [i for i, s in enumerate(specs, 1)
+                 if s.trainer_type == "SFT" and s.compute_metrics is None]
+        if blind:
+            logged = ", ".join(f"eval_{m}" for m in SFT_EVAL_METRICS)
+            raise ConfigError(
+                f"{where}: objective metric {metric!r} is never logged by run(s) "
+                f"{', '.join(map(str, blind[:8]))}{'...' if len(blind) > 8 else ''}: an SFT run "
+                f"without compute_metrics logs only {logged}. Give RFModelConfig a compute_metrics "
+                f"that returns {_bare(metric)!r}, or use one of those (e.g. 'minimize:eval_loss').")
+
+
+def missing_objective(objectives, metrics: dict) -> str | None:
+    """The first objective metric absent from one eval's ``metrics`` (None if all are there)."""
+    for _, metric in objectives:
+        if _metric_value(metrics, metric) is None:
+            return metric
+    return None
+
+
 def _metric_value(metrics: dict, name: str):
     for key in (name, f"eval_{name}"):
         if key in metrics and metrics[key] is not None:
@@ -293,6 +334,9 @@ class ChunkAutoML:
         self.bracket_of_new: dict[int, Any] = {}
         self.tuner = None
         self.seen: dict[int, int] = {}           # run -> chunks done already reported
+        # set once the first eval showed that an objective metric is not logged: the runs were
+        # stopped with this reason, and the driver does nothing more (no ranking, no refills)
+        self.objective_error: str | None = None
         self.initial_ids = list(range(1, len(specs) + 1))
         if self.is_optuna:
             self.tuner = _OptunaTuner(exp, group, specs)
@@ -311,6 +355,7 @@ class ChunkAutoML:
         self.suggestions = {int(k): P.Decision(**v) for k, v in data.get("suggestions", {}).items()}
         self.pruned = {int(k): P.Decision(**v) for k, v in data.get("pruned", {}).items()}
         self.seen = {int(k): v for k, v in data.get("seen", {}).items()}
+        self.objective_error = data.get("objective_error")
 
     def save(self) -> None:
         atomic_write_json(self.state_path, {
@@ -318,6 +363,7 @@ class ChunkAutoML:
             "suggestions": {str(k): vars(v) for k, v in self.suggestions.items()},
             "pruned": {str(k): vars(v) for k, v in self.pruned.items()},
             "seen": {str(k): v for k, v in self.seen.items()},
+            "objective_error": self.objective_error,
         })
 
     def spec_for(self, run_id: int):
@@ -372,6 +418,11 @@ class ChunkAutoML:
             if rec is not None and rec.status in R.ACTIVE:
                 engine.submit(Op("stop", rid, reason=self.pruned[rid].reason))
         self._restop = []
+        if self.objective_error is not None:
+            return
+        if self._objective_absent(engine):
+            self.save()
+            return
         if self.tuner is not None:
             changed |= self.tuner.restore_missing_runs(self)
         for rid, rec in sorted(engine.runs.items()):
@@ -392,6 +443,30 @@ class ChunkAutoML:
             changed |= self.tuner.refill(self)
         if changed:
             self.save()
+
+    def _objective_absent(self, engine) -> bool:
+        """After the first eval of any run: is every objective metric among its eval metrics?
+        If not, stop every unfinished run with a reason that names the metric and what was logged,
+        instead of training the whole budget blind (a pruner that never fires, a sampler that
+        learns nothing: a silent random search)."""
+        from rapidfire_nb.engine.controller import Op
+
+        for rid, rec in sorted(engine.runs.items()):
+            evals = {k: v for k, v in rec.last_metrics.items() if k.startswith("eval_")}
+            if rec.chunks_done < 1 or not evals:
+                continue
+            metric = missing_objective(self.options.objectives, evals)
+            if metric is None:
+                return False
+            self.objective_error = (
+                f"objective {metric!r} is not among the eval metrics of run {rid} "
+                f"({', '.join(sorted(evals))}): a compute_metrics must return it "
+                f"(as {_bare(metric)!r} or 'eval_{_bare(metric)}'); stopped before more training")
+            for other, r in sorted(engine.runs.items()):
+                if r.status in R.ACTIVE and not is_done(r):
+                    engine.submit(Op("stop", other, reason=self.objective_error))
+            return True
+        return False
 
     def _in_units(self, d: P.Decision) -> P.Decision:
         if self.unit == 1:
@@ -449,6 +524,8 @@ class ChunkAutoML:
             return reason
         if run_id in self.suggestions:
             return "suggested: " + self.suggestions[run_id].reason
+        if self.objective_error is not None:
+            return self.objective_error
         return None
 
     def apply_suggestions(self, run_ids=None) -> list[int]:
