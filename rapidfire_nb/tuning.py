@@ -148,6 +148,14 @@ def _automl():
     return automl
 
 
+class _DefaultPruner(str):
+    """RFOptuna's default ``"median"``, told apart from an explicit ``pruner="median"``: only an
+    explicit pruner is an error with several objectives (as in RFGridSearch)."""
+
+
+_DEFAULT_PRUNER = _DefaultPruner("median")
+
+
 def _make_rfoptuna():
     automl = _automl()
 
@@ -160,8 +168,12 @@ def _make_rfoptuna():
         of trials still training and of pruned trials. ``objective`` names any eval metric
         (``"minimize:eval_loss"``, ``"maximize:eval_rougeL"``); several, comma-separated, make a
         multi-objective study: no pruning, and ``exp.get_pareto_front()`` lists the front.
-        ``pruner`` in ``"median"``, ``"hyperband"``, ``"sha"`` or None; rungs are chunks of each
-        run's data stream (``granularity="epoch"``: epochs). Deterministic for ``seed``.
+        ``pruner`` in ``"median"`` (the default), ``"hyperband"``, ``"sha"`` or None; with several
+        objectives the default is None and an explicit pruner is an error. Rungs are chunks of
+        each run's data stream (``granularity="epoch"``: epochs). The space needs at least one
+        ``List`` or ``Range`` axis. ``objective`` may name a metric with or without TRL's
+        ``eval_`` prefix (``"rougeL"`` and ``"eval_rougeL"`` are the same). Deterministic for
+        ``seed``.
 
         Example::
 
@@ -174,7 +186,7 @@ def _make_rfoptuna():
 
         def __init__(self, configs, trainer_type: str = "SFT", n_initial: int = 16, budget: int = 40,
                      objective: str = "minimize:eval_loss", sampler: str = "tpe",
-                     pruner: str | None = "median", seed: int = 42, granularity: str = "chunk", *,
+                     pruner: str | None = _DEFAULT_PRUNER, seed: int = 42, granularity: str = "chunk", *,
                      pruner_mode: str = "stop", reduction_factor: int = 2, min_chunks: int = 1):
             if isinstance(configs, (list, tuple)):
                 configs = automl.List(list(configs))   # RapidFire's RFOptuna takes a plain list
@@ -190,14 +202,21 @@ def _make_rfoptuna():
             if isinstance(seed, bool) or not isinstance(seed, int):
                 raise ConfigError(f"RFOptuna: seed must be an integer, got {seed!r}.")
             objectives = parse_objective(objective, "RFOptuna")
-            if len(objectives) > 1:
-                pruner = None       # no single ranking to prune by
+            if pruner is _DEFAULT_PRUNER:
+                # the default prunes a single objective only; several have no one ranking
+                pruner = None if len(objectives) > 1 else "median"
+            # an explicit pruner with several objectives is refused by PruningOptions below
             self.pruning = PruningOptions("RFOptuna", pruner, pruner_mode, reduction_factor,
                                           min_chunks, objective, granularity)
             self.n_initial, self.budget, self.sampler, self.seed = n_initial, budget, sampler, seed
             self._initial: list[dict] | None = None
             self._study = None     # the experiment's Optuna study, once run_fit attached it
             tree = self._tree()
+            if tree.max_distinct() <= 1:
+                raise ConfigError(
+                    "RFOptuna needs at least one List or Range axis: this space has a single "
+                    "configuration, so every trial would train the same one (use RFGridSearch "
+                    "to train one config).")
             keys = automl._varying([automl._flatten(leaf) for leaf, _ in
                                     zip(tree.corners(), range(512))])
             self._knob_keys = keys

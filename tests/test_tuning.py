@@ -169,12 +169,14 @@ def test_pruner_needs_an_eval_set_and_bad_knobs_are_named(data, tmp_path):
         RFOptuna(cfg, sampler="grid")
 
 
-def optuna_group(seed=3, **kw):
+def optuna_group(seed=3, default_pruner=False, **kw):
     cfg = RFModelConfig(
         model_name="tiny", peft_config=RFLoraConfig(r=List([4, 8]), **LORA),
         training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True), per_device_train_batch_size=8,
                                   num_train_epochs=1, max_length=64))
     base = dict(n_initial=3, budget=6, pruner="sha", seed=seed)
+    if default_pruner:
+        base.pop("pruner")
     base.update(kw)
     return RFOptuna(cfg, trainer_type="SFT", **base)
 
@@ -228,9 +230,11 @@ def test_rfoptuna_refills_freed_slots_within_budget_deterministically(data, tmp_
 
 def test_multi_objective_has_no_pruning_and_a_pareto_front(data, tmp_path):
     train, evald = data
+    with pytest.raises(ConfigError, match="needs a single objective"):   # as RFGridSearch does
+        optuna_group(objective="minimize:eval_loss,minimize:eval_entropy", pruner="sha")
     group = optuna_group(n_initial=4, budget=4, objective="minimize:eval_loss,minimize:eval_entropy",
-                         pruner="sha")
-    assert group.pruning.pruner is None
+                         default_pruner=True)
+    assert group.pruning.pruner is None     # the default "median" needs a single objective
     exp = Experiment("multi", experiment_path=tmp_path)
     exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=3)
     info = exp.get_runs_info()
@@ -516,3 +520,14 @@ def test_an_objective_missing_from_the_first_eval_stops_the_search_with_the_reas
     saved = json.loads((exp.path / "automl.json").read_text())
     assert "rougeL" in saved["objective_error"]
     exp.end()
+
+
+def test_rfoptuna_default_pruner_and_a_space_without_axes(data):
+    assert optuna_group(default_pruner=True).pruning.pruner == "median"
+    assert optuna_group(default_pruner=True, pruner="median").pruning.pruner == "median"
+    fixed = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, **LORA),
+                          training_args=RFSFTConfig(learning_rate=1e-3, max_length=64))
+    with pytest.raises(ConfigError, match="at least one List or Range axis"):
+        RFOptuna(fixed, trainer_type="SFT", n_initial=2, budget=2)
+    with pytest.raises(ConfigError, match="at least one List or Range axis"):
+        RFOptuna(List([fixed]), trainer_type="SFT", n_initial=2, budget=2)
