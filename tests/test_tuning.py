@@ -92,7 +92,9 @@ def test_grid_with_sha_prunes_the_worse_half_at_each_rung_at_equal_samples(data,
     assert reasons[rung1[3]] == "pruned at chunk 1 (rank 4 of 4)"
     from rapidfire_nb.notebook.magics import status_table
 
-    assert status_table(exp).loc[rung1[3], "pruning"] == "pruned at chunk 1 (rank 4 of 4)"
+    table = status_table(exp)
+    assert table.loc[rung1[3], "pruning"] == "pruned at chunk 1 (rank 4 of 4)"
+    assert table.loc[rung2[0], "pruning"] == ""     # never pruned: an empty cell, not NaN
     # a pruned run is an ordinary stopped run: resume it by hand and it trains to the end
     exp.resume(rung1[3])
     exp.wait()
