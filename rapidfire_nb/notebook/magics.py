@@ -46,16 +46,9 @@ USAGE = """\
   results                       every logged metric (long form DataFrame)
   help                          this text"""
 
-# Short names people type for the knobs they change most often.
-ALIASES = {
-    "lr": "learning_rate",
-    "batch_size": "per_device_train_batch_size",
-    "bs": "per_device_train_batch_size",
-    "epochs": "num_train_epochs",
-    "rank": "r",
-    "alpha": "lora_alpha",
-    "dropout": "lora_dropout",
-}
+# Short names people type for the knobs they change most often; shared with the config errors'
+# "Did you mean" (automl)
+from rapidfire_nb._automl_backend import KNOB_ALIASES as ALIASES  # noqa: E402
 WARM_FLAGS = ("--warm-start", "--warm_start", "--warm")
 _SECTIONS = ("training_args", "peft_config", "generation_config", "model_kwargs")
 _MAX_VALUE_CHARS = 10_000
