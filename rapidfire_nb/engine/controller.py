@@ -460,7 +460,7 @@ class Engine:
             rec = self.runs.get(op.run_id)
             ok, reason = True, None
             try:
-                if rec is None:   # a queued clone that was refused when applied
+                if rec is None and op.kind != "add":   # a queued clone refused when applied
                     raise OpRefused(f"run {op.run_id} does not exist (its clone was refused)")
                 if op.kind == "stop":
                     if rec.status in R.ACTIVE:
