@@ -357,8 +357,9 @@ def test_mlflow_and_trackio_name_runs_as_the_panel_does(tmp_path):
     from trackio.sqlite_storage import SQLiteStorage
 
     exp_path = tmp_path / "exp"
-    _track(exp_path, ["mlflow", "trackio"])
-    mruns = mlflow_runs(exp_path)
+    # a project of its own: Trackio's directory is shared by every test of this process
+    _track(exp_path, ["mlflow", "trackio"], name="names")
+    mruns = mlflow_runs(exp_path, "names")
     assert {rid: r.info.run_name for rid, r in mruns.items()} == {i: f"run {i}" for i in range(1, 6)}
     state = trackio_state(exp_path)
     assert state["run_names"] == {str(i): f"run {i}" for i in range(1, 6)}
