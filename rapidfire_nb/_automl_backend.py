@@ -98,6 +98,18 @@ def knob_default(target: Target, name: str) -> Any:
     return None
 
 
+# Short names users type for common knobs (also what ``%rapidfire clone`` accepts).
+KNOB_ALIASES = {
+    "lr": "learning_rate",
+    "batch_size": "per_device_train_batch_size",
+    "bs": "per_device_train_batch_size",
+    "epochs": "num_train_epochs",
+    "rank": "r",
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+}
+
+
 def did_you_mean(name: str, candidates) -> str:
     close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.75)
     if not close:
@@ -231,7 +243,8 @@ def unknown_knob_error(target: Target, name: str) -> ConfigError:
     err = ConfigError(
         f"{target.label}: unknown knob '{name}': {target.qualname} "
         f"({target.module} {library_version(target.module)}) has no such argument."
-        + did_you_mean(name, known))
+        + (f" Did you mean {KNOB_ALIASES[name]!r}?" if KNOB_ALIASES.get(name) in known
+           else did_you_mean(name, known)))
     err.knob = name
     return err
 

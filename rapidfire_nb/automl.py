@@ -20,8 +20,9 @@ Names and shapes follow RapidFire AI, so its tutorials port by changing one impo
 
 What lives here (public): ``List`` and ``Range`` (grid and random-search axes); ``RFLoraConfig``,
 ``RFSFTConfig``, ``RFDPOConfig``, ``RFGRPOConfig`` (every keyword of the installed PEFT/TRL class,
-validated at construction by building the real object); ``RFModelConfig``; ``RFGridSearch`` and
-``RFRandomSearch``; and the helpers the engine and ``clone_modify`` use on expanded runs:
+validated at construction by building the real object); ``RFModelConfig``; ``RFGridSearch``,
+``RFRandomSearch`` and ``RFOptuna`` (Optuna's ask/tell over chunk-level eval values);
+``RapidFireConfigWarning`` (the category of this module's warnings); and the helpers the engine and ``clone_modify`` use on expanded runs:
 ``apply_changes``, ``editable_knobs``, ``build_training_args``, ``build_lora_config``,
 ``warm_start_conflicts``. TRL/PEFT knowledge lives in ``_automl_backend``; expansion in
 ``_automl_space``.
@@ -308,6 +309,9 @@ class _RFConfig:
             if problem:
                 where = " (a value of its List)" if isinstance(value, List) else (
                     " (an end of its Range)" if isinstance(value, Range) else "")
+                if isinstance(value, list) and not isinstance(value, List):
+                    # RapidFire users write a grid axis as List([...]); a bare list is one value
+                    where += f"; to try each value, wrap them in List({value!r})"
                 raise _be.value_error(target, name, candidate, problem, where)
         return value
 
@@ -1092,7 +1096,8 @@ def apply_changes(spec: RunSpec, changes: dict) -> RunSpec:
             continue
         if section not in _EDITABLE_SECTIONS:
             raise ConfigError(f"'{key}' is not an editable knob (editable: {editable})."
-                              + _be.did_you_mean(section, _EDITABLE_SECTIONS + _EDITABLE_TOP))
+                              + (_dotted_hint(key, target, lora)
+                                 or _be.did_you_mean(section, _EDITABLE_SECTIONS + _EDITABLE_TOP)))
         if not rest:
             if section in ("peft_config", "generation_config") and value is None:
                 sections[section] = None
@@ -1138,6 +1143,16 @@ def apply_changes(spec: RunSpec, changes: dict) -> RunSpec:
         knobs=knobs, tokenizer_kwargs=copy.deepcopy(spec.tokenizer_kwargs),
         ref_model_kwargs=copy.deepcopy(spec.ref_model_kwargs), extra=copy.deepcopy(spec.extra),
         reward_funcs=None if spec.reward_funcs is None else list(spec.reward_funcs))
+
+
+def _dotted_hint(key: str, target: _be.Target, lora: _be.Target) -> str:
+    """" Did you mean 'training_args.learning_rate'?" for a short knob name (or an alias such as
+    ``lr``, as ``%rapidfire clone`` accepts) given to ``clone_modify``; "" when it is none."""
+    knob = _be.KNOB_ALIASES.get(key, key)
+    for section, tgt in (("training_args", target), ("peft_config", lora)):
+        if knob in _be.knob_fields(tgt):
+            return f" Did you mean '{section}.{knob}'?"
+    return ""
 
 
 def _check_edit(target: _be.Target, key: str, knob: str, value: Any, nested: str) -> None:

@@ -7,30 +7,43 @@ import sys
 import time
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    # an option whose help says what "not given" means needs no "(default: None)"
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def _demo_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rapidfire demo",
+                                formatter_class=_DefaultsFormatter,
                                 description="Train 4 SFT configs (2 LoRA x 2 learning rates) interleaved, "
                                             "offline on a tiny model, and print a leaderboard. The offline "
                                             "task: answer each animal's colour (a dozen facts); the demo "
                                             "prints what a guess would score, and each run's answers. "
-                                            "About a minute on 2 CPU cores.")
+                                            "About 2 minutes on 2 CPU cores (1.5-3).")
     p.add_argument("--model", default=None, help="a Hugging Face model name (needs the network); "
                                                  "default: a tiny model built offline")
     p.add_argument("--dataset", default=None, help="a Hugging Face dataset name with prompt/completion or "
                                                    "text columns (needs the network); default: synthetic")
-    p.add_argument("--num-chunks", type=int, default=4)
-    p.add_argument("--train-size", type=int, default=512)
-    p.add_argument("--epochs", type=float, default=3)
-    p.add_argument("--lr-high", type=float, default=2e-2)
-    p.add_argument("--lr-low", type=float, default=5e-3)
+    p.add_argument("--num-chunks", type=int, default=4, help="chunks per epoch")
+    p.add_argument("--train-size", type=int, default=512, help="training rows")
+    p.add_argument("--epochs", type=float, default=3, help="epochs (num_train_epochs of every config)")
+    p.add_argument("--lr-high", type=float, default=2e-2,
+                   help="learning rate of the first pair of configs (both LoRA sizes)")
+    p.add_argument("--lr-low", type=float, default=5e-3,
+                   help="learning rate of the second pair of configs (both LoRA sizes)")
     p.add_argument("--path", default="rapidfire_experiments", help="experiment folder parent")
-    p.add_argument("--name", default="demo")
+    p.add_argument("--name", default="demo",
+                   help="experiment folder name (an existing one gets a new '<name>_2' folder)")
     return p
 
 
 def demo(argv: list[str]) -> int:
     args = _demo_parser().parse_args(argv)
     print("rapidfire demo: loading libraries...", flush=True)
+    from rapidfire_nb._quiet import import_peft_quietly
+
+    import_peft_quietly()   # before anything imports peft: no bitsandbytes noise in the output
     from rapidfire_nb import Experiment
     from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
     from rapidfire_nb import demo_data
@@ -109,6 +122,10 @@ def demo(argv: list[str]) -> int:
              if answers else "") + "):")
     print(board.to_string(index=False))
     if answers:
+        print("(eval_loss averages the answer's tokens, the colour and the end-of-text token, over a "
+              f"{len(demo_data.make_tokenizer())}-token vocabulary: a run can put the right colour "
+              "first, so its answer is correct, while still spreading probability over other "
+              "tokens, so its loss stays high. Judge what a run learned by `correct`.)")
         best = int(board.run_id.iloc[0])
         print(f"\nrun {best} answers: " + "; ".join(answers[best][1][:4]))
     split = exp.time_split()
@@ -157,12 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: rapidfire {demo,bench} [options]\n\n"
               "  demo   train 4 configs interleaved on a tiny offline model and print a leaderboard\n"
-              "  bench  compare interleaved training against plain sequential TRL\n")
+              "  bench  compare interleaved training against plain sequential TRL\n\n"
+              "'rapidfire demo --help' and 'rapidfire bench --help' list each command's options.\n")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
         return demo(rest)
     if cmd == "bench":
+        from rapidfire_nb._quiet import import_peft_quietly
+
+        import_peft_quietly()   # before the bench's imports pull peft in
         from rapidfire_nb.bench import main as bench_main
 
         return bench_main(rest)

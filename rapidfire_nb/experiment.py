@@ -83,7 +83,10 @@ class Experiment:
     """A named experiment: a folder, an event log, and the runs trained in it.
 
     Args:
-        experiment_name: folder name under ``experiment_path``.
+        experiment_name: folder name under ``experiment_path``. Creating an ``Experiment`` whose
+            folder already holds one starts a new folder ``<name>_2``, ``_3``, ... (one printed
+            line; ``exp.path`` says where); ``resume=True`` continues the old one instead. Opening
+            a folder that a live Experiment holds is refused.
         experiment_path: parent folder (default ``./rapidfire_experiments``).
         resume: continue an existing experiment folder after a dead kernel; call ``run_fit`` with
             the same arguments again (datasets and callables cannot be stored).
@@ -212,6 +215,10 @@ class Experiment:
             raise ConfigError(f"{type(config_group).__name__}: the objective "
                               f"{config_group.pruning.objective!r} is measured on the eval set "
                               "after every chunk: pass eval_dataset= to run_fit")
+        if needs_driver(config_group):
+            from rapidfire_nb.tuning import check_objective_is_logged
+
+            check_objective_is_logged(config_group, specs)
         automl = driver_for(self, config_group, specs, num_chunks)
         # -------------------------------------------------------------------------------------
         # create_model once per distinct base, in this thread so its errors show here
@@ -635,10 +642,14 @@ class Experiment:
             if self.automl is not None:
                 row["pruning"] = self.automl.reason_for(rec.run_id)
             rows.append(row)
-        return pd.DataFrame(rows)
+        df = pd.DataFrame(rows)
+        # run ids are integers; a column with missing parents would otherwise read 1.0, 2.0
+        df["parent_run_id"] = df["parent_run_id"].astype("Int64")
+        return df
 
     def get_results(self):
-        """Every logged metric, long form: run_id, split, step, samples_seen, epoch, chunk, metric, value."""
+        """Every logged metric, long form: run_id, split, step, samples_seen, epoch, chunk, metric,
+        value, and deleted (True for the metrics of a run deleted since)."""
         import pandas as pd
 
         deleted = set()

@@ -90,7 +90,8 @@ def _optuna():
     try:
         import optuna
     except ImportError:
-        raise ConfigError("RFOptuna needs Optuna: pip install 'rapidfire-nb[optuna]' (or optuna)") from None
+        raise ConfigError("RFOptuna needs Optuna: pip install optuna, or install rapidfire-nb with "
+                          "the [optuna] extra (pip install -e '.[optuna]' from the clone)") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
 
@@ -147,6 +148,14 @@ def _automl():
     return automl
 
 
+class _DefaultPruner(str):
+    """RFOptuna's default ``"median"``, told apart from an explicit ``pruner="median"``: only an
+    explicit pruner is an error with several objectives (as in RFGridSearch)."""
+
+
+_DEFAULT_PRUNER = _DefaultPruner("median")
+
+
 def _make_rfoptuna():
     automl = _automl()
 
@@ -159,8 +168,12 @@ def _make_rfoptuna():
         of trials still training and of pruned trials. ``objective`` names any eval metric
         (``"minimize:eval_loss"``, ``"maximize:eval_rougeL"``); several, comma-separated, make a
         multi-objective study: no pruning, and ``exp.get_pareto_front()`` lists the front.
-        ``pruner`` in ``"median"``, ``"hyperband"``, ``"sha"`` or None; rungs are chunks of each
-        run's data stream (``granularity="epoch"``: epochs). Deterministic for ``seed``.
+        ``pruner`` in ``"median"`` (the default), ``"hyperband"``, ``"sha"`` or None; with several
+        objectives the default is None and an explicit pruner is an error. Rungs are chunks of
+        each run's data stream (``granularity="epoch"``: epochs). The space needs at least one
+        ``List`` or ``Range`` axis. ``objective`` may name a metric with or without TRL's
+        ``eval_`` prefix (``"rougeL"`` and ``"eval_rougeL"`` are the same). Deterministic for
+        ``seed``.
 
         Example::
 
@@ -173,7 +186,7 @@ def _make_rfoptuna():
 
         def __init__(self, configs, trainer_type: str = "SFT", n_initial: int = 16, budget: int = 40,
                      objective: str = "minimize:eval_loss", sampler: str = "tpe",
-                     pruner: str | None = "median", seed: int = 42, granularity: str = "chunk", *,
+                     pruner: str | None = _DEFAULT_PRUNER, seed: int = 42, granularity: str = "chunk", *,
                      pruner_mode: str = "stop", reduction_factor: int = 2, min_chunks: int = 1):
             if isinstance(configs, (list, tuple)):
                 configs = automl.List(list(configs))   # RapidFire's RFOptuna takes a plain list
@@ -189,14 +202,21 @@ def _make_rfoptuna():
             if isinstance(seed, bool) or not isinstance(seed, int):
                 raise ConfigError(f"RFOptuna: seed must be an integer, got {seed!r}.")
             objectives = parse_objective(objective, "RFOptuna")
-            if len(objectives) > 1:
-                pruner = None       # no single ranking to prune by
+            if pruner is _DEFAULT_PRUNER:
+                # the default prunes a single objective only; several have no one ranking
+                pruner = None if len(objectives) > 1 else "median"
+            # an explicit pruner with several objectives is refused by PruningOptions below
             self.pruning = PruningOptions("RFOptuna", pruner, pruner_mode, reduction_factor,
                                           min_chunks, objective, granularity)
             self.n_initial, self.budget, self.sampler, self.seed = n_initial, budget, sampler, seed
             self._initial: list[dict] | None = None
             self._study = None     # the experiment's Optuna study, once run_fit attached it
             tree = self._tree()
+            if tree.max_distinct() <= 1:
+                raise ConfigError(
+                    "RFOptuna needs at least one List or Range axis: this space has a single "
+                    "configuration, so every trial would train the same one (use RFGridSearch "
+                    "to train one config).")
             keys = automl._varying([automl._flatten(leaf) for leaf, _ in
                                     zip(tree.corners(), range(512))])
             self._knob_keys = keys
@@ -263,6 +283,47 @@ def is_done(rec) -> bool:
                                          and rec.completed_steps >= rec.total_steps)
 
 
+# What each trainer logs at every eval without a compute_metrics (engine/trainers.py evaluate():
+# eval_loss plus what TRL's SFTTrainer.compute_loss records in _metrics["eval"]). DPO and GRPO log
+# more (rewards/..., logps/..., one reward per reward function), which depends on TRL and on the
+# config, so for them an objective is checked at run time only, after the first eval.
+SFT_EVAL_METRICS = ("loss", "entropy", "mean_token_accuracy", "aux_loss")
+
+
+def _bare(metric: str) -> str:
+    return metric[len("eval_"):] if metric.startswith("eval_") else metric
+
+
+def check_objective_is_logged(group, specs) -> None:
+    """Refuse, before anything trains, an objective that a run can never log: an SFT run without
+    ``compute_metrics`` logs only SFT_EVAL_METRICS, so a pruner or RFOptuna judging by anything
+    else would never see a value (every trial trained in full, a sampler that learns nothing)."""
+    options = getattr(group, "pruning", None)
+    if options is None:
+        return
+    where = type(group).__name__
+    for _, metric in options.objectives:
+        if _bare(metric) in SFT_EVAL_METRICS:
+            continue
+        blind = [i for i, s in enumerate(specs, 1)
+                 if s.trainer_type == "SFT" and s.compute_metrics is None]
+        if blind:
+            logged = ", ".join(f"eval_{m}" for m in SFT_EVAL_METRICS)
+            raise ConfigError(
+                f"{where}: objective metric {metric!r} is never logged by run(s) "
+                f"{', '.join(map(str, blind[:8]))}{'...' if len(blind) > 8 else ''}: an SFT run "
+                f"without compute_metrics logs only {logged}. Give RFModelConfig a compute_metrics "
+                f"that returns {_bare(metric)!r}, or use one of those (e.g. 'minimize:eval_loss').")
+
+
+def missing_objective(objectives, metrics: dict) -> str | None:
+    """The first objective metric absent from one eval's ``metrics`` (None if all are there)."""
+    for _, metric in objectives:
+        if _metric_value(metrics, metric) is None:
+            return metric
+    return None
+
+
 def _metric_value(metrics: dict, name: str):
     for key in (name, f"eval_{name}"):
         if key in metrics and metrics[key] is not None:
@@ -292,6 +353,9 @@ class ChunkAutoML:
         self.bracket_of_new: dict[int, Any] = {}
         self.tuner = None
         self.seen: dict[int, int] = {}           # run -> chunks done already reported
+        # set once the first eval showed that an objective metric is not logged: the runs were
+        # stopped with this reason, and the driver does nothing more (no ranking, no refills)
+        self.objective_error: str | None = None
         self.initial_ids = list(range(1, len(specs) + 1))
         if self.is_optuna:
             self.tuner = _OptunaTuner(exp, group, specs)
@@ -310,6 +374,7 @@ class ChunkAutoML:
         self.suggestions = {int(k): P.Decision(**v) for k, v in data.get("suggestions", {}).items()}
         self.pruned = {int(k): P.Decision(**v) for k, v in data.get("pruned", {}).items()}
         self.seen = {int(k): v for k, v in data.get("seen", {}).items()}
+        self.objective_error = data.get("objective_error")
 
     def save(self) -> None:
         atomic_write_json(self.state_path, {
@@ -317,6 +382,7 @@ class ChunkAutoML:
             "suggestions": {str(k): vars(v) for k, v in self.suggestions.items()},
             "pruned": {str(k): vars(v) for k, v in self.pruned.items()},
             "seen": {str(k): v for k, v in self.seen.items()},
+            "objective_error": self.objective_error,
         })
 
     def spec_for(self, run_id: int):
@@ -371,6 +437,11 @@ class ChunkAutoML:
             if rec is not None and rec.status in R.ACTIVE:
                 engine.submit(Op("stop", rid, reason=self.pruned[rid].reason))
         self._restop = []
+        if self.objective_error is not None:
+            return
+        if self._objective_absent(engine):
+            self.save()
+            return
         if self.tuner is not None:
             changed |= self.tuner.restore_missing_runs(self)
         for rid, rec in sorted(engine.runs.items()):
@@ -391,6 +462,30 @@ class ChunkAutoML:
             changed |= self.tuner.refill(self)
         if changed:
             self.save()
+
+    def _objective_absent(self, engine) -> bool:
+        """After the first eval of any run: is every objective metric among its eval metrics?
+        If not, stop every unfinished run with a reason that names the metric and what was logged,
+        instead of training the whole budget blind (a pruner that never fires, a sampler that
+        learns nothing: a silent random search)."""
+        from rapidfire_nb.engine.controller import Op
+
+        for rid, rec in sorted(engine.runs.items()):
+            evals = {k: v for k, v in rec.last_metrics.items() if k.startswith("eval_")}
+            if rec.chunks_done < 1 or not evals:
+                continue
+            metric = missing_objective(self.options.objectives, evals)
+            if metric is None:
+                return False
+            self.objective_error = (
+                f"objective {metric!r} is not among the eval metrics of run {rid} "
+                f"({', '.join(sorted(evals))}): a compute_metrics must return it "
+                f"(as {_bare(metric)!r} or 'eval_{_bare(metric)}'); stopped before more training")
+            for other, r in sorted(engine.runs.items()):
+                if r.status in R.ACTIVE and not is_done(r):
+                    engine.submit(Op("stop", other, reason=self.objective_error))
+            return True
+        return False
 
     def _in_units(self, d: P.Decision) -> P.Decision:
         if self.unit == 1:
@@ -448,6 +543,8 @@ class ChunkAutoML:
             return reason
         if run_id in self.suggestions:
             return "suggested: " + self.suggestions[run_id].reason
+        if self.objective_error is not None:
+            return self.objective_error
         return None
 
     def apply_suggestions(self, run_ids=None) -> list[int]:

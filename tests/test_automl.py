@@ -540,3 +540,34 @@ def test_int_log_range_reaches_both_ends_and_stays_inside():
     draws = [r.sample(rng) for _ in range(3000)]
     assert min(draws) == 1 and max(draws) == 64 and all(isinstance(d, int) for d in draws)
     assert sum(d <= 8 for d in draws) > 2 * sum(d > 32 for d in draws)    # log-weighted (linear: 1/4)
+
+
+# -- hints that point at the fix (newcomer review #13) -------------------------------------------
+
+def test_a_plain_list_as_a_knob_value_suggests_a_grid_axis():
+    with pytest.raises(ConfigError, match=r"expects float, got list .*wrap them in List\(\[0\.001, 0\.0001\]\)"):
+        RFSFTConfig(learning_rate=[1e-3, 1e-4])
+    # a list where the knob takes a list is a value, and no hint is given
+    assert RFLoraConfig(target_modules=["q_proj", "v_proj"]).target_modules == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize("cls, alias, knob", [(RFSFTConfig, "lr", "learning_rate"),
+                                              (RFSFTConfig, "epochs", "num_train_epochs"),
+                                              (RFLoraConfig, "rank", "r")])
+def test_short_knob_names_get_the_real_name_suggested(cls, alias, knob):
+    with pytest.raises(ConfigError, match=rf"unknown knob '{alias}'.*Did you mean '{knob}'\?"):
+        cls(**{alias: 1})
+
+
+@pytest.mark.parametrize("key, dotted", [("learning_rate", "training_args.learning_rate"),
+                                         ("lr", "training_args.learning_rate"),
+                                         ("r", "peft_config.r"),
+                                         ("rank", "peft_config.r")])
+def test_clone_changes_with_a_short_knob_name_suggest_the_dotted_one(key, dotted):
+    from rapidfire_nb.automl import apply_changes
+
+    spec = RFGridSearch(RFModelConfig(model_name="m", peft_config=RFLoraConfig(r=4, target_modules=["q_proj"]),
+                                      training_args=RFSFTConfig(learning_rate=1e-3)),
+                        trainer_type="SFT").expand()[0]
+    with pytest.raises(ConfigError, match=rf"'{key}' is not an editable knob .*Did you mean '{dotted}'\?"):
+        apply_changes(spec, {key: 5e-4 if key != "rank" and key != "r" else 8})

@@ -25,7 +25,21 @@ def test_demo_trains_four_configs_and_prints_a_leaderboard(tmp_path):
     assert "correct" in out.split("Leaderboard")[1].splitlines()[1]
     assert all(line.split()[-1].endswith("/12") for line in board), board
     assert "answers: What color is the" in out
+    assert "Judge what a run learned by `correct`" in out
     assert "Traceback" not in proc.stderr
+    # peft's import of bitsandbytes logs this on a CPU without `kernels`; the demo imports it quietly
+    assert "gemm_4bit" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_demo_help_explains_every_option_with_its_default(tmp_path):
+    out = run(["demo", "--help"], tmp_path).stdout
+    assert "About 2 minutes on 2 CPU cores (1.5-3)" in " ".join(out.split())
+    text = " ".join(out.split())
+    for needle in ("chunks per epoch (default: 4)", "training rows (default: 512)",
+                   "(default: 3)", "(default: 0.02)", "(default: 0.005)", "(default: demo)"):
+        assert needle in text, needle
+    assert "(default: None)" not in text
+    assert "each command's options" in run(["--help"], tmp_path).stdout
 
 
 def test_unknown_command_is_a_clear_error(tmp_path):

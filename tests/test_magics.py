@@ -166,6 +166,14 @@ def test_clone_cold_and_warm(exp, shell, capsys):
     assert exp.engine.runs[4].completed_steps == 2 * exp.engine.runs[2].completed_steps
     table = shell.run_line_magic("rapidfire", "status")
     assert table.loc[3, "from"] == "1 (cold)" and table.loc[4, "from"] == "2 (warm)"
+    # progress is what the panel shows: the stream position of each run's last chunk_done event
+    # (a warm clone continues its parent's stream, so its own count of chunks done is not it)
+    last = {}
+    for ev in exp.events.since(0):
+        if ev["type"] == "chunk_done":
+            last[ev["run_id"]] = ev
+    for rid, ev in last.items():
+        assert table.loc[rid, "progress"] == f"epoch {ev['epoch'] + 1} · chunk {ev['chunk'] + 1}/2", rid
 
 
 def test_knobs_lists_the_editable_knobs(exp, shell, capsys):
@@ -348,3 +356,11 @@ def test_load_ext_keeps_library_import_chatter_out_of_the_cell():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "gemm_4bit_forward" not in proc.stderr + proc.stdout
+
+
+def test_progress_before_any_chunk_uses_the_panels_words():
+    # js/src/state.ts chunkText: the same three texts before a run's first chunk_done
+    assert M._chunk_text(None, None, 4, "pending") == "first chunk next"
+    assert M._chunk_text(None, None, 4, "running", True, 3) == "warm start from run 3 · first chunk next"
+    assert M._chunk_text(None, None, 4, "stopped") == "no chunk trained"
+    assert M._chunk_text(1, 0, 4, "completed") == "epoch 2 · chunk 1/4"

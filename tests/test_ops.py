@@ -202,6 +202,8 @@ def test_warm_clone_starts_where_its_parent_is(cloned):
     info = exp.get_runs_info().set_index("run_id")
     assert set(info.status) == {"completed"}
     assert info.loc[2, "parent_run_id"] == 1 and bool(info.loc[2, "warm_start"])
+    # run ids stay integers (not 1.0) with a missing parent shown as <NA>
+    assert str(info["parent_run_id"].dtype) == "Int64" and info["parent_run_id"].isna().loc[1]
     assert info.loc[3, "parent_run_id"] == 1 and not bool(info.loc[3, "warm_start"])
 
     parent = evals(exp, 1)
@@ -223,6 +225,20 @@ def test_warm_clone_starts_where_its_parent_is(cloned):
     assert gap > 0.05, f"the parent did not learn enough to tell warm from cold ({gap})"
     assert abs(warm_first[2] - parent_latest) < 0.02 * gap
     assert abs(initial_like - warm_first[2]) > 0.9 * gap
+
+
+def test_status_shows_a_warm_clones_progress_as_the_panel_does(cloned):
+    """``%rapidfire status`` and the panel (js/src/state.ts chunkText) both show the stream
+    position of the run's last chunk_done event: for the warm clone, which read chunks 3, 4 of
+    epoch 1 then 1, 2 of epoch 2, that is "epoch 2 · chunk 2/4", not its own 4th chunk."""
+    from rapidfire_nb.notebook.magics import status_table
+
+    table = status_table(cloned)
+    for rid in (1, 2, 3, 4):
+        last = events(cloned, "chunk_done", run_id=rid)[-1]
+        assert table.loc[rid, "progress"] == (
+            f"epoch {last['epoch'] + 1} · chunk {last['chunk'] + 1}/{NUM_CHUNKS}"), rid
+    assert table.loc[2, "progress"] == f"epoch 2 · chunk 2/{NUM_CHUNKS}"
 
 
 def test_warm_clone_has_its_own_optimizer_and_schedule(cloned):

@@ -218,11 +218,11 @@ def trackio_state(exp_path: Path) -> dict:
     return json.loads((exp_path / "tracking" / "trackio.json").read_text())["state"]
 
 
-def trackio_points(exp_path: Path, run_id: int) -> dict:
+def trackio_points(exp_path: Path, run_id: int, name: str | None = None) -> dict:
     from trackio.sqlite_storage import SQLiteStorage
 
     state = trackio_state(exp_path)
-    uid = _trackio_uid(exp_path, run_id)
+    uid = _trackio_uid(exp_path, run_id, name)
     out: dict[str, list] = {}
     for row in SQLiteStorage.get_logs(state["project"], run_id=uid):
         for key, value in row.items():
@@ -232,11 +232,11 @@ def trackio_points(exp_path: Path, run_id: int) -> dict:
     return out
 
 
-def _trackio_uid(exp_path: Path, run_id: int) -> str:
+def _trackio_uid(exp_path: Path, run_id: int, name: str | None = None) -> str:
     import hashlib
 
     digest = hashlib.sha1(str(exp_path.resolve()).encode()).hexdigest()
-    return f"rf-{digest[:10]}-run_{run_id}"
+    return f"rf-{digest[:10]}-{name or f'run {run_id}'}"
 
 
 def assert_same_points(actual: dict, expected: dict, where: str):
@@ -336,9 +336,9 @@ def test_all_backends_hold_the_same_metrics_params_and_lifecycle(tmp_path):
     for run_id, lifecycle in LIFECYCLES.items():
         texts = tb_texts(exp_path, run_id, "lifecycle")
         assert [t.split("**")[1] for _, t in texts] == lifecycle
-        alerts = TrackioRun(state["project"], f"run_{run_id}",
+        alerts = TrackioRun(state["project"], f"run {run_id}",
                             run_id=_trackio_uid(exp_path, run_id)).alerts()
-        assert sorted(a["title"] for a in alerts) == sorted(f"run_{run_id} {e}" for e in lifecycle)
+        assert sorted(a["title"] for a in alerts) == sorted(f"run {run_id} {e}" for e in lifecycle)
     # the stop/resume of run 2 happen at the samples it had seen (16, then 32)
     assert [s for s, _ in tb_texts(exp_path, 2, "lifecycle")] == [0, 16, 16, 32]
     config_text = tb_texts(exp_path, 3, "config")[0][1]
@@ -351,6 +351,51 @@ def test_tensorboard_names_runs_as_the_panel_does(tmp_path):
     assert tb_run_name(tmp_path, 3) == "run 3"
     (tmp_path / "run_4").mkdir()  # an experiment written with the old naming keeps its folder
     assert tb_run_name(tmp_path, 4) == "run_4"
+
+
+def test_mlflow_and_trackio_name_runs_as_the_panel_does(tmp_path):
+    from trackio.sqlite_storage import SQLiteStorage
+
+    exp_path = tmp_path / "exp"
+    # a project of its own: Trackio's directory is shared by every test of this process
+    _track(exp_path, ["mlflow", "trackio"], name="names")
+    mruns = mlflow_runs(exp_path, "names")
+    assert {rid: r.info.run_name for rid, r in mruns.items()} == {i: f"run {i}" for i in range(1, 6)}
+    state = trackio_state(exp_path)
+    assert state["run_names"] == {str(i): f"run {i}" for i in range(1, 6)}
+    assert set(SQLiteStorage.get_runs(state["project"])) == {f"run {i}" for i in range(1, 6)}
+
+
+def test_trackio_experiment_with_old_run_names_keeps_them_on_resume(tmp_path, monkeypatch):
+    """A Trackio project written when runs were ``run_<id>`` (tracker state without
+    ``run_names``) continues those runs on resume instead of starting ``run <id>`` twins."""
+    from rapidfire_nb.tracking import trackio_tracker
+
+    exp_path = tmp_path / "exp"
+    events = EventLog(exp_path / "events.jsonl")
+    rec = Recorder(events)
+    with monkeypatch.context() as m:   # the old version: run_<id> and no run_names in the state
+        m.setattr(trackio_tracker, "run_name", lambda run_id: f"run_{run_id}")
+        hub = TrackerHub(events, exp_path, "exp", ["trackio"]).start()
+        rec.phase1()
+        assert hub.flush(120)
+        hub.close()
+    saved = json.loads((exp_path / "tracking" / "trackio.json").read_text())
+    saved["state"].pop("run_names")
+    (exp_path / "tracking" / "trackio.json").write_text(json.dumps(saved))
+    events.close()
+
+    events = EventLog(exp_path / "events.jsonl")
+    rec.events = events
+    hub = TrackerHub(events, exp_path, "exp", ["trackio"]).start()
+    rec.phase2()
+    assert hub.flush(120), hub.failures
+    hub.close()
+    assert trackio_state(exp_path)["run_names"] == {str(i): f"run_{i}" for i in range(1, 6)}
+    for run_id, expected in rec.expected.items():
+        assert_same_points(trackio_points(exp_path, run_id, f"run_{run_id}"), expected,
+                           f"trackio run_{run_id}")
+        assert trackio_points(exp_path, run_id) == {}   # no "run <id>" twin
 
 
 def test_resume_continues_runs_without_duplicates(tmp_path):
@@ -476,7 +521,7 @@ def test_missing_package_and_unwritable_folder_disable_only_that_tracker(tmp_pat
     assert len(messages) == 2
     assert "tensorboard tracker failed" in messages[0]
     assert "trackio tracker failed" in messages[1] and "ModuleNotFoundError" in messages[1]
-    assert "pip install 'rapidfire-nb[trackio]'" in messages[1]
+    assert "pip install trackio" in messages[1] and "[trackio] extra" in messages[1]
     assert sorted(hub.failures) == ["tensorboard", "trackio"] and hub.names == ["mlflow"]
     mruns = mlflow_runs(exp_path)
     for run_id, expected in rec.expected.items():

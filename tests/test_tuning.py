@@ -92,7 +92,9 @@ def test_grid_with_sha_prunes_the_worse_half_at_each_rung_at_equal_samples(data,
     assert reasons[rung1[3]] == "pruned at chunk 1 (rank 4 of 4)"
     from rapidfire_nb.notebook.magics import status_table
 
-    assert status_table(exp).loc[rung1[3], "pruning"] == "pruned at chunk 1 (rank 4 of 4)"
+    table = status_table(exp)
+    assert table.loc[rung1[3], "pruning"] == "pruned at chunk 1 (rank 4 of 4)"
+    assert table.loc[rung2[0], "pruning"] == ""     # never pruned: an empty cell, not NaN
     # a pruned run is an ordinary stopped run: resume it by hand and it trains to the end
     exp.resume(rung1[3])
     exp.wait()
@@ -169,12 +171,14 @@ def test_pruner_needs_an_eval_set_and_bad_knobs_are_named(data, tmp_path):
         RFOptuna(cfg, sampler="grid")
 
 
-def optuna_group(seed=3, **kw):
+def optuna_group(seed=3, default_pruner=False, **kw):
     cfg = RFModelConfig(
         model_name="tiny", peft_config=RFLoraConfig(r=List([4, 8]), **LORA),
         training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True), per_device_train_batch_size=8,
                                   num_train_epochs=1, max_length=64))
     base = dict(n_initial=3, budget=6, pruner="sha", seed=seed)
+    if default_pruner:
+        base.pop("pruner")
     base.update(kw)
     return RFOptuna(cfg, trainer_type="SFT", **base)
 
@@ -228,9 +232,11 @@ def test_rfoptuna_refills_freed_slots_within_budget_deterministically(data, tmp_
 
 def test_multi_objective_has_no_pruning_and_a_pareto_front(data, tmp_path):
     train, evald = data
+    with pytest.raises(ConfigError, match="needs a single objective"):   # as RFGridSearch does
+        optuna_group(objective="minimize:eval_loss,minimize:eval_entropy", pruner="sha")
     group = optuna_group(n_initial=4, budget=4, objective="minimize:eval_loss,minimize:eval_entropy",
-                         pruner="sha")
-    assert group.pruning.pruner is None
+                         default_pruner=True)
+    assert group.pruning.pruner is None     # the default "median" needs a single objective
     exp = Experiment("multi", experiment_path=tmp_path)
     exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=3)
     info = exp.get_runs_info()
@@ -460,3 +466,70 @@ def test_a_clone_enters_its_parents_bracket(data, tmp_path):
     assert notes == ["pruned at chunk 1 (rank 2 of 2)", "pruned at chunk 2 (rank 3 of 3)"]
     assert info.loc[clone, "parent_run_id"] == 2
     exp.end()
+
+
+# -- an objective that is never logged (newcomer review #2) --------------------------------------
+
+def test_an_objective_an_sft_run_cannot_log_is_refused_before_training(data, tmp_path):
+    from rapidfire_nb.tuning import check_objective_is_logged
+
+    train, evald = data
+    group = optuna_group(objective="maximize:rougeL")
+    exp = Experiment("never-logged", experiment_path=tmp_path)
+    with pytest.raises(ConfigError, match=r"'rougeL' is never logged .*compute_metrics"):
+        exp.run_fit(group, tiny_create_model, train, evald, num_chunks=4)
+    assert exp.engine is None and not (exp.path / "automl.json").exists()
+    with pytest.raises(ConfigError, match="'eval_los' is never logged"):   # a typo
+        exp.run_fit(grid(pruner="sha", objective="minimize:eval_los"), tiny_create_model, train,
+                    evald, num_chunks=4)
+    exp.end()
+    # what an SFT run does log, with or without the eval_ prefix, is accepted
+    for objective in ("minimize:loss", "maximize:eval_mean_token_accuracy", "minimize:entropy"):
+        g = grid(pruner="sha", objective=objective)
+        check_objective_is_logged(g, g.expand())
+    # a plain grid has no objective to judge by: nothing to check
+    check_objective_is_logged(grid(), grid().expand())
+
+
+def test_an_objective_missing_from_the_first_eval_stops_the_search_with_the_reason(data, tmp_path):
+    """compute_metrics is there but does not return the objective: known only after the first
+    eval. The runs stop there, each with a reason naming the metric and what was logged, and
+    RFOptuna asks for no more trials (no silent random search over the whole budget)."""
+    train, evald = data
+
+    def metrics_without_rouge(eval_preds):
+        return {"bleu": 0.0}
+
+    cfg = RFModelConfig(
+        model_name="tiny", peft_config=RFLoraConfig(r=List([4, 8]), **LORA),
+        training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True), per_device_train_batch_size=8,
+                                  num_train_epochs=1, max_length=64),
+        compute_metrics=metrics_without_rouge,
+        generation_config={"max_new_tokens": 2, "do_sample": False})
+    group = RFOptuna(cfg, trainer_type="SFT", n_initial=2, budget=6, pruner="sha", seed=3,
+                     objective="maximize:rougeL")
+    exp = Experiment("missing", experiment_path=tmp_path)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=4, seed=3)
+    info = exp.get_runs_info().set_index("run_id")
+    assert sorted(info.index) == [1, 2], "no trial asked beyond the first ones"
+    assert set(info.status) == {"stopped"}
+    assert (info.chunks_done <= 2).all(), info.chunks_done   # not the whole run (4 chunks)
+    reasons = status_reasons(exp)
+    for rid in (1, 2):
+        assert "objective 'rougeL' is not among the eval metrics" in reasons[rid]
+        assert "eval_bleu" in reasons[rid] and "eval_loss" in reasons[rid]
+        assert "compute_metrics must return it" in info.loc[rid, "pruning"]
+    saved = json.loads((exp.path / "automl.json").read_text())
+    assert "rougeL" in saved["objective_error"]
+    exp.end()
+
+
+def test_rfoptuna_default_pruner_and_a_space_without_axes(data):
+    assert optuna_group(default_pruner=True).pruning.pruner == "median"
+    assert optuna_group(default_pruner=True, pruner="median").pruning.pruner == "median"
+    fixed = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, **LORA),
+                          training_args=RFSFTConfig(learning_rate=1e-3, max_length=64))
+    with pytest.raises(ConfigError, match="at least one List or Range axis"):
+        RFOptuna(fixed, trainer_type="SFT", n_initial=2, budget=2)
+    with pytest.raises(ConfigError, match="at least one List or Range axis"):
+        RFOptuna(List([fixed]), trainer_type="SFT", n_initial=2, budget=2)

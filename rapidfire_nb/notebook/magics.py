@@ -46,16 +46,9 @@ USAGE = """\
   results                       every logged metric (long form DataFrame)
   help                          this text"""
 
-# Short names people type for the knobs they change most often.
-ALIASES = {
-    "lr": "learning_rate",
-    "batch_size": "per_device_train_batch_size",
-    "bs": "per_device_train_batch_size",
-    "epochs": "num_train_epochs",
-    "rank": "r",
-    "alpha": "lora_alpha",
-    "dropout": "lora_dropout",
-}
+# Short names people type for the knobs they change most often; shared with the config errors'
+# "Did you mean" (automl)
+from rapidfire_nb._automl_backend import KNOB_ALIASES as ALIASES  # noqa: E402
 WARM_FLAGS = ("--warm-start", "--warm_start", "--warm")
 _SECTIONS = ("training_args", "peft_config", "generation_config", "model_kwargs")
 _MAX_VALUE_CHARS = 10_000
@@ -248,13 +241,18 @@ def status_table(exp):
              "epoch", "parent_run_id", "warm_start", "eval_loss", "error"}
     knob_cols = [c for c in info.columns if c not in fixed]
     num_chunks = getattr(getattr(exp, "engine", None), "num_chunks", None)
+    positions = _last_chunk_positions(exp)
     rows = []
     for _, r in info.iterrows():
         row = {"run_id": int(r.run_id), "status": r.status}
         for c in knob_cols:
             row[c] = r[c]
+        if "pruning" in row and (row["pruning"] is None or _isna(row["pruning"])):
+            row["pruning"] = ""      # not pruned: an empty cell, as for error
         row["steps"] = f"{int(r.completed_steps)}/{int(r.total_steps)}"
-        row["progress"] = _chunk_text(int(r.chunks_done), num_chunks)
+        epoch, chunk, run_chunks = positions.get(int(r.run_id), (None, None, None))
+        row["progress"] = _chunk_text(epoch, chunk, run_chunks or num_chunks, r.status,
+                                      bool(r.warm_start), r.parent_run_id)
         row["eval_loss"] = None if r.eval_loss is None or pd.isna(r.eval_loss) else round(float(r.eval_loss), 4)
         parent = r.parent_run_id
         row["from"] = "" if parent is None or pd.isna(parent) else (
@@ -265,14 +263,42 @@ def status_table(exp):
     return pd.DataFrame(rows).set_index("run_id")
 
 
-def _chunk_text(chunks_done: int, num_chunks: int | None) -> str:
-    """The panel's wording: "epoch 2 · chunk 4/4" for the last chunk trained."""
-    if not num_chunks:
-        return f"{chunks_done} chunks"
-    if chunks_done <= 0:
-        return "no chunk yet"
-    epoch, chunk = divmod(chunks_done - 1, num_chunks)
-    return f"epoch {epoch + 1} · chunk {chunk + 1}/{num_chunks}"
+def _last_chunk_positions(exp) -> dict[int, tuple[int | None, int | None, int | None]]:
+    """run_id -> (epoch, chunk, num_chunks) of its last ``chunk_done`` event: the position of that
+    chunk in the run's data stream, which is what the panel shows. A warm clone reads its parent's
+    stream from where the parent was, so its count of chunks done says nothing about this."""
+    out: dict[int, list] = {}
+    events = getattr(exp, "events", None)
+    if events is None:
+        return {}
+    for ev in events.since(0):
+        kind = ev.get("type")
+        if kind == "run_created":
+            out.setdefault(ev["run_id"], [None, None, None])[2] = ev.get("num_chunks")
+        elif kind == "chunk_done":
+            pos = out.setdefault(ev["run_id"], [None, None, None])
+            pos[0], pos[1] = ev.get("epoch"), ev.get("chunk")
+    return {rid: tuple(pos) for rid, pos in out.items()}
+
+
+def _chunk_text(epoch: int | None, chunk: int | None, num_chunks: int | None, status: str = "",
+                warm_start: bool = False, parent: Any = None) -> str:
+    """The panel's wording (js/src/state.ts chunkText): "epoch 2 · chunk 4/4" for the last chunk
+    trained, at its position in the data stream."""
+    if epoch is None or chunk is None:
+        if status in ("pending", "running"):
+            if warm_start and parent is not None and not _isna(parent):
+                return f"warm start from run {int(parent)} · first chunk next"
+            return "first chunk next"
+        return "no chunk trained"
+    of = f"/{num_chunks}" if num_chunks else ""
+    return f"epoch {int(epoch) + 1} · chunk {int(chunk) + 1}{of}"
+
+
+def _isna(value: Any) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(value))
 
 
 def _last_line(text: str) -> str:
@@ -407,26 +433,11 @@ def _experiment():
     return exp
 
 
-def _import_peft_quietly() -> None:
-    """peft imports bitsandbytes, whose CPU backend logs a warning at import when the optional
-    ``kernels`` package is missing; with no engine log yet, it lands in a cell as a red box. Import
-    it here, once, with bitsandbytes' logger raised to ERROR for the import only."""
-    import logging
-
-    logger = logging.getLogger("bitsandbytes")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        import peft  # noqa: F401
-    except Exception:  # a broken peft shows its own error where it is used
-        pass
-    finally:
-        logger.setLevel(level)
-
-
 def load_ipython_extension(ipython) -> None:
     """``%load_ext rapidfire`` (or ``rapidfire_nb``): register ``%rapidfire``."""
-    _import_peft_quietly()
+    from rapidfire_nb._quiet import import_peft_quietly
+
+    import_peft_quietly()
     ipython.register_magics(RapidFireMagics)
 
 

@@ -23,7 +23,9 @@ Conventions (the one place they are decided):
 - **Lifecycle.** ``running`` (first time on the device, once per run), ``stopped``, ``resumed``
   (a stopped run made pending again), ``completed``, ``failed`` (with the error), ``deleted``;
   each at the run's current ``samples_seen``.
-- **Names.** The run with id 3 is called ``run_3`` in every backend.
+- **Names.** The run with id 3 is called ``run 3`` in every backend, as in the panel. Experiments
+  written before this naming keep their ``run_3`` (TensorBoard folders, Trackio runs), so a resumed
+  experiment continues the same runs.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ class RunState:
 
 
 def run_name(run_id: int) -> str:
+    return f"run {int(run_id)}"
+
+
+def legacy_run_name(run_id: int) -> str:
+    """The name versions before the panel's naming gave a run (``run_3``)."""
     return f"run_{int(run_id)}"
 
 

@@ -134,7 +134,8 @@ class TrackerHub:
         message = f"{type(exc).__name__}: {exc}"
         self.failures[worker.name] = message
         if isinstance(exc, ImportError) and worker.name in ("mlflow", "trackio"):
-            message += f"; install it with: pip install 'rapidfire-nb[{worker.name}]'"
+            message += (f"; install it with: pip install {worker.name} (or install rapidfire-nb "
+                        f"with the [{worker.name}] extra: pip install -e '.[{worker.name}]' from the clone)")
         try:
             warnings.warn(
                 f"rapidfire_nb: the {worker.name} tracker failed and is disabled for experiment "

@@ -6,7 +6,8 @@ Where: ``MLFLOW_TRACKING_URI`` when set, else a SQLite store inside the experime
 defaults to SQLite itself). View it with
 ``mlflow ui --backend-store-uri sqlite:///<experiment>/mlflow/mlflow.db``.
 
-The MLflow experiment is named like the rapidfire experiment; runs are named ``run_<id>`` and
+The MLflow experiment is named like the rapidfire experiment; runs are named ``run <id>`` (as in
+the panel; runs are found again by their tags, never by name) and
 tagged ``rapidfire.run_id``, ``rapidfire.experiment_path``, ``rapidfire.parent_run_id``,
 ``rapidfire.warm_start`` and ``rapidfire.status``. Statuses: created -> SCHEDULED,
 running/resumed -> RUNNING, stopped -> KILLED, failed -> FAILED (error in the

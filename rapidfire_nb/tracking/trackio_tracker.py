@@ -7,7 +7,9 @@ if this process has not imported trackio yet, this tracker sets ``TRACKIO_DIR`` 
 tracker's ``state["trackio_dir"]`` says which). View it with
 ``TRACKIO_DIR=<that dir> trackio show --project <experiment name>``.
 
-The project is the experiment's name, runs are ``run_<id>``. Parameters go to the run's config;
+The project is the experiment's name, runs are ``run <id>`` as in the panel (``run_<id>`` in a
+Trackio project written before that naming: Trackio knows a run by its name, so a resumed
+experiment keeps the name its runs already have). Parameters go to the run's config;
 lifecycle events (stopped, resumed, failed with its error, ...) are Trackio alerts of the run.
 
 This writes through ``trackio.sqlite_storage.SQLiteStorage`` (what ``trackio.Run`` itself calls
@@ -25,7 +27,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .base import RunState, Tracker, TrackerContext
+from .base import RunState, Tracker, TrackerContext, legacy_run_name, run_name
 
 _LEVEL = {"failed": "error", "stopped": "warn", "deleted": "warn"}
 
@@ -50,20 +52,30 @@ class TrackioTracker(Tracker):
         SQLiteStorage.validate_project_name(ctx.experiment_name)
         self.storage = SQLiteStorage
         self.project = ctx.experiment_name
+        # state from an older version has no "run_names": its runs were all named run_<id>
+        self._legacy_names = bool(self.state) and "run_names" not in self.state
+        self.state.setdefault("run_names", {})
         self.state["trackio_dir"] = str(utils.TRACKIO_DIR)
         self.state["project"] = self.project
         # runs of two experiments with the same name in one Trackio directory stay apart
         digest = hashlib.sha1(str(Path(ctx.experiment_path).resolve()).encode()).hexdigest()
         self._prefix = f"rf-{digest[:10]}"
 
+    def run_label(self, run: RunState) -> str:
+        names = self.state["run_names"]
+        key = str(run.run_id)
+        if key not in names:
+            names[key] = legacy_run_name(run.run_id) if self._legacy_names else run_name(run.run_id)
+        return names[key]
+
     def run_uid(self, run: RunState) -> str:
-        return f"{self._prefix}-{run.name}"
+        return f"{self._prefix}-{self.run_label(run)}"
 
     def run_created(self, run: RunState, wall_time: float) -> None:
         # Trackio finds a run's config through its metric rows, so the run starts with an empty
         # row carrying the config.
         self.storage.bulk_log(
-            project=self.project, run=run.name, run_id=self.run_uid(run),
+            project=self.project, run=self.run_label(run), run_id=self.run_uid(run),
             metrics_list=[{}], steps=[run.samples_seen], timestamps=[_iso(wall_time)],
             config=dict(run.params), log_ids=[f"{self.run_uid(run)}-created"],
         )
@@ -76,8 +88,8 @@ class TrackioTracker(Tracker):
     def lifecycle(self, run, event, step, detail, wall_time) -> None:
         self._send(run.run_id)
         self.storage.bulk_alert(
-            project=self.project, run=run.name, run_id=self.run_uid(run),
-            titles=[f"{run.name} {event}"], texts=[str(detail)[-4000:] if detail else None],
+            project=self.project, run=self.run_label(run), run_id=self.run_uid(run),
+            titles=[f"{self.run_label(run)} {event}"], texts=[str(detail)[-4000:] if detail else None],
             levels=[_LEVEL.get(event, "info")], steps=[int(step)], timestamps=[_iso(wall_time)],
             alert_ids=[f"{self.run_uid(run)}-l{run.lifecycle_events}"],
         )
@@ -88,7 +100,7 @@ class TrackioTracker(Tracker):
             return
         run, rows = pending
         self.storage.bulk_log(
-            project=self.project, run=run.name, run_id=self.run_uid(run),
+            project=self.project, run=self.run_label(run), run_id=self.run_uid(run),
             metrics_list=[r[0] for r in rows], steps=[r[1] for r in rows],
             timestamps=[r[2] for r in rows], log_ids=[r[3] for r in rows],
         )
