@@ -24,6 +24,7 @@ from rapidfire_nb.automl import (
     RFSFTConfig,
 )
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
+from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.trainers import RunTrainer
 
 TOTAL_RUNS = 20
@@ -66,8 +67,12 @@ def sample(exp, label: str) -> dict:
     adapters = len(base.peft_model.peft_config) if base.peft_model is not None else 0
     with exp.engine.lock:
         statuses = [(r.run_id, r.status) for r in exp.engine.runs.values()]
-    gc.collect()
-    tensor_bytes, trainers = live_objects()
+    # measure between steps with no checkpoint in flight: a step's activations and the writer's
+    # snapshot copies are transients of the run training now, not memory that grows with runs
+    exp.engine.writer.flush(timeout=60)
+    with HF_STATE_LOCK:
+        gc.collect()
+        tensor_bytes, trainers = live_objects()
     return {"at": label, "tensor_bytes": tensor_bytes, "run_trainers": trainers,
             "adapters": adapters, "rss": rss_bytes(),
             "finished": {rid for rid, s in statuses if s in ("completed", "deleted", "failed")},
