@@ -489,6 +489,17 @@ class Experiment:
         t = engine.thread
         if t is not None:
             t.join()
+        # an op submitted while the thread was already leaving (put, but its start() not yet run)
+        # is applied here, in this thread: the engine's has gone and the writer is drained first
+        while not engine.ops.empty():
+            t = engine.thread
+            if t is not None and t.is_alive():
+                t.join()
+                continue
+            engine.writer.flush()
+            with engine.lock:
+                engine._settle_writes()
+                engine._apply_ops()
 
     def _check_open(self) -> None:
         if self._ended:

@@ -427,6 +427,9 @@ class Engine:
                 with self.lock:
                     if self.stop_all:
                         self._settle_writes()
+                        # ops accepted before end(wait=False) are applied (or refused, logged),
+                        # never dropped: a returned clone id must exist, a user stop must stay one
+                        self._apply_ops()
                         return
                 continue
             try:

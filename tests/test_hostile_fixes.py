@@ -1,0 +1,69 @@
+"""Findings of the hostile review of main (notes/review_hostile.md), each reproduced on real
+training: ops queued at end(wait=False), warm clones whose parent's weights are gone, a lost event
+log on resume, checkpoints swapped between runs, and TRL string formatting functions."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import List, RFGridSearch
+from rapidfire_nb.demo_data import tiny_create_model
+
+from _dropin import customer_support_rows
+from test_dropin_semantics import model, sft, to_chat
+
+DATA = (customer_support_rows(16), customer_support_rows(4, seed=1))
+
+
+def grp():
+    return RFGridSearch(model(sft(List([1e-2, 1e-3])), formatting_func=to_chat), trainer_type="SFT")
+
+
+def evs(exp, type_, **match):
+    return [e for e in exp.events.since(0) if e["type"] == type_ and all(e.get(k) == v for k, v in match.items())]
+
+
+# -- #3: end(wait=False) with ops still queued ---------------------------------------------------
+
+def test_end_without_waiting_applies_the_ops_queued_before_it(tmp_path):
+    exp = Experiment("E", experiment_path=tmp_path, tracking=[])
+    fired, ids = [], []
+
+    def listener(ev):
+        # the writer thread, as run 1's first chunk is logged: ops are queued, then the engine is
+        # held here until end(wait=False) has asked it to leave, so they are still queued then
+        if ev["type"] != "chunk_done" or ev["run_id"] != 1 or fired:
+            return
+        try:
+            ids.append(exp.clone_modify(1, {"training_args.learning_rate": 5e-3}))
+            exp.stop(2)
+            fired.append(True)
+        except Exception as exc:  # noqa: BLE001 - surfaced below
+            fired.append(exc)
+        deadline = time.monotonic() + 60
+        while not exp.engine.stop_all and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    exp.events.subscribe(listener)
+    exp.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2, block=False)
+    deadline = time.monotonic() + 120
+    while not fired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    exp.end(wait=False)
+    assert fired == [True] and ids == [3], fired
+    ops = [(o["op"], o["run_id"], o["accepted"]) for o in evs(exp, "op")]
+    assert ops == [("clone", 1, True), ("stop", 2, True)], ops
+    info = exp.get_runs_info().set_index("run_id")
+    assert list(info.index) == [1, 2, 3]
+    assert info.loc[2, "status"] == "stopped" and info.loc[3, "status"] == "stopped"
+    assert evs(exp, "run_status", run_id=2)[-1]["reason"] == "stopped by user"
+
+    again = Experiment("E", experiment_path=tmp_path, tracking=[], resume=True)
+    again.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    info = again.get_runs_info().set_index("run_id")
+    assert info.loc[2, "status"] == "stopped"          # the user's stop outlives the restart
+    assert info.loc[1, "status"] == "completed" and info.loc[3, "status"] == "completed"
+    again.end()
