@@ -381,10 +381,14 @@ class Experiment:
                 missing = [(t, p) for t, p in ckpt["events"]
                            if t != "metric" or (p["run_id"], p["split"], p["step"]) not in logged_metrics]
                 self.events.extend(missing + [("chunk_done", chunk_event)])
-        elif status in (R.PENDING, R.RUNNING, R.STOPPED):
+        elif status in (R.PENDING, R.RUNNING, R.STOPPED, R.FAILED):
+            # failed ones too: a warm clone of a run that failed before its first checkpoint
+            # starts from these weights, in this session as in the one that created it
             if rec.warm_start:
                 weights = self._lost_warm_start_weights(rec)
-                if weights is None:
+                if weights is None and status == R.FAILED:
+                    pass   # failed already; a warm clone of it is refused (no weights)
+                elif weights is None:
                     status = R.FAILED
                     rec.error = (f"run {rid} was a warm-start clone of run {parent_id} whose starting "
                                  f"weights were lost in the crash (saved before the warm-start store "
@@ -392,8 +396,12 @@ class Experiment:
                     reason = "warm-start weights lost"
                 else:
                     engine.pending_weights[rid] = weights
-            else:   # no chunk finished before the crash: the run starts from scratch
+            elif status != R.FAILED:   # no chunk finished before the crash: it starts from scratch
                 rec.completed_steps = rec.samples_seen = rec.epoch = rec.chunk = rec.chunks_done = 0
+        elif status == R.COMPLETED:
+            warnings.warn(f"run {rid} is completed but its checkpoint {self.store.checkpoint_path(rid)} "
+                          f"is missing: its weights are gone (export and warm clones of it are refused)",
+                          stacklevel=3)
         if status == R.RUNNING:
             status = R.PENDING
         if status in R.ACTIVE and rec.completed_steps >= rec.total_steps:
@@ -555,6 +563,10 @@ class Experiment:
             raise OpRefused(f"run {run_id} is a queued clone that has not been created yet; a warm "
                             "start needs its weights: clone it once it has trained a chunk")
         rec = view.record if view.exists else view
+        if warm_start and self.engine.weights_missing(rec):
+            from rapidfire_nb.engine.controller import weights_lost_reason
+
+            raise OpRefused(weights_lost_reason(rec, self.store))
         if changes is None:
             changes = {}
         if not isinstance(changes, dict):
@@ -690,6 +702,9 @@ class Experiment:
             raise OpRefused(f"run {run_id} is deleted; its weights are gone")
         weights = self.engine.boundary_weights(run_id)
         if weights is None:
+            if rec.exists and rec.record.chunks_done > 0:
+                raise OpRefused(f"run {run_id} ({rec.status}) has trained but its checkpoint "
+                                f"{self.store.checkpoint_path(run_id)} is missing; nothing to export")
             raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)

@@ -67,3 +67,73 @@ def test_end_without_waiting_applies_the_ops_queued_before_it(tmp_path):
     assert info.loc[2, "status"] == "stopped"          # the user's stop outlives the restart
     assert info.loc[1, "status"] == "completed" and info.loc[3, "status"] == "completed"
     again.end()
+
+
+# -- #2: a warm clone whose parent's weights are gone --------------------------------------------
+
+def _own(weights):
+    from test_dropin_semantics import own
+
+    return own(weights)
+
+
+def _equal(a, b):
+    import torch
+
+    a, b = _own(a), _own(b)
+    return a.keys() == b.keys() and len(a) > 0 and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_warm_clone_of_a_run_whose_checkpoint_is_gone_is_refused(tmp_path):
+    import shutil
+
+    from rapidfire_nb.engine.controller import Op
+    from rapidfire_nb.errors import OpRefused
+
+    exp = Experiment("D", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    exp.end()
+    ckpt = tmp_path / "D" / "checkpoints" / "run_2" / "state.safetensors"
+    shutil.rmtree(ckpt.parent)
+    with pytest.warns(UserWarning, match=r"run 2 is completed but its checkpoint .*state.safetensors is missing"):
+        again = Experiment("D", experiment_path=tmp_path, tracking=[], resume=True)
+        again.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    with pytest.raises(OpRefused, match=r"run 2 .*no weights to warm-start from.*state.safetensors"):
+        again.clone_modify(2, {"training_args.learning_rate": 0.0}, warm_start=True)
+    with pytest.raises(OpRefused, match=r"run 2 \(completed\) has trained but its checkpoint"):
+        again.export(2, tmp_path / "out")
+    # the engine re-checks when it applies the op (the file may go between submit and apply)
+    spec = again.validate_clone(1, {"training_args.learning_rate": 0.0}, warm_start=True)
+    ckpt1 = tmp_path / "D" / "checkpoints" / "run_1" / "state.safetensors"
+    shutil.rmtree(ckpt1.parent)
+    again.engine.submit(Op("clone", 1, spec=spec, warm_start=True, changes={}, new_run_id=3))
+    assert again.wait(timeout=120)
+    op = evs(again, "op", op="clone")[-1]
+    assert not op["accepted"] and "no weights to warm-start from" in op["reason"], op
+    assert 3 not in set(again.get_runs_info().run_id)
+    again.end()
+
+
+def test_warm_clone_of_a_failed_warm_clone_starts_from_its_weights_before_and_after_resume(tmp_path):
+    one = lambda: RFGridSearch(model(sft(1e-2), formatting_func=to_chat), trainer_type="SFT")  # noqa: E731
+    exp = Experiment("W", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(one(), tiny_create_model, *DATA, num_chunks=2)
+    parent = exp.engine.run_weights(1)
+    # lr 1e30 diverges at its first step: the clone fails before its first checkpoint
+    bad = exp.clone_modify(1, {"training_args.learning_rate": 1e30}, warm_start=True)
+    assert exp.wait(timeout=120)
+    assert exp.get_runs_info().set_index("run_id").loc[bad, "status"] == "failed"
+    # a warm clone of it at lr 0 keeps the weights it starts from: run 1's final ones
+    same = exp.clone_modify(bad, {"training_args.learning_rate": 0.0}, warm_start=True)
+    assert exp.wait(timeout=120)
+    assert exp.get_runs_info().set_index("run_id").loc[same, "status"] == "completed"
+    assert _equal(exp.engine.run_weights(same), parent)
+    exp.end()
+
+    again = Experiment("W", experiment_path=tmp_path, tracking=[], resume=True)
+    again.run_fit(one(), tiny_create_model, *DATA, num_chunks=2)
+    later = again.clone_modify(bad, {"training_args.learning_rate": 0.0}, warm_start=True)
+    assert again.wait(timeout=120)
+    assert again.get_runs_info().set_index("run_id").loc[later, "status"] == "completed"
+    assert _equal(again.engine.run_weights(later), parent)
+    again.end()
