@@ -132,6 +132,8 @@ class Experiment:
         try:
             self.meta = check_experiment_meta(read_json(self.store.meta_path, {}),
                                               self.store.meta_path) if resume else {}
+            if resume:
+                self._refuse_lost_history()
             self.events = EventLog(self.store.events_path)
         except BaseException:
             self._folder_lock.release()
@@ -148,6 +150,34 @@ class Experiment:
         self._trackers = None
         self._start_trackers(tracking)
         _current = weakref.ref(self)
+
+    def _refuse_lost_history(self) -> None:
+        """Resuming on an empty or missing event log while runs.json or checkpoints show that runs
+        were created would silently drop every logged loss, metric and op: refused, nothing written.
+        A folder where run_fit never created a run (no runs.json, no checkpoint) is fresh."""
+        from rapidfire_nb.engine.events import EventLogError
+
+        path = self.store.events_path
+        try:
+            empty = not path.exists() or not path.read_bytes().strip()
+        except OSError as exc:
+            raise EventLogError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        if not empty:
+            return
+        runs = read_json(self.store.runs_path, {})
+        ckpts = sorted(p.parent.name for p in (self.path / "checkpoints").glob("run_*/*.safetensors"))
+        if not runs and not ckpts:
+            return
+        what = "is missing" if not path.exists() else "is empty"
+        evidence = []
+        if runs:
+            evidence.append(f"{self.store.runs_path} records {len(runs)} run(s)")
+        if ckpts:
+            evidence.append(f"checkpoints exist for {', '.join(dict.fromkeys(ckpts))}")
+        raise EventLogError(
+            f"{path} {what} but {' and '.join(evidence)}: resuming would lose the experiment's "
+            f"logged history (losses, metrics, ops). Restore {path.name} from a backup, or start a "
+            f"new experiment (resume=False); nothing was changed")
 
     def _start_trackers(self, tracking):
         try:

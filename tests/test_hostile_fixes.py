@@ -137,3 +137,36 @@ def test_warm_clone_of_a_failed_warm_clone_starts_from_its_weights_before_and_af
     assert again.get_runs_info().set_index("run_id").loc[later, "status"] == "completed"
     assert _equal(again.engine.run_weights(later), parent)
     again.end()
+
+
+# -- #6: resume with the event log emptied or deleted -------------------------------------------
+
+@pytest.mark.parametrize("damage", ["empty", "deleted"])
+def test_resume_refuses_a_lost_event_log_when_runs_have_history(tmp_path, damage):
+    from rapidfire_nb.engine.events import EventLogError
+
+    exp = Experiment("H", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    exp.end()
+    log = tmp_path / "H" / "events.jsonl"
+    if damage == "empty":
+        log.write_bytes(b"")
+    else:
+        log.unlink()
+    runs_before = (tmp_path / "H" / "runs.json").read_bytes()
+    with pytest.raises(EventLogError, match=r"events.jsonl is (empty|missing) but .*runs.json records 2 run"):
+        Experiment("H", experiment_path=tmp_path, tracking=[], resume=True)
+    assert (tmp_path / "H" / "runs.json").read_bytes() == runs_before
+    assert log.exists() == (damage == "empty") and (damage == "deleted" or log.read_bytes() == b"")
+    # the folder lock was released: a second try gets the same clear refusal, not "in use"
+    with pytest.raises(EventLogError, match="events.jsonl"):
+        Experiment("H", experiment_path=tmp_path, tracking=[], resume=True)
+
+
+def test_resume_of_a_folder_where_no_run_was_created_is_still_allowed(tmp_path):
+    Experiment("F", experiment_path=tmp_path, tracking=[]).end()
+    (tmp_path / "F" / "events.jsonl").write_bytes(b"")
+    again = Experiment("F", experiment_path=tmp_path, tracking=[], resume=True)
+    again.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    assert set(again.get_runs_info().status) == {"completed"}
+    again.end()
