@@ -394,11 +394,12 @@ class Experiment:
         if status == R.FAILED and failed_by_the_disk(rec.error):
             status, reason = R.PENDING, "retried from its last intact checkpoint after a checkpoint write failure"
             rec.error = None
-        ckpt = None
+        ckpt = unreadable = None
         if status != R.DELETED:
             try:
                 ckpt = self.store.load_checkpoint(rid)
             except CheckpointReadError as exc:
+                unreadable = exc
                 if status not in (R.COMPLETED, R.FAILED):
                     status, rec.error = R.FAILED, str(exc)
                     reason = "its checkpoint cannot be read"
@@ -428,6 +429,9 @@ class Experiment:
                     engine.pending_weights[rid] = weights
             elif status != R.FAILED:   # no chunk finished before the crash: it starts from scratch
                 rec.completed_steps = rec.samples_seen = rec.epoch = rec.chunk = rec.chunks_done = 0
+        elif status == R.COMPLETED and unreadable is not None:
+            warnings.warn(f"run {rid} is completed but its checkpoint cannot be used: {unreadable}",
+                          stacklevel=3)
         elif status == R.COMPLETED:
             warnings.warn(f"run {rid} is completed but its checkpoint {self.store.checkpoint_path(rid)} "
                           f"is missing: its weights are gone (export and warm clones of it are refused)",

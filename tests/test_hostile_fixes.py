@@ -170,3 +170,52 @@ def test_resume_of_a_folder_where_no_run_was_created_is_still_allowed(tmp_path):
     again.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
     assert set(again.get_runs_info().status) == {"completed"}
     again.end()
+
+
+# -- #5: checkpoints swapped or copied between runs ---------------------------------------------
+
+def test_a_checkpoint_swapped_between_runs_is_refused_naming_the_file(tmp_path):
+    from rapidfire_nb.engine.store import CheckpointReadError
+    from rapidfire_nb.errors import OpRefused
+
+    exp = Experiment("S", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    exp.end()
+    c1 = tmp_path / "S" / "checkpoints" / "run_1" / "state.safetensors"
+    c2 = tmp_path / "S" / "checkpoints" / "run_2" / "state.safetensors"
+    b1, b2 = c1.read_bytes(), c2.read_bytes()
+    c1.write_bytes(b2)
+    c2.write_bytes(b1)
+    with pytest.warns(UserWarning, match=r"run 1 is completed but its checkpoint cannot be used: "
+                                         r".*run_1/state.safetensors belongs to run 2, not run 1"):
+        again = Experiment("S", experiment_path=tmp_path, tracking=[], resume=True)
+        again.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    with pytest.raises(CheckpointReadError, match=r"run_1/state.safetensors belongs to run 2"):
+        again.engine.run_weights(1)
+    with pytest.raises(CheckpointReadError, match=r"run_2/state.safetensors belongs to run 1"):
+        again.export(2, tmp_path / "out")
+    n = again.clone_modify(1, {"training_args.learning_rate": 0.0}, warm_start=True)
+    assert again.wait(timeout=120)
+    op = evs(again, "op", op="clone")[-1]
+    assert not op["accepted"] and "belongs to run 2" in op["reason"], op
+    assert n not in set(again.get_runs_info().run_id)
+    again.end()
+
+
+def test_a_checkpoint_copied_from_another_experiments_run_is_refused(tmp_path):
+    from rapidfire_nb.engine.store import CheckpointReadError
+
+    one = lambda lr: RFGridSearch(model(sft(lr), formatting_func=to_chat), trainer_type="SFT")  # noqa: E731
+    for name, lr in (("A", 1e-2), ("B", 1e-3)):
+        exp = Experiment(name, experiment_path=tmp_path, tracking=[])
+        exp.run_fit(one(lr), tiny_create_model, *DATA, num_chunks=2)
+        exp.end()
+    ca = tmp_path / "A" / "checkpoints" / "run_1" / "state.safetensors"
+    cb = tmp_path / "B" / "checkpoints" / "run_1" / "state.safetensors"
+    cb.write_bytes(ca.read_bytes())
+    with pytest.warns(UserWarning, match=r"B/checkpoints/run_1/state.safetensors was written for another config"):
+        again = Experiment("B", experiment_path=tmp_path, tracking=[], resume=True)
+        again.run_fit(one(1e-3), tiny_create_model, *DATA, num_chunks=2)
+    with pytest.raises(CheckpointReadError, match=r"B/checkpoints/run_1/state.safetensors was written for another config"):
+        again.engine.run_weights(1)
+    again.end()

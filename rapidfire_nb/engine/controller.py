@@ -133,6 +133,7 @@ class Engine:
                  train_dataset, eval_dataset, num_chunks: int, seed: int,
                  build_args: Callable, build_lora: Callable, devices=("cpu",), offload: str = "auto"):
         self.store = store
+        store.fingerprint_of = self._fingerprint_of
         self.events = events
         self.create_model = create_model
         self.train_dataset = train_dataset
@@ -548,7 +549,7 @@ class Engine:
                     raise OpRefused(weights_lost_reason(parent, self.store))
             else:
                 # on disk before the run exists: a crash in between leaves only an orphan file
-                self.store.save_warm_start(op.new_run_id, weights)
+                self.store.save_warm_start(op.new_run_id, weights, op.spec.fingerprint())
         rec = self.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
                            changes=op.changes)
         if weights is not None:
@@ -569,6 +570,10 @@ class Engine:
         if weights is None and parent.warm_start:
             weights = self.store.load_warm_start(parent.run_id)
         return weights
+
+    def _fingerprint_of(self, run_id: int) -> str | None:
+        rec = self.runs.get(run_id)
+        return rec.spec.fingerprint() if rec is not None else None
 
     def weights_missing(self, rec: RunRecord) -> bool:
         """Cheap (no file read): True when a warm clone of ``rec`` would have nothing to start
