@@ -219,3 +219,53 @@ def test_a_checkpoint_copied_from_another_experiments_run_is_refused(tmp_path):
     with pytest.raises(CheckpointReadError, match=r"B/checkpoints/run_1/state.safetensors was written for another config"):
         again.engine.run_weights(1)
     again.end()
+
+
+# -- #4: TRL's string formatting_func and later rows ---------------------------------------------
+
+def _text_then_dict(row):
+    if row["instruction"] == FIRST_INSTRUCTION:
+        return row["instruction"] + " " + row["response"]
+    return to_chat(row)
+
+
+def _text_raises_late(row):
+    if row["instruction"] == DATA[0][9]["instruction"]:
+        raise ValueError("boom on row 9")
+    return row["instruction"] + " " + row["response"]
+
+
+def _rows_then_none(row):
+    return None if row["instruction"] == DATA[0][3]["instruction"] else to_chat(row)
+
+
+FIRST_INSTRUCTION = DATA[0][0]["instruction"]
+
+
+@pytest.mark.parametrize("fn, message", [
+    (_text_then_dict, r"'_text_then_dict' returned a string for the first row of train_dataset .* "
+                      r"but dict \{'prompt'.* for row 1; it must return a string for every row"),
+    (_text_raises_late, r"'_text_raises_late' raised on train_dataset row 9: ValueError: boom on row 9"),
+    (_rows_then_none, r"'_rows_then_none' returned NoneType None for train_dataset row 3"),
+])
+def test_a_formatting_func_that_goes_wrong_on_a_later_row_is_refused_before_training(tmp_path, fn, message):
+    from rapidfire_nb.errors import ConfigError
+
+    assert len({r["instruction"] for r in DATA[0]}) == len(DATA[0])   # rows are told apart
+    exp = Experiment("T", experiment_path=tmp_path, tracking=[])
+    with pytest.raises(ConfigError, match=message):
+        exp.run_fit(RFGridSearch(model(formatting_func=fn), trainer_type="SFT"), tiny_create_model,
+                    *DATA, num_chunks=2)
+    assert exp.engine is None and not (tmp_path / "T" / "checkpoints").exists()
+    exp.end()
+
+
+def test_a_string_formatting_func_for_every_row_still_trains(tmp_path):
+    def text(row):
+        return row["instruction"] + " " + row["response"]
+
+    exp = Experiment("OK", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(RFGridSearch(model(formatting_func=text), trainer_type="SFT"), tiny_create_model,
+                *DATA, num_chunks=2)
+    assert exp.get_runs_info().status.tolist() == ["completed"]
+    exp.end()
