@@ -605,6 +605,7 @@ class Experiment:
             changes = {}
         if not isinstance(changes, dict):
             raise ConfigError(f"changes must be a dict of knob -> value, got {type(changes).__name__}")
+        _refuse_ambiguous_changes(changes)
         spec = automl.apply_changes(rec.spec, changes)
         parent = rec.spec
         if (spec.peft_config is None) != (parent.peft_config is None):
@@ -795,6 +796,34 @@ class Experiment:
                 counts[r.status] = counts.get(r.status, 0) + 1
         summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         return f"<Experiment {self.name!r}: {n} runs ({summary}) at {self.path}>"
+
+
+def _refuse_ambiguous_changes(changes: dict) -> None:
+    """A knob given twice (``"training_args.learning_rate"`` and ``{"training_args":
+    {"learning_rate": ...}}``) has no stated winner; ``output_dir`` would be silently ignored (every
+    run writes under its experiment folder)."""
+    from rapidfire_nb.automl import _EDITABLE_SECTIONS
+
+    seen: dict[str, str] = {}
+
+    def walk(d: dict, prefix: str) -> None:
+        for key, value in d.items():
+            if not isinstance(key, str):
+                continue   # apply_changes names it
+            full = f"{prefix}.{key}" if prefix else key
+            spelled = f"{{{prefix!r}: {{{key!r}: ...}}}}" if prefix else repr(key)
+            if isinstance(value, dict) and full in _EDITABLE_SECTIONS:
+                walk(value, full)
+                continue
+            if full in seen:
+                raise ConfigError(f"changes set {full!r} twice ({seen[full]} and {spelled}); give "
+                                  "each knob once")
+            seen[full] = spelled
+            if full == "training_args.output_dir":
+                raise ConfigError("changes: training_args.output_dir cannot be set; every run writes "
+                                  "under its experiment folder (outputs/run_N)")
+
+    walk(changes, "")
 
 
 def _chunk_key(ev: dict) -> tuple:

@@ -269,3 +269,24 @@ def test_a_string_formatting_func_for_every_row_still_trains(tmp_path):
                 *DATA, num_chunks=2)
     assert exp.get_runs_info().status.tolist() == ["completed"]
     exp.end()
+
+
+# -- smaller items: ambiguous clone changes ----------------------------------------------------
+
+def test_clone_changes_that_set_a_knob_twice_or_output_dir_are_refused(tmp_path):
+    from rapidfire_nb.errors import ConfigError
+
+    exp = Experiment("C", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(RFGridSearch(model(formatting_func=to_chat), trainer_type="SFT"), tiny_create_model,
+                *DATA, num_chunks=2)
+    with pytest.raises(ConfigError, match=r"changes set 'training_args.learning_rate' twice "
+                                          r"\('training_args.learning_rate' and \{'training_args': \{'learning_rate'"):
+        exp.clone_modify(1, {"training_args.learning_rate": 1e-3, "training_args": {"learning_rate": 2e-3}})
+    with pytest.raises(ConfigError, match=r"training_args.output_dir cannot be set"):
+        exp.clone_modify(1, {"training_args": {"output_dir": "/etc"}})
+    assert exp.get_runs_info().run_id.tolist() == [1] and evs(exp, "op") == []
+    # one spelling of each knob is fine, nested and dotted mixed
+    n = exp.clone_modify(1, {"training_args.learning_rate": 1e-3, "training_args": {"weight_decay": 0.1}})
+    assert exp.wait(timeout=120)
+    assert exp.get_runs_info().set_index("run_id").loc[n, "status"] == "completed"
+    exp.end()
