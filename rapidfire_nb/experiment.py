@@ -135,6 +135,8 @@ class Experiment:
         try:
             self.meta = check_experiment_meta(read_json(self.store.meta_path, {}),
                                               self.store.meta_path) if resume else {}
+            if resume:
+                self._refuse_lost_history()
             self.events = EventLog(self.store.events_path)
         except BaseException:
             self._folder_lock.release()
@@ -151,6 +153,34 @@ class Experiment:
         self._trackers = None
         self._start_trackers(tracking)
         _current = weakref.ref(self)
+
+    def _refuse_lost_history(self) -> None:
+        """Resuming on an empty or missing event log while runs.json or checkpoints show that runs
+        were created would silently drop every logged loss, metric and op: refused, nothing written.
+        A folder where run_fit never created a run (no runs.json, no checkpoint) is fresh."""
+        from rapidfire_nb.engine.events import EventLogError
+
+        path = self.store.events_path
+        try:
+            empty = not path.exists() or not path.read_bytes().strip()
+        except OSError as exc:
+            raise EventLogError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        if not empty:
+            return
+        runs = read_json(self.store.runs_path, {})
+        ckpts = sorted(p.parent.name for p in (self.path / "checkpoints").glob("run_*/*.safetensors"))
+        if not runs and not ckpts:
+            return
+        what = "is missing" if not path.exists() else "is empty"
+        evidence = []
+        if runs:
+            evidence.append(f"{self.store.runs_path} records {len(runs)} run(s)")
+        if ckpts:
+            evidence.append(f"checkpoints exist for {', '.join(dict.fromkeys(ckpts))}")
+        raise EventLogError(
+            f"{path} {what} but {' and '.join(evidence)}: resuming would lose the experiment's "
+            f"logged history (losses, metrics, ops). Restore {path.name} from a backup, or start a "
+            f"new experiment (resume=False); nothing was changed")
 
     def _start_trackers(self, tracking):
         try:
@@ -371,11 +401,12 @@ class Experiment:
         if status == R.FAILED and failed_by_the_disk(rec.error):
             status, reason = R.PENDING, "retried from its last intact checkpoint after a checkpoint write failure"
             rec.error = None
-        ckpt = None
+        ckpt = unreadable = None
         if status != R.DELETED:
             try:
                 ckpt = self.store.load_checkpoint(rid)
             except CheckpointReadError as exc:
+                unreadable = exc
                 if status not in (R.COMPLETED, R.FAILED):
                     status, rec.error = R.FAILED, str(exc)
                     reason = "its checkpoint cannot be read"
@@ -388,10 +419,14 @@ class Experiment:
                 missing = [(t, p) for t, p in ckpt["events"]
                            if t != "metric" or (p["run_id"], p["split"], p["step"]) not in logged_metrics]
                 self.events.extend(missing + [("chunk_done", chunk_event)])
-        elif status in (R.PENDING, R.RUNNING, R.STOPPED):
+        elif status in (R.PENDING, R.RUNNING, R.STOPPED, R.FAILED):
+            # failed ones too: a warm clone of a run that failed before its first checkpoint
+            # starts from these weights, in this session as in the one that created it
             if rec.warm_start:
                 weights = self._lost_warm_start_weights(rec)
-                if weights is None:
+                if weights is None and status == R.FAILED:
+                    pass   # failed already; a warm clone of it is refused (no weights)
+                elif weights is None:
                     status = R.FAILED
                     rec.error = (f"run {rid} was a warm-start clone of run {parent_id} whose starting "
                                  f"weights were lost in the crash (saved before the warm-start store "
@@ -399,8 +434,15 @@ class Experiment:
                     reason = "warm-start weights lost"
                 else:
                     engine.pending_weights[rid] = weights
-            else:   # no chunk finished before the crash: the run starts from scratch
+            elif status != R.FAILED:   # no chunk finished before the crash: it starts from scratch
                 rec.completed_steps = rec.samples_seen = rec.epoch = rec.chunk = rec.chunks_done = 0
+        elif status == R.COMPLETED and unreadable is not None:
+            warnings.warn(f"run {rid} is completed but its checkpoint cannot be used: {unreadable}",
+                          stacklevel=3)
+        elif status == R.COMPLETED:
+            warnings.warn(f"run {rid} is completed but its checkpoint {self.store.checkpoint_path(rid)} "
+                          f"is missing: its weights are gone (export and warm clones of it are refused)",
+                          stacklevel=3)
         if status == R.RUNNING:
             status = R.PENDING
         if status in R.ACTIVE and rec.completed_steps >= rec.total_steps:
@@ -496,6 +538,17 @@ class Experiment:
         t = engine.thread
         if t is not None:
             t.join()
+        # an op submitted while the thread was already leaving (put, but its start() not yet run)
+        # is applied here, in this thread: the engine's has gone and the writer is drained first
+        while not engine.ops.empty():
+            t = engine.thread
+            if t is not None and t.is_alive():
+                t.join()
+                continue
+            engine.writer.flush()
+            with engine.lock:
+                engine._settle_writes()
+                engine._apply_ops()
 
     def _check_open(self) -> None:
         if self._ended:
@@ -551,10 +604,15 @@ class Experiment:
             raise OpRefused(f"run {run_id} is a queued clone that has not been created yet; a warm "
                             "start needs its weights: clone it once it has trained a chunk")
         rec = view.record if view.exists else view
+        if warm_start and self.engine.weights_missing(rec):
+            from rapidfire_nb.engine.controller import weights_lost_reason
+
+            raise OpRefused(weights_lost_reason(rec, self.store))
         if changes is None:
             changes = {}
         if not isinstance(changes, dict):
             raise ConfigError(f"changes must be a dict of knob -> value, got {type(changes).__name__}")
+        _refuse_ambiguous_changes(changes)
         spec = automl.apply_changes(rec.spec, changes)
         parent = rec.spec
         if (spec.peft_config is None) != (parent.peft_config is None):
@@ -690,6 +748,9 @@ class Experiment:
             raise OpRefused(f"run {run_id} is deleted; its weights are gone")
         weights = self.engine.boundary_weights(run_id)
         if weights is None:
+            if rec.exists and rec.record.chunks_done > 0:
+                raise OpRefused(f"run {run_id} ({rec.status}) has trained but its checkpoint "
+                                f"{self.store.checkpoint_path(run_id)} is missing; nothing to export")
             raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -746,6 +807,34 @@ class Experiment:
                 counts[r.status] = counts.get(r.status, 0) + 1
         summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         return f"<Experiment {self.name!r}: {n} runs ({summary}) at {self.path}>"
+
+
+def _refuse_ambiguous_changes(changes: dict) -> None:
+    """A knob given twice (``"training_args.learning_rate"`` and ``{"training_args":
+    {"learning_rate": ...}}``) has no stated winner; ``output_dir`` would be silently ignored (every
+    run writes under its experiment folder)."""
+    from rapidfire_nb.automl import _EDITABLE_SECTIONS
+
+    seen: dict[str, str] = {}
+
+    def walk(d: dict, prefix: str) -> None:
+        for key, value in d.items():
+            if not isinstance(key, str):
+                continue   # apply_changes names it
+            full = f"{prefix}.{key}" if prefix else key
+            spelled = f"{{{prefix!r}: {{{key!r}: ...}}}}" if prefix else repr(key)
+            if isinstance(value, dict) and full in _EDITABLE_SECTIONS:
+                walk(value, full)
+                continue
+            if full in seen:
+                raise ConfigError(f"changes set {full!r} twice ({seen[full]} and {spelled}); give "
+                                  "each knob once")
+            seen[full] = spelled
+            if full == "training_args.output_dir":
+                raise ConfigError("changes: training_args.output_dir cannot be set; every run writes "
+                                  "under its experiment folder (outputs/run_N)")
+
+    walk(changes, "")
 
 
 def _chunk_key(ev: dict) -> tuple:

@@ -116,11 +116,24 @@ warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now 
 # ----------------------------------------------------------------------------------------------
 
 
+def weights_lost(rec: RunRecord) -> bool:
+    """A run without live or stored weights whose weights are not just its fresh initialisation:
+    it trained (or started warm), so a clone of it that starts fresh would not be warm."""
+    return rec.warm_start or rec.completed_steps > rec.step_offset or rec.chunks_done > 0
+
+
+def weights_lost_reason(rec: RunRecord, store: ExperimentStore) -> str:
+    return (f"run {rec.run_id} ({rec.status}, {rec.completed_steps - rec.step_offset} steps trained) "
+            f"has no weights to warm-start from: its checkpoint {store.checkpoint_path(rec.run_id)} "
+            f"is missing (deleted, or a partial copy of the folder); clone it cold (warm_start=False)")
+
+
 class Engine:
     def __init__(self, store: ExperimentStore, events: EventLog, create_model: Callable,
                  train_dataset, eval_dataset, num_chunks: int, seed: int,
                  build_args: Callable, build_lora: Callable, devices=("cpu",), offload: str = "auto"):
         self.store = store
+        store.fingerprint_of = self._fingerprint_of
         self.events = events
         self.create_model = create_model
         self.train_dataset = train_dataset
@@ -427,6 +440,9 @@ class Engine:
                 with self.lock:
                     if self.stop_all:
                         self._settle_writes()
+                        # ops accepted before end(wait=False) are applied (or refused, logged),
+                        # never dropped: a returned clone id must exist, a user stop must stay one
+                        self._apply_ops()
                         return
                 continue
             try:
@@ -526,23 +542,50 @@ class Engine:
             if parent.status == R.DELETED:
                 raise OpRefused(f"run {parent.run_id} was deleted before this warm clone was "
                                 "applied; its weights are gone")
-            rt = self.trainers.get(parent.run_id)
-            if rt is not None:
-                weights = rt.weights()
+            weights = self.boundary_weights_of(parent)
+            if weights is None:
+                if weights_lost(parent):
+                    # a silent cold start labelled warm would be a wrong result nobody can see
+                    raise OpRefused(weights_lost_reason(parent, self.store))
             else:
-                ckpt = self.store.load_checkpoint(parent.run_id)
-                if ckpt is not None:
-                    weights = ckpt["trainer"]["weights"]
-                else:
-                    weights = self.pending_weights.get(parent.run_id)
-            if weights is not None:
                 # on disk before the run exists: a crash in between leaves only an orphan file
-                self.store.save_warm_start(op.new_run_id, weights)
+                self.store.save_warm_start(op.new_run_id, weights, op.spec.fingerprint())
         rec = self.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
                            changes=op.changes)
         if weights is not None:
             self.pending_weights[rec.run_id] = weights
         return rec
+
+    def boundary_weights_of(self, parent: RunRecord) -> dict | None:
+        """Where a warm clone starts: the parent's live weights, else its last checkpoint, else
+        (a warm clone that never finished a chunk, whatever its status) the weights it started
+        from. None when none of these exist."""
+        rt = self.trainers.get(parent.run_id)
+        if rt is not None:
+            return rt.weights()
+        ckpt = self.store.load_checkpoint(parent.run_id)
+        if ckpt is not None:
+            return ckpt["trainer"]["weights"]
+        weights = self.pending_weights.get(parent.run_id)
+        if weights is None and parent.warm_start:
+            weights = self.store.load_warm_start(parent.run_id)
+        return weights
+
+    def _fingerprint_of(self, run_id: int) -> str | None:
+        rec = self.runs.get(run_id)
+        return rec.spec.fingerprint() if rec is not None else None
+
+    def weights_missing(self, rec: RunRecord) -> bool:
+        """Cheap (no file read): True when a warm clone of ``rec`` would have nothing to start
+        from although ``rec`` has trained or started warm."""
+        with self.lock:
+            if rec.run_id in self.trainers or rec.run_id in self.pending_weights:
+                return False
+        if self.store.checkpoint_path(rec.run_id).exists():
+            return False
+        if rec.warm_start and self.store.warm_start_path(rec.run_id).exists():
+            return False
+        return weights_lost(rec)
 
     def _fail(self, rec: RunRecord, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -61,6 +61,27 @@ def _probe(spec, dataset, name: str):
         "for SFT, the training text as a string (TRL's form)")
 
 
+def _what(out) -> str:
+    text = repr(out)
+    return f"{type(out).__name__} {text[:80] + '...' if len(text) > 80 else text}"
+
+
+def _check_text_rows(fn, dataset, name: str) -> None:
+    """TRL's string form is called by SFTTrainer row by row while it tokenizes: one bad row would
+    fail the run there with a raw traceback. One pass here names the row instead."""
+    for i, row in enumerate(dataset):
+        try:
+            out = fn(dict(row))
+        except Exception as exc:
+            raise ConfigError(f"formatting_func {_name(fn)!r} raised on {name} row {i}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(out, str):
+            raise ConfigError(
+                f"formatting_func {_name(fn)!r} returned a string for the first row of {name} "
+                f"(TRL's form: the training text) but {_what(out)} for row {i}; it must return a "
+                f"string for every row")
+
+
 def _map(fn, dataset, first: dict, keep_unreturned: bool, name: str):
     import datasets
 
@@ -71,8 +92,9 @@ def _map(fn, dataset, first: dict, keep_unreturned: bool, name: str):
     was = datasets.utils.logging.is_progress_bar_enabled()
     datasets.utils.logging.disable_progress_bar()
     try:
-        return dataset.map(lambda row: fn(dict(row)), remove_columns=drop, new_fingerprint=fp,
-                           load_from_cache_file=False, desc=None)
+        return dataset.map(lambda row, i: _row_dict(fn, row, i, name), with_indices=True,
+                           remove_columns=drop, new_fingerprint=fp, load_from_cache_file=False,
+                           desc=None)
     except ConfigError:
         raise
     except Exception as exc:
@@ -81,6 +103,15 @@ def _map(fn, dataset, first: dict, keep_unreturned: bool, name: str):
     finally:
         if was:
             datasets.utils.logging.enable_progress_bar()
+
+
+def _row_dict(fn, row, i: int, name: str) -> dict:
+    out = fn(dict(row))
+    if not (isinstance(out, dict) and out):
+        # else datasets keeps the row as it was and the error reads as a missing-columns one
+        raise ConfigError(f"formatting_func {_name(fn)!r} returned {_what(out)} for {name} row {i}; "
+                          "it must return a dict of columns for every row (as it did for row 0)")
+    return out
 
 
 def formatted(spec, dataset, cache: dict, name: str):
@@ -97,6 +128,8 @@ def formatted(spec, dataset, cache: dict, name: str):
     if hit is not None and hit[0] is fn and hit[1] is dataset:
         return hit[2]
     kind, first = _probe(spec, dataset, name)
+    if kind == TEXT:
+        _check_text_rows(fn, dataset, name)
     out = dataset if kind == TEXT or first is None else _map(fn, dataset, first, keep, name)
     cache[key] = (fn, dataset, out, kind)
     return out
@@ -118,6 +151,8 @@ def check_run_data(spec, cls, train_dataset, eval_dataset, cache: dict) -> None:
     train = formatted(spec, train_dataset, cache, "train_dataset")
     if uses_text_form(spec, cache, train_dataset):
         # TRL's form: the text is built inside SFTTrainer; only the generation metrics read columns
+        if eval_dataset is not None:
+            formatted(spec, eval_dataset, cache, "eval_dataset")   # every eval row gives a string
         if eval_dataset is not None and spec.compute_metrics is not None:
             from rapidfire_nb.engine.generation import check_eval_dataset
 

@@ -32,10 +32,13 @@ def wait_with_progress(engine, stream=None, every_s: float = 5.0) -> bool:
         return True
     while True:
         active, done, total = _progress(engine)
-        line = f"end(): waiting for {active} run(s) to finish: {done}/{total} steps done"
+        line = (f"end(): waiting for {active} run(s) to finish: {done}/{total} steps done" if active
+                else "end(): applying the queued ops")
         now = time.monotonic()
         if last_line is None or (line != last_line and now - last_t >= every_s):
-            print(line, file=stream, flush=True)
+            # a run with a huge max_steps can keep end() here for a very long time: say how out
+            hint = " (interrupt and call end(wait=False) to stop the runs at their next chunk boundary)"
+            print(line + (hint if last_line is None and active else ""), file=stream, flush=True)
             last_line, last_t = line, now
         if engine.wait(timeout=1.0):
             break

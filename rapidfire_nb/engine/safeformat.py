@@ -21,14 +21,17 @@ from typing import Any
 
 FORMAT_KEY = "rapidfire_state"
 FORMAT_VERSION = 1
+# whose file this is: {"run_id": int, "fingerprint": str | None}. A checkpoint copied or swapped
+# into another run's folder is refused instead of silently giving that run foreign weights.
+OWNER_KEY = "rapidfire_owner"
 
 
 class UnsafeFormatError(ValueError):
     """The file is not a rapidfire safetensors checkpoint (or its skeleton is damaged)."""
 
 
-def encode(obj: Any) -> bytes:
-    """Serialise ``obj`` to the bytes of one safetensors file."""
+def encode(obj: Any, owner: dict | None = None) -> bytes:
+    """Serialise ``obj`` to the bytes of one safetensors file (``owner`` goes in its metadata)."""
     import torch
     from safetensors.torch import save
 
@@ -87,7 +90,21 @@ def encode(obj: Any) -> bytes:
     skeleton = walk(obj)
     meta = {FORMAT_KEY: json.dumps({"version": FORMAT_VERSION, "state": skeleton},
                                    allow_nan=False, separators=(",", ":"))}
+    if owner is not None:
+        meta[OWNER_KEY] = json.dumps(owner, separators=(",", ":"))
     return save(tensors, metadata=meta)
+
+
+def read_owner(data: bytes) -> dict | None:
+    """The ``owner`` that ``encode`` stored, None for files written before it was recorded."""
+    try:
+        raw = _header_metadata(data).get(OWNER_KEY)
+        owner = json.loads(raw) if raw is not None else None
+    except (ValueError, TypeError, RecursionError):
+        raise UnsafeFormatError(f"its {OWNER_KEY!r} metadata is damaged") from None
+    if owner is not None and not (isinstance(owner, dict) and isinstance(owner.get("run_id"), int)):
+        raise UnsafeFormatError(f"its {OWNER_KEY!r} metadata is damaged: {raw!r}")
+    return owner
 
 
 def decode(data: bytes, what: str = "checkpoint") -> Any:

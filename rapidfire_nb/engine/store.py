@@ -27,7 +27,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rapidfire_nb.errors import RapidFireError
 
@@ -190,6 +190,9 @@ def check_experiment_meta(meta: Any, path: Path) -> dict:
 class ExperimentStore:
     def __init__(self, root: Path):
         self.root = Path(root)
+        # run id -> its config fingerprint (None if unknown); the engine sets it, so every
+        # checkpoint names its run and config and a foreign one is refused when loaded
+        self.fingerprint_of: Callable[[int], str | None] = lambda run_id: None
 
     @property
     def events_path(self) -> Path:
@@ -225,15 +228,17 @@ class ExperimentStore:
         return self._save_torch(run_id, self.checkpoint_path(run_id), state, "checkpoint")
 
     def load_checkpoint(self, run_id: int) -> dict | None:
-        return self._load_torch(self.checkpoint_path(run_id))
+        return self._load_torch(self.checkpoint_path(run_id), run_id, self.fingerprint_of(run_id))
 
-    def save_warm_start(self, run_id: int, weights: dict) -> int:
+    def save_warm_start(self, run_id: int, weights: dict, fingerprint: str | None = None) -> int:
         """Persist a warm-start clone's initial weights, so a crash before its first chunk
-        boundary does not lose them (its parent moves on)."""
-        return self._save_torch(run_id, self.warm_start_path(run_id), weights, "warm-start weights")
+        boundary does not lose them (its parent moves on). ``fingerprint``: the clone's config
+        (it is saved before the run record exists)."""
+        return self._save_torch(run_id, self.warm_start_path(run_id), weights, "warm-start weights",
+                                fingerprint)
 
     def load_warm_start(self, run_id: int) -> dict | None:
-        return self._load_torch(self.warm_start_path(run_id))
+        return self._load_torch(self.warm_start_path(run_id), run_id, self.fingerprint_of(run_id))
 
     def delete_checkpoints(self, run_id: int) -> None:
         shutil.rmtree(self.checkpoint_path(run_id).parent, ignore_errors=True)
@@ -251,10 +256,12 @@ class ExperimentStore:
                     pass
         return removed
 
-    def _save_torch(self, run_id: int, path: Path, obj: Any, what: str) -> int:
+    def _save_torch(self, run_id: int, path: Path, obj: Any, what: str,
+                    fingerprint: str | None = None) -> int:
         from rapidfire_nb.engine.safeformat import encode
 
-        data = encode(obj)
+        fingerprint = fingerprint if fingerprint is not None else self.fingerprint_of(run_id)
+        data = encode(obj, owner={"run_id": run_id, "fingerprint": fingerprint})
         try:
             atomic_write_bytes(path, data)
         except OSError as exc:
@@ -265,8 +272,8 @@ class ExperimentStore:
         return len(data)
 
     @staticmethod
-    def _load_torch(path: Path) -> Any:
-        from rapidfire_nb.engine.safeformat import UnsafeFormatError, decode
+    def _load_torch(path: Path, run_id: int | None = None, fingerprint: str | None = None) -> Any:
+        from rapidfire_nb.engine.safeformat import UnsafeFormatError, decode, read_owner
 
         if not path.exists():
             legacy = path.with_suffix(".pt")
@@ -278,7 +285,20 @@ class ExperimentStore:
                     f"are now {path.name}; this run cannot continue from that file")
             return None
         try:
-            return decode(path.read_bytes(), what=str(path))
+            data = path.read_bytes()
+            obj = decode(data, what=str(path))   # a damaged file reports that first
+            owner = read_owner(data) if run_id is not None else None
+            if owner is not None and owner["run_id"] != run_id:
+                raise CheckpointReadError(
+                    f"{path} belongs to run {owner['run_id']}, not run {run_id} (copied or swapped "
+                    f"between run folders?); it is not loaded into run {run_id}")
+            if (owner is not None and fingerprint is not None and owner.get("fingerprint") is not None
+                    and owner["fingerprint"] != fingerprint):
+                raise CheckpointReadError(
+                    f"{path} was written for another config of run {run_id} (config fingerprint "
+                    f"{str(owner['fingerprint'])[:12]}..., this run's is {fingerprint[:12]}...: copied "
+                    f"from another experiment?); it is not loaded")
+            return obj
         except UnsafeFormatError as exc:
             raise CheckpointReadError(f"cannot load {path}: {exc}") from None
         except OSError as exc:
