@@ -10,6 +10,7 @@ import Plotly from "plotly.js-basic-dist-min";
 import type { AnyModel, RenderProps } from "@anywidget/types";
 import { Client, type Reply } from "./client";
 import { CSS } from "./style";
+import { CloneSubmitter } from "./cloneform";
 import {
   applySnapshot,
   createChartBook,
@@ -753,7 +754,12 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
 
     let checkTimer: ReturnType<typeof setTimeout> | undefined;
-    let checkSerial = 0;
+    const submitter = new CloneSubmitter({
+      collect: () => ({ ...collect(), warm_start: warm.checked }),
+      send: (payload, validateOnly) =>
+        client.request({ type: "op", op: "clone", run_id: runId, ...payload, validate_only: validateOnly }),
+      isOpen: () => serial === editorSerial,
+    });
     function scheduleCheck(): void {
       // An edit may fix what the server refused; parse errors gate Create at once.
       serverError = false;
@@ -763,57 +769,63 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
 
     /** validate_only: Python builds the real configs and creates nothing. */
-    async function check(): Promise<boolean> {
-      const mine = ++checkSerial;
+    async function check(): Promise<void> {
       const { changes, ok } = collect();
-      if (!ok) {
-        status.className = "rf-error";
-        status.textContent = "fix the marked fields";
-        return false;
-      }
-      if (Object.keys(changes).length === 0) {
+      if (ok && Object.keys(changes).length === 0) {
         status.className = "rf-note";
         status.textContent = "no changes yet: edit a knob (a clone with no changes repeats its parent)";
       }
-      const reply = await client.request({
-        type: "op", op: "clone", run_id: runId, changes, warm_start: warm.checked, validate_only: true,
-      });
-      if (mine !== checkSerial || serial !== editorSerial) return false;
-      if (!reply.ok) {
+      const outcome = await submitter.check();
+      if (outcome.kind === "stale") return;
+      if (outcome.kind === "parse-error") {
+        status.className = "rf-error";
+        status.textContent = "fix the marked fields";
+        return;
+      }
+      if (outcome.kind === "refused") {
         serverError = true;
         gate(false);
-        showServerError(reply.error ?? "refused");
-        return false;
+        showServerError(outcome.error);
+        return;
       }
       serverError = false;
       gate(true);
-      if (Object.keys(changes).length > 0) {
+      const now = collect().changes;
+      if (Object.keys(now).length > 0) {
         status.className = "rf-ok";
-        status.textContent = `valid: ${Object.entries(changes).map(([k, v]) => `${k}=${formatKnobValue(v)}`).join(", ")}`;
+        status.textContent = `valid: ${Object.entries(now).map(([k, v]) => `${k}=${formatKnobValue(v)}`).join(", ")}`;
       }
-      return true;
     }
 
     create.addEventListener("click", async () => {
+      // The click creates from what the form holds now; a debounced check still pending or in
+      // flight is dropped (the submit validates in Python before creating).
+      if (checkTimer !== undefined) clearTimeout(checkTimer);
+      checkTimer = undefined;
       create.disabled = true;
+      status.className = "rf-note";
+      status.textContent = "creating the clone…";
+      let outcome: Awaited<ReturnType<CloneSubmitter["submit"]>> = { kind: "closed" };
       try {
-        if (!(await check())) return;
-        const { changes } = collect();
-        const reply = await client.request({
-          type: "op", op: "clone", run_id: runId, changes, warm_start: warm.checked, validate_only: false,
-        });
-        if (serial !== editorSerial) return;
-        if (!reply.ok) {
-          showServerError(reply.error ?? "refused");
+        outcome = await submitter.submit();
+        if (outcome.kind === "closed") return;
+        if (outcome.kind === "parse-error") {
+          status.className = "rf-error";
+          status.textContent = "fix the marked fields first";
           return;
         }
-        say(`cloned run ${runId} as run ${String(reply.new_run_id)}`, "ok");
+        if (outcome.kind === "refused") {
+          serverError = true;
+          showServerError(outcome.error);
+          return;
+        }
+        say(`cloned run ${runId} as run ${String(outcome.newRunId)}`, "ok");
         editorSerial++;
         editorBox.style.display = "none";
         editorBox.replaceChildren();
         requestPull();
       } finally {
-        gate(!serverError && collect().ok);
+        if (outcome.kind !== "created" && outcome.kind !== "closed") gate(!serverError && collect().ok);
       }
     });
   }
