@@ -41,6 +41,7 @@ import {
   isPruned,
   effectiveSort,
   sortRuns,
+  heldOrder,
   lowerIsBetter,
   type SortColumn,
   type SortKey,
@@ -195,7 +196,17 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   }
   const hiddenNote = h("span", { class: "rf-note", "data-testid": "rf-hidden-note" });
   filterBox.append(hiddenNote);
-  root.append(filterBox, h("div", { class: "rf-table-wrap" }, [table]));
+  const tableWrap = h("div", { class: "rf-table-wrap" }, [table]);
+  root.append(filterBox, tableWrap);
+  // The auto sort waits while the pointer is over the table; leaving it applies the order.
+  let pointerInTable = false;
+  tableWrap.addEventListener("mouseenter", () => {
+    pointerInTable = true;
+  });
+  tableWrap.addEventListener("mouseleave", () => {
+    pointerInTable = false;
+    scheduleRender({ table: true });
+  });
   const messages = h("div", { class: "rf-messages", "data-testid": "rf-messages" });
   root.append(messages);
 
@@ -429,6 +440,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     busy: boolean;
   }
   const rows = new Map<number, Row>();
+  const deleteArmed = new Map<number, ReturnType<typeof setTimeout>>();
   let columnsKey = "";
   let sortKey: SortKey = { column: "auto", descending: false };
   const sortHeads = new Map<SortColumn, HTMLTableCellElement>();
@@ -441,6 +453,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     scheduleRender({ table: true });
   });
   let shownOrder = "";
+  let shownIds: (number | "group")[] = [];
+  // A header click is a request to reorder now, pointer over the table or not.
+  let reorderNow = false;
 
   function headerClicked(column: SortColumn): void {
     const metric = evalChart.book.metric;
@@ -448,6 +463,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     // First click: the column's natural "best first" order; a second click reverses it.
     const natural = column === "eval" ? metric !== null && !lowerIsBetter(metric) : column === "progress";
     sortKey = current.column === column ? { column, descending: !current.descending } : { column, descending: natural };
+    reorderNow = true;
     scheduleRender({ table: true });
   }
 
@@ -503,10 +519,19 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const nDeleted = folded.length - nPruned;
     const parts = [nPruned ? `${nPruned} pruned` : "", nDeleted ? `${nDeleted} deleted` : ""].filter(Boolean).join(" · ");
     groupCell.textContent = `${groupOpen ? "▾" : "▸"} ${parts} (click to ${groupOpen ? "fold" : "show"})`;
-    const order = [...main, ...(folded.length ? ["group"] : []), ...(groupOpen ? folded.map((r) => r.id) : [])];
+    const hold = !reorderNow && (pointerInTable || deleteArmed.size > 0);
+    reorderNow = false;
+    const liveOrder = heldOrder(
+      shownIds.filter((id): id is number => id !== "group" && main.includes(id)), main, hold,
+    );
+    const order: (number | "group")[] = [
+      ...liveOrder, ...(folded.length ? ["group" as const] : []), ...(groupOpen ? folded.map((r) => r.id) : []),
+    ];
+    const held = liveOrder.join(",") !== main.join(",");
     const orderKey = order.join(",");
     if (orderKey !== shownOrder) {
       shownOrder = orderKey;
+      shownIds = order;
       tbody.replaceChildren(...order.map((id) => (id === "group" ? groupRow : rows.get(id as number)!.tr)));
       // A row taken out from under the pointer never gets its mouseleave.
       if (hoverRun !== null && !order.includes(hoverRun)) {
@@ -515,7 +540,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       }
     }
     const hiddenCount = all.length - shown.length;
-    hiddenNote.textContent = hiddenCount ? `${hiddenCount} run${hiddenCount > 1 ? "s" : ""} hidden` : "";
+    const hiddenText = hiddenCount ? `${hiddenCount} run${hiddenCount > 1 ? "s" : ""} hidden` : "";
+    const heldText = held ? "order held while the pointer is on the table" : "";
+    hiddenNote.textContent = [hiddenText, heldText].filter(Boolean).join(" · ");
   }
 
   function makeRow(run: RunState, knobs: string[], lineage: boolean): Row {
@@ -640,21 +667,26 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     requestPull();
   }
 
-  const deleteArmed = new Map<number, ReturnType<typeof setTimeout>>();
   function deleteClicked(row: Row, runId: number): void {
     // Two clicks instead of a modal confirm(), which blocks the whole notebook page.
     const armed = deleteArmed.get(runId);
     if (armed === undefined) {
+      // The confirm belongs to this run's own button, and rows hold their places while it is
+      // armed, so the second click lands on the same run.
       row.buttons.delete.textContent = "Confirm?";
+      row.buttons.delete.title = `click again within 4 s to delete run ${runId}`;
       deleteArmed.set(runId, setTimeout(() => {
         deleteArmed.delete(runId);
         row.buttons.delete.textContent = "Delete";
+        row.buttons.delete.title = `Delete run ${runId}`;
+        scheduleRender({ table: true });
       }, 4000));
       return;
     }
     clearTimeout(armed);
     deleteArmed.delete(runId);
     row.buttons.delete.textContent = "Delete";
+    row.buttons.delete.title = `Delete run ${runId}`;
     void simpleOp(row, runId, "delete");
   }
 

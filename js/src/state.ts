@@ -612,6 +612,20 @@ export function sortRuns(runs: RunState[], key: SortKey, metric: string | null):
 }
 
 /**
+ * The table order to show. While `hold` is set (the pointer is over the table, or a Delete waits
+ * for its confirm) rows keep the places they had: a row that moves between aim and click gets the
+ * wrong run stopped (review_panel.md finding 2). Rows that appear go to the end; rows that leave
+ * (deleted, filtered) are dropped. Without `hold`, the wanted (sorted) order.
+ */
+export function heldOrder<T>(previous: readonly T[], wanted: readonly T[], hold: boolean): T[] {
+  if (!hold || previous.length === 0) return [...wanted];
+  const want = new Set(wanted);
+  const kept = previous.filter((id) => want.has(id));
+  const have = new Set(kept);
+  return [...kept, ...wanted.filter((id) => !have.has(id))];
+}
+
+/**
  * Largest-Triangle-Three-Buckets (Steinarsson 2013): keeps `threshold` points, first and last
  * included, choosing in each bucket the point that spans the largest triangle with its neighbours,
  * so spikes and the curve's shape survive. Points with a null y are dropped (a gap in a

@@ -273,3 +273,18 @@ describe("run table at scale", () => {
     expect(shown({ ...none, stopped: true })).toEqual([2, 3, 4, 5]);
   });
 });
+
+describe("rows hold their places under the pointer (review finding 2)", () => {
+  it("keeps the shown order while held, appends new rows, drops rows that left", async () => {
+    const { heldOrder } = await import("../src/state");
+    // The eval ranking changed from 1,2,3,4 to 1,4,2,3 (the review's shots 02 -> 03).
+    expect(heldOrder([1, 2, 3, 4], [1, 4, 2, 3], true)).toEqual([1, 2, 3, 4]);
+    expect(heldOrder([1, 2, 3, 4], [1, 4, 2, 3], false)).toEqual([1, 4, 2, 3]);
+    // A clone appears while held: at the end, nothing else moves.
+    expect(heldOrder([1, 2, 3, 4], [5, 1, 4, 2, 3], true)).toEqual([1, 2, 3, 4, 5]);
+    // A run deleted (or filtered) while held leaves; the others keep their order.
+    expect(heldOrder([1, 2, 3, 4], [4, 1, 3], true)).toEqual([1, 3, 4]);
+    // Nothing shown yet: the wanted order.
+    expect(heldOrder([], [3, 1, 2], true)).toEqual([3, 1, 2]);
+  });
+});
