@@ -41,6 +41,8 @@ import {
   isPruned,
   effectiveSort,
   sortRuns,
+  statusBadge,
+  noteOnDevice,
   heldOrder,
   lowerIsBetter,
   type SortColumn,
@@ -279,7 +281,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       ...headerCounts(state).map(([text, s]) => {
         const span = h("span", { class: "rf-count", text });
         span.style.background = STATUS_COLORS[s];
-        if (s === "pending") span.title = "runs train one at a time on the device; these wait for their turn";
+        if (s === "pending") span.title = "runs train one chunk at a time on the device; these wait for their turn (rows marked waiting)";
+        if (text === "1 training") span.title = "the run on the device now (the row marked training)";
         return span;
       }),
     );
@@ -626,8 +629,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
 
   function updateRow(row: Row, run: RunState, knobs: string[], metric: string | null): void {
     row.tr.dataset.status = run.status;
-    row.status.textContent = run.status;
-    row.status.style.background = STATUS_COLORS[run.status];
+    const badge = statusBadge(run, state);
+    row.status.textContent = badge.text;
+    row.status.style.background = STATUS_COLORS[badge.status];
     knobs.forEach((k, i) => {
       const text = k in run.knobs ? formatKnobValue(run.knobs[k]) : "";
       row.knobCells[i].textContent = text;
@@ -652,7 +656,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     row.note.textContent = note;
     row.note.title = note;
     row.note.style.display = note ? "" : "none";
-    row.status.title = run.reason ?? "";
+    row.status.title = badge.title;
   }
 
   async function simpleOp(row: Row, runId: number, op: "stop" | "resume" | "delete"): Promise<void> {
@@ -971,6 +975,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     void client.pull(state.lastSeq, now).then((reply: Reply) => {
       if (disposed) return;
       if (reply.ok) {
+        if ("on_device" in reply && noteOnDevice(state, reply.on_device)) scheduleRender({ header: true, table: true });
         absorb(reply.events, reply.last_seq);
         live.title = "";
         // Batches are capped in size: keep pulling until caught up.
@@ -996,8 +1001,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
   };
   const onSnapshot = () => {
+    const before = state.onDevice;
     applySnapshot(state, m.get("snapshot"));
-    scheduleRender({ header: true });
+    // The badges name the run on the device: a swap repaints the rows.
+    scheduleRender({ header: true, table: state.onDevice !== before });
     if (needsPull(state)) requestPull();
   };
   m.on("msg:custom", onCustom);

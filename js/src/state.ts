@@ -60,6 +60,8 @@ export interface RunState {
   time: TimeSplit;
   /** The last IC op the controller applied (or refused) for this run. */
   lastOp: { op: string; accepted: boolean; reason: string | null } | null;
+  /** Seq of the event that last put this run on the device (it turned running, or ended a chunk). */
+  deviceSeq: number;
 }
 
 export interface PanelState {
@@ -77,6 +79,8 @@ export interface PanelState {
   trainMetrics: Set<string>;
   evalMetrics: Set<string>;
   time: TimeSplit;
+  /** The run on the device, as Python's snapshot or last pull reply says; null when unknown. */
+  onDevice: number | null;
   /** Bumped on every applied event; views compare it to skip work. */
   version: number;
 }
@@ -110,6 +114,7 @@ export function createState(): PanelState {
     trainMetrics: new Set(),
     evalMetrics: new Set(),
     time: zeroTime(),
+    onDevice: null,
     version: 0,
   };
 }
@@ -165,6 +170,7 @@ function newRun(id: number): RunState {
     eval: {},
     time: zeroTime(),
     lastOp: null,
+    deviceSeq: 0,
   };
 }
 
@@ -175,6 +181,15 @@ export function applySnapshot(state: PanelState, snapshot: unknown): void {
   if (typeof s.experiment === "string") state.experiment = s.experiment;
   if (typeof s.path === "string") state.path = s.path;
   if (isInt(s.last_seq) && s.last_seq > state.knownSeq) state.knownSeq = s.last_seq;
+  if ("on_device" in s) noteOnDevice(state, s.on_device);
+}
+
+/** Python's word on the run on the device (snapshot, pull reply); true when it changed. */
+export function noteOnDevice(state: PanelState, value: unknown): boolean {
+  const next = isInt(value) ? value : null;
+  const changed = next !== state.onDevice;
+  state.onDevice = next;
+  return changed;
 }
 
 /** Record that Python has events up to `seq` (from a pull reply or a push). */
@@ -298,6 +313,8 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       const run = runFor(state, runId, result);
       const status = str(ev.status);
       if (status && (STATUSES as string[]).includes(status)) run.status = status as RunStatus;
+      // The engine marks a run running when it first takes the device.
+      if (status === "running" && isInt(ev.seq)) run.deviceSeq = ev.seq;
       run.hasError = ev.has_error === true || (typeof ev.error === "string" && ev.error.length > 0);
       run.reason = str(ev.reason);
       run.pruned = run.status === "stopped"
@@ -336,6 +353,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
     case "chunk_done": {
       if (runId === null) return;
       const run = runFor(state, runId, result);
+      if (isInt(ev.seq)) run.deviceSeq = ev.seq;
       const cs = num(ev.completed_steps);
       if (cs !== null) run.completedSteps = cs;
       const ts = num(ev.total_steps);
@@ -457,14 +475,51 @@ export function cloneFormKnobs(keys: string[], varying: string[]): { main: strin
 }
 
 /** "1 training · 2 waiting · 1 stopped": one run trains at a time; the others wait their turn. */
+/**
+ * The run training now: Python's `on_device` when that run is running; without it (an older
+ * kernel, or before the first snapshot), the running run that most recently took the device
+ * (turned running, or ended a chunk; its adapter stays loaded until the next run swaps in).
+ * None once the experiment ended: nothing trains then.
+ */
+export function trainingRun(state: PanelState): number | null {
+  if (state.ended) return null;
+  if (state.onDevice !== null && state.runs.get(state.onDevice)?.status === "running") return state.onDevice;
+  let best: RunState | null = null;
+  for (const r of state.runs.values()) {
+    if (r.status === "running" && (best === null || r.deviceSeq > best.deviceSeq)) best = r;
+  }
+  return best ? best.id : null;
+}
+
+/**
+ * A row's badge, in the header's words: the run on the device "training", the other active runs
+ * (engine status running or pending) "waiting", a pruned run "pruned". `status` picks the colour.
+ */
+export function statusBadge(run: RunState, state: PanelState): { text: string; status: RunStatus; title: string } {
+  if (run.status === "running" || run.status === "pending") {
+    if (run.id === trainingRun(state)) {
+      return { text: "training", status: "running", title: "this run has the device now (runs train one chunk at a time)" };
+    }
+    return {
+      text: "waiting", status: "pending",
+      title: run.status === "pending"
+        ? "not started yet: runs train one chunk at a time on the device, and this one waits for its turn"
+        : "runs train one chunk at a time on the device; this one waits for its next turn",
+    };
+  }
+  if (isPruned(run)) return { text: "pruned", status: "stopped", title: run.reason ?? "stopped by the pruner" };
+  return { text: run.status, status: run.status, title: run.reason ?? "" };
+}
+
 export function headerCounts(state: PanelState): [string, RunStatus][] {
   const c = statusCounts(state);
   const active = c.running + c.pending;
   const out: [string, RunStatus][] = [];
   if (active > 0) {
-    if (!state.ended && c.running > 0) out.push(["1 training", "running"]);
-    const waiting = active - (!state.ended && c.running > 0 ? 1 : 0);
-    if (waiting > 0) out.push([`${waiting} waiting`, "pending"]);
+    // The same rule as the rows' badges, so the counts match what the rows say.
+    const training = trainingRun(state) !== null ? 1 : 0;
+    if (training) out.push(["1 training", "running"]);
+    if (active - training > 0) out.push([`${active - training} waiting`, "pending"]);
   }
   const pruned = [...state.runs.values()].filter(isPruned).length;
   for (const s of ["stopped", "completed", "failed", "deleted"] as RunStatus[]) {
