@@ -41,6 +41,8 @@ import {
   isPruned,
   effectiveSort,
   sortRuns,
+  readableMetric,
+  runKey,
   statusBadge,
   noteOnDevice,
   heldOrder,
@@ -60,6 +62,8 @@ import {
 type Model = AnyModel<{ snapshot: Record<string, unknown> }>;
 
 const PULL_INTERVAL_MS = 1000;
+/** Pixels above the time split's bars for its legend (one line of 10 px labels). */
+const TIME_LEGEND_PX = 24;
 /** Pull anyway when no push arrived for this long (Colab drops background-thread pushes). */
 const PUSH_SILENCE_MS = 2500;
 const TIME_SPLIT_REDRAW_MS = 2000;
@@ -319,7 +323,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     };
     // No toolbar: it floats over the top right of the plot and hides points there; drag zooms and a
     // double-click zooms out without it.
-    const config = { displaylogo: false, responsive: true, displayModeBar: false };
+    // showTips: false - plotly's "Double-click to zoom back out" notice lands over JupyterLab's
+    // toolbar; the chart head's tooltip says how zoom works.
+    const config = { displaylogo: false, responsive: true, displayModeBar: false, showTips: false };
     let p: Promise<unknown> = Promise.resolve();
     const split = chart.book.split;
     if (plan.reset || plan.add.length) chart.emphasisKey = "";
@@ -482,7 +488,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         ...knobs.map((k): [string, string, null] => [readableKnob(k), k, null]),
         ["progress", "optimizer steps, and the last chunk trained", "progress"],
         ["train loss", "latest training loss", "loss"],
-        [metric ?? "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
+        [metric ? readableMetric(metric) : "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
         ...(lineage ? [["parent", "the run this one was cloned from", null] as [string, string, null]] : []),
       ];
       sortHeads.clear();
@@ -554,8 +560,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       class: "rf-swatch", "data-testid": "rf-swatch",
       title: `run ${run.id}: click to hide or show its curves; click the row to pin them`,
     });
-    swatch.style.background = runColor(run.id);
-    swatch.style.borderColor = runColor(run.id);
+    const key = runKey(run.id);
+    Object.assign(swatch.style, key.css);
+    swatch.title = `${key.title}. Click to hide or show its curves; click the row to pin them`;
     swatch.addEventListener("click", (ev) => {
       ev.stopPropagation();
       if (hiddenRuns.has(run.id)) hiddenRuns.delete(run.id);
@@ -911,7 +918,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     // Each run's label carries its chart colour, so the time split reads with the same key.
     const tickText = rowsRev.map((r) => {
       const id = Number(r.replace(/^run /, ""));
-      return Number.isInteger(id) && r.startsWith("run ") ? `<span style="color:${runColor(id)}">■</span> ${r}` : r;
+      return Number.isInteger(id) && r.startsWith("run ") ? `<span style="color:${runColor(id)}">${runKey(id).glyph}</span> ${r}` : r;
     });
     const data = fig.categories.map((c) => ({
       type: "bar",
@@ -923,18 +930,27 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       hovertemplate: `%{y} ${c}: %{x:.2f} s<extra></extra>`,
     }));
     const base = themeLayout(root);
+    // 22 px a row for a few runs; thinner rows (12 px at least) at 48 runs rather than a chart a
+    // screen tall.
+    const rowPx = Math.max(12, Math.min(22, 500 / fig.rows.length));
     const layout = {
       ...base,
       barmode: "stack",
-      // 22 px a row for a few runs; thinner bars at 48 runs rather than a chart a screen tall.
-      height: 70 + Math.max(10, Math.min(22, 500 / fig.rows.length)) * fig.rows.length,
-      margin: { l: 70, r: 8, t: 4, b: 30 },
-      legend: { orientation: "h", y: 1.15, font: { size: 10 } },
+      height: TIME_LEGEND_PX + 66 + rowPx * fig.rows.length,
+      // The legend gets its own strip above the bars (a fixed pixel margin, anchored at the plot's
+      // top edge): a paper-fraction offset covered the bars with one or two runs and left a gap
+      // at 48.
+      margin: { l: 70, r: 8, t: TIME_LEGEND_PX, b: 30 },
+      legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", font: { size: 10 } },
       showlegend: true,
       xaxis: { ...(base.xaxis as object), title: { text: "seconds", font: { size: 11 } } },
-      yaxis: { ...(base.yaxis as object), tickmode: "array", tickvals: rowsRev, ticktext: tickText },
+      yaxis: {
+        ...(base.yaxis as object), tickmode: "array", tickvals: rowsRev, ticktext: tickText,
+        // Labels a pixel shorter than their row, so thin rows at 48 runs do not touch.
+        tickfont: { size: Math.min(11, rowPx - 2) },
+      },
     };
-    void Plotly.react(timeDiv, data, layout, { displaylogo: false, displayModeBar: false, responsive: true });
+    void Plotly.react(timeDiv, data, layout, { displaylogo: false, displayModeBar: false, showTips: false, responsive: true });
   }
 
   // --- protocol: push, pull, snapshot -----------------------------------------------------------

@@ -530,13 +530,18 @@ export function headerCounts(state: PanelState): [string, RunStatus][] {
   return out;
 }
 
+/** A metric name as a column header: "eval_loss" -> "eval loss" (the raw name stays in the title). */
+export function readableMetric(metric: string): string {
+  return metric.replace(/[_.]+/g, " ").trim() || metric;
+}
+
 /** Shown in place of a chart that has no point yet. */
 export function waitingText(state: PanelState, split: "train" | "eval"): string {
   if (state.runs.size === 0) return "waiting for the runs to be created…";
   const active = [...state.runs.values()].filter((r) => r.status === "running" || r.status === "pending").length;
   if (active === 0) return split === "eval" ? "no eval points (no eval dataset, or no run finished a chunk)" : "no points";
   return split === "train"
-    ? "waiting for the first chunk: runs take turns, and each one's loss appears as it trains"
+    ? "waiting for the first chunk: runs take turns, and a run's loss appears each time it finishes a chunk"
     : "waiting for the first chunk: every run is evaluated after each chunk it trains";
 }
 
@@ -582,6 +587,37 @@ export function runColor(runId: number): string {
 export function runDash(runId: number): Dash {
   const round = Math.floor(Math.max(0, runId - 1) / PALETTE.length);
   return DASHES[round % DASHES.length];
+}
+
+/** The dash in words, for titles ("run 25: dashed line"). */
+export const DASH_WORDS: Record<Dash, string> = { solid: "solid line", dash: "dashed line", dot: "dotted line", dashdot: "dash-dot line" };
+
+/**
+ * A run's key outside the charts: the table swatch's CSS and the time split's glyph. Runs that
+ * share a colour (1 and 25) differ by dash on the curves, so the key shows the dash too: a solid
+ * square for the first 24, a line sample in the dash pattern (and a matching border) after that.
+ */
+export function runKey(runId: number): { color: string; dash: Dash; css: Record<string, string>; glyph: string; title: string } {
+  const color = runColor(runId);
+  const dash = runDash(runId);
+  const title = `run ${runId}: ${DASH_WORDS[dash]}`;
+  if (dash === "solid") {
+    return { color, dash, css: { background: color, borderColor: color, borderStyle: "solid" }, glyph: "■", title };
+  }
+  const stops: Record<Exclude<Dash, "solid">, string> = {
+    dash: `${color} 0 3px, transparent 3px 5px`,
+    dot: `${color} 0 1.5px, transparent 1.5px 3px`,
+    dashdot: `${color} 0 3px, transparent 3px 4px, ${color} 4px 5px, transparent 5px 6px`,
+  };
+  return {
+    color, dash, title,
+    css: {
+      background: `repeating-linear-gradient(90deg, ${stops[dash]}) center / 100% 2px no-repeat`,
+      borderColor: color,
+      borderStyle: dash === "dot" ? "dotted" : "dashed",
+    },
+    glyph: { dash: "╍╍", dot: "┅┅", dashdot: "╍·" }[dash],
+  };
 }
 
 /**
