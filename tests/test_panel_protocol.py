@@ -590,7 +590,18 @@ def test_real_experiment_driven_from_the_panel(tmp_path):
         assert wire.ask({"type": "op", "op": "stop", "run_id": 2})["ok"] is True
         r = wire.ask({"type": "op", "op": "clone", "run_id": 1, "changes": {"training_args.learning_rate": 5e-4}})
         assert r["ok"] is True and r["new_run_id"] == 3
+        # The badges' "training" row: pull replies and the snapshot name the run on the device.
+        seen = set()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not seen and not exp.wait(timeout=0.01):
+            on = wire.ask({"type": "pull", "since": exp.events.last_seq})["on_device"]
+            if on is not None:
+                seen.add(on)
+        assert seen and seen <= {1, 2, 3}, seen
         assert exp.wait(timeout=600)
+        assert wire.ask({"type": "pull", "since": exp.events.last_seq})["on_device"] is None
+        wire.panel._refresh_snapshot()
+        assert wire.panel.snapshot["on_device"] is None
 
         info = exp.get_runs_info().set_index("run_id")
         assert info.loc[2, "status"] == "stopped"

@@ -10,6 +10,7 @@ import Plotly from "plotly.js-basic-dist-min";
 import type { AnyModel, RenderProps } from "@anywidget/types";
 import { Client, type Reply } from "./client";
 import { CSS } from "./style";
+import { CloneSubmitter } from "./cloneform";
 import {
   applySnapshot,
   createChartBook,
@@ -40,6 +41,11 @@ import {
   isPruned,
   effectiveSort,
   sortRuns,
+  readableMetric,
+  runKey,
+  statusBadge,
+  noteOnDevice,
+  heldOrder,
   lowerIsBetter,
   type SortColumn,
   type SortKey,
@@ -56,6 +62,8 @@ import {
 type Model = AnyModel<{ snapshot: Record<string, unknown> }>;
 
 const PULL_INTERVAL_MS = 1000;
+/** Pixels above the time split's bars for its legend (one line of 10 px labels). */
+const TIME_LEGEND_PX = 24;
 /** Pull anyway when no push arrived for this long (Colab drops background-thread pushes). */
 const PUSH_SILENCE_MS = 2500;
 const TIME_SPLIT_REDRAW_MS = 2000;
@@ -194,7 +202,17 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   }
   const hiddenNote = h("span", { class: "rf-note", "data-testid": "rf-hidden-note" });
   filterBox.append(hiddenNote);
-  root.append(filterBox, h("div", { class: "rf-table-wrap" }, [table]));
+  const tableWrap = h("div", { class: "rf-table-wrap" }, [table]);
+  root.append(filterBox, tableWrap);
+  // The auto sort waits while the pointer is over the table; leaving it applies the order.
+  let pointerInTable = false;
+  tableWrap.addEventListener("mouseenter", () => {
+    pointerInTable = true;
+  });
+  tableWrap.addEventListener("mouseleave", () => {
+    pointerInTable = false;
+    scheduleRender({ table: true });
+  });
   const messages = h("div", { class: "rf-messages", "data-testid": "rf-messages" });
   root.append(messages);
 
@@ -267,7 +285,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       ...headerCounts(state).map(([text, s]) => {
         const span = h("span", { class: "rf-count", text });
         span.style.background = STATUS_COLORS[s];
-        if (s === "pending") span.title = "runs train one at a time on the device; these wait for their turn";
+        if (s === "pending") span.title = "runs train one chunk at a time on the device; these wait for their turn (rows marked waiting)";
+        if (text === "1 training") span.title = "the run on the device now (the row marked training)";
         return span;
       }),
     );
@@ -304,7 +323,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     };
     // No toolbar: it floats over the top right of the plot and hides points there; drag zooms and a
     // double-click zooms out without it.
-    const config = { displaylogo: false, responsive: true, displayModeBar: false };
+    // showTips: false - plotly's "Double-click to zoom back out" notice lands over JupyterLab's
+    // toolbar; the chart head's tooltip says how zoom works.
+    const config = { displaylogo: false, responsive: true, displayModeBar: false, showTips: false };
     let p: Promise<unknown> = Promise.resolve();
     const split = chart.book.split;
     if (plan.reset || plan.add.length) chart.emphasisKey = "";
@@ -428,6 +449,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     busy: boolean;
   }
   const rows = new Map<number, Row>();
+  const deleteArmed = new Map<number, ReturnType<typeof setTimeout>>();
   let columnsKey = "";
   let sortKey: SortKey = { column: "auto", descending: false };
   const sortHeads = new Map<SortColumn, HTMLTableCellElement>();
@@ -440,6 +462,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     scheduleRender({ table: true });
   });
   let shownOrder = "";
+  let shownIds: (number | "group")[] = [];
+  // A header click is a request to reorder now, pointer over the table or not.
+  let reorderNow = false;
 
   function headerClicked(column: SortColumn): void {
     const metric = evalChart.book.metric;
@@ -447,6 +472,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     // First click: the column's natural "best first" order; a second click reverses it.
     const natural = column === "eval" ? metric !== null && !lowerIsBetter(metric) : column === "progress";
     sortKey = current.column === column ? { column, descending: !current.descending } : { column, descending: natural };
+    reorderNow = true;
     scheduleRender({ table: true });
   }
 
@@ -462,7 +488,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         ...knobs.map((k): [string, string, null] => [readableKnob(k), k, null]),
         ["progress", "optimizer steps, and the last chunk trained", "progress"],
         ["train loss", "latest training loss", "loss"],
-        [metric ?? "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
+        [metric ? readableMetric(metric) : "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
         ...(lineage ? [["parent", "the run this one was cloned from", null] as [string, string, null]] : []),
       ];
       sortHeads.clear();
@@ -502,10 +528,19 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const nDeleted = folded.length - nPruned;
     const parts = [nPruned ? `${nPruned} pruned` : "", nDeleted ? `${nDeleted} deleted` : ""].filter(Boolean).join(" · ");
     groupCell.textContent = `${groupOpen ? "▾" : "▸"} ${parts} (click to ${groupOpen ? "fold" : "show"})`;
-    const order = [...main, ...(folded.length ? ["group"] : []), ...(groupOpen ? folded.map((r) => r.id) : [])];
+    const hold = !reorderNow && (pointerInTable || deleteArmed.size > 0);
+    reorderNow = false;
+    const liveOrder = heldOrder(
+      shownIds.filter((id): id is number => id !== "group" && main.includes(id)), main, hold,
+    );
+    const order: (number | "group")[] = [
+      ...liveOrder, ...(folded.length ? ["group" as const] : []), ...(groupOpen ? folded.map((r) => r.id) : []),
+    ];
+    const held = liveOrder.join(",") !== main.join(",");
     const orderKey = order.join(",");
     if (orderKey !== shownOrder) {
       shownOrder = orderKey;
+      shownIds = order;
       tbody.replaceChildren(...order.map((id) => (id === "group" ? groupRow : rows.get(id as number)!.tr)));
       // A row taken out from under the pointer never gets its mouseleave.
       if (hoverRun !== null && !order.includes(hoverRun)) {
@@ -514,7 +549,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       }
     }
     const hiddenCount = all.length - shown.length;
-    hiddenNote.textContent = hiddenCount ? `${hiddenCount} run${hiddenCount > 1 ? "s" : ""} hidden` : "";
+    const hiddenText = hiddenCount ? `${hiddenCount} run${hiddenCount > 1 ? "s" : ""} hidden` : "";
+    const heldText = held ? "order held while the pointer is on the table" : "";
+    hiddenNote.textContent = [hiddenText, heldText].filter(Boolean).join(" · ");
   }
 
   function makeRow(run: RunState, knobs: string[], lineage: boolean): Row {
@@ -523,8 +560,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       class: "rf-swatch", "data-testid": "rf-swatch",
       title: `run ${run.id}: click to hide or show its curves; click the row to pin them`,
     });
-    swatch.style.background = runColor(run.id);
-    swatch.style.borderColor = runColor(run.id);
+    const key = runKey(run.id);
+    Object.assign(swatch.style, key.css);
+    swatch.title = `${key.title}. Click to hide or show its curves; click the row to pin them`;
     swatch.addEventListener("click", (ev) => {
       ev.stopPropagation();
       if (hiddenRuns.has(run.id)) hiddenRuns.delete(run.id);
@@ -598,8 +636,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
 
   function updateRow(row: Row, run: RunState, knobs: string[], metric: string | null): void {
     row.tr.dataset.status = run.status;
-    row.status.textContent = run.status;
-    row.status.style.background = STATUS_COLORS[run.status];
+    const badge = statusBadge(run, state);
+    row.status.textContent = badge.text;
+    row.status.style.background = STATUS_COLORS[badge.status];
     knobs.forEach((k, i) => {
       const text = k in run.knobs ? formatKnobValue(run.knobs[k]) : "";
       row.knobCells[i].textContent = text;
@@ -624,7 +663,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     row.note.textContent = note;
     row.note.title = note;
     row.note.style.display = note ? "" : "none";
-    row.status.title = run.reason ?? "";
+    row.status.title = badge.title;
   }
 
   async function simpleOp(row: Row, runId: number, op: "stop" | "resume" | "delete"): Promise<void> {
@@ -639,21 +678,26 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     requestPull();
   }
 
-  const deleteArmed = new Map<number, ReturnType<typeof setTimeout>>();
   function deleteClicked(row: Row, runId: number): void {
     // Two clicks instead of a modal confirm(), which blocks the whole notebook page.
     const armed = deleteArmed.get(runId);
     if (armed === undefined) {
+      // The confirm belongs to this run's own button, and rows hold their places while it is
+      // armed, so the second click lands on the same run.
       row.buttons.delete.textContent = "Confirm?";
+      row.buttons.delete.title = `click again within 4 s to delete run ${runId}`;
       deleteArmed.set(runId, setTimeout(() => {
         deleteArmed.delete(runId);
         row.buttons.delete.textContent = "Delete";
+        row.buttons.delete.title = `Delete run ${runId}`;
+        scheduleRender({ table: true });
       }, 4000));
       return;
     }
     clearTimeout(armed);
     deleteArmed.delete(runId);
     row.buttons.delete.textContent = "Delete";
+    row.buttons.delete.title = `Delete run ${runId}`;
     void simpleOp(row, runId, "delete");
   }
 
@@ -753,7 +797,12 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
 
     let checkTimer: ReturnType<typeof setTimeout> | undefined;
-    let checkSerial = 0;
+    const submitter = new CloneSubmitter({
+      collect: () => ({ ...collect(), warm_start: warm.checked }),
+      send: (payload, validateOnly) =>
+        client.request({ type: "op", op: "clone", run_id: runId, ...payload, validate_only: validateOnly }),
+      isOpen: () => serial === editorSerial,
+    });
     function scheduleCheck(): void {
       // An edit may fix what the server refused; parse errors gate Create at once.
       serverError = false;
@@ -763,57 +812,63 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
 
     /** validate_only: Python builds the real configs and creates nothing. */
-    async function check(): Promise<boolean> {
-      const mine = ++checkSerial;
+    async function check(): Promise<void> {
       const { changes, ok } = collect();
-      if (!ok) {
-        status.className = "rf-error";
-        status.textContent = "fix the marked fields";
-        return false;
-      }
-      if (Object.keys(changes).length === 0) {
+      if (ok && Object.keys(changes).length === 0) {
         status.className = "rf-note";
         status.textContent = "no changes yet: edit a knob (a clone with no changes repeats its parent)";
       }
-      const reply = await client.request({
-        type: "op", op: "clone", run_id: runId, changes, warm_start: warm.checked, validate_only: true,
-      });
-      if (mine !== checkSerial || serial !== editorSerial) return false;
-      if (!reply.ok) {
+      const outcome = await submitter.check();
+      if (outcome.kind === "stale") return;
+      if (outcome.kind === "parse-error") {
+        status.className = "rf-error";
+        status.textContent = "fix the marked fields";
+        return;
+      }
+      if (outcome.kind === "refused") {
         serverError = true;
         gate(false);
-        showServerError(reply.error ?? "refused");
-        return false;
+        showServerError(outcome.error);
+        return;
       }
       serverError = false;
       gate(true);
-      if (Object.keys(changes).length > 0) {
+      const now = collect().changes;
+      if (Object.keys(now).length > 0) {
         status.className = "rf-ok";
-        status.textContent = `valid: ${Object.entries(changes).map(([k, v]) => `${k}=${formatKnobValue(v)}`).join(", ")}`;
+        status.textContent = `valid: ${Object.entries(now).map(([k, v]) => `${k}=${formatKnobValue(v)}`).join(", ")}`;
       }
-      return true;
     }
 
     create.addEventListener("click", async () => {
+      // The click creates from what the form holds now; a debounced check still pending or in
+      // flight is dropped (the submit validates in Python before creating).
+      if (checkTimer !== undefined) clearTimeout(checkTimer);
+      checkTimer = undefined;
       create.disabled = true;
+      status.className = "rf-note";
+      status.textContent = "creating the clone…";
+      let outcome: Awaited<ReturnType<CloneSubmitter["submit"]>> = { kind: "closed" };
       try {
-        if (!(await check())) return;
-        const { changes } = collect();
-        const reply = await client.request({
-          type: "op", op: "clone", run_id: runId, changes, warm_start: warm.checked, validate_only: false,
-        });
-        if (serial !== editorSerial) return;
-        if (!reply.ok) {
-          showServerError(reply.error ?? "refused");
+        outcome = await submitter.submit();
+        if (outcome.kind === "closed") return;
+        if (outcome.kind === "parse-error") {
+          status.className = "rf-error";
+          status.textContent = "fix the marked fields first";
           return;
         }
-        say(`cloned run ${runId} as run ${String(reply.new_run_id)}`, "ok");
+        if (outcome.kind === "refused") {
+          serverError = true;
+          showServerError(outcome.error);
+          return;
+        }
+        say(`cloned run ${runId} as run ${String(outcome.newRunId)}`, "ok");
         editorSerial++;
         editorBox.style.display = "none";
         editorBox.replaceChildren();
         requestPull();
       } finally {
-        gate(!serverError && collect().ok);
+        if (outcome.kind !== "created" && outcome.kind !== "closed") gate(!serverError && collect().ok);
       }
     });
   }
@@ -863,7 +918,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     // Each run's label carries its chart colour, so the time split reads with the same key.
     const tickText = rowsRev.map((r) => {
       const id = Number(r.replace(/^run /, ""));
-      return Number.isInteger(id) && r.startsWith("run ") ? `<span style="color:${runColor(id)}">■</span> ${r}` : r;
+      return Number.isInteger(id) && r.startsWith("run ") ? `<span style="color:${runColor(id)}">${runKey(id).glyph}</span> ${r}` : r;
     });
     const data = fig.categories.map((c) => ({
       type: "bar",
@@ -875,18 +930,27 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       hovertemplate: `%{y} ${c}: %{x:.2f} s<extra></extra>`,
     }));
     const base = themeLayout(root);
+    // 22 px a row for a few runs; thinner rows (12 px at least) at 48 runs rather than a chart a
+    // screen tall.
+    const rowPx = Math.max(12, Math.min(22, 500 / fig.rows.length));
     const layout = {
       ...base,
       barmode: "stack",
-      // 22 px a row for a few runs; thinner bars at 48 runs rather than a chart a screen tall.
-      height: 70 + Math.max(10, Math.min(22, 500 / fig.rows.length)) * fig.rows.length,
-      margin: { l: 70, r: 8, t: 4, b: 30 },
-      legend: { orientation: "h", y: 1.15, font: { size: 10 } },
+      height: TIME_LEGEND_PX + 66 + rowPx * fig.rows.length,
+      // The legend gets its own strip above the bars (a fixed pixel margin, anchored at the plot's
+      // top edge): a paper-fraction offset covered the bars with one or two runs and left a gap
+      // at 48.
+      margin: { l: 70, r: 8, t: TIME_LEGEND_PX, b: 30 },
+      legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", font: { size: 10 } },
       showlegend: true,
       xaxis: { ...(base.xaxis as object), title: { text: "seconds", font: { size: 11 } } },
-      yaxis: { ...(base.yaxis as object), tickmode: "array", tickvals: rowsRev, ticktext: tickText },
+      yaxis: {
+        ...(base.yaxis as object), tickmode: "array", tickvals: rowsRev, ticktext: tickText,
+        // Labels a pixel shorter than their row, so thin rows at 48 runs do not touch.
+        tickfont: { size: Math.min(11, rowPx - 2) },
+      },
     };
-    void Plotly.react(timeDiv, data, layout, { displaylogo: false, displayModeBar: false, responsive: true });
+    void Plotly.react(timeDiv, data, layout, { displaylogo: false, displayModeBar: false, showTips: false, responsive: true });
   }
 
   // --- protocol: push, pull, snapshot -----------------------------------------------------------
@@ -927,6 +991,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     void client.pull(state.lastSeq, now).then((reply: Reply) => {
       if (disposed) return;
       if (reply.ok) {
+        if ("on_device" in reply && noteOnDevice(state, reply.on_device)) scheduleRender({ header: true, table: true });
         absorb(reply.events, reply.last_seq);
         live.title = "";
         // Batches are capped in size: keep pulling until caught up.
@@ -952,8 +1017,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
   };
   const onSnapshot = () => {
+    const before = state.onDevice;
     applySnapshot(state, m.get("snapshot"));
-    scheduleRender({ header: true });
+    // The badges name the run on the device: a swap repaints the rows.
+    scheduleRender({ header: true, table: state.onDevice !== before });
     if (needsPull(state)) requestPull();
   };
   m.on("msg:custom", onCustom);

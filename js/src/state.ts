@@ -60,6 +60,8 @@ export interface RunState {
   time: TimeSplit;
   /** The last IC op the controller applied (or refused) for this run. */
   lastOp: { op: string; accepted: boolean; reason: string | null } | null;
+  /** Seq of the event that last put this run on the device (it turned running, or ended a chunk). */
+  deviceSeq: number;
 }
 
 export interface PanelState {
@@ -77,6 +79,8 @@ export interface PanelState {
   trainMetrics: Set<string>;
   evalMetrics: Set<string>;
   time: TimeSplit;
+  /** The run on the device, as Python's snapshot or last pull reply says; null when unknown. */
+  onDevice: number | null;
   /** Bumped on every applied event; views compare it to skip work. */
   version: number;
 }
@@ -110,6 +114,7 @@ export function createState(): PanelState {
     trainMetrics: new Set(),
     evalMetrics: new Set(),
     time: zeroTime(),
+    onDevice: null,
     version: 0,
   };
 }
@@ -165,6 +170,7 @@ function newRun(id: number): RunState {
     eval: {},
     time: zeroTime(),
     lastOp: null,
+    deviceSeq: 0,
   };
 }
 
@@ -175,6 +181,15 @@ export function applySnapshot(state: PanelState, snapshot: unknown): void {
   if (typeof s.experiment === "string") state.experiment = s.experiment;
   if (typeof s.path === "string") state.path = s.path;
   if (isInt(s.last_seq) && s.last_seq > state.knownSeq) state.knownSeq = s.last_seq;
+  if ("on_device" in s) noteOnDevice(state, s.on_device);
+}
+
+/** Python's word on the run on the device (snapshot, pull reply); true when it changed. */
+export function noteOnDevice(state: PanelState, value: unknown): boolean {
+  const next = isInt(value) ? value : null;
+  const changed = next !== state.onDevice;
+  state.onDevice = next;
+  return changed;
 }
 
 /** Record that Python has events up to `seq` (from a pull reply or a push). */
@@ -298,6 +313,8 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       const run = runFor(state, runId, result);
       const status = str(ev.status);
       if (status && (STATUSES as string[]).includes(status)) run.status = status as RunStatus;
+      // The engine marks a run running when it first takes the device.
+      if (status === "running" && isInt(ev.seq)) run.deviceSeq = ev.seq;
       run.hasError = ev.has_error === true || (typeof ev.error === "string" && ev.error.length > 0);
       run.reason = str(ev.reason);
       run.pruned = run.status === "stopped"
@@ -336,6 +353,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
     case "chunk_done": {
       if (runId === null) return;
       const run = runFor(state, runId, result);
+      if (isInt(ev.seq)) run.deviceSeq = ev.seq;
       const cs = num(ev.completed_steps);
       if (cs !== null) run.completedSteps = cs;
       const ts = num(ev.total_steps);
@@ -457,14 +475,51 @@ export function cloneFormKnobs(keys: string[], varying: string[]): { main: strin
 }
 
 /** "1 training · 2 waiting · 1 stopped": one run trains at a time; the others wait their turn. */
+/**
+ * The run training now: Python's `on_device` when that run is running; without it (an older
+ * kernel, or before the first snapshot), the running run that most recently took the device
+ * (turned running, or ended a chunk; its adapter stays loaded until the next run swaps in).
+ * None once the experiment ended: nothing trains then.
+ */
+export function trainingRun(state: PanelState): number | null {
+  if (state.ended) return null;
+  if (state.onDevice !== null && state.runs.get(state.onDevice)?.status === "running") return state.onDevice;
+  let best: RunState | null = null;
+  for (const r of state.runs.values()) {
+    if (r.status === "running" && (best === null || r.deviceSeq > best.deviceSeq)) best = r;
+  }
+  return best ? best.id : null;
+}
+
+/**
+ * A row's badge, in the header's words: the run on the device "training", the other active runs
+ * (engine status running or pending) "waiting", a pruned run "pruned". `status` picks the colour.
+ */
+export function statusBadge(run: RunState, state: PanelState): { text: string; status: RunStatus; title: string } {
+  if (run.status === "running" || run.status === "pending") {
+    if (run.id === trainingRun(state)) {
+      return { text: "training", status: "running", title: "this run has the device now (runs train one chunk at a time)" };
+    }
+    return {
+      text: "waiting", status: "pending",
+      title: run.status === "pending"
+        ? "not started yet: runs train one chunk at a time on the device, and this one waits for its turn"
+        : "runs train one chunk at a time on the device; this one waits for its next turn",
+    };
+  }
+  if (isPruned(run)) return { text: "pruned", status: "stopped", title: run.reason ?? "stopped by the pruner" };
+  return { text: run.status, status: run.status, title: run.reason ?? "" };
+}
+
 export function headerCounts(state: PanelState): [string, RunStatus][] {
   const c = statusCounts(state);
   const active = c.running + c.pending;
   const out: [string, RunStatus][] = [];
   if (active > 0) {
-    if (!state.ended && c.running > 0) out.push(["1 training", "running"]);
-    const waiting = active - (!state.ended && c.running > 0 ? 1 : 0);
-    if (waiting > 0) out.push([`${waiting} waiting`, "pending"]);
+    // The same rule as the rows' badges, so the counts match what the rows say.
+    const training = trainingRun(state) !== null ? 1 : 0;
+    if (training) out.push(["1 training", "running"]);
+    if (active - training > 0) out.push([`${active - training} waiting`, "pending"]);
   }
   const pruned = [...state.runs.values()].filter(isPruned).length;
   for (const s of ["stopped", "completed", "failed", "deleted"] as RunStatus[]) {
@@ -475,13 +530,18 @@ export function headerCounts(state: PanelState): [string, RunStatus][] {
   return out;
 }
 
+/** A metric name as a column header: "eval_loss" -> "eval loss" (the raw name stays in the title). */
+export function readableMetric(metric: string): string {
+  return metric.replace(/[_.]+/g, " ").trim() || metric;
+}
+
 /** Shown in place of a chart that has no point yet. */
 export function waitingText(state: PanelState, split: "train" | "eval"): string {
   if (state.runs.size === 0) return "waiting for the runs to be created…";
   const active = [...state.runs.values()].filter((r) => r.status === "running" || r.status === "pending").length;
   if (active === 0) return split === "eval" ? "no eval points (no eval dataset, or no run finished a chunk)" : "no points";
   return split === "train"
-    ? "waiting for the first chunk: runs take turns, and each one's loss appears as it trains"
+    ? "waiting for the first chunk: runs take turns, and a run's loss appears each time it finishes a chunk"
     : "waiting for the first chunk: every run is evaluated after each chunk it trains";
 }
 
@@ -527,6 +587,37 @@ export function runColor(runId: number): string {
 export function runDash(runId: number): Dash {
   const round = Math.floor(Math.max(0, runId - 1) / PALETTE.length);
   return DASHES[round % DASHES.length];
+}
+
+/** The dash in words, for titles ("run 25: dashed line"). */
+export const DASH_WORDS: Record<Dash, string> = { solid: "solid line", dash: "dashed line", dot: "dotted line", dashdot: "dash-dot line" };
+
+/**
+ * A run's key outside the charts: the table swatch's CSS and the time split's glyph. Runs that
+ * share a colour (1 and 25) differ by dash on the curves, so the key shows the dash too: a solid
+ * square for the first 24, a line sample in the dash pattern (and a matching border) after that.
+ */
+export function runKey(runId: number): { color: string; dash: Dash; css: Record<string, string>; glyph: string; title: string } {
+  const color = runColor(runId);
+  const dash = runDash(runId);
+  const title = `run ${runId}: ${DASH_WORDS[dash]}`;
+  if (dash === "solid") {
+    return { color, dash, css: { background: color, borderColor: color, borderStyle: "solid" }, glyph: "■", title };
+  }
+  const stops: Record<Exclude<Dash, "solid">, string> = {
+    dash: `${color} 0 3px, transparent 3px 5px`,
+    dot: `${color} 0 1.5px, transparent 1.5px 3px`,
+    dashdot: `${color} 0 3px, transparent 3px 4px, ${color} 4px 5px, transparent 5px 6px`,
+  };
+  return {
+    color, dash, title,
+    css: {
+      background: `repeating-linear-gradient(90deg, ${stops[dash]}) center / 100% 2px no-repeat`,
+      borderColor: color,
+      borderStyle: dash === "dot" ? "dotted" : "dashed",
+    },
+    glyph: { dash: "╍╍", dot: "┅┅", dashdot: "╍·" }[dash],
+  };
 }
 
 /**
@@ -609,6 +700,20 @@ export function sortRuns(runs: RunState[], key: SortKey, metric: string | null):
       return a.id - b.id;
     })
     .map((r) => r.id);
+}
+
+/**
+ * The table order to show. While `hold` is set (the pointer is over the table, or a Delete waits
+ * for its confirm) rows keep the places they had: a row that moves between aim and click gets the
+ * wrong run stopped (review_panel.md finding 2). Rows that appear go to the end; rows that leave
+ * (deleted, filtered) are dropped. Without `hold`, the wanted (sorted) order.
+ */
+export function heldOrder<T>(previous: readonly T[], wanted: readonly T[], hold: boolean): T[] {
+  if (!hold || previous.length === 0) return [...wanted];
+  const want = new Set(wanted);
+  const kept = previous.filter((id) => want.has(id));
+  const have = new Set(kept);
+  return [...kept, ...wanted.filter((id) => !have.has(id))];
 }
 
 /**

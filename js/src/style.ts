@@ -43,8 +43,8 @@ export const CSS = `
 .rf-table-wrap { overflow: auto; margin-top: 4px; max-height: 460px; }
 .rf-table thead th { position: sticky; top: 0; z-index: 1; }
 .rf-table th.rf-sortable { cursor: pointer; }
-.rf-table th[data-sorted=asc]::after { content: " ▲"; font-size: 9px; }
-.rf-table th[data-sorted=desc]::after { content: " ▼"; font-size: 9px; }
+.rf-table th[data-sorted=asc]::after { content: "\\00a0▲"; font-size: 9px; white-space: nowrap; }
+.rf-table th[data-sorted=desc]::after { content: "\\00a0▼"; font-size: 9px; white-space: nowrap; }
 .rf-table tbody tr:hover, .rf-table tbody tr.rf-hot { background: var(--rf-bg2); }
 .rf-table tbody tr.rf-pinned { outline: 2px solid var(--rf-accent); outline-offset: -2px; }
 .rf-group-row td { cursor: pointer; color: var(--rf-fg2); font-style: italic; }

@@ -273,3 +273,49 @@ describe("run table at scale", () => {
     expect(shown({ ...none, stopped: true })).toEqual([2, 3, 4, 5]);
   });
 });
+
+describe("rows hold their places under the pointer (review finding 2)", () => {
+  it("keeps the shown order while held, appends new rows, drops rows that left", async () => {
+    const { heldOrder } = await import("../src/state");
+    // The eval ranking changed from 1,2,3,4 to 1,4,2,3 (the review's shots 02 -> 03).
+    expect(heldOrder([1, 2, 3, 4], [1, 4, 2, 3], true)).toEqual([1, 2, 3, 4]);
+    expect(heldOrder([1, 2, 3, 4], [1, 4, 2, 3], false)).toEqual([1, 4, 2, 3]);
+    // A clone appears while held: at the end, nothing else moves.
+    expect(heldOrder([1, 2, 3, 4], [5, 1, 4, 2, 3], true)).toEqual([1, 2, 3, 4, 5]);
+    // A run deleted (or filtered) while held leaves; the others keep their order.
+    expect(heldOrder([1, 2, 3, 4], [4, 1, 3], true)).toEqual([1, 3, 4]);
+    // Nothing shown yet: the wanted order.
+    expect(heldOrder([], [3, 1, 2], true)).toEqual([3, 1, 2]);
+  });
+});
+
+describe("keys outside the charts show the dash (review finding 4) and readable names (finding 7)", () => {
+  it("run 25's swatch and glyph differ from run 1's while the colour stays", async () => {
+    const { runKey, runColor, runDash } = await import("../src/state");
+    const one = runKey(1);
+    const twentyFive = runKey(25);
+    expect(twentyFive.color).toBe(one.color);
+    expect(twentyFive.dash).toBe(runDash(25));
+    expect(twentyFive.dash).not.toBe("solid");
+    expect(twentyFive.css).not.toEqual(one.css);
+    expect(twentyFive.glyph).not.toBe(one.glyph);
+    expect(twentyFive.title).toContain("dashed");
+    // The border keeps the run's colour (the browser test compares it with the curve's colour).
+    for (const id of [1, 25, 49, 73]) expect(runKey(id).css.borderColor).toBe(runColor(id));
+    // Runs 1, 25, 49 and 73 share a colour: four distinct keys.
+    const keys = [1, 25, 49, 73].map((id) => JSON.stringify([runKey(id).css, runKey(id).glyph]));
+    expect(new Set(keys).size).toBe(4);
+    expect(one.css.background).toBe(runColor(1));
+  });
+
+  it("metric headers read as words; the waiting text says points come per chunk", async () => {
+    const { readableMetric, waitingText, createState, ingest } = await import("../src/state");
+    expect(readableMetric("eval_loss")).toBe("eval loss");
+    expect(readableMetric("eval_mean_token_accuracy")).toBe("eval mean token accuracy");
+    expect(readableMetric("accuracy")).toBe("accuracy");
+    const state = createState();
+    ingest(state, [{ seq: 1, type: "run_created", run_id: 1 }, { seq: 2, type: "run_status", run_id: 1, status: "running" }]);
+    expect(waitingText(state, "train")).toContain("each time it finishes a chunk");
+    expect(waitingText(state, "train")).not.toContain("as it trains");
+  });
+});

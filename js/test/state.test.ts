@@ -9,6 +9,8 @@ import {
   knobChanges,
   cloneFormKnobs,
   headerCounts,
+  statusBadge,
+  noteOnDevice,
   knobColumns,
   readableKnob,
   waitingText,
@@ -394,6 +396,41 @@ describe("what a newcomer reads", () => {
     expect(headerCounts(state).map(([t]) => t).join(" ")).not.toContain("running");
     ingest(state, [{ seq: 9, type: "experiment_end" }]);
     expect(headerCounts(state).map(([t]) => t)).toEqual(["3 waiting", "1 stopped"]);
+  });
+
+  it("badges tell the header's truth: one row training, the other active rows waiting (review finding 3)", () => {
+    const state = createState();
+    ingest(state, numbered([...run(1, {}, "running"), ...run(2, {}, "running"), ...run(3, {}, "pending"),
+      ...run(4, {}, "stopped")]));
+    const badges = () => [1, 2, 3, 4].map((id) => statusBadge(state.runs.get(id)!, state).text);
+    // No word from Python yet: the run that took the device last (run 2 turned running last).
+    expect(badges()).toEqual(["waiting", "training", "waiting", "stopped"]);
+    // A chunk of run 1 ends: its adapter is the one loaded.
+    ingest(state, [{ seq: 9, type: "chunk_done", run_id: 1, completed_steps: 2, chunks_done: 1 }]);
+    expect(badges()).toEqual(["training", "waiting", "waiting", "stopped"]);
+    // Python's snapshot names the run on the device; it wins.
+    applySnapshot(state, { on_device: 2 });
+    expect(badges()).toEqual(["waiting", "training", "waiting", "stopped"]);
+    const header = headerCounts(state).map(([t]) => t);
+    expect(header).toEqual(["1 training", "2 waiting", "1 stopped"]);
+    // The header's counts are the badges' counts.
+    expect(badges().filter((b) => b === "training")).toHaveLength(1);
+    expect(badges().filter((b) => b === "waiting")).toHaveLength(2);
+    expect(badges().join(" ")).not.toMatch(/running|pending/);
+    // on_device naming a run that is not running (stopped meanwhile) falls back to the rule above.
+    noteOnDevice(state, 4);
+    expect(badges()).toEqual(["training", "waiting", "waiting", "stopped"]);
+    ingest(state, [{ seq: 10, type: "experiment_end" }]);
+    expect(badges()).toEqual(["waiting", "waiting", "waiting", "stopped"]);
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["3 waiting", "1 stopped"]);
+  });
+
+  it("a pruned run's badge says pruned, as the header counts it", () => {
+    const state = createState();
+    ingest(state, numbered([...run(1, {}, "running"),
+      { type: "run_status", run_id: 1, status: "stopped", reason: "pruned at chunk 2 (median rule)" }]));
+    expect(statusBadge(state.runs.get(1)!, state).text).toBe("pruned");
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["1 pruned"]);
   });
 
   it("says what an empty chart waits for", () => {

@@ -6,7 +6,8 @@ plotly.js) by ``npm run build`` there and committed, so installing needs no Node
 
 How state reaches the view (the wire format is in ``_panel_protocol``):
 
-- ``snapshot`` (a synced trait): experiment name, path, last seq and run statuses; small.
+- ``snapshot`` (a synced trait): experiment name, path, last seq, run statuses and the run on
+  the device (``on_device``, also in pull replies); small.
 - Deltas are the events of ``exp.events`` themselves, identified by their ``seq``:
   a publisher thread *pushes* new events (coalesced, a few messages a second at most), and the
   view *pulls* "events since N" on a timer, because Colab does not deliver messages sent from
@@ -137,7 +138,14 @@ class Panel(anywidget.AnyWidget):
             "path": str(getattr(self._exp, "path", "")),
             "last_seq": self._scanned_seq,
             "runs": {str(k): v for k, v in sorted(self._statuses.items())},
+            "on_device": self._on_device(),
         }
+
+    def _on_device(self) -> int | None:
+        """The run whose adapter is on the device now (the engine's own record), so the view's
+        row badges can say which run trains and which wait; None when unknown or idle."""
+        rid = getattr(getattr(self._exp, "engine", None), "on_device", None)
+        return rid if isinstance(rid, int) and not isinstance(rid, bool) else None
 
     def _refresh_snapshot(self) -> None:
         with self._lock:
@@ -208,7 +216,8 @@ class Panel(anywidget.AnyWidget):
         if req.type == "pull":
             pending = self._events.since(req.since, limit=proto.MAX_BATCH_EVENTS + 1)
             events, more = proto.batch_events(pending)
-            return proto.reply(rid, True, events=events, last_seq=self._events.last_seq, more=more)
+            return proto.reply(rid, True, events=events, last_seq=self._events.last_seq, more=more,
+                               on_device=self._on_device())
         if req.type == "traceback":
             return self._traceback(req)
         if req.type == "editable":
