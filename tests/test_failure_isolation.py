@@ -11,6 +11,7 @@ leaves its previous checkpoint intact, and the run continues from that checkpoin
 from __future__ import annotations
 
 import errno
+import threading
 import time
 
 import crash_worker as W
@@ -52,8 +53,10 @@ def nan_at_second_chunk():
 
 
 def broken_formatting(example):
-    # written for rows that all have an answer; one row deep in the data has none
-    if example["completion"].strip() == "enots":
+    # every row passes the check run_fit makes in the caller's thread; the function then breaks
+    # when TRL applies it while the run's trainer is built in the engine thread (a function that
+    # reads state the notebook changed after run_fit returned, say)
+    if threading.current_thread() is not threading.main_thread():
         raise KeyError("answer")
     return example["prompt"] + example["completion"]
 
