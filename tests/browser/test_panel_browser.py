@@ -9,6 +9,8 @@ is checked against the experiment's event log on disk. Screenshots go to test-ou
 
 from __future__ import annotations
 
+from browser_wait import waiter
+
 import json
 import time
 from pathlib import Path
@@ -89,16 +91,7 @@ def _row_status(page, run_id: int) -> str | None:
     return loc.get_attribute("data-status") if loc.count() else None
 
 
-def _wait(predicate, timeout: float, what: str, page=None, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    if page is not None:
-        page.screenshot(path=str(OUTPUT / "timeout.png"), full_page=True)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+_wait = waiter("timeout.png", full_page=True)
 
 
 def _run_first_cell(page) -> None:

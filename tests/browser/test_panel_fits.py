@@ -10,8 +10,9 @@ invalid. Measured widths go to test-output/browser/fit_1280.json, screenshots be
 
 from __future__ import annotations
 
+from browser_wait import waiter
+
 import json
-import time
 from pathlib import Path
 
 import nbformat
@@ -82,16 +83,7 @@ MEASURE = """() => {
 }"""
 
 
-def _wait(predicate, timeout: float, what: str, page=None, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    if page is not None:
-        page.screenshot(path=str(OUTPUT / "fit_timeout.png"))
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+_wait = waiter("fit_timeout.png")
 
 
 def test_run_table_fits_at_1280_with_file_browser(lab, browser):

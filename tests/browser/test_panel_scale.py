@@ -18,6 +18,8 @@ a measurement, not an assertion (speed goals belong in `rapidfire bench`).
 
 from __future__ import annotations
 
+from browser_wait import waiter
+
 import json
 import re
 import statistics
@@ -153,16 +155,7 @@ CHART_DATA = """(el) => {
 }"""
 
 
-def _wait(predicate, timeout: float, what: str, page=None, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    if page is not None:
-        page.screenshot(path=str(OUTPUT / "scale_timeout.png"))
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+_wait = waiter("scale_timeout.png", interval=0.3)
 
 
 DIALOGS: list[str] = []
