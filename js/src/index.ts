@@ -32,6 +32,7 @@ import {
   noteKnownSeq,
   planChart,
   planIsEmpty,
+  pruneRungs,
   chunkText,
   progressFraction,
   stepText,
@@ -130,6 +131,8 @@ interface Chart {
   preferred: string;
   /** The visibility/opacity/width last applied to the traces (skip identical restyles). */
   emphasisKey: string;
+  /** The pruning rungs last drawn as annotations (skip identical relayouts). */
+  rungKey: string;
   listening: boolean;
 }
 
@@ -174,7 +177,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const chart: Chart = {
       book: createChartBook(split, null), div, waiting, select, xLabel, queue: Promise.resolve(), options: [], preferred,
-      emphasisKey: "", listening: false,
+      emphasisKey: "", rungKey: "", listening: false,
     };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
@@ -410,8 +413,33 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       .catch(() => { chart.emphasisKey = ""; });
   }
 
+  /**
+   * Mark where each shown pruned run was cut: an "x" at its last eval point, the pruner's reason on
+   * hover. Annotations, not traces, so trace indices stay one per run for the plans above.
+   */
+  function markRungs(chart: Chart): void {
+    if (chart.book.drawnMetric === null) return;
+    const rungs = pruneRungs(state, chart.book.split, chart.book.drawnMetric).filter((r) => {
+      const run = state.runs.get(r.runId);
+      return !!run && runShown(run, hide) && !hiddenRuns.has(r.runId);
+    });
+    const key = JSON.stringify(rungs);
+    if (key === chart.rungKey) return;
+    chart.rungKey = key;
+    const annotations = rungs.map((r) => ({
+      x: r.x, y: r.y, xref: "x", yref: "y", text: "\u2715", showarrow: false,
+      font: { color: r.color, size: 14 }, hovertext: r.text, name: `rung ${r.runId}`,
+    }));
+    chart.queue = chart.queue
+      .then(() => Plotly.relayout(chart.div, { annotations }))
+      .catch(() => { chart.rungKey = ""; });
+  }
+
   function emphasizeAll(): void {
-    for (const c of charts) emphasize(c);
+    for (const c of charts) {
+      emphasize(c);
+      markRungs(c);
+    }
   }
 
   function renderCharts(): void {
@@ -419,6 +447,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       updateSelect(chart);
       const plan = planChart(state, chart.book);
       if (planIsEmpty(plan)) continue;
+      // A redraw replaces the layout, annotations included.
+      if (plan.reset) chart.rungKey = "";
       chart.queue = chart.queue
         .then(() => applyPlan(chart, plan))
         .catch((err) => {

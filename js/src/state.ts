@@ -1134,3 +1134,38 @@ export function progressFraction(run: RunState): number {
   if (!run.totalSteps || run.totalSteps <= 0) return 0;
   return Math.max(0, Math.min(1, run.completedSteps / run.totalSteps));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rungs: where the pruner stopped a run, marked on the eval chart at the run's last eval point.
+
+export interface Rung {
+  runId: number;
+  x: number;
+  y: number;
+  color: string;
+  /** Hover text: the run and the pruner's own reason, e.g. "pruned at chunk 2 (rank 5 of 8)". */
+  text: string;
+}
+
+/**
+ * One rung per pruned run that has a point of the chart's metric: the eval curve ends where the
+ * run was cut, so its last finite point is the rung. Train charts get none (the pruner ranks
+ * runs on eval metrics, and the train curve's last step is not where the decision was made).
+ */
+export function pruneRungs(state: PanelState, split: "train" | "eval", metric: string | null): Rung[] {
+  if (split !== "eval" || metric === null) return [];
+  const out: Rung[] = [];
+  for (const run of [...state.runs.values()].sort((a, b) => a.id - b.id)) {
+    if (!isPruned(run)) continue;
+    const s = run.eval[metric];
+    if (!s) continue;
+    let i = s.x.length - 1;
+    while (i >= 0 && (s.y[i] === null || !Number.isFinite(s.y[i] as number))) i--;
+    if (i < 0) continue;
+    out.push({
+      runId: run.id, x: s.x[i], y: s.y[i] as number, color: runColor(run.id),
+      text: `run ${run.id}: ${run.reason ?? "pruned"}`,
+    });
+  }
+  return out;
+}

@@ -300,6 +300,18 @@ def test_panel_at_48_runs_and_10000_steps(lab, browser):
         group.click()
         _wait(lambda: panel.locator('[data-testid=rf-runs] tbody tr[data-run-id]').count() == 48, 10, "the group to open", page)
 
+        # A pruned row shows the pruner's reason; its eval curve ends in a rung mark with that reason.
+        row45 = panel.locator('tr[data-run-id="45"]')
+        assert row45.locator("[data-testid=rf-status]").text_content() == "pruned"
+        assert row45.locator("[data-testid=rf-status]").get_attribute("title") == "pruned at chunk 2 (below the median)"
+        assert "pruned at chunk 2 (below the median)" in row45.locator(".rf-row-note").text_content()
+        rung_js = """(el) => ((el.querySelector('[data-testid=rf-chart-eval]').layout || {}).annotations || [])
+            .map((a) => ({x: a.x, text: a.text, hover: a.hovertext}))"""
+        _wait(lambda: len(panel.evaluate(rung_js)) == 3, 10, "the eval chart's three rungs", page)
+        rungs = {a["hover"]: a for a in panel.evaluate(rung_js)}
+        assert set(rungs) == {f"run {r}: pruned at chunk 2 (below the median)" for r in (45, 46, 47)}, rungs
+        assert all(a["x"] == 8 * 2000 and a["text"] == "\u2715" for a in rungs.values()), rungs
+
         # Every Stop button can be reached: scrolled to, it is the element under the pointer.
         reach = panel.evaluate("""async (el) => {
             const out = [];
