@@ -67,7 +67,6 @@ def test_flush_from_inside_a_job_returns_instead_of_waiting_on_itself():
 # Slow checkpoint writes (a spy that sleeps, then does the real write) open the windows where a
 # chunk has ended but its checkpoint is not on disk yet.
 
-import json  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -230,7 +229,7 @@ def test_warnings_in_the_writer_thread_go_to_the_engine_log_not_the_cell(tiny_da
     def on_event(ev):
         if ev["type"] == "chunk_done" and not where:
             where.append(threading.current_thread().name)
-            warnings.warn("rf-writer-thread-warning-7f3a", UserWarning)
+            warnings.warn("rf-writer-thread-warning-7f3a", UserWarning, stacklevel=1)
 
     exp.events.subscribe(on_event)
     exp.run_fit(three_runs(), tiny_create_model, train.select(range(16)), evald, num_chunks=2, seed=3)

@@ -1048,7 +1048,7 @@ export function parseKnobInput(original: unknown, text: string): ParseResult {
     return { ok: true, value: JSON.parse(t) };
   } catch {
     // A null knob (e.g. an unset optional) may well be set to a bare word.
-    if (original === null && /^[A-Za-z_][\w.\-]*$/.test(t)) return { ok: true, value: t };
+    if (original === null && /^[A-Za-z_][\w.-]*$/.test(t)) return { ok: true, value: t };
     return { ok: false, error: `not valid JSON: ${t.slice(0, 60)}` };
   }
 }

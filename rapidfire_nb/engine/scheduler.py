@@ -10,7 +10,7 @@ the run already on the device (no swap), then to the lowest run id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import collections
 import threading
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 
 class CheckpointWriter:

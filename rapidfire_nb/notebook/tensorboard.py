@@ -36,7 +36,7 @@ from ..errors import RapidFireError
 
 HOST = "127.0.0.1"
 _LOCK = threading.Lock()
-_SERVERS: dict[str, "TensorBoardServer"] = {}
+_SERVERS: dict[str, TensorBoardServer] = {}
 
 
 @dataclass
