@@ -539,6 +539,7 @@ from pathlib import Path
 import test_tracking as t
 rec, hub = t._track(Path({str(exp_path)!r}), ["trackio"], name="placement")
 assert hub.failures == {{}}, hub.failures
+assert "TRACKIO_DIR" not in os.environ, "the tracker left TRACKIO_DIR in the environment"
 print(len(t.trackio_points(Path({str(exp_path)!r}), 1)["train/loss"]))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRACKIO_DIR"}
