@@ -26,7 +26,7 @@ def test_jobs_run_in_order_off_the_calling_thread_and_flush_waits_for_them():
     gate.set()
     assert w.flush(timeout=5)
     assert [i for i, _ in done] == [0, 1, 2, 3, 4]
-    assert {name for _, name in done} == {"t-writer_0"}   # one worker thread
+    assert {name for _, name in done} == {"t-writer"}   # one worker thread, named as asked
     assert not w.busy() and not w.pending(0) and not w.pending(1)
     assert w.jobs_done == 5
 
@@ -46,9 +46,9 @@ def test_the_worker_leaves_when_idle_and_a_later_submit_starts_a_new_one():
     w.submit(1, lambda: None)
     assert w.flush(timeout=5)
     deadline = time.monotonic() + 5
-    while any(t.name.startswith("t-idle") for t in threading.enumerate()) and time.monotonic() < deadline:
+    while any(t.name == "t-idle" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not any(t.name.startswith("t-idle") for t in threading.enumerate())
+    assert not any(t.name == "t-idle" for t in threading.enumerate())
     ran = threading.Event()
     w.submit(2, ran.set)
     assert w.flush(timeout=5) and ran.is_set()
@@ -233,7 +233,7 @@ def test_warnings_in_the_writer_thread_go_to_the_engine_log_not_the_cell(tiny_da
     exp.events.subscribe(on_event)
     exp.run_fit(three_runs(), tiny_create_model, train.select(range(16)), evald, num_chunks=2, seed=3)
     exp.end()
-    assert where == ["rapidfire-ckpt-writer_0"]
+    assert where == ["rapidfire-ckpt-writer"]
     out, err = capfd.readouterr()
     assert "rf-writer-thread-warning-7f3a" not in out + err
     assert "rf-writer-thread-warning-7f3a" in (exp.path / "logs" / "engine.log").read_text()

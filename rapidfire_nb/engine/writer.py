@@ -43,11 +43,16 @@ class CheckpointWriter:
         """Queue ``job`` (which must not raise) for ``run_id``; returns at once."""
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+                # the worker takes the writer's own name (not the pool's "<prefix>_0"): logs and
+                # tests know the checkpoint thread by it
+                self._executor = ThreadPoolExecutor(max_workers=1, initializer=self._name_worker)
             self._pending[run_id] += 1
             future = self._executor.submit(self._run, run_id, job)
             self._futures.add(future)
         future.add_done_callback(self._forget)
+
+    def _name_worker(self) -> None:
+        threading.current_thread().name = self._name
 
     def pending(self, run_id: int) -> bool:
         with self._lock:
