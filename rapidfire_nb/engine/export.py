@@ -89,7 +89,8 @@ def load_adapter_state(peft_model, adapter: str, state: dict) -> None:
             + (f"{len(unexpected)} left over (e.g. {unexpected[:2]}) " if unexpected else "")
             + (f"{len(wrong)} of another shape (e.g. {wrong[0]}: {tuple(state[wrong[0]].shape)}, "
                f"needs {tuple(own[wrong[0]].shape)})" if wrong else ""))
-    set_peft_model_state_dict(peft_model, state, adapter_name=adapter)
+    # a copy: peft 0.18 renames the keys of the dict it is given in place
+    set_peft_model_state_dict(peft_model, dict(state), adapter_name=adapter)
 
 
 def export_adapter(base_model, lora_config, weights: dict, adapter: str, path: Path) -> Path:
