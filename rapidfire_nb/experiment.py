@@ -30,7 +30,7 @@ from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import (ExperimentStore, atomic_write_json, check_experiment_meta,
                                        failed_by_the_disk, read_json)
-from rapidfire_nb.engine.trainers import trainer_class
+from rapidfire_nb.engine.adapters import trainer_class
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
 _current: "weakref.ref[Experiment] | None" = None

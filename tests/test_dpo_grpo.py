@@ -10,8 +10,8 @@ from rapidfire_nb.automl import (List, RFDPOConfig, RFGridSearch, RFGRPOConfig, 
                                  RFModelConfig)
 from rapidfire_nb.demo_data import make_dpo_dataset, make_grpo_dataset, tiny_create_model
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.trainers import trainer_class
-from rapidfire_nb.engine.trainers_rl import GenerationPlan
+from rapidfire_nb.engine.adapters import trainer_class
+from rapidfire_nb.engine.adapters.grpo import GenerationPlan
 from rapidfire_nb.errors import ConfigError
 
 LORA = dict(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)

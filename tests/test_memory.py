@@ -25,7 +25,7 @@ from rapidfire_nb.automl import (
 )
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
-from rapidfire_nb.engine.trainers import RunTrainer
+from rapidfire_nb.engine.adapters.base import RunTrainer
 
 TOTAL_RUNS = 20
 ALIVE = 4

@@ -17,7 +17,7 @@ from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.store import ExperimentStore
-from rapidfire_nb.engine.trainers import RunTrainer, merge_window
+from rapidfire_nb.engine.adapters.base import RunTrainer, merge_window
 
 COUNTERS = ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done")
 

@@ -12,8 +12,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, prepare_quantized_base, rng_fork,
-                                          trainer_class)
+from rapidfire_nb.engine.adapters import trainer_class
+from rapidfire_nb.engine.adapters.base import RunTrainer, prepare_quantized_base
+from rapidfire_nb.engine.rng import derive_seed, rng_fork
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import ExperimentStore

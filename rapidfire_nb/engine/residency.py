@@ -12,7 +12,7 @@ import warnings
 from typing import Callable
 
 from rapidfire_nb.engine.scheduler import RunView, parking_order
-from rapidfire_nb.engine.trainers import RunTrainer
+from rapidfire_nb.engine.adapters.base import RunTrainer
 
 
 class Residency:
