@@ -1,4 +1,4 @@
-"""Experiment: the user's facade over the engine (DESIGN §3).
+"""Experiment: the user's facade over the engine.
 
     exp = Experiment("sft-demo")
     exp.run_fit(config_group, create_model, train_dataset, eval_dataset, num_chunks=4)

@@ -1,4 +1,4 @@
-"""Memory does not grow with finished or deleted runs (DESIGN §5, delete; §4.3).
+"""Memory does not grow with finished or deleted runs.
 
 Twenty LoRA runs pass through one experiment, at most four alive at a time: the others wait,
 stopped before they ever start, and are resumed one by one as runs complete or are deleted after

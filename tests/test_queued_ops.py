@@ -1,4 +1,4 @@
-"""Ops are validated against the state the already-queued ops will produce (issue 15, DESIGN §5).
+"""Ops are validated against the state the already-queued ops will produce (issue 15).
 
 Each op here is issued from an event listener at a chunk boundary, before the engine has applied
 the ops queued just before it: exactly "two calls in one notebook cell while a chunk trains".

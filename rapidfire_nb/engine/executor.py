@@ -56,7 +56,7 @@ class ChunkExecutor:
     trainer, so the engine does not train that run again until the write is done. Errors: any
     exception means this run failed (the engine marks it failed with the traceback and calls
     ``release``); other runs are not affected. Results are bit-identical whatever ran before on
-    the executor (exactness, DESIGN §4.1): everything a run owns is restored at its swap-in.
+    the executor (exactness): everything a run owns is restored at its swap-in.
 
     ``release(record)`` frees a run's trainer, adapter and device memory (idempotent).
     ``live_weights(run_id)`` is the run's current trainable weights (CPU-copyable tensors) or None
