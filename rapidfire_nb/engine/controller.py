@@ -85,7 +85,7 @@ class Engine:
     def __init__(self, store: ExperimentStore, events: EventLog, create_model: Callable,
                  train_dataset, eval_dataset, num_chunks: int, seed: int,
                  build_args: Callable, build_lora: Callable, devices=("cpu",), offload: str = "auto",
-                 executor: ChunkExecutor | None = None):
+                 executor: ChunkExecutor | None = None, prep_cache: dict | None = None):
         self.store = store
         store.fingerprint_of = self._fingerprint_of
         self.events = events
@@ -96,7 +96,7 @@ class Engine:
         self.idle = threading.Condition(self.lock)
         self.runs: dict[int, RunRecord] = {}
         self.factory = TrainerFactory(store, create_model, train_dataset, eval_dataset, num_chunks,
-                                      seed, build_args, build_lora)
+                                      seed, build_args, build_lora, prep_cache)
         self.persistence = Persistence(store, events, self.lock, self.runs)
         self.executor = executor if executor is not None else LocalChunkExecutor(
             self.factory, store, self.device_name, Residency(offload),
