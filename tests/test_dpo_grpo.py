@@ -10,8 +10,8 @@ from rapidfire_nb.automl import (List, RFDPOConfig, RFGridSearch, RFGRPOConfig, 
                                  RFModelConfig)
 from rapidfire_nb.demo_data import make_dpo_dataset, make_grpo_dataset, tiny_create_model
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.trainers import trainer_class
-from rapidfire_nb.engine.trainers_rl import GenerationPlan
+from rapidfire_nb.engine.adapters import trainer_class
+from rapidfire_nb.engine.adapters.grpo import GenerationPlan
 from rapidfire_nb.errors import ConfigError
 
 LORA = dict(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
@@ -142,7 +142,7 @@ def test_dpo_grid_completes_with_metrics_after_every_chunk(dpo_grid):
 
 def test_dpo_lora_reference_is_the_shared_base(dpo_grid):
     engine = dpo_grid.engine
-    base = engine.bases[engine.runs[1].spec.base_key()]
+    base = engine.factory.bases[engine.snapshot()[1].spec.base_key()]
     assert base.pristine is None, "LoRA runs must not keep a second copy of the base"
     assert not {"ref", "default"} & set(base.peft_model.peft_config)
     # the margin at the first step is exactly 0: the reference is the initial policy (LoRA B = 0)
@@ -184,8 +184,8 @@ def test_dpo_references_as_built(dpo_data, tmp_path):
 def test_dpo_isolation_bit_identical_to_training_alone(dpo_grid, dpo_data, tmp_path):
     train, evald = dpo_data
     # run 4 = lr 2e-2, beta 0.5 (grid order: learning_rate outer, beta inner)
-    assert dpo_grid.engine.runs[4].spec.training_args["beta"] == 0.5
-    assert dpo_grid.engine.runs[4].spec.training_args["learning_rate"] == 2e-2
+    assert dpo_grid.engine.snapshot()[4].spec.training_args["beta"] == 0.5
+    assert dpo_grid.engine.snapshot()[4].spec.training_args["learning_rate"] == 2e-2
     cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=dpo_args(2e-2, 0.5),
                         compute_metrics=exact_match, generation_config={"max_new_tokens": 4})
     alone = Experiment("dpo-alone", experiment_path=tmp_path)
@@ -202,7 +202,7 @@ def test_dpo_full_fine_tuning_with_a_frozen_reference(dpo_data, tmp_path):
     exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, evald, num_chunks=2, seed=1)
     info = exp.get_runs_info()
     assert set(info.status) == {"completed"}, info.error.tolist()
-    assert exp.engine.runs[2].spec.training_args["precompute_ref_log_probs"] is True
+    assert exp.engine.snapshot()[2].spec.training_args["precompute_ref_log_probs"] is True
     l_fly, l_pre = logged(exp, 1), logged(exp, 2)
     assert l_fly.keys() == l_pre.keys() and len(l_fly) > 0
     # the reference is the initial policy, and precomputing it changes nothing
@@ -323,7 +323,7 @@ def test_grpo_grid_completes_with_per_reward_metrics_after_every_chunk(grpo_grid
 
 def test_grpo_isolation_bit_identical_to_training_alone(grpo_grid, grpo_data, tmp_path):
     train, evald = grpo_data
-    spec = grpo_grid.engine.runs[3].spec      # lr 5e-2, G = 2
+    spec = grpo_grid.engine.snapshot()[3].spec      # lr 5e-2, G = 2
     assert spec.training_args["learning_rate"] == 5e-2 and spec.training_args["num_generations"] == 2
     cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=grpo_args(5e-2, 2),
                         reward_funcs=[short_answer, correct_answer],
@@ -597,7 +597,7 @@ def test_a_reference_model_named_by_ref_model_name_is_loaded_and_used(trainer_ty
     assert _first_step(exp, 1, metric) == 0.0
     assert abs(_first_step(exp, 2, metric)) > 1e-4
     # the reference stayed frozen and adapter-free: the engine keeps it apart from the bases
-    (ref,) = exp.engine.references.values()
+    (ref,) = exp.engine.factory.references.values()
     assert not any(p.requires_grad for p in ref.parameters())
     assert not any("lora" in n for n, _ in ref.named_parameters())
 

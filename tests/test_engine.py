@@ -172,7 +172,7 @@ def test_export_round_trip_gives_identical_logits(four_run_experiment, tmp_path)
     loaded = PeftModel.from_pretrained(base, str(out)).eval()
     # reference: a fresh base with the run's LoRA config and the weights the engine trained
     ref_base, _ = make_tiny_model_and_tokenizer()
-    ref = get_peft_model(ref_base, build_lora_config(exp.engine.runs[2].spec), adapter_name="run_2")
+    ref = get_peft_model(ref_base, build_lora_config(exp.engine.snapshot()[2].spec), adapter_name="run_2")
     trained = exp.engine.run_weights(2)
     own = dict(ref.named_parameters())
     with torch.no_grad():
@@ -250,7 +250,7 @@ def test_checkpoints_are_written_off_the_engine_thread_and_logged_only_once_on_d
     assert list(tl.chunk) == [0] * 4 + [1] * 4 + [2] * 4
     # the engine's own share of a checkpoint is the snapshot; the writer's time is reported apart
     assert tl.snapshot_s.notna().all() and tl.checkpoint_s.notna().all()
-    assert exp.engine.writer.jobs_done == 12 and not exp.engine.writer.busy()
+    assert exp.engine.persistence.writer.jobs_done == 12 and not exp.engine.persistence.writer.busy()
     exp.end()
 
 
