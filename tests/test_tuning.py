@@ -361,12 +361,22 @@ def uninterrupted(tmp_path_factory):
 
 # killed after 3 logged chunks: around the first rung's decision and its refill asks (the kill
 # comes from the checkpoint writer, racing the engine thread's decision); after 8: later rungs
-@pytest.mark.parametrize("kill_after", [3, 8])
+# -1: at the first pruning decision, before the checkpoint of the chunk that reached the rung is
+# durable (resumed, the pruned run must train that chunk again before it stops, as it did)
+@pytest.mark.parametrize("kill_after", [3, 8, -1])
 def test_resume_after_sigkill_restores_the_study_and_reaches_the_same_decisions(
         tmp_path, uninterrupted, kill_after):
     code, partial, err = worker(tmp_path, "fresh", kill_after=kill_after)
     assert code == -9 and partial is None
     assert (tmp_path / "optuna" / "optuna" / "journal.log").exists()
+    if kill_after < 0:
+        # the decision was saved, yet the pruned run's rung chunk never reached the log or disk
+        pruned = json.loads((tmp_path / "optuna" / "automl.json").read_text())["pruned"]
+        assert pruned
+        logged = [json.loads(line) for line in (tmp_path / "optuna" / "events.jsonl").read_text().splitlines()]
+        for rid, d in pruned.items():
+            assert not [ev for ev in logged if ev["type"] == "chunk_done" and ev["run_id"] == int(rid)
+                        and ev["chunks_done"] >= d["rung"]]
     code, resumed, err = worker(tmp_path, "resume")
     assert code == 0, err[-3000:]
     assert resumed["trials"] == uninterrupted["trials"]
