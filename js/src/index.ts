@@ -11,6 +11,7 @@ import type { AnyModel, RenderProps } from "@anywidget/types";
 import { Client, type Reply } from "./client";
 import { CSS } from "./style";
 import { CloneSubmitter } from "./cloneform";
+import { suggestedRuns, suggestionOpen } from "./suggest";
 import {
   applySnapshot,
   createChartBook,
@@ -61,6 +62,11 @@ import {
 } from "./state";
 
 type Model = AnyModel<{ snapshot: Record<string, unknown> }>;
+type SimpleOp = "stop" | "resume" | "delete" | "confirm_suggestion" | "ignore_suggestion";
+const OP_WORDS: Record<SimpleOp, string> = {
+  stop: "stop", resume: "resume", delete: "delete",
+  confirm_suggestion: "confirm the pruner's stop of", ignore_suggestion: "ignore the pruner's suggestion for",
+};
 
 const PULL_INTERVAL_MS = 1000;
 /** Pixels above the time split's bars for its legend (one line of 10 px labels). */
@@ -293,6 +299,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         return span;
       }),
     );
+    const asked = suggestedRuns(state);
+    if (asked.length) {
+      const span = h("span", { class: "rf-count rf-count-suggest", "data-testid": "rf-suggested-count",
+        text: `${asked.length} suggested to stop` });
+      span.title = `the pruner suggests stopping run${asked.length > 1 ? "s" : ""} ${asked.join(", ")}: Confirm or Ignore on each row`;
+      counts.append(span);
+    }
     live.textContent = `${state.ended ? "ended" : "live"} · seq ${state.lastSeq}${state.knownSeq > state.lastSeq ? ` / ${state.knownSeq}` : ""}`;
   }
 
@@ -475,6 +488,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     best: HTMLDivElement;
     parent: HTMLTableCellElement | null;
     note: HTMLDivElement;
+    /** pruner_mode="suggest": the pruner's reason with Confirm / Ignore, while unanswered. */
+    suggestion: HTMLDivElement;
+    suggestionText: HTMLSpanElement;
+    answers: Record<"confirm_suggestion" | "ignore_suggestion", HTMLButtonElement>;
     buttons: Record<"stop" | "resume" | "delete" | "clone" | "traceback", HTMLButtonElement>;
     busy: boolean;
   }
@@ -631,6 +648,21 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       traceback: mk("traceback", "Traceback"),
     };
     buttons.delete.classList.add("rf-danger");
+    const suggestionText = h("span", { class: "rf-suggest-text" });
+    const answers = {
+      confirm_suggestion: h("button", {
+        "data-op": "confirm_suggestion", class: "rf-primary", text: "Confirm",
+        title: `stop run ${run.id} as the pruner suggests`,
+      }),
+      ignore_suggestion: h("button", {
+        "data-op": "ignore_suggestion", text: "Ignore",
+        title: `keep training run ${run.id}; the pruner will not judge it again`,
+      }),
+    };
+    const suggestion = h("div", { class: "rf-suggest", "data-testid": "rf-suggestion" },
+      [h("span", { class: "rf-suggest-label", text: "pruner suggests stopping: " }), suggestionText,
+        answers.confirm_suggestion, answers.ignore_suggestion]);
+    suggestion.style.display = "none";
     const row: Row = {
       tr,
       status,
@@ -643,6 +675,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       best: h("div", { class: "rf-note" }),
       parent: lineage ? h("td") : null,
       note: h("div", { class: "rf-note rf-row-note" }),
+      suggestion,
+      suggestionText,
+      answers,
       buttons,
       busy: false,
     };
@@ -651,10 +686,12 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     buttons.delete.addEventListener("click", () => deleteClicked(row, run.id));
     buttons.clone.addEventListener("click", () => openCloneEditor(run.id));
     buttons.traceback.addEventListener("click", () => showTraceback(run.id));
+    answers.confirm_suggestion.addEventListener("click", () => simpleOp(row, run.id, "confirm_suggestion"));
+    answers.ignore_suggestion.addEventListener("click", () => simpleOp(row, run.id, "ignore_suggestion"));
     tr.append(
       h("td", { class: "rf-id" }, [swatch, `${run.id}`]),
       h("td", {}, [status]),
-      h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note]),
+      h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note, suggestion]),
       ...knobCells.map((c) => h("td", { class: "rf-knob" }, [c])),
       h("td", {}, [h("span", { class: "rf-progress" }, [progressBar]), progressTextEl, chunkTextEl]),
       row.trainLoss,
@@ -688,6 +725,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     row.buttons.delete.disabled = row.busy || !legal.delete;
     row.buttons.clone.disabled = !legal.clone;
     row.buttons.traceback.style.display = run.hasError ? "" : "none";
+    const asked = suggestionOpen(run);
+    row.suggestion.style.display = asked ? "" : "none";
+    row.suggestionText.textContent = asked ? run.suggestion! : "";
+    row.suggestion.title = asked ? run.suggestion! : "";
+    row.answers.confirm_suggestion.disabled = row.busy;
+    row.answers.ignore_suggestion.disabled = row.busy;
+    row.tr.classList.toggle("rf-suggested", asked);
     const op = run.lastOp;
     const note = run.reason ?? (op && !op.accepted ? `${op.op} refused: ${op.reason ?? ""}` : "");
     row.note.textContent = note;
@@ -696,14 +740,15 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     row.status.title = badge.title;
   }
 
-  async function simpleOp(row: Row, runId: number, op: "stop" | "resume" | "delete"): Promise<void> {
+  async function simpleOp(row: Row, runId: number, op: SimpleOp): Promise<void> {
     row.busy = true;
     scheduleRender({ table: true });
-    say(`${op} run ${runId}…`);
+    const words = OP_WORDS[op];
+    say(`${words} run ${runId}…`);
     const reply = await client.request({ type: "op", op, run_id: runId });
     row.busy = false;
-    if (reply.ok) say(`${op} run ${runId}: accepted`, "ok");
-    else say(`${op} run ${runId}: ${reply.error}`, "error");
+    if (reply.ok) say(`${words} run ${runId}: accepted`, "ok");
+    else say(`${words} run ${runId}: ${reply.error}`, "error");
     scheduleRender({ table: true });
     requestPull();
   }
