@@ -12,6 +12,8 @@ import { Client, type Reply } from "./client";
 import { CSS } from "./style";
 import { CloneSubmitter } from "./cloneform";
 import { suggestedRuns, suggestionOpen } from "./suggest";
+import { evalMarkers } from "./scale";
+import { loadPrefs, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
 import {
   applySnapshot,
   createChartBook,
@@ -113,7 +115,7 @@ function toPlotlyTrace(t: TraceSpec, split: "train" | "eval", xLabel: string, me
     type: "scatter",
     // Train curves have a point per step: markers would be thousands of SVG nodes. Eval curves
     // have one point per chunk, and the markers show where the evaluations are.
-    mode: split === "train" ? "lines" : "lines+markers",
+    mode: evalMarkers(split, 0, false),
     name: t.name,
     x: t.x,
     y: t.y,
@@ -187,6 +189,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
+      if (chart.book.metric) chart.preferred = chart.book.metric;
+      persistPrefs();
       scheduleRender({ charts: true, table: true });
     });
     return chart;
@@ -201,10 +205,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const tbody = h("tbody");
   table.append(thead, tbody);
   const filterBox = h("div", { class: "rf-filters", "data-testid": "rf-filters" }, ["hide:"]);
+  const filterBoxes = new Map<keyof StatusFilters, HTMLInputElement>();
   for (const s of ["stopped", "pruned", "deleted"] as (keyof StatusFilters)[]) {
     const box = h("input", { type: "checkbox", "data-filter": s });
+    filterBoxes.set(s, box);
     box.addEventListener("change", () => {
       hide[s] = box.checked;
+      persistPrefs();
       scheduleRender({ charts: true, table: true });
     });
     filterBox.append(h("label", { title: `hide ${s} runs in the charts and the table` }, [box, ` ${s}`]));
@@ -417,12 +424,15 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         width.push(1.5);
       }
     }
-    const key = JSON.stringify([visible, opacity, width]);
+    // Eval markers (one per chunk) of dozens of runs pile into a solid band: past a few runs only
+    // the hovered or pinned runs show theirs; the curves still answer hover at every point.
+    const mode = order.map((id) => evalMarkers(chart.book.split, visible.filter(Boolean).length, focus.has(id)));
+    const key = JSON.stringify([visible, opacity, width, mode]);
     if (key === chart.emphasisKey) return;
     chart.emphasisKey = key;
     const indices = order.map((_, i) => i);
     chart.queue = chart.queue
-      .then(() => Plotly.restyle(chart.div, { visible, opacity, "line.width": width }, indices))
+      .then(() => Plotly.restyle(chart.div, { visible, opacity, "line.width": width, mode }, indices))
       .catch(() => { chart.emphasisKey = ""; });
   }
 
@@ -506,6 +516,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   groupRow.append(groupCell);
   groupRow.addEventListener("click", () => {
     groupOpen = !groupOpen;
+    persistPrefs();
     scheduleRender({ table: true });
   });
   let shownOrder = "";
@@ -519,6 +530,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     // First click: the column's natural "best first" order; a second click reverses it.
     const natural = column === "eval" ? metric !== null && !lowerIsBetter(metric) : column === "progress";
     sortKey = current.column === column ? { column, descending: !current.descending } : { column, descending: natural };
+    persistPrefs();
     reorderNow = true;
     scheduleRender({ table: true });
   }
@@ -1042,6 +1054,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const t0 = performance.now();
     noteKnownSeq(state, lastSeq);
     const r = ingest(state, events);
+    restorePrefs();
     if (r.applied > 0) {
       if (update === null) update = { start: t0, ingestMs: 0, events: 0 };
       update.ingestMs += performance.now() - t0;
@@ -1053,6 +1066,33 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       table: r.changedRuns.size > 0 || r.newMetrics,
       time: r.timeChanged,
     });
+  }
+
+  // --- what the user set up, remembered per experiment across re-renders -------------------------
+  let prefsAt: string | null = null;
+  function persistPrefs(): void {
+    const prefs: ViewPrefs = {
+      hide: { ...hide }, sort: { ...sortKey }, groupOpen,
+      metrics: { train: charts[0].preferred, eval: charts[1].preferred },
+    };
+    savePrefs(prefsAt, prefs);
+  }
+  /** Once the experiment is known (snapshot or first event), bring back what was set up for it. */
+  function restorePrefs(): void {
+    if (prefsAt !== null) return;
+    prefsAt = prefsKey(state.path, state.experiment);
+    const prefs = loadPrefs(prefsAt);
+    if (prefs === null) return;
+    Object.assign(hide, prefs.hide);
+    for (const [k, box] of filterBoxes) box.checked = hide[k];
+    sortKey = { ...prefs.sort };
+    groupOpen = prefs.groupOpen;
+    for (const [i, m] of [prefs.metrics.train, prefs.metrics.eval].entries()) {
+      if (m === null) continue;
+      charts[i].preferred = m;
+      charts[i].book.metric = m;
+    }
+    scheduleRender({ charts: true, table: true });
   }
 
   let pullAgain = false;
@@ -1101,6 +1141,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   m.on("msg:custom", onCustom);
   m.on("change:snapshot", onSnapshot);
   applySnapshot(state, m.get("snapshot"));
+  restorePrefs();
   renderHeader();
   scheduleRender({ charts: true });
   requestPull();

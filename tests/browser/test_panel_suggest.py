@@ -102,6 +102,32 @@ def test_confirm_and_ignore_suggestions_from_the_panel(lab, page):
           f"run {ignore_id} to keep training after Ignore", page)
     assert _row_status(page, ignore_id) in ("pending", "running", "completed")
     assert not _row(page, ignore_id).locator("[data-testid=rf-suggestion]").is_visible()
+
+    # --- the set-up survives a re-render: hide pruned runs, sort by run id, show the panel again --
+    panel = page.locator("[data-testid=rf-panel]").first
+    panel.locator('[data-testid=rf-filters] input[data-filter="pruned"]').check()
+    panel.locator('[data-testid=rf-runs] th[data-sort="id"]').click()
+    _wait(lambda: panel.locator('th[data-sort="id"]').get_attribute("data-sorted") == "asc", 30,
+          "the table sorted by run id", page)
+    page.locator(".jp-Cell").last.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")  # a new cell below
+    page.locator(".jp-Cell").last.locator(".jp-InputArea-editor").click()
+    page.keyboard.type("exp")
+    page.keyboard.press("Shift+Enter")
+    again = page.locator("[data-testid=rf-panel]").nth(1)
+    again.wait_for(timeout=120_000)
+    _wait(lambda: again.locator("[data-testid=rf-runs] tr[data-run-id]").count() >= 3, 120,
+          "the re-rendered panel's rows", page)
+    assert again.locator('[data-testid=rf-filters] input[data-filter="pruned"]').is_checked()
+    assert not again.locator('[data-testid=rf-filters] input[data-filter="stopped"]').is_checked()
+    assert again.locator('th[data-sort="id"]').get_attribute("data-sorted") == "asc"
+    assert again.locator(f'tr[data-run-id="{confirm_id}"]').count() == 0      # hidden: pruned
+    ids = [int(t.get_attribute("data-run-id")) for t in again.locator("[data-testid=rf-runs] tr[data-run-id]").all()]
+    assert ids == sorted(ids)
+    again.scroll_into_view_if_needed()
+    page.screenshot(path=str(OUTPUT / "suggest_03_rerendered.png"), full_page=True)
+
     errors = [line for line in page.console_log if line.startswith("pageerror")]
     assert errors == [], errors
     for kernel in lab.api("/api/kernels") or []:   # leave the cores to the next test
