@@ -3,8 +3,8 @@
  *
  * Works the same in JupyterLab, Notebook 7, VS Code and Colab because it uses only the plain
  * anywidget model API (`model.get/on/off/send`). The state lives in ./state.ts (tested alone);
- * this file turns state changes into DOM updates and Plotly calls, appending points to curves
- * with `Plotly.extendTraces` rather than redrawing them.
+ * this file turns state changes into DOM updates and Plotly calls: each chart keeps its own copy
+ * of its figure, changes it in place, and hands a frame's changes to Plotly in one `react`.
  */
 import Plotly from "plotly.js-basic-dist-min";
 import type { AnyModel, RenderProps } from "@anywidget/types";
@@ -12,7 +12,7 @@ import { Client, type Reply } from "./client";
 import { CSS } from "./style";
 import { CloneSubmitter } from "./cloneform";
 import { suggestedRuns, suggestionOpen } from "./suggest";
-import { evalMarkers } from "./scale";
+import { evalMarkers, timeSplitInterval } from "./scale";
 import { loadPrefs, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
 import {
   applySnapshot,
@@ -75,7 +75,6 @@ const PULL_INTERVAL_MS = 1000;
 const TIME_LEGEND_PX = 24;
 /** Pull anyway when no push arrived for this long (Colab drops background-thread pushes). */
 const PUSH_SILENCE_MS = 2500;
-const TIME_SPLIT_REDRAW_MS = 2000;
 
 function h<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -142,6 +141,10 @@ interface Chart {
   /** The pruning rungs last drawn as annotations (skip identical relayouts). */
   rungKey: string;
   listening: boolean;
+  /** What Plotly is to show: this chart's traces and layout, changed in place between flushes. */
+  fig: { data: Record<string, unknown>[]; layout: Record<string, unknown> };
+  /** `fig` changed since Plotly last got it. */
+  dirty: boolean;
 }
 
 /** One update's cost in the browser, as the browser test reads it from the panel element. */
@@ -154,6 +157,8 @@ interface UpdateTiming {
   renderMs: number;
   /** From the message's arrival to the charts being drawn, the frame wait included. */
   wallMs: number;
+  /** The Plotly calls this update made ("train:replace", "eval:emphasis", ...): each redraws. */
+  calls: string[];
 }
 
 function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }>): () => void {
@@ -185,7 +190,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const chart: Chart = {
       book: createChartBook(split, null), div, waiting, select, xLabel, queue: Promise.resolve(), options: [], preferred,
-      emphasisKey: "", rungKey: "", listening: false,
+      emphasisKey: "", rungKey: "", listening: false, fig: { data: [], layout: {} }, dirty: false,
     };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
@@ -241,6 +246,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const timeSummary = h("summary", { text: "engine time split" });
   const timeDiv = h("div", { class: "rf-time-plot", "data-testid": "rf-time-split" });
   const timeDetails = h("details", { open: "" }, [timeSummary, timeDiv]);
+  timeDetails.addEventListener("toggle", () => {
+    if (timeDetails.open) scheduleRender({ time: true });
+  });
   root.append(timeDetails);
 
   // --- messages -------------------------------------------------------------------------------
@@ -251,6 +259,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
 
   // --- rendering, coalesced into one animation frame --------------------------------------------
   let pendingRender = { charts: false, table: false, time: false, header: false };
+  // The Plotly calls of the frame being rendered, for the update timings (each is a redraw).
+  let callLog: string[] = [];
+  const noteCall = (what: string) => callLog.push(what);
   let renderScheduled = false;
   function scheduleRender(what: Partial<typeof pendingRender>): void {
     pendingRender = {
@@ -267,11 +278,16 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       const what = pendingRender;
       pendingRender = { charts: false, table: false, time: false, header: false };
       const renderStart = performance.now();
+      const frameCalls: string[] = [];
+      callLog = frameCalls;
       try {
         if (what.header) renderHeader();
         if (what.charts) renderCharts();
         if (what.table) renderTable();
-        if (what.time) renderTimeSplit();
+        // The time split is a Plotly redraw of its own (a bar per run): never in the same frame
+        // as the curves' redraw, so one frame pays for one of them.
+        if (what.time && (what.charts || what.table)) setTimeout(() => scheduleRender({ time: true }), 0);
+        else if (what.time) renderTimeSplit();
       } catch (err) {
         say(`panel render error: ${String(err)}`, "error");
       }
@@ -282,7 +298,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
           const end = performance.now();
           recordTiming({
             events: u.events, runs: state.runs.size, ingestMs: u.ingestMs, renderMs: end - renderStart,
-            workMs: u.ingestMs + (end - renderStart), wallMs: end - u.start,
+            workMs: u.ingestMs + (end - renderStart), wallMs: end - u.start, calls: frameCalls,
           });
         });
       }
@@ -336,42 +352,75 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     chart.div.style.visibility = empty ? "hidden" : "";
   }
 
-  function applyPlan(chart: Chart, plan: ChartPlan): Promise<unknown> {
+  /**
+   * Apply a plan to the chart's own copy of its figure (no Plotly call here). Every change of a
+   * frame (new points, new traces, names, emphasis, rungs) then reaches Plotly as one `react`
+   * (flushChart): each Plotly call redraws the whole plot, and at 48 runs one redraw costs tens of
+   * milliseconds, so the calls, not the points, are what an update must keep few.
+   */
+  function applyPlan(chart: Chart, plan: ChartPlan): void {
     const metric = chart.book.metric ?? "";
-    const layout = {
-      ...themeLayout(root),
-      xaxis: { ...(themeLayout(root).xaxis as object), title: { text: chart.xLabel, font: { size: 11 } } },
-      yaxis: { ...(themeLayout(root).yaxis as object), title: { text: metric, font: { size: 11 } } },
-      uirevision: metric,
-    };
+    const split = chart.book.split;
+    const trace = (t: TraceSpec) => toPlotlyTrace(t, split, chart.xLabel, metric);
+    const fig = chart.fig;
+    if (plan.reset || plan.add.length) chart.emphasisKey = "";
+    if (plan.reset) {
+      const base = themeLayout(root);
+      fig.layout = {
+        ...base,
+        xaxis: { ...(base.xaxis as object), title: { text: chart.xLabel, font: { size: 11 } } },
+        yaxis: { ...(base.yaxis as object), title: { text: metric, font: { size: 11 } } },
+        uirevision: metric,
+      };
+      fig.data = plan.traces.map(trace);
+      chart.rungKey = "";
+      chart.dirty = true;
+      noteCall(`${split}:reset`);
+      return;
+    }
+    if (plan.add.length) {
+      fig.data.push(...plan.add.map(trace));
+      noteCall(`${split}:add`);
+    }
+    plan.replace.indices.forEach((idx, k) => {
+      fig.data[idx] = { ...fig.data[idx], x: plan.replace.x[k], y: plan.replace.y[k] };
+    });
+    if (plan.replace.indices.length) noteCall(`${split}:replace`);
+    plan.extend.indices.forEach((idx, k) => {
+      const old = fig.data[idx] as { x: number[]; y: (number | null)[] };
+      // New arrays: react sees a changed trace by its arrays' identity.
+      fig.data[idx] = { ...fig.data[idx], x: old.x.concat(plan.extend.x[k]), y: old.y.concat(plan.extend.y[k]) };
+    });
+    if (plan.extend.indices.length) noteCall(`${split}:extend`);
+    plan.restyle.indices.forEach((idx, k) => {
+      // Fading itself is applied with the emphasis, which knows about hover and pins.
+      fig.data[idx] = { ...fig.data[idx], name: plan.restyle.name[k] };
+      chart.emphasisKey = "";
+    });
+    chart.dirty = chart.dirty || !planIsEmpty(plan);
+  }
+
+  /** Hand the frame's changes of one chart to Plotly in one call (see applyPlan). */
+  function flushChart(chart: Chart): void {
+    if (!chart.dirty) return;
+    chart.dirty = false;
+    const { data, layout } = chart.fig;
     // No toolbar: it floats over the top right of the plot and hides points there; drag zooms and a
     // double-click zooms out without it.
     // showTips: false - plotly's "Double-click to zoom back out" notice lands over JupyterLab's
     // toolbar; the chart head's tooltip says how zoom works.
     const config = { displaylogo: false, responsive: true, displayModeBar: false, showTips: false };
-    let p: Promise<unknown> = Promise.resolve();
-    const split = chart.book.split;
-    if (plan.reset || plan.add.length) chart.emphasisKey = "";
-    if (plan.reset) {
-      p = p.then(() => Plotly.react(chart.div, plan.traces.map((t) => toPlotlyTrace(t, split, chart.xLabel, metric)), layout, config));
-      return p.then(() => listen(chart));
-    }
-    if (plan.add.length) {
-      p = p.then(() => Plotly.addTraces(chart.div, plan.add.map((t) => toPlotlyTrace(t, split, chart.xLabel, metric))));
-    }
-    if (plan.replace.indices.length) {
-      p = p.then(() => Plotly.restyle(chart.div, { x: plan.replace.x, y: plan.replace.y }, plan.replace.indices));
-    }
-    if (plan.extend.indices.length) {
-      const update = { x: plan.extend.x, y: plan.extend.y as number[][] };
-      p = p.then(() => Plotly.extendTraces(chart.div, update, plan.extend.indices));
-    }
-    if (plan.restyle.indices.length) {
-      // Fading itself is applied with the emphasis (below), which knows about hover and pins.
-      chart.emphasisKey = "";
-      p = p.then(() => Plotly.restyle(chart.div, { name: plan.restyle.name }, plan.restyle.indices));
-    }
-    return p;
+    noteCall(`${chart.book.split}:react`);
+    chart.queue = chart.queue
+      .then(() => Plotly.react(chart.div, [...data], layout, config))
+      .then(() => listen(chart))
+      .catch((err) => {
+        // Whatever failed, the next render redraws this chart from the state.
+        chart.book.drawnMetric = null;
+        chart.emphasisKey = "";
+        chart.rungKey = "";
+        say(`chart error: ${String(err)}`, "error");
+      });
   }
 
   /** Zoom follows plotly's relayout events: a range redraws at full resolution inside it. */
@@ -426,14 +475,17 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
     // Eval markers (one per chunk) of dozens of runs pile into a solid band: past a few runs only
     // the hovered or pinned runs show theirs; the curves still answer hover at every point.
-    const mode = order.map((id) => evalMarkers(chart.book.split, visible.filter(Boolean).length, focus.has(id)));
+    const shown = visible.filter(Boolean).length;
+    const mode = order.map((id) => evalMarkers(chart.book.split, shown, focus.has(id)));
     const key = JSON.stringify([visible, opacity, width, mode]);
     if (key === chart.emphasisKey) return;
     chart.emphasisKey = key;
-    const indices = order.map((_, i) => i);
-    chart.queue = chart.queue
-      .then(() => Plotly.restyle(chart.div, { visible, opacity, "line.width": width, mode }, indices))
-      .catch(() => { chart.emphasisKey = ""; });
+    noteCall(`${chart.book.split}:emphasis`);
+    chart.fig.data = chart.fig.data.map((t, i) => {
+      const line = t.line as Record<string, unknown>;
+      return { ...t, visible: visible[i], opacity: opacity[i], mode: mode[i], line: { ...line, width: width[i] } };
+    });
+    chart.dirty = true;
   }
 
   /**
@@ -449,19 +501,20 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const key = JSON.stringify(rungs);
     if (key === chart.rungKey) return;
     chart.rungKey = key;
+    noteCall(`${chart.book.split}:rungs`);
     const annotations = rungs.map((r) => ({
       x: r.x, y: r.y, xref: "x", yref: "y", text: "\u2715", showarrow: false,
       font: { color: r.color, size: 14 }, hovertext: r.text, name: `rung ${r.runId}`,
     }));
-    chart.queue = chart.queue
-      .then(() => Plotly.relayout(chart.div, { annotations }))
-      .catch(() => { chart.rungKey = ""; });
+    chart.fig.layout = { ...chart.fig.layout, annotations };
+    chart.dirty = true;
   }
 
   function emphasizeAll(): void {
     for (const c of charts) {
       emphasize(c);
       markRungs(c);
+      flushChart(c);
     }
   }
 
@@ -469,16 +522,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     for (const chart of charts) {
       updateSelect(chart);
       const plan = planChart(state, chart.book);
-      if (planIsEmpty(plan)) continue;
-      // A redraw replaces the layout, annotations included.
-      if (plan.reset) chart.rungKey = "";
-      chart.queue = chart.queue
-        .then(() => applyPlan(chart, plan))
-        .catch((err) => {
-          // Whatever failed, the next render redraws this chart from the state.
-          chart.book.drawnMetric = null;
-          say(`chart error: ${String(err)}`, "error");
-        });
+      if (!planIsEmpty(plan)) applyPlan(chart, plan);
     }
     emphasizeAll();
   }
@@ -981,16 +1025,19 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   let timeTimer: ReturnType<typeof setTimeout> | undefined;
   function renderTimeSplit(): void {
     const now = Date.now();
-    if (now - lastTimeDraw < TIME_SPLIT_REDRAW_MS) {
+    // Folded: nothing to draw until it opens. At 48 runs a redraw is a few tens of ms, so the
+    // interval grows with the runs shown (2 s up to 8 runs, 12 s at 48).
+    const every = timeSplitInterval(state.runs.size);
+    if (timeDetails.open && now - lastTimeDraw < every) {
       if (timeTimer === undefined) {
         timeTimer = setTimeout(() => {
           timeTimer = undefined;
           scheduleRender({ time: true });
-        }, TIME_SPLIT_REDRAW_MS);
+        }, every);
       }
       return;
     }
-    lastTimeDraw = now;
+    if (timeDetails.open) lastTimeDraw = now;
     const fig = timeSplitFigure(state);
     if (fig.total <= 0) {
       timeSummary.textContent = "engine time split (after the first chunk)";
@@ -1000,6 +1047,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     timeSummary.textContent =
       `engine time ${fmtSeconds(fig.total)}: train ${pct(fig.values.train[0])} · eval ${pct(fig.values.eval[0])} · ` +
       `swap ${pct(fig.values.swap[0])} · other ${pct(fig.values.other[0])} (overhead ${(fig.overhead * 100).toFixed(1)}%)`;
+    if (!timeDetails.open) return;
     const colors = { train: "#1a7f37", eval: "#0b61a4", swap: "#b58900", other: "#8a8a8a" };
     const rowsRev = [...fig.rows].reverse();
     // Each run's label carries its chart colour, so the time split reads with the same key.
@@ -1037,6 +1085,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         tickfont: { size: Math.min(11, rowPx - 2) },
       },
     };
+    noteCall("time:react");
     void Plotly.react(timeDiv, data, layout, { displaylogo: false, displayModeBar: false, showTips: false, responsive: true });
   }
 

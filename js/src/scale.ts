@@ -15,3 +15,8 @@ export function evalMarkers(split: "train" | "eval", shown: number, focused: boo
   if (split === "train") return "lines";
   return focused || shown <= EVAL_MARKER_RUNS ? "lines+markers" : "lines";
 }
+
+/** Minimum ms between two redraws of the engine time split (one bar row per run). */
+export function timeSplitInterval(runs: number): number {
+  return Math.max(2000, Math.min(12000, 250 * runs));
+}

@@ -2,7 +2,7 @@
 // eval markers thinned at scale.
 import { describe, expect, it } from "vitest";
 import { defaultPrefs, loadPrefs, parsePrefs, prefsKey, savePrefs, type PrefStore } from "../src/viewprefs";
-import { EVAL_MARKER_RUNS, evalMarkers } from "../src/scale";
+import { EVAL_MARKER_RUNS, evalMarkers, timeSplitInterval } from "../src/scale";
 
 function mapStore(): PrefStore & { map: Map<string, string> } {
   const map = new Map<string, string>();
@@ -59,5 +59,15 @@ describe("eval markers at scale", () => {
     expect(evalMarkers("eval", EVAL_MARKER_RUNS, false)).toBe("lines+markers");
     expect(evalMarkers("eval", 48, false)).toBe("lines");
     expect(evalMarkers("eval", 48, true)).toBe("lines+markers");
+  });
+});
+
+describe("time split redraws", () => {
+  it("come at most every 2 s for a few runs, less often as bars are added, at least every 12 s", () => {
+    expect(timeSplitInterval(1)).toBe(2000);
+    expect(timeSplitInterval(8)).toBe(2000);
+    expect(timeSplitInterval(16)).toBe(4000);
+    expect(timeSplitInterval(48)).toBe(12000);
+    expect(timeSplitInterval(500)).toBe(12000);
   });
 });
