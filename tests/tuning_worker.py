@@ -74,7 +74,8 @@ def main():
 
         def save_then_die(self):
             save(self)
-            if any(self.engine.writer.pending(rid) for rid in self.pruned):
+            writer = self.engine.persistence.writer
+            if any(writer.pending(rid) for rid in self.pruned):
                 os.kill(os.getpid(), signal.SIGKILL)
 
         ChunkAutoML.save = save_then_die
