@@ -197,6 +197,37 @@ def test_suggestions_are_events_and_the_panel_confirms_or_ignores_each(data, tmp
     exp.end()
 
 
+def test_suggestions_are_answered_with_the_magic(data, tmp_path, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    from rapidfire_nb.notebook.magics import load_ipython_extension
+
+    train, evald = data
+    exp = Experiment("suggest-magic", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=4, block=False)
+    a, b = (int(r) for r in _wait_for_marks(exp, 2).run_id[:2])
+    InteractiveShell.clear_instance()
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=cfg)
+    try:
+        load_ipython_extension(shell)
+        capsys.readouterr()
+        shell.run_cell(f"%rapidfire ignore {a}", store_history=False)
+        shell.run_cell(f"%rapidfire confirm {b}", store_history=False)
+        shell.run_cell(f"%rapidfire confirm {b}", store_history=False)   # answered already
+        out, err = capsys.readouterr()
+    finally:
+        InteractiveShell.clear_instance()
+    assert f"run {a}: suggestion ignored" in out and f"run {b}: stop requested" in out
+    assert err.count("%rapidfire: ") == 1 and f"run {b} has no pruning suggestion" in err
+    assert "Traceback" not in err
+    assert _answers(exp)[:2] == [("ignore_suggestion", a, True), ("confirm_suggestion", b, True)]
+    exp.end(wait=False)
+
+
 def test_suggestions_survive_a_restart_from_the_event_log(data, tmp_path):
     train, evald = data
     exp = Experiment("suggest-restart", experiment_path=tmp_path)
