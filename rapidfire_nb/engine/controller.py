@@ -55,7 +55,7 @@ class Op:
 def _collect_garbage(full: bool = True) -> None:
     """Free what released runs held: trainers hold reference cycles; CUDA keeps cached blocks.
 
-    ``full=False`` (when the loop goes idle) skips the ~0.25 s full collection: RunTrainer.close
+    ``full=False`` (when the loop goes idle) skips the full collection (slow with transformers loaded): RunTrainer.close
     already freed the big tensors by refcount; the small cyclic rest goes with Python's own gc.
     """
     if full:
@@ -85,7 +85,7 @@ class Engine:
     def __init__(self, store: ExperimentStore, events: EventLog, create_model: Callable,
                  train_dataset, eval_dataset, num_chunks: int, seed: int,
                  build_args: Callable, build_lora: Callable, devices=("cpu",), offload: str = "auto",
-                 executor: ChunkExecutor | None = None):
+                 executor: ChunkExecutor | None = None, prep_cache: dict | None = None):
         self.store = store
         store.fingerprint_of = self._fingerprint_of
         self.events = events
@@ -96,7 +96,7 @@ class Engine:
         self.idle = threading.Condition(self.lock)
         self.runs: dict[int, RunRecord] = {}
         self.factory = TrainerFactory(store, create_model, train_dataset, eval_dataset, num_chunks,
-                                      seed, build_args, build_lora)
+                                      seed, build_args, build_lora, prep_cache)
         self.persistence = Persistence(store, events, self.lock, self.runs)
         self.executor = executor if executor is not None else LocalChunkExecutor(
             self.factory, store, self.device_name, Residency(offload),
@@ -502,7 +502,7 @@ class Engine:
             self._fail(rec, exc)
         for rid in [rid for rid in self.executor.live_run_ids() if self.runs[rid].status == R.COMPLETED]:
             # its final weights are in its checkpoint (export, warm clones and run_weights read
-            # them there): memory must not grow with finished runs. No full gc.collect() (~0.25 s
+            # them there): memory must not grow with finished runs. No full gc.collect() (slow
             # with transformers loaded): the big tensors go by refcount; cycles when idle.
             self._release(self.runs[rid], collect=False)
 
@@ -545,7 +545,7 @@ class Engine:
                                new_run_id=op.new_run_id, latency_s=time.time() - op.submitted)
             freed = freed or (ok and op.kind == "delete")
         if freed:
-            # one collection per batch of deletes: a gc.collect() costs 0.1-0.7 s with
+            # one collection per batch of deletes: a gc.collect() is slow with
             # transformers loaded, and every op queued behind would wait for each one
             _collect_garbage()
 
