@@ -353,6 +353,7 @@ class ChunkAutoML:
                                         options.reduction_factor, max_chunks=max(max_chunks, 4))
         self.state_path = Path(exp.path) / "automl.json"
         self.suggestions: dict[int, P.Decision] = {}
+        self.dismissed: dict[int, P.Decision] = {}   # suggestions the user ignored
         self.pruned: dict[int, P.Decision] = {}
         self.bracket_of_new: dict[int, Any] = {}
         self.tuner = None
@@ -377,6 +378,7 @@ class ChunkAutoML:
             self.policy.load_json(data["policy"])
         self.suggestions = {int(k): P.Decision(**v) for k, v in data.get("suggestions", {}).items()}
         self.pruned = {int(k): P.Decision(**v) for k, v in data.get("pruned", {}).items()}
+        self.dismissed = {int(k): P.Decision(**v) for k, v in data.get("dismissed", {}).items()}
         self.seen = {int(k): v for k, v in data.get("seen", {}).items()}
         self.objective_error = data.get("objective_error")
 
@@ -385,6 +387,7 @@ class ChunkAutoML:
             "policy": None if self.policy is None else self.policy.to_json(),
             "suggestions": {str(k): vars(v) for k, v in self.suggestions.items()},
             "pruned": {str(k): vars(v) for k, v in self.pruned.items()},
+            "dismissed": {str(k): vars(v) for k, v in self.dismissed.items()},
             "seen": {str(k): v for k, v in self.seen.items()},
             "objective_error": self.objective_error,
         })
@@ -565,6 +568,8 @@ class ChunkAutoML:
             return reason
         if run_id in self.suggestions:
             return "suggested: " + self.suggestions[run_id].reason
+        if run_id in self.dismissed:
+            return f"suggested: {self.dismissed[run_id].reason}; ignored by user"
         if self.objective_error is not None:
             return self.objective_error
         return None
@@ -615,7 +620,7 @@ class ChunkAutoML:
         with self.engine.lock:
             wanted = self._wanted(run_ids)
             for rid in wanted:
-                self.suggestions.pop(rid)
+                self.dismissed[rid] = self.suggestions.pop(rid)
                 self._answer(IGNORE, rid, True, None)
             self.save()
         return wanted
@@ -632,6 +637,8 @@ class ChunkAutoML:
                 d = marks.pop(ev["run_id"])
                 if ev["op"] == CONFIRM and ev.get("accepted"):
                     self.pruned.setdefault(d.run_id, d)
+                elif ev["op"] == IGNORE and ev.get("accepted"):
+                    self.dismissed.setdefault(d.run_id, d)
         self.suggestions = marks
 
 

@@ -192,6 +192,7 @@ def test_suggestions_are_events_and_the_panel_confirms_or_ignores_each(data, tmp
     assert info.loc[a, "status"] == "stopped" and info.loc[a, "pruning"] == logged[a]["reason"]
     # an ignored run trains on to the end and is not judged again
     assert info.loc[b, "status"] == "completed" and info.loc[b, "chunks_done"] == 8
+    assert info.loc[b, "pruning"] == f"suggested: {logged[b]['reason']}; ignored by user"
     assert not any(ev["type"] == "pruning_suggested" and ev["run_id"] == b
                    for ev in exp.events.since(logged[b]["seq"]))
     exp.end()
@@ -251,6 +252,7 @@ def test_suggestions_survive_a_restart_from_the_event_log(data, tmp_path):
     exp.wait()
     info = exp.get_runs_info().set_index("run_id")
     assert info.loc[marked[0], "status"] == "completed"
+    assert info.loc[marked[0], "pruning"].endswith("; ignored by user")
     assert [info.loc[r, "status"] for r in marked[1:]] == ["stopped"] * (len(marked) - 1)
     # no suggestion logged twice across the restart
     seqs = [ev["run_id"] for ev in exp.events.since(0) if ev["type"] == "pruning_suggested"]
