@@ -72,6 +72,10 @@ class PruningOptions:
                               f"({objective!r}) there is no one ranking: use pruner=None")
         if pruner_mode not in MODES:
             raise ConfigError(f"{where}: pruner_mode must be 'stop' or 'suggest', got {pruner_mode!r}")
+        if pruner_mode == "suggest" and pruner is None:
+            # without a pruner nothing is ever suggested: the user would wait for marks in vain
+            raise ConfigError(f"{where}: pruner_mode='suggest' needs a pruner to suggest with: "
+                              f"pass pruner='sha', 'median' or 'hyperband'")
         for name, value, low in (("reduction_factor", reduction_factor, 2), ("min_chunks", min_chunks, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{where}: {name} must be an integer >= {low}, got {value!r}")

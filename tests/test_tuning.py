@@ -685,3 +685,17 @@ def test_suggestion_answers_take_numpy_ids_once_and_refuse_a_run_already_stopped
     assert info.loc[a, "status"] == "deleted"
     assert "resumed by hand" not in str(info.loc[a, "pruning"])
     exp.end()
+
+
+def test_suggest_mode_without_a_pruner_is_refused_at_construction():
+    """Review rev1: RFGridSearch(..., pruner_mode='suggest') with no pruner was accepted, never
+    marked anything, and apply_suggestions() then said it 'needs pruner_mode=suggest'."""
+    with pytest.raises(ConfigError, match="pruner_mode='suggest' needs a pruner"):
+        grid(pruner_mode="suggest")
+    space = RFModelConfig(model_name="tiny", training_args=RFSFTConfig(learning_rate=Range(1e-4, 1e-2)))
+    with pytest.raises(ConfigError, match="RFRandomSearch: pruner_mode='suggest' needs a pruner"):
+        RFRandomSearch(space, trainer_type="SFT", num_runs=2, pruner_mode="suggest")
+    if importlib.util.find_spec("optuna") is not None:
+        with pytest.raises(ConfigError, match="RFOptuna: pruner_mode='suggest' needs a pruner"):
+            RFOptuna(space, "SFT", n_initial=2, budget=2, pruner=None, pruner_mode="suggest")
+    assert grid(pruner="sha", pruner_mode="suggest").pruning.mode == "suggest"
