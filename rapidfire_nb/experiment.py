@@ -17,28 +17,34 @@ import json
 import re
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import runs as R
+from rapidfire_nb.engine.adapters import trainer_class
 from rapidfire_nb.engine.controller import Engine, Op
 from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.lock import FolderLock
 from rapidfire_nb.engine.precheck import check_before_training, check_target_modules
 from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.store import (ExperimentStore, atomic_write_json, check_experiment_meta,
-                                       failed_by_the_disk, read_json)
-from rapidfire_nb.engine.adapters import trainer_class
+from rapidfire_nb.engine.store import (
+    ExperimentStore,
+    atomic_write_json,
+    check_experiment_meta,
+    failed_by_the_disk,
+    read_json,
+)
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
-_current: "weakref.ref[Experiment] | None" = None
+_current: weakref.ref[Experiment] | None = None
 # fullmatch, not match: "$" would let a trailing newline through into the folder name
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def current_experiment() -> "Experiment | None":
+def current_experiment() -> Experiment | None:
     """The most recently created, not yet ended Experiment of this process."""
     exp = _current() if _current is not None else None
     return exp if exp is not None and not exp._ended else None
@@ -194,7 +200,7 @@ class Experiment:
 
     # -- training ----------------------------------------------------------------------------
     def run_fit(self, config_group, create_model: Callable, train_dataset, eval_dataset=None,
-                num_chunks: int = 4, seed: int = 42, block: bool | None = None) -> "Experiment":
+                num_chunks: int = 4, seed: int = 42, block: bool | None = None) -> Experiment:
         """Expand and validate ``config_group``, then train every run, chunk by chunk.
 
         Returns at once inside an IPython kernel (training goes on in a background thread and the
@@ -502,7 +508,7 @@ class Experiment:
                 self._trackers.flush(timeout=30)
                 self._trackers.close()
             except Exception as exc:
-                warnings.warn(f"trackers did not close cleanly: {exc}")
+                warnings.warn(f"trackers did not close cleanly: {exc}", stacklevel=2)
         if self._panel is not None:
             try:
                 self._panel.close_publisher()
