@@ -116,36 +116,27 @@ def data():
     return make_demo_datasets(64, 16)
 
 
-@pytest.fixture(scope="module")
-def four_on_two(ray_session, data, tmp_path_factory):
-    train, evald = data
-    exp = Experiment("workers", experiment_path=tmp_path_factory.mktemp("w"), num_workers=2)
-    exp.run_fit(four_runs(), tiny_create_model, train, evald, num_chunks=4, seed=7)
-    ref = kernel_reference("kernel", tmp_path_factory.mktemp("k"), four_runs(), tiny_create_model,
-                           train, evald, num_chunks=4, seed=7)
-    yield exp, ref
-    exp.end()
-    ref.end()
-
-
-def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(four_on_two):
-    exp, ref = four_on_two
+def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_session, data, tmp_path):
     from rapidfire_nb.engine.workers.engine import WorkerEngine
 
+    train, evald = data
+    exp = Experiment("workers", experiment_path=tmp_path, num_workers=2)
+    exp.run_fit(four_runs(), tiny_create_model, train, evald, num_chunks=4, seed=7)
+    ref = kernel_reference("kernel", tmp_path, four_runs(), tiny_create_model, train, evald,
+                           num_chunks=4, seed=7)
     assert isinstance(exp.engine, WorkerEngine) and not isinstance(ref.engine, WorkerEngine)
     info = exp.get_runs_info()
     assert list(info.status) == ["completed"] * 4
     assert (info.completed_steps == info.total_steps).all()
     assert_identical(exp, ref, [1, 2, 3, 4])
     # the eval curves too: same points, same values
+    cols = ["run_id", "chunk", "samples_seen", "value"]
     res, rres = exp.get_results(), ref.get_results()
-    ev = res[res.metric == "eval_loss"][["run_id", "chunk", "samples_seen", "value"]].sort_values(["run_id", "chunk"])
-    rev = rres[rres.metric == "eval_loss"][["run_id", "chunk", "samples_seen", "value"]].sort_values(["run_id", "chunk"])
-    assert ev.values.tolist() == rev.values.tolist()
+    ev = res[res.metric == "eval_loss"][cols].sort_values(["run_id", "chunk"])
+    rev = rres[rres.metric == "eval_loss"][cols].sort_values(["run_id", "chunk"])
+    assert len(ev) == 16 and ev.values.tolist() == rev.values.tolist()
 
-
-def test_both_workers_trained_and_the_log_says_which_trained_what(four_on_two):
-    exp, _ = four_on_two
+    # both workers trained, and the log says which trained what
     chunks = events(exp, "chunk_done")
     assert len(chunks) == 16
     assert {c["worker"] for c in chunks} == {"w0", "w1"}
@@ -155,13 +146,15 @@ def test_both_workers_trained_and_the_log_says_which_trained_what(four_on_two):
     assert sorted(w["worker"] for w in workers["workers"]) == ["w0", "w1"]
     assert all(w["torch_threads"] == 1 for w in workers["workers"])
     assert len({w["pid"] for w in workers["workers"]}) == 2
-    # each run trained its chunks in order, never two at once
+    # each run trained its chunks in order, never two at once; runs stayed where they started
     for rid in (1, 2, 3, 4):
         mine = sorted((c for c in chunks if c["run_id"] == rid), key=lambda c: c["start"])
         assert [c["chunk"] for c in mine] == [0, 1, 2, 3]
         assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
-    tl = exp.get_timeline()
-    assert set(tl.device) == {"w0:cpu", "w1:cpu"}
+    assert set(exp.get_timeline().device) == {"w0:cpu", "w1:cpu"}
+    exp.end()
+    ref.end()
+    assert not any(s.alive for s in exp.engine.pool.slots), "end() releases the workers"
 
 
 def test_ops_with_workers_match_the_kernel_engine(ray_session, data, tmp_path):
