@@ -57,7 +57,9 @@ class ChunkWorker:
     def __init__(self, name: str, create_model, train_dataset, eval_dataset, num_chunks: int,
                  seed: int, build_args, build_lora, offload: str = "auto",
                  torch_threads: int | None = None):
+        import peft  # noqa: F401  (imported now, while the worker starts, not in its first chunk)
         import torch
+        import trl  # noqa: F401
 
         if torch_threads:
             torch.set_num_threads(int(torch_threads))
