@@ -116,14 +116,56 @@ def data():
     return make_demo_datasets(64, 16)
 
 
-def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_session, data, tmp_path):
+@pytest.fixture(scope="module")
+def four_ref(data, tmp_path_factory):
+    train, evald = data
+    ref = kernel_reference("kernel", tmp_path_factory.mktemp("k4"), four_runs(), tiny_create_model,
+                           train, evald, num_chunks=4, seed=7)
+    yield ref
+    ref.end()
+
+
+def three_runs():
+    return RFGridSearch(config(List([LR_A, LR_B, 2e-2]), hidden_size=64), trainer_type="SFT")
+
+
+@pytest.fixture(scope="module")
+def three_data():
+    return make_demo_datasets(192, 16)
+
+
+@pytest.fixture(scope="module")
+def three_ref(three_data, tmp_path_factory):
+    train, evald = three_data
+    ref = kernel_reference("killed-ref", tmp_path_factory.mktemp("k3"), three_runs(),
+                           tiny_create_model, train, evald, num_chunks=3, seed=3)
+    yield ref
+    ref.end()
+
+
+def kill_when_in_flight(exp, run_id, chunks_done=1):
+    """ray.kill the worker training ``run_id`` once it has finished ``chunks_done`` chunks and is
+    training the next one; returns that worker's slot."""
+    eng = exp.engine
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with eng.lock:
+            flight = eng.inflight.get(run_id)
+            if flight is not None and eng.runs[run_id].chunks_done >= chunks_done:
+                ray.kill(flight.slot.actor, no_restart=True)
+                return flight.slot
+        time.sleep(0.002)
+    raise AssertionError(f"run {run_id} never trained chunk {chunks_done}")
+
+
+def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_session, data, tmp_path,
+                                                                          four_ref):
     from rapidfire_nb.engine.workers.engine import WorkerEngine
 
     train, evald = data
     exp = Experiment("workers", experiment_path=tmp_path, num_workers=2)
     exp.run_fit(four_runs(), tiny_create_model, train, evald, num_chunks=4, seed=7)
-    ref = kernel_reference("kernel", tmp_path, four_runs(), tiny_create_model, train, evald,
-                           num_chunks=4, seed=7)
+    ref = four_ref
     assert isinstance(exp.engine, WorkerEngine) and not isinstance(ref.engine, WorkerEngine)
     info = exp.get_runs_info()
     assert list(info.status) == ["completed"] * 4
@@ -153,7 +195,6 @@ def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_ses
         assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
     assert set(exp.get_timeline().device) == {"w0:cpu", "w1:cpu"}
     exp.end()
-    ref.end()
     assert not any(s.alive for s in exp.engine.pool.slots), "end() releases the workers"
 
 
@@ -201,24 +242,13 @@ def test_ops_with_workers_match_the_kernel_engine(ray_session, data, tmp_path):
     ref.end()
 
 
-def test_a_worker_killed_mid_chunk_loses_nothing(ray_session, tmp_path):
+def test_a_worker_killed_mid_chunk_loses_nothing(ray_session, tmp_path, three_data, three_ref):
     """ray.kill of the worker training run 1's second chunk: that chunk is trained again on the
     other worker from run 1's checkpoint; every run ends bit-identical to the kernel engine's."""
-    train, evald = make_demo_datasets(192, 16)
-    group = RFGridSearch(config(List([LR_A, LR_B, 2e-2]), hidden_size=64), trainer_type="SFT")
+    train, evald = three_data
     exp = Experiment("killed", experiment_path=tmp_path, num_workers=2)
-    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=3, seed=3, block=False)
-    eng = exp.engine
-    victim = None
-    deadline = time.monotonic() + 300
-    while victim is None and time.monotonic() < deadline:
-        with eng.lock:
-            flight = eng.inflight.get(1)
-            if flight is not None and eng.runs[1].chunks_done >= 1:
-                victim = flight.slot
-                ray.kill(victim.actor, no_restart=True)
-        time.sleep(0.002)
-    assert victim is not None, "run 1 never trained a second chunk"
+    exp.run_fit(three_runs(), tiny_create_model, train, evald, num_chunks=3, seed=3, block=False)
+    victim = kill_when_in_flight(exp, 1)
     assert exp.wait(timeout=600)
     (lost,) = events(exp, "worker_lost")
     assert lost["worker"] == victim.name and lost["workers_left"] == 1
@@ -227,16 +257,60 @@ def test_a_worker_killed_mid_chunk_loses_nothing(ray_session, tmp_path):
     info = exp.get_runs_info()
     assert list(info.status) == ["completed"] * 3
     survivor = ({"w0", "w1"} - {victim.name}).pop()
-    after = [c for c in events(exp, "chunk_done") if c["seq"] > lost["seq"]]
+    # chunks started after the loss trained on the survivor (a chunk that came back before the
+    # kill may be logged after the worker_lost event: its checkpoint is written first)
+    after = [c for c in events(exp, "chunk_done") if c["start"] > lost["time"]]
     assert after and {c["worker"] for c in after} == {survivor}
-    # chunk 1 of run 1 was logged once, by the survivor
+    # chunk 1 of run 1 was logged once, by the survivor, which got run 1's checkpoint
     ones = events(exp, "chunk_done", run_id=1, chunk=1)
     assert len(ones) == 1 and ones[0]["worker"] == survivor and ones[0]["moved"]
-    ref = kernel_reference("killed-ref", tmp_path, group, tiny_create_model, train, evald,
-                           num_chunks=3, seed=3)
-    assert_identical(exp, ref, [1, 2, 3])
+    assert_identical(exp, three_ref, [1, 2, 3])
     exp.end()
-    ref.end()
+
+
+def test_losing_every_worker_stops_the_runs_and_resume_starts_new_workers(ray_session, tmp_path,
+                                                                         three_data, three_ref):
+    train, evald = three_data
+    exp = Experiment("all-lost", experiment_path=tmp_path, num_workers=1)
+    exp.run_fit(three_runs(), tiny_create_model, train, evald, num_chunks=3, seed=3, block=False)
+    kill_when_in_flight(exp, 1)
+    assert exp.wait(timeout=600)
+    info = exp.get_runs_info().set_index("run_id")
+    assert set(info.status) == {"stopped"}
+    stops = events(exp, "run_status", status="stopped")
+    assert len(stops) == 3 and all("every Ray worker was lost" in e["reason"] for e in stops)
+    for rid in (1, 2, 3):
+        exp.resume(rid)
+    assert exp.wait(timeout=600)
+    assert list(exp.get_runs_info().status) == ["completed"] * 3
+    first, second = events(exp, "workers")
+    assert [w["worker"] for w in first["workers"]] == ["w0"]
+    assert [w["worker"] for w in second["workers"]] == ["w1"]
+    assert_identical(exp, three_ref, [1, 2, 3])
+    exp.end()
+
+
+def test_end_without_waiting_then_resume_with_workers(ray_session, data, tmp_path, four_ref):
+    """end(wait=False) mid-way, then Experiment(resume=True) with workers and the same run_fit."""
+    train, evald = data
+    exp = Experiment("resumed", experiment_path=tmp_path, num_workers=2)
+    exp.run_fit(four_runs(), tiny_create_model, train, evald, num_chunks=4, seed=7, block=False)
+    deadline = time.monotonic() + 300
+    while len(events(exp, "chunk_done")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    exp.end(wait=False)
+    stopped = [rid for rid, st in zip(exp.get_runs_info().run_id, exp.get_runs_info().status)
+               if st == "stopped"]
+    assert stopped, "ended mid-way: some runs were stopped"
+    again = Experiment("resumed", experiment_path=tmp_path, resume=True, num_workers=2)
+    again.run_fit(four_runs(), tiny_create_model, train, evald, num_chunks=4, seed=7, block=False)
+    info = again.get_runs_info()
+    for rid in info[info.status == "stopped"].run_id:   # runs the end stopped may continue by themselves
+        again.resume(int(rid))
+    assert again.wait(timeout=600)
+    assert list(again.get_runs_info().status) == ["completed"] * 4
+    assert_identical(again, four_ref, [1, 2, 3, 4])
+    again.end()
 
 
 def test_too_many_workers_is_refused_and_changes_nothing(ray_session, data, tmp_path):
