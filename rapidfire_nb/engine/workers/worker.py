@@ -23,7 +23,7 @@ from pathlib import Path
 from rapidfire_nb.engine.executor import LocalChunkExecutor
 from rapidfire_nb.engine.factory import TrainerFactory
 from rapidfire_nb.engine.residency import Residency
-from rapidfire_nb.engine.routing import install_output_routing, routed_to
+from rapidfire_nb.engine.routing import routed_to
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.store import ExperimentStore
 
@@ -75,7 +75,6 @@ class ChunkWorker:
             may_move=lambda rid: True,   # no checkpoint is written here: any run may be parked
             progress_of=lambda rid: self.runs[rid].progress)
         self._log = open(self.root / "worker.log", "a", encoding="utf-8")
-        install_output_routing()
 
     def describe(self) -> dict:
         import torch
