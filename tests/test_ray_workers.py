@@ -358,3 +358,10 @@ def test_importing_and_training_in_the_kernel_never_imports_ray(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_bench_workers_flag_is_checked(capsys):
+    from rapidfire_nb.bench import main
+
+    assert main(["--workers", "0"]) == 2
+    assert "--workers must be >= 1" in capsys.readouterr().err
