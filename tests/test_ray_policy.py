@@ -48,6 +48,15 @@ def test_a_worker_with_nothing_left_takes_work_from_a_busy_one():
     assert choose_for_worker(runs, 0, home, 1, True, 2) == 3
 
 
+def test_with_a_barrier_no_run_starts_a_chunk_before_every_run_finished_the_previous_one():
+    home = {1: 0, 2: 1, 3: 0}
+    runs = [v(1, 2), v(2, 1, busy=True), v(3, 2)]   # run 2 is still training its chunk 1
+    assert choose_for_worker(runs, 0, home, 1, True, 2) == 1
+    assert choose_for_worker(runs, 0, home, 1, True, 2, barrier=True) is None
+    runs = [v(1, 2), v(2, 2, busy=True), v(3, 2)]
+    assert choose_for_worker(runs, 0, home, 1, True, 2, barrier=True) == 1
+
+
 def test_nothing_schedulable():
     assert choose_for_worker([v(1, 0, busy=True), v(2, 0, schedulable=False)], 0, {}, None, True, 2) is None
 
@@ -57,12 +66,15 @@ runs_st = st.lists(st.tuples(st.integers(0, 6), st.booleans(), st.booleans(), st
 
 
 @settings(max_examples=300, deadline=None)
-@given(runs_st, st.integers(0, 2), st.booleans())
-def test_properties(spec, worker, allow_move):
+@given(runs_st, st.integers(0, 2), st.booleans(), st.booleans())
+def test_properties(spec, worker, allow_move, barrier):
     runs = [v(i + 1, p, busy=b, schedulable=s) for i, (p, b, s, _) in enumerate(spec)]
     home = {i + 1: h for i, (_, _, _, h) in enumerate(spec) if h >= 0}
-    rid = choose_for_worker(runs, worker, home, None, allow_move, 3)
+    rid = choose_for_worker(runs, worker, home, None, allow_move, 3, barrier=barrier)
     free = [r for r in runs if r.schedulable and not r.busy]
+    if barrier:
+        floor = min((r.progress for r in runs if r.schedulable), default=0)
+        free = [r for r in free if r.progress == floor]
     if rid is None:
         # with moves allowed a worker never idles while something is free to train
         assert not free or not allow_move

@@ -365,3 +365,32 @@ def test_bench_workers_flag_is_checked(capsys):
 
     assert main(["--workers", "0"]) == 2
     assert "--workers must be >= 1" in capsys.readouterr().err
+
+
+def test_a_pruned_grid_on_workers_prunes_as_in_the_kernel(ray_session, data, tmp_path):
+    """AutoML at chunk boundaries (successive halving) with workers: the same runs pruned at the
+    same rungs, with the same reasons, and the survivors bit-identical to the kernel engine's."""
+    train, evald = data
+
+    def group():
+        return RFGridSearch(config(List([3e-2, 1e-2, 3e-3, 1e-3])), trainer_type="SFT",
+                            pruner="sha", reduction_factor=2)
+
+    exp = Experiment("sha-workers", experiment_path=tmp_path, num_workers=2)
+    exp.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, seed=9)
+    ref = kernel_reference("sha-kernel", tmp_path, group(), tiny_create_model, train, evald,
+                           num_chunks=4, seed=9)
+
+    def outcome(e):
+        info = e.get_runs_info().set_index("run_id")
+        return {rid: (info.loc[rid, "status"], int(info.loc[rid, "chunks_done"])) for rid in info.index}
+
+    got, want = outcome(exp), outcome(ref)
+    assert got == want
+    assert sum(1 for st, _ in got.values() if st == "stopped") >= 2, "the pruner stopped runs"
+    reasons = lambda e: sorted((x["run_id"], x["reason"]) for x in events(e, "run_status", status="stopped"))  # noqa: E731
+    assert reasons(exp) == reasons(ref)
+    assert {c["worker"] for c in events(exp, "chunk_done")} == {"w0", "w1"}
+    assert_identical(exp, ref, [rid for rid, (st, _) in got.items() if st == "completed"])
+    exp.end()
+    ref.end()

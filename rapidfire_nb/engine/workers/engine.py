@@ -325,7 +325,8 @@ class WorkerEngine(Engine):
                                  busy=r.run_id in self.inflight or writer.pending(r.run_id))
                          for r in self.runs.values()]
                 home = {rid: s.index for rid, s in self.remote.home.items() if s.alive}
-                rid = choose_for_worker(views, slot.index, home, slot.last, allow_move, len(live))
+                rid = choose_for_worker(views, slot.index, home, slot.last, allow_move, len(live),
+                                        barrier=self.boundary_hook is not None)
                 if rid is None:
                     continue
                 rec = self.runs[rid]

@@ -13,6 +13,9 @@ only to keep the runs level:
   worker with nothing of its own left to train. Such moves are only made in a second pass
   (``allow_move``), after every idle worker had the chance to take its own runs, so two idle
   workers never trade runs.
+- ``barrier=True`` (AutoML attached: a pruner judges runs when they reach a rung): no run starts
+  chunk k+1 while any schedulable run, in flight or not, has not finished chunk k, so every
+  decision taken at a chunk boundary sees the runs where the kernel's engine would show them.
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ LAG = 1
 
 def choose_for_worker(runs: Iterable[RunView], worker: int, home: Mapping[int, int],
                       last: int | None = None, allow_move: bool = True,
-                      live_workers: int = 1) -> int | None:
+                      live_workers: int = 1, barrier: bool = False) -> int | None:
     """The run that ``worker`` should train next, or None.
 
     ``home``: run id -> the live worker holding that run's trainer (runs held by no live worker are
-    absent). ``last``: the run this worker trained last. ``live_workers``: how many share the runs."""
+    absent). ``last``: the run this worker trained last. ``live_workers``: how many share the runs.
+    ``barrier``: see the module docstring."""
     runs = [r for r in runs if r.schedulable]
     candidates = [r for r in runs if not r.busy]
+    if barrier and candidates:
+        floor = min(r.progress for r in runs)   # in-flight runs count: they have not finished it
+        candidates = [r for r in candidates if r.progress == floor]
     if not candidates:
         return None
     share = math.ceil(len(runs) / max(1, live_workers))
