@@ -49,6 +49,8 @@ export interface RunState {
   reason: string | null;
   /** Stopped by a pruner (the event's `pruned` field or "pruned" in its reason/error). */
   pruned: boolean;
+  /** pruner_mode="suggest": the pruner's reason for stopping this run, until the user answers. */
+  suggestion: string | null;
   /** Latest value of every metric (train and eval), by metric name. */
   latest: Record<string, number | null>;
   /** Best value of every metric so far (see `lowerIsBetter`). */
@@ -164,6 +166,7 @@ function newRun(id: number): RunState {
     hasError: false,
     reason: null,
     pruned: false,
+    suggestion: null,
     latest: {},
     best: {},
     train: {},
@@ -381,6 +384,16 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       if (!run) return;
       result.changedRuns.add(runId);
       run.lastOp = { op: str(ev.op) ?? "?", accepted: ev.accepted === true, reason: str(ev.reason) };
+      // Confirmed or ignored (or refused because the run ended): the question is answered.
+      if (ev.op === "confirm_suggestion" || ev.op === "ignore_suggestion") run.suggestion = null;
+      break;
+    }
+    case "pruning_suggested": {
+      if (runId === null) return;
+      const run = state.runs.get(runId);
+      if (!run) return;
+      result.changedRuns.add(runId);
+      run.suggestion = str(ev.reason) ?? "the pruner would stop this run";
       break;
     }
     default:
@@ -1048,7 +1061,7 @@ export function parseKnobInput(original: unknown, text: string): ParseResult {
     return { ok: true, value: JSON.parse(t) };
   } catch {
     // A null knob (e.g. an unset optional) may well be set to a bare word.
-    if (original === null && /^[A-Za-z_][\w.\-]*$/.test(t)) return { ok: true, value: t };
+    if (original === null && /^[A-Za-z_][\w.-]*$/.test(t)) return { ok: true, value: t };
     return { ok: false, error: `not valid JSON: ${t.slice(0, 60)}` };
   }
 }

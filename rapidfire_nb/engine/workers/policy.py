@@ -21,7 +21,7 @@ only to keep the runs level:
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from rapidfire_nb.engine.scheduler import RunView
 
