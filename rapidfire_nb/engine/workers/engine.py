@@ -261,14 +261,14 @@ class WorkerEngine(Engine):
         while True:
             flush = False
             with self.lock:
-                if boundary and self.boundary_hook is not None and not self.stop_all:
+                if boundary and self.boundary_hook is not None and not self._draining:
                     try:
                         self.boundary_hook()
                     except Exception:   # a policy bug must not kill training: logged, ignored
                         self._log_file.write("boundary hook failed:\n" + traceback.format_exc())
                 boundary = False
                 writer = self.persistence.writer
-                if self.stop_all:
+                if self._draining:
                     flush = not self.inflight   # chunks in flight come back first, and are booked
                 elif self.ops_pending() and writer.busy():
                     flush = True   # ops see every finished chunk on disk and in the log
@@ -288,7 +288,7 @@ class WorkerEngine(Engine):
             if flush:
                 self.persistence.flush()   # outside the lock: the writer's follow-ups take it
                 with self.lock:
-                    if self.stop_all and not self.inflight:
+                    if self._draining and not self.inflight:
                         self._settle_writes()
                         self._apply_ops()
                         return
