@@ -196,6 +196,10 @@ def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_ses
     assert set(exp.get_timeline().device) == {"w0:cpu", "w1:cpu"}
     exp.end()
     assert not any(s.alive for s in exp.engine.pool.slots), "end() releases the workers"
+    from pathlib import Path
+
+    scratch = [Path(w["log"]).parent for w in workers["workers"]]
+    assert not any(p.exists() for p in scratch), "end() removes the workers' scratch folders"
 
 
 def test_ops_with_workers_match_the_kernel_engine(ray_session, data, tmp_path):

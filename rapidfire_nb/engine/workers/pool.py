@@ -167,6 +167,11 @@ class RayWorkerPool:
             return
         if not self.ray.is_initialized():
             return
-        for s in self.slots:
-            if s.alive:
-                self.kill(s)
+        live = [s for s in self.slots if s.alive]
+        try:   # let them remove their scratch folders first (a few seconds at most)
+            refs = [s.actor.close.remote() for s in live]
+            self.ray.wait(refs, num_returns=len(refs), timeout=5)
+        except Exception:
+            pass
+        for s in live:
+            self.kill(s)

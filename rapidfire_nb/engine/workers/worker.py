@@ -15,6 +15,7 @@ class is plain Python: the pool wraps it with ``ray.remote``.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 import traceback
@@ -137,6 +138,12 @@ class ChunkWorker:
             return False
         self.executor.release(rec)
         return True
+
+    def close(self) -> None:
+        """Remove the scratch folder (TRL's output dirs, the worker log) before the actor is
+        killed at ``end()``; a worker that dies keeps its folder (its log may say why)."""
+        self._log.close()
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def holds(self) -> list[int]:
         return sorted(self.executor.live_run_ids())
