@@ -72,6 +72,10 @@ class PruningOptions:
                               f"({objective!r}) there is no one ranking: use pruner=None")
         if pruner_mode not in MODES:
             raise ConfigError(f"{where}: pruner_mode must be 'stop' or 'suggest', got {pruner_mode!r}")
+        if pruner_mode == "suggest" and pruner is None:
+            # without a pruner nothing is ever suggested: the user would wait for marks in vain
+            raise ConfigError(f"{where}: pruner_mode='suggest' needs a pruner to suggest with: "
+                              f"pass pruner='sha', 'median' or 'hyperband'")
         for name, value, low in (("reduction_factor", reduction_factor, 2), ("min_chunks", min_chunks, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{where}: {name} must be an integer >= {low}, got {value!r}")
@@ -576,15 +580,24 @@ class ChunkAutoML:
 
     def _wanted(self, run_ids) -> list[int]:
         """The suggested runs named (all when None); an unmarked id refuses the whole call."""
+        import numbers
+
         if run_ids is None:
             return sorted(self.suggestions)
-        if isinstance(run_ids, int) and not isinstance(run_ids, bool):
+        if isinstance(run_ids, numbers.Integral) and not isinstance(run_ids, bool):
             run_ids = [run_ids]
-        wanted = list(run_ids)
-        for rid in wanted:
-            if isinstance(rid, bool) or not isinstance(rid, int) or rid not in self.suggestions:
-                raise OpRefused(f"run {rid!r} has no pruning suggestion; suggested runs are "
+        if isinstance(run_ids, (str, bytes, dict)) or not hasattr(run_ids, "__iter__"):
+            raise OpRefused(f"run_ids must be a run id or a list of run ids, got {run_ids!r}")
+        wanted: list[int] = []
+        for rid in run_ids:
+            # ids read back from get_runs_info() are numpy integers: the same run ids
+            if isinstance(rid, bool) or not isinstance(rid, numbers.Integral):
+                raise OpRefused(f"run id must be an integer, got {rid!r}")
+            if int(rid) not in self.suggestions:
+                raise OpRefused(f"run {int(rid)} has no pruning suggestion; suggested runs are "
                                 f"{sorted(self.suggestions)}")
+            if int(rid) not in wanted:      # a repeated id is answered once
+                wanted.append(int(rid))
         return wanted
 
     def _answer(self, op: str, rid: int, accepted: bool, reason: str | None) -> None:
@@ -595,6 +608,7 @@ class ChunkAutoML:
         """Stop the runs the pruner suggested (all, or ``run_ids``); returns the runs stopped.
         A suggested run that ended meanwhile is answered as refused (it has nothing to stop)."""
         from rapidfire_nb.engine.controller import Op
+        from rapidfire_nb.engine.queued import project
 
         engine = self.engine
         with engine.lock:
@@ -602,7 +616,9 @@ class ChunkAutoML:
             done = []
             for rid in wanted:
                 d = self.suggestions.pop(rid)
-                if engine.runs[rid].status in R.ACTIVE and not is_done(engine.runs[rid]):
+                # as the queued ops will leave it: a stop or delete already asked for wins
+                status = project(engine, rid).status
+                if status in R.ACTIVE and not is_done(engine.runs[rid]):
                     self.pruned[rid] = d
                     if self.tuner is not None:
                         self.tuner.prune(rid)
@@ -610,7 +626,7 @@ class ChunkAutoML:
                     engine.submit(Op("stop", rid, reason=d.reason))
                     done.append(rid)
                 else:
-                    self._answer(CONFIRM, rid, False, f"run {rid} is {engine.runs[rid].status}")
+                    self._answer(CONFIRM, rid, False, f"run {rid} is {status}")
             self.save()
         return done
 

@@ -656,3 +656,46 @@ def test_rfoptuna_default_pruner_and_a_space_without_axes(data):
         RFOptuna(fixed, trainer_type="SFT", n_initial=2, budget=2)
     with pytest.raises(ConfigError, match="at least one List or Range axis"):
         RFOptuna(List([fixed]), trainer_type="SFT", n_initial=2, budget=2)
+
+
+def test_suggestion_answers_take_numpy_ids_once_and_refuse_a_run_already_stopped_or_deleted(data, tmp_path):
+    """Review rev1: ids from get_runs_info() (numpy ints) were refused as 'no pruning suggestion';
+    a repeated id answered once and then raised a bare KeyError half-way; a confirm right after
+    exp.delete()/exp.stop() was accepted and logged as a pruning of a deleted/user-stopped run."""
+    train, evald = data
+    exp = Experiment("suggest-answers", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=4, block=False)
+    marked = _wait_for_marks(exp, 2)
+    a, b = (int(r) for r in marked.run_id[:2])
+    before = len(exp.events.since(0))
+    with pytest.raises(OpRefused, match=r"run_ids must be a run id or a list of run ids, got 1\.5"):
+        exp.apply_suggestions(1.5)
+    with pytest.raises(OpRefused, match="run id must be an integer, got '1'"):
+        exp.dismiss_suggestions(["1"])
+    assert not [ev for ev in exp.events.since(before) if ev["type"] == "op"]
+    assert sorted(exp.automl.suggestions) == sorted(int(r) for r in marked.run_id)
+    # the same run named twice, as a numpy integer: answered once
+    assert exp.dismiss_suggestions([marked.run_id.iloc[1], marked.run_id.iloc[1]]) == [b]
+    exp.delete(a)
+    assert exp.apply_suggestions([marked.run_id.iloc[0]]) == []
+    exp.wait()
+    assert _answers(exp)[:2] == [("ignore_suggestion", b, True), ("confirm_suggestion", a, False)]
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[a, "status"] == "deleted"
+    assert "resumed by hand" not in str(info.loc[a, "pruning"])
+    exp.end()
+
+
+def test_suggest_mode_without_a_pruner_is_refused_at_construction():
+    """Review rev1: RFGridSearch(..., pruner_mode='suggest') with no pruner was accepted, never
+    marked anything, and apply_suggestions() then said it 'needs pruner_mode=suggest'."""
+    with pytest.raises(ConfigError, match="pruner_mode='suggest' needs a pruner"):
+        grid(pruner_mode="suggest")
+    space = RFModelConfig(model_name="tiny", training_args=RFSFTConfig(learning_rate=Range(1e-4, 1e-2)))
+    with pytest.raises(ConfigError, match="RFRandomSearch: pruner_mode='suggest' needs a pruner"):
+        RFRandomSearch(space, trainer_type="SFT", num_runs=2, pruner_mode="suggest")
+    if importlib.util.find_spec("optuna") is not None:
+        with pytest.raises(ConfigError, match="RFOptuna: pruner_mode='suggest' needs a pruner"):
+            RFOptuna(space, "SFT", n_initial=2, budget=2, pruner=None, pruner_mode="suggest")
+    assert grid(pruner="sha", pruner_mode="suggest").pruning.mode == "suggest"
