@@ -103,11 +103,16 @@ class Experiment:
             copy, and optimizer state). ``"auto"`` (default): on the GPU, moving the least recently
             trained runs to pinned host memory only while the GPU is short of memory; ``"never"``:
             always on the device; ``"always"``: only the training run is on the device.
+        num_workers: where chunks train. ``"auto"`` (default): in this kernel when at most one GPU
+            is visible; one Ray worker per GPU when there are several, or per GPU of the Ray
+            cluster already chosen (``ray.init(address=...)`` or ``RAY_ADDRESS``). ``0``: in this
+            kernel. ``n``: n Ray workers (on CPUs when the cluster has no GPU). Needs
+            ``pip install 'rapidfire-nb[ray]'``; see "More than one GPU" in the README.
     """
 
     def __init__(self, experiment_name: str, experiment_path: str | Path | None = None, *,
                  mode: str = "fit", resume: bool = False, tracking: list[str] | None = None,
-                 offload: str = "auto"):
+                 offload: str = "auto", num_workers: int | str = "auto"):
         global _current
         if not isinstance(experiment_name, str) or not _NAME_RE.fullmatch(experiment_name):
             raise ConfigError(
@@ -117,6 +122,9 @@ class Experiment:
         if offload not in ("auto", "always", "never"):
             raise ConfigError(f"offload={offload!r}: use 'auto' (park runs in host memory only when "
                               "the GPU is short of memory), 'always' or 'never'")
+        from rapidfire_nb.engine.workers import check_num_workers
+
+        check_num_workers(num_workers)
         parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
         root = parent / experiment_name
         if resume and not (root / "experiment.json").exists():
@@ -135,6 +143,7 @@ class Experiment:
         self.path = root.resolve()
         self.resumed = resume
         self.offload = offload
+        self.num_workers = num_workers
         self.store = ExperimentStore(self.path)
         # the folder's owner from here to end(): nothing below may write before this
         self._folder_lock = FolderLock(self.path).acquire()
@@ -235,9 +244,19 @@ class Experiment:
             check_run_data(spec, trainer_class(spec.trainer_type), train_dataset, eval_dataset,
                            prep_cache)
 
-        engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
-                        num_chunks, seed, build_training_args, build_lora_config,
-                        offload=self.offload, prep_cache=prep_cache)
+        from rapidfire_nb.engine.workers import resolve_num_workers
+
+        workers = resolve_num_workers(self.num_workers)
+        if workers:   # Ray is imported only on this path
+            from rapidfire_nb.engine.workers.engine import WorkerEngine
+
+            engine = WorkerEngine(self.store, self.events, create_model, train_dataset, eval_dataset,
+                                  num_chunks, seed, build_training_args, build_lora_config,
+                                  offload=self.offload, prep_cache=prep_cache, num_workers=workers)
+        else:
+            engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
+                            num_chunks, seed, build_training_args, build_lora_config,
+                            offload=self.offload, prep_cache=prep_cache)
         for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
             engine.plan_run(spec)
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
@@ -264,6 +283,8 @@ class Experiment:
             engine.load_base(spec, need_pristine[spec.base_key()])
         # what needs the base or the data: LoRA targets, the first rows, generation_config
         check_before_training(specs, engine.model_and_tokenizer, train_dataset, eval_dataset, prep_cache)
+        if workers:
+            engine.pool.start()   # Ray and the workers; an error here (too few GPUs) changes nothing
         self.engine = engine
         self.automl = automl
         if self.resumed:
