@@ -118,7 +118,7 @@ def new_run(run_id: int) -> dict:
         "trainer_type": "", "config": {}, "knobs": {}, "changes": None,
         "parent_run_id": None, "warm_start": False,
         "total_steps": None, "steps_per_epoch": None, "num_chunks": None,
-        "base_samples_seen": 0, "base_step": 0, "base_chunk": 0,
+        "base_samples_seen": 0, "base_step": 0, "base_chunk": None,
         "completed_steps": 0, "samples_seen": 0, "chunks_done": 0,
         "last_epoch": None, "last_chunk": None, "next_epoch": 0, "next_chunk": 0,
         "latest": {}, "best": {}, "series": {"train": {}, "eval": {}},
@@ -196,12 +196,14 @@ def _created(run: dict, ev: dict) -> None:
     run["warm_start"] = ev.get("warm_start") is True
     for key in ("total_steps", "steps_per_epoch", "num_chunks"):
         run[key] = ev[key] if _is_int(ev.get(key)) else None
-    for key in ("base_samples_seen", "base_step", "base_chunk"):
+    for key in ("base_samples_seen", "base_step"):
         run[key] = ev[key] if _is_int(ev.get(key)) else 0
+    # None when the log predates the field (recovery then asks runs.json)
+    run["base_chunk"] = ev["base_chunk"] if _is_int(ev.get("base_chunk")) else None
     run["samples_seen"] = max(run["samples_seen"], run["base_samples_seen"])
     run["completed_steps"] = max(run["completed_steps"], run["base_step"])
     if run["chunks_done"] == 0:
-        run["next_chunk"] = run["base_chunk"]
+        run["next_chunk"] = run["base_chunk"] or 0
 
 
 def _status(run: dict, ev: dict, seq: Any) -> None:
