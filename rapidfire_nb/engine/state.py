@@ -7,8 +7,8 @@ front end mirrors the same fold in ``js/src/state.ts``; both are checked against
 recorded logs and expected tables (``tests/fixtures/events/``).
 
 The event schema (each event type and its fields) is ``events_schema.json`` beside this file:
-the one description both sides check the fixtures against (``check_event`` here,
-``checkEvent`` in state.ts).
+the one description both sides check the fixtures against (``check_event`` here, ``checkEvent``
+in js/test/state_fixtures.test.ts).
 
 Pure: no I/O, no torch, no clock. ``reduce(table, event)`` folds one event into the table in
 place and returns it, so a reader that keeps its table folds only the events it has not seen
@@ -151,8 +151,10 @@ def reduce(table: dict, event: dict) -> dict:
     kind = event.get("type")
     run_id = event.get("run_id") if _is_int(event.get("run_id")) else None
     if kind == "experiment":
-        table["experiment"] = _str(event.get("name")) or table["experiment"]
-        table["path"] = _str(event.get("path")) or table["path"]
+        if isinstance(event.get("name"), str):
+            table["experiment"] = event["name"]
+        if isinstance(event.get("path"), str):
+            table["path"] = event["path"]
         table["resumed"] = event.get("resumed") is True
         table["ended"] = False
     elif kind == "experiment_end":
@@ -185,7 +187,8 @@ def fold(events: Iterable[dict], table: dict | None = None) -> dict:
 
 def _created(run: dict, ev: dict) -> None:
     run["created"] = True
-    run["trainer_type"] = _str(ev.get("trainer_type")) or run["trainer_type"]
+    if isinstance(ev.get("trainer_type"), str):
+        run["trainer_type"] = ev["trainer_type"]
     if isinstance(ev.get("config"), dict):
         run["config"] = copy.deepcopy(ev["config"])
     if isinstance(ev.get("knobs"), dict):
