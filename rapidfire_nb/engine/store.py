@@ -2,7 +2,10 @@
 
     <experiment_path>/<experiment_name>/
         experiment.json          name, seed, num_chunks, data fingerprints, version
-        runs.json                every run record (config, status, counters)
+        runs.json                every run record (config, status, counters): a cache for people
+                                 and tools; the event log is the authority (recovery folds it
+                                 with engine/state.py and reads runs.json only for what logs of
+                                 older versions lack)
         events.jsonl             the append-only event log
         checkpoints/run_<id>/state.safetensors       latest chunk-boundary checkpoint of a run
         checkpoints/run_<id>/warm_start.safetensors  a warm-start clone's initial weights (until
