@@ -146,3 +146,33 @@ def test_status_errors_stick_until_the_run_trains_again():
     assert S.get_run(t, 1)["error"].endswith("disk full") and S.get_run(t, 1)["has_error"]
     t = S.fold([ev(1, "failed", "Traceback ..."), ev(2, "pending"), ev(3, "running")])
     assert S.get_run(t, 1)["error"] is None and not S.get_run(t, 1)["has_error"]
+
+
+@pytest.mark.parametrize("name", ["clone_delete", "dpo"])
+def test_trackers_log_every_point_where_the_table_plots_it(name, tmp_path):
+    """The trackers' step and the panel's x are the same number for every point (samples seen)."""
+    from rapidfire_nb.tracking.base import Tracker
+    from rapidfire_nb.tracking.hub import TrackerHub
+
+    logged: list[tuple[int, str, int]] = []
+
+    class Recorder(Tracker):
+        name = "recorder"
+
+        def log_metrics(self, run, step, metrics, wall_time):
+            logged.extend((run.run_id, tag, step) for tag in metrics if tag != "train/global_step")
+
+    log = EventLog()
+    events = events_of(name)
+    log.extend((ev["type"], {k: v for k, v in ev.items() if k not in ("seq", "time", "type")})
+               for ev in events)
+    hub = TrackerHub(log, tmp_path, name, [Recorder()]).start()
+    assert hub.close(timeout=60) and hub.failures == {}
+    table = S.fold(events)
+    plotted = []
+    for run in table["runs"].values():
+        for split, prefix in (("train", "train/"), ("eval", "eval/")):
+            for metric, series in run["series"][split].items():
+                tag = prefix + (metric[len("eval_"):] if split == "eval" and metric.startswith("eval_") else metric)
+                plotted.extend((run["run_id"], tag, x) for x, y in zip(series["x"], series["y"]) if y is not None)
+    assert logged and sorted(logged) == sorted(plotted)
