@@ -4,6 +4,7 @@ tables, and the event schema (engine/events_schema.json) both sides check them a
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def test_folding_in_any_batches_equals_folding_all_at_once(name, cuts, roundtrip
     events = events_of(name)
     bounds = sorted({min(c, len(events)) for c in cuts} | {0, len(events)})
     table = S.new_table()
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         for ev in events[lo:hi]:
             table = S.reduce(table, ev)
         if roundtrip:

@@ -9,10 +9,16 @@ from __future__ import annotations
 import json
 
 from rapidfire_nb import Experiment
-from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.automl import (
+    List,
+    RFGridSearch,
+    RFLoraConfig,
+    RFModelConfig,
+    RFSFTConfig,
+)
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 
-RUN_FIT = dict(num_chunks=2, seed=4)
+RUN_FIT = {"num_chunks": 2, "seed": 4}
 
 
 def group():

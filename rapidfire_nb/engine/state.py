@@ -48,8 +48,9 @@ import json
 import math
 import re
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 SCHEMA_PATH = Path(__file__).with_name("events_schema.json")
 
