@@ -91,6 +91,23 @@ describe("shared fixtures", () => {
       expect(asJson(viewTable(state))).toEqual(project(expected(name)));
     });
 
+    it(`${name}: the wire form (as _panel_protocol.wire_event trims it) folds to the same table`, () => {
+      // What the view really gets: run_created without its config, run_status with has_error
+      // instead of the traceback text.
+      const wire = readLog(name).map((ev) => {
+        const out: WireEvent = { ...ev };
+        if (out.type === "run_created") delete out.config;
+        if (out.type === "run_status") {
+          out.has_error = typeof out.error === "string" && out.error.length > 0;
+          delete out.error;
+        }
+        return out;
+      });
+      const state = createState();
+      ingest(state, wire);
+      expect(asJson(viewTable(state))).toEqual(project(expected(name)));
+    });
+
     it(`${name}: folding in small batches, shuffled within each, gives the same table`, () => {
       const events = readLog(name);
       const state = createState();
