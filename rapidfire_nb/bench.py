@@ -407,7 +407,7 @@ def rng_guard(spec):
     """Adapter init seeded per config, as the engine does, without touching the global stream."""
     import torch
 
-    from rapidfire_nb.engine.trainers import derive_seed, rng_fork
+    from rapidfire_nb.engine.rng import derive_seed, rng_fork
 
     with rng_fork():
         torch.manual_seed(derive_seed(42, spec.fingerprint()))

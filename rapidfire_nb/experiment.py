@@ -30,7 +30,7 @@ from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import (ExperimentStore, atomic_write_json, check_experiment_meta,
                                        failed_by_the_disk, read_json)
-from rapidfire_nb.engine.trainers import trainer_class
+from rapidfire_nb.engine.adapters import trainer_class
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
 _current: "weakref.ref[Experiment] | None" = None
@@ -232,7 +232,7 @@ class Experiment:
         engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
                         num_chunks, seed, build_training_args, build_lora_config,
                         offload=self.offload)
-        engine.prep_cache.update(prep_cache)
+        engine.factory.prep_cache.update(prep_cache)
         for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
             engine.plan_run(spec)
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
@@ -258,9 +258,8 @@ class Experiment:
         for spec in specs:
             engine.load_base(spec, need_pristine[spec.base_key()])
         # what needs the base or the data: LoRA targets, the first rows, generation_config
-        check_before_training(specs, lambda s: (engine.bases[s.base_key()].model,
-                                                engine.bases[s.base_key()].tokenizer),
-                              train_dataset, eval_dataset, engine.prep_cache)
+        check_before_training(specs, engine.model_and_tokenizer, train_dataset, eval_dataset,
+                              engine.factory.prep_cache)
         self.engine = engine
         self.automl = automl
         if self.resumed:
@@ -351,9 +350,11 @@ class Experiment:
                                 if r["status"] == R.STOPPED and r["reason"] == ENDED_REASON}
         logged_chunks = {_chunk_key(row) for row in table["timeline"]}
         logged_metrics = {(p["run_id"], p["split"], p["step"]) for p in table["points"]}
-        for rid in sorted(infos):
-            self._restore_run(rid, infos[rid], specs, set(logged), logged_chunks, logged_metrics,
-                              automl, CheckpointReadError)
+        # one runs.json write at the end instead of one per restored run (it is only a cache)
+        with engine.runs_writes_deferred():
+            for rid in sorted(infos):
+                self._restore_run(rid, infos[rid], specs, set(logged), logged_chunks, logged_metrics,
+                                  automl, CheckpointReadError)
         if not self.meta.get("data") and getattr(self, "_resume_meta", None):
             self.meta = {"name": self.name, "version": __version__, **self._resume_meta}
             atomic_write_json(self.store.meta_path, self.meta)
@@ -426,7 +427,7 @@ class Experiment:
                                  f"existed); clone the parent again")
                     reason = "warm-start weights lost"
                 else:
-                    engine.pending_weights[rid] = weights
+                    engine.set_start_weights(rid, weights)
             elif status != R.FAILED:   # no chunk finished before the crash: it starts from scratch
                 rec.completed_steps = rec.samples_seen = rec.epoch = rec.chunk = rec.chunks_done = 0
         elif status == R.COMPLETED and unreadable is not None:
@@ -490,10 +491,10 @@ class Experiment:
                 from rapidfire_nb.engine.lifecycle import wait_with_progress
 
                 wait_with_progress(self.engine)
-            self._drain_and_join()
-            from rapidfire_nb.engine.lifecycle import mark_unfinished_stopped
+            from rapidfire_nb.engine.lifecycle import ENDED_REASON
 
-            mark_unfinished_stopped(self.engine)
+            self.engine.drain()
+            self.engine.end_unfinished(ENDED_REASON)
             self.engine.close()
         self.events.append("experiment_end")
         if self._trackers is not None:
@@ -520,29 +521,6 @@ class Experiment:
             raise RapidFireError(f"Experiment.{what}() cannot be called from an event listener "
                                  "(it runs in the engine's own threads); call it from your code")
 
-    def _drain_and_join(self) -> None:
-        engine = self.engine
-        # ask the loop to leave: mark active runs so nothing more is scheduled
-        with engine.lock:
-            engine.stop_all = True
-            for rec in engine.runs.values():
-                if rec.status in R.ACTIVE:
-                    rec.stop_requested = True
-        t = engine.thread
-        if t is not None:
-            t.join()
-        # an op submitted while the thread was already leaving (put, but its start() not yet run)
-        # is applied here, in this thread: the engine's has gone and the writer is drained first
-        while not engine.ops.empty():
-            t = engine.thread
-            if t is not None and t.is_alive():
-                t.join()
-                continue
-            engine.writer.flush()
-            with engine.lock:
-                engine._settle_writes()
-                engine._apply_ops()
-
     def _check_open(self) -> None:
         if self._ended:
             raise RapidFireError(f"experiment {self.name!r} has ended; create a new Experiment")
@@ -562,7 +540,7 @@ class Experiment:
 
     def stop(self, run_id: int) -> None:
         """Stop a pending or running run at its next chunk boundary; its checkpoint stays."""
-        with self.engine.lock if self.engine else contextlib.nullcontext():
+        with self.engine.atomically() if self.engine else contextlib.nullcontext():
             rec = self._run(run_id)
             if rec.status not in R.ACTIVE:
                 raise OpRefused(f"run {run_id} is {rec.status}; only pending or running runs can be stopped")
@@ -570,7 +548,7 @@ class Experiment:
 
     def resume(self, run_id: int) -> None:
         """Resume a stopped run from its checkpoint."""
-        with self.engine.lock if self.engine else contextlib.nullcontext():
+        with self.engine.atomically() if self.engine else contextlib.nullcontext():
             rec = self._run(run_id)
             if rec.status != R.STOPPED:
                 raise OpRefused(f"run {run_id} is {rec.status}; only stopped runs can be resumed")
@@ -578,7 +556,7 @@ class Experiment:
 
     def delete(self, run_id: int) -> None:
         """Remove a run from scheduling for good and free its memory and checkpoints (metrics stay)."""
-        with self.engine.lock if self.engine else contextlib.nullcontext():
+        with self.engine.atomically() if self.engine else contextlib.nullcontext():
             rec = self._run(run_id)
             if rec.status == R.DELETED:
                 raise OpRefused(f"run {run_id} is already deleted (or its delete is queued)")
@@ -619,9 +597,9 @@ class Experiment:
                                 + "; ".join(reasons) + " (use a cold clone)")
             if spec.trainer_type != parent.trainer_type:
                 raise OpRefused("warm start needs the parent's trainer type")
-        base = self.engine.bases.get(spec.base_key())
-        if base is not None:
-            check_target_modules(spec, base.model)
+        loaded = self.engine.model_and_tokenizer(spec)
+        if loaded is not None:
+            check_target_modules(spec, loaded[0])
         self.engine.plan_run(spec)   # num_chunks vs the clone's steps per epoch
         return spec
 
@@ -636,8 +614,8 @@ class Experiment:
         from rapidfire_nb import automl
 
         spec = self.validate_clone(run_id, changes, warm_start)
-        with self.engine.lock:
-            new_id = max(set(self.engine.runs) | self._reserved_ids) + 1
+        with self.engine.atomically():
+            new_id = max(set(self.engine.run_ids()) | self._reserved_ids) + 1
             self._reserved_ids.add(new_id)
         flat = automl.flatten_changes(changes or {})
         self.engine.submit(Op("clone", run_id, spec=spec, warm_start=warm_start, changes=flat,
@@ -757,19 +735,19 @@ class Experiment:
             raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        base = self.engine.bases[rec.spec.base_key()]
+        model, tokenizer = self.engine.model_and_tokenizer(rec.spec)
         if rec.spec.peft_config is not None:
             from rapidfire_nb.engine.export import export_adapter
 
             lora = build_lora_config(rec.spec)
             lora.base_model_name_or_path = rec.spec.model_name
-            export_adapter(base.model, lora, weights, f"run_{run_id}", path)
+            export_adapter(model, lora, weights, f"run_{run_id}", path)
         else:
             import copy
 
             from rapidfire_nb.engine.export import ExportError
 
-            model = copy.deepcopy(base.pristine if base.pristine is not None else base.model)
+            model = copy.deepcopy(self.engine.untouched_model(rec.spec))
             try:
                 result = model.load_state_dict(weights, strict=False)   # raises on a shape mismatch
             except RuntimeError as exc:
@@ -779,7 +757,7 @@ class Experiment:
                                   f"{result.unexpected_keys[:3]}")
             model.save_pretrained(str(path))
             del model
-        base.tokenizer.save_pretrained(str(path))
+        tokenizer.save_pretrained(str(path))
         return path
 
     # -- notebook ----------------------------------------------------------------------------
@@ -803,11 +781,11 @@ class Experiment:
         return show_tensorboard(self)
 
     def __repr__(self) -> str:
-        n = len(self.engine.runs) if self.engine else 0
+        runs = self.engine.snapshot() if self.engine else {}
+        n = len(runs)
         counts: dict[str, int] = {}
-        if self.engine:
-            for r in self.engine.runs.values():
-                counts[r.status] = counts.get(r.status, 0) + 1
+        for r in runs.values():
+            counts[r.status] = counts.get(r.status, 0) + 1
         summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         return f"<Experiment {self.name!r}: {n} runs ({summary}) at {self.path}>"
 

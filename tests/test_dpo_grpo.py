@@ -10,8 +10,8 @@ from rapidfire_nb.automl import (List, RFDPOConfig, RFGridSearch, RFGRPOConfig, 
                                  RFModelConfig)
 from rapidfire_nb.demo_data import make_dpo_dataset, make_grpo_dataset, tiny_create_model
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.trainers import trainer_class
-from rapidfire_nb.engine.trainers_rl import GenerationPlan
+from rapidfire_nb.engine.adapters import trainer_class
+from rapidfire_nb.engine.adapters.grpo import GenerationPlan
 from rapidfire_nb.errors import ConfigError
 
 LORA = dict(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
@@ -142,7 +142,7 @@ def test_dpo_grid_completes_with_metrics_after_every_chunk(dpo_grid):
 
 def test_dpo_lora_reference_is_the_shared_base(dpo_grid):
     engine = dpo_grid.engine
-    base = engine.bases[engine.runs[1].spec.base_key()]
+    base = engine.factory.bases[engine.runs[1].spec.base_key()]
     assert base.pristine is None, "LoRA runs must not keep a second copy of the base"
     assert not {"ref", "default"} & set(base.peft_model.peft_config)
     # the margin at the first step is exactly 0: the reference is the initial policy (LoRA B = 0)
@@ -597,7 +597,7 @@ def test_a_reference_model_named_by_ref_model_name_is_loaded_and_used(trainer_ty
     assert _first_step(exp, 1, metric) == 0.0
     assert abs(_first_step(exp, 2, metric)) > 1e-4
     # the reference stayed frozen and adapter-free: the engine keeps it apart from the bases
-    (ref,) = exp.engine.references.values()
+    (ref,) = exp.engine.factory.references.values()
     assert not any(p.requires_grad for p in ref.parameters())
     assert not any("lora" in n for n, _ in ref.named_parameters())
 

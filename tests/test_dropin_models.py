@@ -60,7 +60,7 @@ def test_two_base_models_in_one_grid_with_auto_kwargs(HUB, tmp_path):
     assert [c["model_name"] for c in calls] == list(MODELS)
     assert calls[0]["model_kwargs"] == {"device_map": "auto", "dtype": "auto", "use_cache": False}
     assert calls[1]["tokenizer_kwargs"]["model_max_length"] == 256
-    assert len(exp.engine.bases) == 2
+    assert len(exp.engine.factory.bases) == 2
     # each run trained an adapter on its own base: different bases, different starting losses
     res = exp.get_results()
     first = res[(res.metric == "loss") & (res.step == 1)].set_index("run_id").value
@@ -92,7 +92,7 @@ def test_lora_on_a_4bit_base(HUB, tmp_path):
     info = exp.get_runs_info()
     assert set(info.status) == {"completed"}, info.error.tolist()
     assert len(calls) == 1 and calls[0]["model_kwargs"]["quantization_config"] is not bnb_config
-    base = next(iter(exp.engine.bases.values())).model
+    base = next(iter(exp.engine.factory.bases.values())).model
     import bitsandbytes as bnb
 
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in base.modules())

@@ -250,7 +250,7 @@ def test_checkpoints_are_written_off_the_engine_thread_and_logged_only_once_on_d
     assert list(tl.chunk) == [0] * 4 + [1] * 4 + [2] * 4
     # the engine's own share of a checkpoint is the snapshot; the writer's time is reported apart
     assert tl.snapshot_s.notna().all() and tl.checkpoint_s.notna().all()
-    assert exp.engine.writer.jobs_done == 12 and not exp.engine.writer.busy()
+    assert exp.engine.persistence.writer.jobs_done == 12 and not exp.engine.persistence.writer.busy()
     exp.end()
 
 

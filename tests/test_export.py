@@ -68,7 +68,7 @@ def test_weights_that_do_not_fit_the_model_are_refused(trained, tmp_path):
     from rapidfire_nb.experiment import build_lora_config
 
     spec = exp.engine.runs[1].spec
-    base = exp.engine.bases[spec.base_key()].model
+    base = exp.engine.factory.bases[spec.base_key()].model
     weights = dict(exp.engine.run_weights(1))
     key = next(k for k in weights if "lora_A" in k)
     wrong = dict(weights, **{key: torch.zeros(8, weights[key].shape[1])})   # rank 8, not 4

@@ -116,8 +116,8 @@ def test_run_failing_at_chunk_2_is_isolated(data, without_failures, tmp_path):
     assert [e["run_id"] for e in failed] == [3] and failed[0]["error"] == err
 
     # its memory is released: no trainer, no adapter left in the shared model
-    base = next(iter(exp.engine.bases.values()))
-    assert 3 not in exp.engine.trainers and "run_3" not in base.peft_model.peft_config
+    base = next(iter(exp.engine.factory.bases.values()))
+    assert 3 not in exp.engine.executor.trainers and "run_3" not in base.peft_model.peft_config
 
     # the others ended as if the failing run had never existed
     assert_bit_identical(exp, without_failures)

@@ -12,7 +12,7 @@ from rapidfire_nb.automl import List, RFDPOConfig, RFGridSearch, RFLoraConfig, R
 from rapidfire_nb.demo_data import make_dpo_dataset, make_tiny_model_and_tokenizer, tiny_create_model
 from rapidfire_nb.engine import generation as G
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.trainers import RunTrainer, capture_rng
+from rapidfire_nb.engine.rng import capture_rng
 from rapidfire_nb.errors import ConfigError
 
 LORA = dict(r=4, target_modules=["q_proj", "v_proj"])
@@ -199,8 +199,6 @@ def test_bad_eval_columns_for_compute_metrics_are_refused_by_run_fit(tmp_path):
     exp.end()
 
 
-@pytest.mark.skipif(not hasattr(RunTrainer, "generation_eval"),
-                    reason="RunTrainer.evaluate does not run generation-based metrics yet (see the patch)")
 def test_sft_runs_log_compute_metrics_on_conversational_data(tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"Reverse the word: {w}"},
                           {"role": "assistant", "content": w[::-1]}]}

@@ -279,7 +279,7 @@ BAD = [
 def _snapshot(exp):
     with exp.engine.lock:
         runs = {rid: (r.status, r.completed_steps) for rid, r in exp.engine.runs.items()}
-    return runs, exp.events.last_seq, exp.engine.ops.empty(), set(exp._reserved_ids)
+    return runs, exp.events.last_seq, not exp.engine.ops_pending(), set(exp._reserved_ids)
 
 
 @pytest.mark.parametrize("line,needles", BAD, ids=[b[0] for b in BAD])
@@ -337,7 +337,7 @@ def test_engine_state_after_all_commands(exp):
     assert exp.wait(timeout=300)
     statuses = {rid: r.status for rid, r in exp.engine.runs.items()}
     assert statuses == {1: "completed", 2: "completed", 3: "deleted", 4: "completed"}
-    assert 3 not in exp.engine.trainers
+    assert 3 not in exp.engine.executor.trainers
 
 
 def test_load_ext_keeps_library_import_chatter_out_of_the_cell():

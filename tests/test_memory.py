@@ -25,7 +25,7 @@ from rapidfire_nb.automl import (
 )
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
-from rapidfire_nb.engine.trainers import RunTrainer
+from rapidfire_nb.engine.adapters.base import RunTrainer
 
 TOTAL_RUNS = 20
 ALIVE = 4
@@ -63,13 +63,13 @@ def rss_bytes() -> int:
 
 
 def sample(exp, label: str) -> dict:
-    base = next(iter(exp.engine.bases.values()))
+    base = next(iter(exp.engine.factory.bases.values()))
     adapters = len(base.peft_model.peft_config) if base.peft_model is not None else 0
     with exp.engine.lock:
         statuses = [(r.run_id, r.status) for r in exp.engine.runs.values()]
     # measure between steps with no checkpoint in flight: a step's activations and the writer's
     # snapshot copies are transients of the run training now, not memory that grows with runs
-    exp.engine.writer.flush(timeout=60)
+    exp.engine.persistence.writer.flush(timeout=60)
     with HF_STATE_LOCK:
         gc.collect()
         tensor_bytes, trainers = live_objects()

@@ -36,7 +36,7 @@ def finish(tmp_path, name, data, offload, full):
     exp.run_fit(group(full), tiny_create_model, *data, num_chunks=4, seed=3)
     assert set(exp.get_runs_info().status) == {"completed"}
     out = ({r: exp.engine.run_weights(r) for r in (1, 2, 3)}, {r: train_losses(exp, r) for r in (1, 2, 3)},
-           exp.engine.parks_done)
+           exp.engine.executor.residency.parks_done)
     exp.end()
     return out
 
@@ -65,7 +65,7 @@ def test_park_moves_only_the_runs_own_state_and_unpark_restores_it(tiny_data, tm
     exp.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, seed=3)
     assert set(exp.get_runs_info().status) == {"stopped"}
     engine = exp.engine
-    rt = engine.trainers[1]
+    rt = engine.executor.trainers[1]
     model = rt.model
     own = dict(rt.trainable_named_parameters())
     shared = {n: p for n, p in model.named_parameters() if n not in own}
@@ -96,7 +96,7 @@ def test_park_moves_only_the_runs_own_state_and_unpark_restores_it(tiny_data, tm
             assert torch.equal(s[k], v)
 
     # parked runs resume exactly: park run 2, then let both finish; compare with never parked
-    engine.trainers[2].park("cpu")
+    engine.executor.trainers[2].park("cpu")
     exp.resume(1)
     exp.resume(2)
     exp.resume(3)
@@ -117,7 +117,7 @@ def test_auto_moves_nothing_without_a_gpu_and_bad_values_are_refused(tiny_data, 
 
     def watch(ev):
         if ev["type"] == "chunk_done":
-            parked_seen.extend(rt.parked for rt in list(exp.engine.trainers.values()))
+            parked_seen.extend(rt.parked for rt in list(exp.engine.executor.trainers.values()))
 
     exp.events.subscribe(watch)
     exp.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, seed=3)

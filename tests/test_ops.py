@@ -278,7 +278,7 @@ def test_clone_ops_were_applied_before_any_further_chunk(cloned):
 def _snapshot(exp):
     with exp.engine.lock:
         runs = {rid: (r.status, r.completed_steps, r.spec.fingerprint()) for rid, r in exp.engine.runs.items()}
-    return runs, exp.events.last_seq, exp.engine.ops.empty(), set(exp._reserved_ids)
+    return runs, exp.events.last_seq, not exp.engine.ops_pending(), set(exp._reserved_ids)
 
 
 @pytest.mark.parametrize("call,error,needle", [
@@ -450,7 +450,7 @@ def test_deleting_ten_runs_frees_their_memory_and_checkpoints(tiny_data, tmp_pat
 
     # two 1-step chunks per run, no eval
     exp.run_fit(group(LR_A), tiny_create_model, train.select(range(16)), None, num_chunks=2, seed=5)
-    base = exp.engine.bases[exp.engine.runs[1].spec.base_key()]
+    base = exp.engine.factory.bases[exp.engine.runs[1].spec.base_key()]
     before_tensors, before_rss = live_tensor_bytes(), rss_bytes()
 
     exp.events.subscribe(stop_clone)
@@ -460,7 +460,7 @@ def test_deleting_ten_runs_frees_their_memory_and_checkpoints(tiny_data, tmp_pat
     assert sorted(stopped) == ids
     assert set(exp.get_runs_info().set_index("run_id").loc[ids, "status"]) == {"stopped"}
     peak_tensors, peak_rss = live_tensor_bytes(), rss_bytes()
-    assert set(ids) <= set(exp.engine.trainers)
+    assert set(ids) <= set(exp.engine.executor.trainers)
     assert {f"run_{i}" for i in ids} <= set(base.peft_model.peft_config)
     for rid in ids:
         assert exp.store.load_checkpoint(rid) is not None
@@ -472,7 +472,7 @@ def test_deleting_ten_runs_frees_their_memory_and_checkpoints(tiny_data, tmp_pat
 
     info = exp.get_runs_info().set_index("run_id")
     assert (info.loc[ids, "status"] == "deleted").all() and info.loc[1, "status"] == "completed"
-    assert not set(ids) & set(exp.engine.trainers)
+    assert not set(ids) & set(exp.engine.executor.trainers)
     assert not {f"run_{i}" for i in ids} & (set(base.peft_model.peft_config) | base.adapters)
     for rid in ids:
         assert exp.store.load_checkpoint(rid) is None

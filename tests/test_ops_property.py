@@ -137,7 +137,7 @@ def check_sequence(tmp_path, ops):
         if rec.status == R.COMPLETED:
             assert rec.completed_steps == rec.total_steps
         if rec.status == R.DELETED:
-            assert run_id not in exp.engine.trainers
+            assert run_id not in exp.engine.executor.trainers
     # a deleted run trains no chunk after its delete took effect
     for e in applied:
         if e["op"] == "delete" and e["accepted"]:

@@ -118,8 +118,8 @@ def test_runs_json_never_claims_a_chunk_whose_checkpoint_is_not_on_disk(tiny_dat
                     held_back.append(int(rid))
         return real_write(path, obj)
 
-    import rapidfire_nb.engine.controller as controller_mod
-    monkeypatch.setattr(controller_mod, "atomic_write_json", write_json)
+    import rapidfire_nb.engine.persistence as persistence_mod
+    monkeypatch.setattr(persistence_mod, "atomic_write_json", write_json)
     exp = Experiment("durable-runs-json", experiment_path=tmp_path, tracking=[])
     holder.append(exp)
     exp.run_fit(three_runs(), tiny_create_model, train.select(range(32)), evald, num_chunks=4, seed=3)
@@ -152,7 +152,7 @@ def test_export_from_a_listener_while_a_checkpoint_is_in_flight(tiny_data, tmp_p
 
     def on_event(ev):
         if ev["type"] == "run_status" and ev["run_id"] == 2 and ev["status"] == "running" and not out:
-            pending = exp.engine.writer.pending(1)
+            pending = exp.engine.persistence.writer.pending(1)
             try:
                 out.append((pending, exp.export(1, tmp_path / "run1-adapter")))
             except Exception as exc:  # noqa: BLE001 - surfaced below

@@ -1,13 +1,21 @@
-"""The background training thread: mechanism only (policy lives in scheduler.py).
+"""The engine: one background thread that applies ops and trains chunks (mechanism only; policy
+lives in scheduler.py).
 
-One ``Engine`` owns the shared base models, every run's ``RunTrainer``, the op queue and the
-thread. The thread loops: apply queued ops, ask the scheduler for the next run, swap it in, train
-one chunk, evaluate, write the chunk-boundary checkpoint, then append the chunk's events. It never
-touches a widget or prints: everything it has to say goes into the event log or the run's log file.
+The thread loops: apply queued ops, ask the scheduler for the next run, have the chunk executor
+train one chunk of it (engine/executor.py), then hand the chunk's checkpoint and events to the
+writer (engine/persistence.py). It never touches a widget or prints: everything it has to say
+goes into the event log or the experiment's log file (engine/routing.py).
+
+The rest of the package talks to it through a narrow API: ``submit`` an op, ``snapshot`` the
+run table, ``wait``, ``drain`` and ``close``; plus ``load_base``/``plan_run``/``add_run`` while
+``run_fit`` sets it up and ``boundary_weights``/``weights_missing`` for export and warm clones.
+``runs`` and ``lock`` are the loop's own state: readers outside the engine package use
+``snapshot()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import logging
@@ -15,32 +23,21 @@ import queue
 import threading
 import time
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.events import EventLog
-from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
+from rapidfire_nb.engine.executor import ChunkExecutor, LocalChunkExecutor
+from rapidfire_nb.engine.factory import TrainerFactory
+from rapidfire_nb.engine.persistence import Persistence
+from rapidfire_nb.engine.residency import Residency
+from rapidfire_nb.engine.routing import LIBRARY_LOGGERS, install_output_routing, routed_to
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.scheduler import FairScheduler, RunView, parking_order
-from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json, durable_write_failure
-from rapidfire_nb.engine.trainers import (RunTrainer, derive_seed, merge_window, prepare_quantized_base,
-                                          rng_fork, trainer_class)
-from rapidfire_nb.engine.writer import CheckpointWriter
-from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
-
-
-@dataclass
-class Base:
-    """One distinct base model, shared by every LoRA run built on it."""
-
-    model: Any
-    tokenizer: Any
-    pristine: Any = None          # untouched copy for full fine-tuning runs
-    peft_model: Any = None        # PeftModel holding the adapters of LoRA runs
-    adapters: set = field(default_factory=set)
+from rapidfire_nb.engine.scheduler import FairScheduler, RunView
+from rapidfire_nb.engine.store import ExperimentStore
+from rapidfire_nb.errors import OpRefused, RapidFireError
 
 
 @dataclass
@@ -53,43 +50,6 @@ class Op:
     new_run_id: int | None = None
     submitted: float = field(default_factory=time.time)
     reason: str | None = None     # why (a pruner's stop); default: the user asked
-
-
-# ----------------------------------------------------------------------------------------------
-# The engine thread must never print into a notebook cell: its warnings and library logs go to
-# the experiment's log file. Other threads keep the normal behaviour.
-
-_ENGINE_THREADS: dict[int, Any] = {}
-_original_showwarning = warnings.showwarning
-
-
-def _thread_aware_showwarning(message, category, filename, lineno, file=None, line=None):
-    sink = _ENGINE_THREADS.get(threading.get_ident())
-    if sink is not None:
-        try:
-            sink.write(warnings.formatwarning(message, category, filename, lineno, line))
-            sink.flush()
-        except Exception:
-            pass
-        return
-    _original_showwarning(message, category, filename, lineno, file, line)
-
-
-class _EngineThreadFilter(logging.Filter):
-    """Keeps library log records emitted by engine threads off the console handlers."""
-
-    def filter(self, record):
-        return threading.get_ident() not in _ENGINE_THREADS
-
-
-def _install_output_routing():
-    if warnings.showwarning is not _thread_aware_showwarning:
-        warnings.showwarning = _thread_aware_showwarning
-    for name in ("transformers", "trl", "peft", "accelerate", "datasets", ""):
-        lg = logging.getLogger(name)
-        for h in lg.handlers:
-            if not any(isinstance(f, _EngineThreadFilter) for f in h.filters):
-                h.addFilter(_EngineThreadFilter())
 
 
 def _collect_garbage(full: bool = True) -> None:
@@ -109,13 +69,6 @@ def _collect_garbage(full: bool = True) -> None:
         pass
 
 
-# Deleting a run's adapter while it is the active one is routine here, not a user mistake.
-warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now deleted")
-
-
-# ----------------------------------------------------------------------------------------------
-
-
 def weights_lost(rec: RunRecord) -> bool:
     """A run without live or stored weights whose weights are not just its fresh initialisation:
     it trained (or started warm), so a clone of it that starts fresh would not be warm."""
@@ -131,127 +84,57 @@ def weights_lost_reason(rec: RunRecord, store: ExperimentStore) -> str:
 class Engine:
     def __init__(self, store: ExperimentStore, events: EventLog, create_model: Callable,
                  train_dataset, eval_dataset, num_chunks: int, seed: int,
-                 build_args: Callable, build_lora: Callable, devices=("cpu",), offload: str = "auto"):
+                 build_args: Callable, build_lora: Callable, devices=("cpu",), offload: str = "auto",
+                 executor: ChunkExecutor | None = None):
         self.store = store
         store.fingerprint_of = self._fingerprint_of
         self.events = events
-        self.create_model = create_model
-        self.train_dataset = train_dataset
-        self.eval_dataset = eval_dataset
         self.num_chunks = num_chunks
-        self.seed = seed
-        self.build_args = build_args
-        self.build_lora = build_lora
         self.scheduler = FairScheduler(devices)
         self.device_name = devices[0]
         self.lock = threading.RLock()
         self.idle = threading.Condition(self.lock)
         self.runs: dict[int, RunRecord] = {}
-        self.bases: dict[str, Base] = {}
-        self.references: dict[str, Any] = {}   # DPO/GRPO references named by ref_model_name
-        self.trainers: dict[int, RunTrainer] = {}
+        self.factory = TrainerFactory(store, create_model, train_dataset, eval_dataset, num_chunks,
+                                      seed, build_args, build_lora)
+        self.persistence = Persistence(store, events, self.lock, self.runs)
+        self.executor = executor if executor is not None else LocalChunkExecutor(
+            self.factory, store, self.device_name, Residency(offload),
+            may_move=lambda rid: not self.persistence.writer.pending(rid),
+            progress_of=lambda rid: self.runs[rid].progress)
         self.ops: queue.SimpleQueue[Op] = queue.SimpleQueue()
         self.queued_ops: list[Op] = []   # submitted, not yet applied (under self.lock)
         self.thread: threading.Thread | None = None
-        self.on_device: int | None = None
-        self.pending_weights: dict[int, dict] = {}
-        self.prep_cache: dict = {}   # prepared (tokenized) datasets shared by the runs' trainers
-        self.create_model_calls = 0
         self.closed = False
         self.stop_all = False
-        self.op_latencies: list[dict] = []
         self._log_file = None
         # set (under the lock) when the loop decides to leave: from then on a submit must start
         # a new thread, even though the old one is still alive in its clean-up
         self._leaving = False
-        # chunk checkpoints are written off the engine thread (engine/writer.py)
-        self.writer = CheckpointWriter()
-        self._write_failures: list[tuple] = []
-        self.write_wait_s = 0.0   # engine time spent waiting for the writer
-        self._runs_file_lock = threading.Lock()
-        self._unwritten: dict[int, dict] = {}   # run -> its counters as of its last durable chunk
-        self.offload = offload
-        self.host = "cpu"                          # where parked runs live
-        self._chunk_peak_extra = 0                 # largest memory a chunk added (CUDA, bytes)
-        self.parks_done = 0
-        self._runs_version = self._runs_written = 0
-        self.runs_write_error: OSError | None = None
         # called by the engine thread, under the lock, before each scheduling decision (i.e. at
         # every chunk boundary); it may submit ops, applied before the next chunk (AutoML pruning
         # and refills, rapidfire_nb/tuning.py)
         self.boundary_hook: Callable[[], None] | None = None
 
-    # -- bases -------------------------------------------------------------------------------
-    def load_base(self, spec: RunSpec, need_pristine: bool) -> Base:
+    # -- set-up (run_fit, in the caller's thread) ---------------------------------------------
+    def load_base(self, spec: RunSpec, need_pristine: bool):
         """Call ``create_model`` once per distinct base (in the caller's thread: errors show)."""
-        key = spec.base_key()
-        if key in self.bases:
-            self.reference_model(spec)
-            return self.bases[key]
-        result = self.create_model(spec.model_config())
-        self.create_model_calls += 1
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise ConfigError(
-                f"create_model must return (model, tokenizer); it returned {type(result).__name__}"
-                + (f" of length {len(result)}" if isinstance(result, tuple) else ""))
-        model, tokenizer = result
-        import torch
+        return self.factory.load_base(spec, need_pristine)
 
-        if not isinstance(model, torch.nn.Module):
-            raise ConfigError(f"create_model returned {type(model).__name__} as the model; "
-                              "expected a transformers PreTrainedModel")
-        if tokenizer is None or not callable(tokenizer):
-            raise ConfigError(f"create_model returned {type(tokenizer).__name__} as the tokenizer; "
-                              "expected a transformers tokenizer")
-        if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None):
-            tokenizer.pad_token = tokenizer.eos_token
-        model = prepare_quantized_base(model, spec.model_name, need_pristine)
-        base = Base(model=model, tokenizer=tokenizer)
-        if need_pristine:
-            base.pristine = copy.deepcopy(model)
-        self.bases[key] = base
-        self.reference_model(spec)   # after the base: its vocabulary is checked against the base's
-        return base
+    def model_and_tokenizer(self, spec: RunSpec) -> tuple[Any, Any] | None:
+        """The loaded base model and tokenizer of ``spec``; None before ``load_base``."""
+        return self.factory.model_and_tokenizer(spec)
 
-    def reference_model(self, spec: RunSpec):
-        """A DPO/GRPO reference other than the base (``ref_model_name``): ``create_model`` called
-        once per distinct reference with its own type and kwargs, frozen, shared by every run that
-        names it, and kept apart from the bases (adapters never go into it). None: the base."""
-        ref_spec = spec.reference_spec()
-        if ref_spec is None:
-            return None
-        key = ref_spec.base_key()
-        if key in self.references:
-            return self.references[key]
-        result = self.create_model(ref_spec.model_config())
-        self.create_model_calls += 1
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise ConfigError(f"create_model must return (model, tokenizer); for ref_model_name="
-                              f"{spec.ref_model_name!r} it returned {type(result).__name__}")
-        ref = result[0]
-        ref.requires_grad_(False)
-        ref.eval()
-        base = self.bases.get(spec.base_key())
-        if base is not None:
-            want = base.model.get_input_embeddings().num_embeddings
-            got = ref.get_input_embeddings().num_embeddings
-            if want != got:
-                raise ConfigError(f"ref_model_name={spec.ref_model_name!r} has a vocabulary of {got} tokens "
-                                  f"and the base {spec.model_name!r} {want}; the reference scores the "
-                                  "policy's tokens, so both need the same tokenizer")
-        self.references[key] = ref
-        return ref
-
-    # -- runs ---------------------------------------------------------------------------------
-    def next_run_id(self) -> int:
-        return max(self.runs, default=0) + 1
+    def untouched_model(self, spec: RunSpec):
+        """The base model of a full fine-tuning run as ``create_model`` returned it."""
+        base = self.factory.bases[spec.base_key()]
+        return base.pristine if base.pristine is not None else base.model
 
     def plan_run(self, spec: RunSpec):
-        cls = trainer_class(spec.trainer_type)
-        args = self.build_args(spec, output_dir=str(self.store.root / "outputs" / "_plan"),
-                               seed=self.seed, **RunTrainer.ENGINE_ARGS)
-        plan = cls.plan_for(args, len(self.train_dataset), self.num_chunks, self.seed)
-        return plan, plan.total_steps(args.max_steps, args.num_train_epochs)
+        return self.factory.plan_run(spec)
+
+    def next_run_id(self) -> int:
+        return max(self.runs, default=0) + 1
 
     def add_run(self, spec: RunSpec, run_id: int | None = None, parent: RunRecord | None = None,
                 warm_start: bool = False, changes: dict | None = None, emit: bool = True) -> RunRecord:
@@ -284,32 +167,106 @@ class Engine:
             self.save_runs()
         return rec
 
-    def save_runs(self) -> bool:
-        """Persist every run record; False (and ``runs_write_error``) when the write failed. The snapshot is taken under the engine lock; the write (with
-        its fsyncs) happens outside it when the caller does not hold the lock, and a snapshot
-        older than one already written is dropped, so runs.json never goes back in time."""
+    def set_start_weights(self, run_id: int, weights: dict) -> None:
+        """A warm clone restored after a restart: the weights its trainer starts from."""
         with self.lock:
-            self._runs_version += 1
-            version = self._runs_version
-            data = {str(k): r.to_json() for k, r in self.runs.items()}
-            for rid, durable in self._unwritten.items():
-                # its checkpoint is still being written: runs.json must not claim the chunk yet
-                # (a warm clone without a checkpoint resumes from these counters)
-                if str(rid) in data:
-                    data[str(rid)].update(durable)
-        with self._runs_file_lock:
-            if version > self._runs_written:
-                try:
-                    atomic_write_json(self.store.runs_path, data)
-                except OSError as exc:
-                    # never fatal here (the engine thread must live on): the previous runs.json is
-                    # intact, the next save writes everything; _persist fails the affected run
-                    self.runs_write_error = exc
-                    return False
-                self._runs_written = version
-                self.runs_write_error = None
-        return True
+            self.executor.set_start_weights(run_id, weights)
 
+    def save_runs(self) -> bool:
+        """Persist every run record to runs.json; False when the write failed (engine/persistence.py)."""
+        return self.persistence.save_runs()
+
+    @contextlib.contextmanager
+    def runs_writes_deferred(self):
+        """Inside, ``save_runs`` writes nothing; the caller writes once afterwards (recovery
+        rebuilds many runs and must never leave a runs.json holding only some of them)."""
+        self.persistence.defer_runs_writes()
+        try:
+            yield
+        finally:
+            self.persistence.resume_runs_writes()
+
+    # -- reading ------------------------------------------------------------------------------
+    def atomically(self):
+        """Hold while validating an op against ``snapshot``/``engine.queued.project`` and
+        submitting it: no op is applied and no run changes status in between."""
+        return self.lock
+
+    def run_ids(self) -> list[int]:
+        with self.lock:
+            return list(self.runs)
+
+    def snapshot(self) -> dict[int, RunRecord]:
+        """A consistent copy of the run table (records are copies: safe to read in any thread)."""
+        with self.lock:
+            return {rid: copy.copy(rec) for rid, rec in self.runs.items()}
+
+    @property
+    def on_device(self) -> int | None:
+        """The run whose state is active on the device now, or None."""
+        return self.executor.on_device
+
+    @property
+    def write_wait_s(self) -> float:
+        """Engine time spent waiting for the checkpoint writer (``rapidfire bench``)."""
+        return self.persistence.write_wait_s
+
+    def ops_pending(self) -> bool:
+        """True while a submitted op has not been applied yet."""
+        return not self.ops.empty()
+
+    def thread_alive(self) -> bool:
+        t = self.thread
+        return t is not None and t.is_alive()
+
+    def busy(self) -> bool:
+        with self.lock:
+            return any(r.status in R.ACTIVE for r in self.runs.values()) or not self.ops.empty()
+
+    def in_own_thread(self) -> bool:
+        """True in the engine thread or the checkpoint writer's (where event listeners run)."""
+        me = threading.current_thread()
+        return me is self.thread or self.persistence.writer.is_worker(me)
+
+    def boundary_weights(self, run_id: int) -> dict | None:
+        """A run's weights at its last chunk boundary: from its live trainer while that chunk's
+        checkpoint is being written (the run cannot train meanwhile), else from its checkpoint."""
+        with self.lock:
+            # the writer needs this lock to finish the job: pending cannot end while it is held
+            if self.persistence.writer.pending(run_id):
+                weights = self.executor.live_weights(run_id)
+                if weights is not None:
+                    return weights
+        ckpt = self.store.load_checkpoint(run_id)
+        return ckpt["trainer"]["weights"] if ckpt else None
+
+    def run_weights(self, run_id: int) -> dict | None:
+        """A run's current weights: live if it has a trainer, else its last checkpoint's."""
+        with self.lock:
+            weights = self.executor.live_weights(run_id)
+            if weights is not None:
+                return weights
+        ckpt = self.store.load_checkpoint(run_id)
+        return ckpt["trainer"]["weights"] if ckpt else None
+
+    def weights_missing(self, rec: RunRecord) -> bool:
+        """Cheap (no file read): True when a warm clone of ``rec`` would have nothing to start
+        from although ``rec`` has trained or started warm."""
+        with self.lock:
+            if (rec.run_id in self.executor.live_run_ids()
+                    or self.executor.start_weights(rec.run_id) is not None):
+                return False
+        if self.store.checkpoint_path(rec.run_id).exists():
+            return False
+        if rec.warm_start and self.store.warm_start_path(rec.run_id).exists():
+            return False
+        return weights_lost(rec)
+
+    def _fingerprint_of(self, run_id: int) -> str | None:
+        rec = self.runs.get(run_id)
+        return rec.spec.fingerprint() if rec is not None else None
+
+    # -- status -------------------------------------------------------------------------------
     def _set_status(self, rec: RunRecord, status: str, error: str | None = None,
                     reason: str | None = None, save: bool = True) -> None:
         with self.lock:
@@ -325,6 +282,12 @@ class Engine:
                 self.save_runs()
             self.idle.notify_all()
 
+    def _complete(self, rec: RunRecord) -> None:
+        """Writer thread, once a run's last chunk is durable."""
+        with self.lock:
+            if rec.status in R.ACTIVE:
+                self._set_status(rec, R.COMPLETED, save=False)  # the engine frees it
+
     # -- thread -------------------------------------------------------------------------------
     def start(self) -> None:
         with self.lock:
@@ -332,22 +295,21 @@ class Engine:
                 raise RapidFireError("this experiment has ended; create a new Experiment")
             if self.thread is not None and self.thread.is_alive() and not self._leaving:
                 return
-            _install_output_routing()
+            install_output_routing()
             self._leaving = False
             self.thread = threading.Thread(target=self._main, name="rapidfire-engine", daemon=True)
             self.thread.start()
 
     def submit(self, op: Op) -> None:
+        """Queue an op (validated by the caller); the engine applies it at the next chunk boundary."""
         with self.lock:   # queued_ops and the queue change together (engine/queued.py reads both)
             self.queued_ops.append(op)
             self.ops.put(op)
         self.start()
 
-    def busy(self) -> bool:
-        with self.lock:
-            return any(r.status in R.ACTIVE for r in self.runs.values()) or not self.ops.empty()
-
     def wait(self, timeout: float | None = None) -> bool:
+        """Block until no run is pending or running and no op is queued; False on timeout, or when
+        nothing will move the remaining runs (the engine stopped; see logs/engine.log)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             t = self.thread
@@ -371,32 +333,82 @@ class Engine:
                 return not self.busy() and not (self.thread and self.thread.is_alive())
             t.join(timeout=0.2 if remaining is None else min(0.2, remaining))
 
+    def drain(self) -> None:
+        """Ask the loop to leave at the next chunk boundary and wait for it; ops accepted before
+        are applied (or refused, logged), never dropped. The caller's thread, never the engine's."""
+        with self.lock:
+            self.stop_all = True
+        t = self.thread
+        if t is not None:
+            t.join()
+        # an op submitted while the thread was already leaving (put, but its start() not yet run)
+        # is applied here, in this thread: the engine's has gone and the writer is drained first
+        while not self.ops.empty():
+            t = self.thread
+            if t is not None and t.is_alive():
+                t.join()
+                continue
+            self.persistence.writer.flush()
+            with self.lock:
+                self._settle_writes()
+                self._apply_ops()
+
+    def end_unfinished(self, ended_reason: str) -> list[int]:
+        """After ``drain``: runs still pending or running become ``stopped`` (their last
+        chunk-boundary checkpoint stays), or ``completed`` when their last chunk is on disk. Returns
+        the ids stopped."""
+        stopped = []
+        with self.lock:
+            for rec in self.runs.values():
+                if rec.status not in R.ACTIVE:
+                    continue
+                if rec.completed_steps >= rec.total_steps:   # its last chunk is on disk already
+                    self._set_status(rec, R.COMPLETED, reason="finished as the experiment ended")
+                else:
+                    self._set_status(rec, R.STOPPED, reason=ended_reason)
+                    stopped.append(rec.run_id)
+        return stopped
+
+    def close(self) -> None:
+        self.persistence.writer.flush()   # normally idle already: the loop flushes before it leaves
+        with self.lock:
+            self.closed = True
+            self._settle_writes()
+            for rid in list(self.executor.live_run_ids()):
+                self._release(self.runs[rid])
+
     def _main(self) -> None:
         log_path = self.store.root / "logs" / "engine.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # local: a thread started while this one cleans up opens its own file and handler
         log_file = self._log_file = open(log_path, "a", encoding="utf-8")
         me = threading.get_ident()
-        _ENGINE_THREADS[me] = log_file
         handler = logging.StreamHandler(log_file)
         handler.addFilter(lambda r: threading.get_ident() == me)
         handler.handleError = lambda record: None   # a full disk: no traceback on stderr
-        for name in ("transformers", "trl", "peft", "accelerate", "datasets"):
+        for name in LIBRARY_LOGGERS:
             logging.getLogger(name).addHandler(handler)
         try:
-            self._loop()
-        except BaseException:  # the loop itself must never die silently
-            log_file.write(traceback.format_exc())
+            with routed_to(log_file):
+                try:
+                    self._loop()
+                except BaseException:  # the loop itself must never die silently
+                    log_file.write(traceback.format_exc())
+                finally:
+                    with self.lock:
+                        if threading.current_thread() is self.thread:
+                            self._leaving = True
+                    for name in LIBRARY_LOGGERS:
+                        logging.getLogger(name).removeHandler(handler)
         finally:
-            with self.lock:
-                if threading.current_thread() is self.thread:
-                    self._leaving = True
-            for name in ("transformers", "trl", "peft", "accelerate", "datasets"):
-                logging.getLogger(name).removeHandler(handler)
-            _ENGINE_THREADS.pop(me, None)
             log_file.close()
             with self.lock:
                 self.idle.notify_all()
+
+    def _routed(self, job: Callable[[], None]) -> None:
+        """Writer thread: its warnings go to the log, as the engine's do."""
+        with routed_to(self._log_file):
+            job()
 
     def _loop(self) -> None:
         while True:
@@ -407,21 +419,22 @@ class Engine:
                         self.boundary_hook()
                     except Exception:   # a policy bug must not kill training: logged, ignored
                         self._log_file.write("boundary hook failed:\n" + traceback.format_exc())
+                writer = self.persistence.writer
                 if self.stop_all:
                     flush = True
-                elif not self.ops.empty() and self.writer.busy():
+                elif not self.ops.empty() and writer.busy():
                     flush = True   # ops see every finished chunk on disk and in the log
                 else:
                     self._settle_writes()
-                    if not self.writer.busy():
+                    if not writer.busy():
                         # only this thread submits writes: the writer stays idle while ops apply;
                         # an op queued meanwhile waits for the next turn (flush, then apply)
                         self._apply_ops()
                     views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE,
-                                     busy=self.writer.pending(r.run_id)) for r in self.runs.values()]
-                    choice = self.scheduler.choose(views, self.device_name, self.on_device)
+                                     busy=writer.pending(r.run_id)) for r in self.runs.values()]
+                    choice = self.scheduler.choose(views, self.device_name, self.executor.on_device)
                     if choice is None:
-                        if self.writer.busy():
+                        if writer.busy():
                             flush = True           # a finishing run's checkpoint is in flight
                         elif self.ops.empty():
                             self._leaving = True  # under the lock: a later submit starts a new thread
@@ -434,9 +447,7 @@ class Engine:
                         if rec.status == R.PENDING:
                             self._set_status(rec, R.RUNNING)
             if flush:
-                t0 = time.perf_counter()
-                self.writer.flush()   # outside the lock: the writer's follow-ups take it
-                self.write_wait_s += time.perf_counter() - t0
+                self.persistence.flush()   # outside the lock: the writer's follow-ups take it
                 with self.lock:
                     if self.stop_all:
                         self._settle_writes()
@@ -450,15 +461,29 @@ class Engine:
             except Exception as exc:  # failure isolation: this run fails, the others go on
                 self._fail(rec, exc)
 
+    def _train_chunk(self, rec: RunRecord) -> None:
+        result = self.executor.train_chunk(rec)
+        counters = result.counters
+        with self.lock:
+            for k, v in result.restored.items():
+                setattr(rec, k, v)
+            before = {k: getattr(rec, k) for k in counters}
+            self.persistence.mark_unwritten(rec.run_id, before)
+            for k, v in counters.items():
+                setattr(rec, k, v)
+            if result.eval_metrics:
+                rec.last_metrics.update(result.eval_metrics)
+        self.persistence.submit_chunk(rec, result.state, result.events, result.chunk_event,
+                                      result.done, before, self._complete, self._routed)
+
     def _settle_writes(self) -> None:
         """Engine thread, under the lock: act on what the writer finished (failed writes, runs that
         completed) - things only this thread may do, because they touch the shared model."""
-        failures, self._write_failures = self._write_failures, []
-        for rec, exc, counters in failures:
+        for rec, exc, counters in self.persistence.take_failures():
             for k, v in (counters or {}).items():   # the chunk did not count: back to the last checkpoint
                 setattr(rec, k, v)
             self._fail(rec, exc)
-        for rid in [rid for rid in self.trainers if self.runs[rid].status == R.COMPLETED]:
+        for rid in [rid for rid in self.executor.live_run_ids() if self.runs[rid].status == R.COMPLETED]:
             # its final weights are in its checkpoint (export, warm clones and run_weights read
             # them there): memory must not grow with finished runs. No full gc.collect() (~0.25 s
             # with transformers loaded): the big tensors go by refcount; cycles when idle.
@@ -499,10 +524,8 @@ class Engine:
                         self.add_run(op.spec, run_id=op.run_id)
             except Exception as exc:
                 ok, reason = False, f"{type(exc).__name__}: {exc}"
-            latency = time.time() - op.submitted
-            self.op_latencies.append({"op": op.kind, "run_id": op.run_id, "latency_s": latency})
             self.events.append("op", op=op.kind, run_id=op.run_id, accepted=ok, reason=reason,
-                               new_run_id=op.new_run_id, latency_s=latency)
+                               new_run_id=op.new_run_id, latency_s=time.time() - op.submitted)
             freed = freed or (ok and op.kind == "delete")
         if freed:
             # one collection per batch of deletes: a gc.collect() costs 0.1-0.7 s with
@@ -518,20 +541,7 @@ class Engine:
 
     def _release(self, rec: RunRecord, collect: bool = True) -> None:
         """Free a run's trainer, optimizer, adapter and device memory."""
-        rt = self.trainers.pop(rec.run_id, None)
-        self.pending_weights.pop(rec.run_id, None)
-        if self.on_device == rec.run_id:
-            self.on_device = None
-        if rt is not None:
-            base = self.bases.get(rec.spec.base_key())
-            if rt.adapter_name is not None and base is not None and base.peft_model is not None:
-                try:
-                    base.peft_model.delete_adapter(rt.adapter_name)
-                except Exception:
-                    # PEFT refuses to delete the last adapter; it is then just left inactive
-                    pass
-                base.adapters.discard(rt.adapter_name)
-            rt.close()
+        self.executor.release(rec)
         if collect:
             _collect_garbage()
 
@@ -542,7 +552,7 @@ class Engine:
             if parent.status == R.DELETED:
                 raise OpRefused(f"run {parent.run_id} was deleted before this warm clone was "
                                 "applied; its weights are gone")
-            weights = self.boundary_weights_of(parent)
+            weights = self._warm_start_weights(parent)
             if weights is None:
                 if weights_lost(parent):
                     # a silent cold start labelled warm would be a wrong result nobody can see
@@ -553,39 +563,22 @@ class Engine:
         rec = self.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
                            changes=op.changes)
         if weights is not None:
-            self.pending_weights[rec.run_id] = weights
-        return rec
+            self.executor.set_start_weights(rec.run_id, weights)
 
-    def boundary_weights_of(self, parent: RunRecord) -> dict | None:
+    def _warm_start_weights(self, parent: RunRecord) -> dict | None:
         """Where a warm clone starts: the parent's live weights, else its last checkpoint, else
         (a warm clone that never finished a chunk, whatever its status) the weights it started
         from. None when none of these exist."""
-        rt = self.trainers.get(parent.run_id)
-        if rt is not None:
-            return rt.weights()
+        weights = self.executor.live_weights(parent.run_id)
+        if weights is not None:
+            return weights
         ckpt = self.store.load_checkpoint(parent.run_id)
         if ckpt is not None:
             return ckpt["trainer"]["weights"]
-        weights = self.pending_weights.get(parent.run_id)
+        weights = self.executor.start_weights(parent.run_id)
         if weights is None and parent.warm_start:
             weights = self.store.load_warm_start(parent.run_id)
         return weights
-
-    def _fingerprint_of(self, run_id: int) -> str | None:
-        rec = self.runs.get(run_id)
-        return rec.spec.fingerprint() if rec is not None else None
-
-    def weights_missing(self, rec: RunRecord) -> bool:
-        """Cheap (no file read): True when a warm clone of ``rec`` would have nothing to start
-        from although ``rec`` has trained or started warm."""
-        with self.lock:
-            if rec.run_id in self.trainers or rec.run_id in self.pending_weights:
-                return False
-        if self.store.checkpoint_path(rec.run_id).exists():
-            return False
-        if rec.warm_start and self.store.warm_start_path(rec.run_id).exists():
-            return False
-        return weights_lost(rec)
 
     def _fail(self, rec: RunRecord, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -593,298 +586,3 @@ class Engine:
             self._release(rec)
             if rec.status not in R.TERMINAL:
                 self._set_status(rec, R.FAILED, error=tb, reason=f"{type(exc).__name__}: {exc}")
-
-    # -- one chunk ----------------------------------------------------------------------------
-    def _trainer_for(self, rec: RunRecord) -> RunTrainer:
-        rt = self.trainers.get(rec.run_id)
-        if rt is not None:
-            return rt
-        spec = rec.spec
-        base = self.load_base(spec, need_pristine=spec.peft_config is None)
-        cls = trainer_class(spec.trainer_type)
-        out_dir = str(self.store.output_dir(rec.run_id))
-        init_seed = derive_seed(self.seed, spec.seed_fingerprint())
-        if spec.peft_config is not None:
-            from peft import get_peft_model
-
-            name = f"run_{rec.run_id}"
-            lora = self.build_lora(spec)
-            with rng_fork():
-                import torch
-
-                torch.manual_seed(init_seed)  # adapter init depends on (seed, config) only
-                if base.peft_model is None:
-                    base.peft_model = get_peft_model(base.model, lora, adapter_name=name)
-                else:
-                    base.peft_model.add_adapter(name, lora)
-            base.adapters.add(name)
-            model, adapter = base.peft_model, name
-        else:
-            source = base.pristine if base.pristine is not None else base.model
-            model, adapter = copy.deepcopy(source), None
-        import datasets
-
-        was = datasets.utils.logging.is_progress_bar_enabled()
-        datasets.utils.logging.disable_progress_bar()
-        try:
-            rt = cls(rec, model, base.tokenizer, self.train_dataset, self.eval_dataset,
-                     self.num_chunks, self.seed, out_dir, adapter, self.build_args,
-                     prep_cache=self.prep_cache, ref_model=self.reference_model(spec))
-        finally:
-            if was:
-                datasets.utils.logging.enable_progress_bar()
-        if rec.completed_steps == 0 and rec.step_offset == 0:
-            # TRL may drop examples while preparing the data (fully masked rows, packing): the
-            # plan follows the prepared dataset, which is what the run actually walks
-            total = rt.total_steps()
-            if total != rec.total_steps or rt.plan.steps_per_epoch != rec.steps_per_epoch:
-                rec.total_steps, rec.steps_per_epoch = total, rt.plan.steps_per_epoch
-        rt.build_optimizer(rec.total_steps - rec.step_offset)
-        for other in self.trainers.values():
-            other.keep_parked()   # the new trainer's model.to(device) moved every adapter back
-        ckpt = self.store.load_checkpoint(rec.run_id)
-        if ckpt is not None:
-            rt.load_state_dict(ckpt["trainer"])
-            for key in ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done"):
-                setattr(rec, key, ckpt["counters"][key])
-        elif rec.run_id in self.pending_weights:
-            rt.load_weights(self.pending_weights.pop(rec.run_id))
-        self.trainers[rec.run_id] = rt
-        return rt
-
-    def _train_chunk(self, rec: RunRecord) -> None:
-        t_start = time.time()
-        with HF_STATE_LOCK:
-            rt = self._trainer_for(rec)
-        t_built = time.time()
-        # swap: make this run's adapter active and its RNG current (the previous run's RNG was
-        # captured at its chunk boundary; building a trainer since then may have reseeded)
-        t0 = time.perf_counter()
-        self._make_room(rec)
-        rt.unpark()
-        rt.swap_in()
-        self.on_device = rec.run_id
-        swap_s = time.perf_counter() - t0
-        peak_probe = self._chunk_memory_probe()
-
-        plan = rt.plan
-        epoch, chunk = rec.epoch, rec.chunk
-        first = max(rec.completed_steps, plan.chunk_start_step(epoch, chunk))
-        if chunk + 1 < plan.num_chunks:
-            end = plan.chunk_start_step(epoch, chunk + 1)
-        else:
-            end = plan.chunk_start_step(epoch + 1, 0)
-        end = min(end, rec.total_steps)
-        batch: list[tuple[str, dict]] = []
-        t0 = time.perf_counter()
-        samples = rec.samples_seen
-        log_every, eval_every = rt.intervals(rec.total_steps - rec.step_offset)
-        window: list[dict] = []
-        mid_eval_s = 0.0
-        for g in range(first, end):
-            e, s = plan.position(g)
-            with HF_STATE_LOCK:
-                out = rt.train_step(e, s, g - rec.step_offset)
-            samples += out["examples"]
-            own = g + 1 - rec.step_offset
-            window.append(out["metrics"])
-            if log_every is None or own % log_every == 0 or g + 1 == end:
-                batch.append(("metric", dict(run_id=rec.run_id, split="train", step=g + 1,
-                                             samples_seen=samples, epoch=epoch, chunk=chunk,
-                                             metrics=merge_window(window))))
-                window = []
-            if eval_every and own % eval_every == 0 and g + 1 < end:
-                t1 = time.perf_counter()   # eval_strategy="steps" inside the chunk (RNG untouched)
-                with HF_STATE_LOCK:
-                    mid = rt.evaluate()
-                if mid:
-                    batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=g + 1,
-                                                 samples_seen=samples, epoch=epoch, chunk=chunk,
-                                                 metrics=mid)))
-                mid_eval_s += time.perf_counter() - t1
-        train_s = time.perf_counter() - t0 - mid_eval_s
-        rt.swap_out()  # capture the RNG at the boundary (it is part of the checkpoint)
-        if peak_probe is not None:
-            self._chunk_peak_extra = max(self._chunk_peak_extra, peak_probe())
-
-        t0 = time.perf_counter()
-        with HF_STATE_LOCK:
-            eval_metrics = rt.evaluate()
-        eval_s = time.perf_counter() - t0 + mid_eval_s
-        if eval_metrics:
-            batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=end,
-                                         samples_seen=samples, epoch=epoch, chunk=chunk,
-                                         metrics=eval_metrics)))
-        # advance the stream position
-        next_epoch, next_chunk = (epoch, chunk + 1) if chunk + 1 < plan.num_chunks else (epoch + 1, 0)
-        counters = dict(completed_steps=end, samples_seen=samples, epoch=next_epoch,
-                        chunk=next_chunk, chunks_done=rec.chunks_done + 1)
-        done = end >= rec.total_steps
-        t_end = time.time()
-        chunk_event = dict(run_id=rec.run_id, epoch=epoch, chunk=chunk, device=self.device_name,
-                           start=t_start, end=t_end, train_s=train_s, eval_s=eval_s,
-                           swap_s=swap_s, setup_s=t_built - t_start, other_s=0.0,
-                           completed_steps=end, total_steps=rec.total_steps, samples_seen=samples,
-                           chunks_done=counters["chunks_done"])
-        # the snapshot: weights copied now, optimizer/scheduler state by reference (this run is
-        # not trained again until the writer is done with it)
-        t0 = time.perf_counter()
-        state = {"trainer": rt.state_dict(), "counters": counters, "events": batch,
-                 "chunk_event": dict(chunk_event)}
-        chunk_event["snapshot_s"] = time.perf_counter() - t0
-        chunk_event["end"] = time.time()
-        chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - swap_s)
-        with self.lock:
-            before = {k: getattr(rec, k) for k in counters}
-            self._unwritten[rec.run_id] = before
-            for k, v in counters.items():
-                setattr(rec, k, v)
-            if eval_metrics:
-                rec.last_metrics.update(eval_metrics)
-        if self.writer.busy():
-            # at most one checkpoint in flight: a crash loses the chunk being trained and at most
-            # the one chunk whose checkpoint was still being written
-            t0 = time.perf_counter()
-            self.writer.flush()
-            self.write_wait_s += time.perf_counter() - t0
-        self.writer.submit(rec.run_id, lambda: self._persist(rec, state, batch, chunk_event, done, before))
-
-    # -- residency ----------------------------------------------------------------------------
-    def _make_room(self, rec: RunRecord) -> None:
-        """Before ``rec`` trains: park other runs' own state (adapter or model copy, optimizer
-        state) in host memory, as the ``offload`` policy says. "never": all stay on the device (a
-        swap then moves nothing). "always": only the run in training is on the device. "auto"
-        (default): on a CUDA device, park runs only while free memory is short of what this run
-        needs, those the scheduler will come back to last first; elsewhere, nothing moves."""
-        if self.offload == "never":
-            return
-        others = [(self.runs[rid], rt) for rid, rt in self.trainers.items()
-                  if rid != rec.run_id and not rt.parked and not self.writer.pending(rid)]
-        if not others:
-            return
-        if self.offload == "always":
-            for _, rt in others:
-                self._park(rt)
-            return
-        rt = self.trainers[rec.run_id]
-        device = rt.args.device
-        if device.type != "cuda":
-            return
-        import torch
-
-        free, total = torch.cuda.mem_get_info(device)
-        headroom = self._chunk_peak_extra if self._chunk_peak_extra else int(0.10 * total)
-        need = rt.parked_bytes() + headroom
-
-        def available() -> int:
-            free, _ = torch.cuda.mem_get_info(device)
-            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-            return free + cached - int(0.05 * total)
-
-        by_id = {r.run_id: other for r, other in others}
-        for rid in parking_order(RunView(r.run_id, r.progress, True) for r, _ in others):
-            if available() >= need:
-                break
-            self._park(by_id[rid])
-
-    def _park(self, rt: RunTrainer) -> None:
-        try:
-            rt.park(self.host)
-            self.parks_done += 1
-        except Exception as exc:   # e.g. no pinned host memory left: it just stays resident
-            warnings.warn(f"run {rt.record.run_id} could not be moved to host memory "
-                          f"({type(exc).__name__}: {exc}); it stays on the device")
-
-    def _chunk_memory_probe(self):
-        """On CUDA, a function giving what this chunk added on top of the memory allocated when it
-        started, known exactly when the chunk set a new process-wide peak (the peak is read, never
-        reset: other code, ``rapidfire bench`` or the user's, may be measuring it)."""
-        if self.offload != "auto":
-            return None
-        rt = self.trainers.get(self.on_device) if self.on_device is not None else None
-        if rt is None or rt.args.device.type != "cuda":
-            return None
-        import torch
-
-        device = rt.args.device
-        start = torch.cuda.memory_allocated(device)
-        peak_before = torch.cuda.max_memory_allocated(device)
-
-        def extra() -> int:
-            peak = torch.cuda.max_memory_allocated(device)
-            return peak - start if peak > peak_before else self._chunk_peak_extra
-
-        return extra
-
-    def _persist(self, rec: RunRecord, state: dict, batch: list, chunk_event: dict, done: bool,
-                 before: dict) -> None:
-        """Writer thread: make the chunk durable, then log it (never the other way round)."""
-        me = threading.get_ident()
-        _ENGINE_THREADS[me] = self._log_file   # its warnings go to the log, as the engine's do
-        try:
-            self._persist_routed(rec, state, batch, chunk_event, done, before)
-        finally:
-            _ENGINE_THREADS.pop(me, None)
-
-    def _persist_routed(self, rec: RunRecord, state: dict, batch: list, chunk_event: dict,
-                        done: bool, before: dict) -> None:
-        t0 = time.perf_counter()
-        try:
-            self.store.save_checkpoint(rec.run_id, state)
-        except Exception as exc:
-            with self.lock:
-                self._unwritten.pop(rec.run_id, None)
-                self._write_failures.append((rec, exc, before))
-            return
-        chunk_event["checkpoint_s"] = time.perf_counter() - t0
-        with self.lock:
-            self._unwritten.pop(rec.run_id, None)
-        try:
-            # the log has its own lock; holding the engine's through an fsync would stall it
-            logged = self.events.extend(batch + [("chunk_done", chunk_event)])
-            if done:
-                with self.lock:
-                    if rec.status in R.ACTIVE:
-                        self._set_status(rec, R.COMPLETED, save=False)  # the engine frees it
-            saved = self.save_runs()
-            failure = durable_write_failure(self.events, logged[-1]["seq"], saved,
-                                            self.runs_write_error, rec.run_id, self.store)
-            if failure is not None:
-                raise failure
-        except Exception as exc:
-            # the checkpoint is on disk (a restart re-logs its events from it); this session
-            # cannot log the run any more: it fails, visibly, with its counters as on disk
-            with self.lock:
-                self._write_failures.append((rec, exc, None))
-
-    def boundary_weights(self, run_id: int) -> dict | None:
-        """A run's weights at its last chunk boundary: from its live trainer while that chunk's
-        checkpoint is being written (the run cannot train meanwhile), else from its checkpoint."""
-        with self.lock:
-            # the writer needs this lock to finish the job: pending cannot end while it is held
-            rt = self.trainers.get(run_id)
-            if rt is not None and self.writer.pending(run_id):
-                return rt.weights()
-        ckpt = self.store.load_checkpoint(run_id)
-        return ckpt["trainer"]["weights"] if ckpt else None
-
-    def in_own_thread(self) -> bool:
-        """True in the engine thread or the checkpoint writer's (where event listeners run)."""
-        me = threading.current_thread()
-        return me is self.thread or self.writer.is_worker(me)
-
-    def run_weights(self, run_id: int) -> dict | None:
-        with self.lock:
-            rt = self.trainers.get(run_id)
-            if rt is not None:
-                return rt.weights()
-        ckpt = self.store.load_checkpoint(run_id)
-        return ckpt["trainer"]["weights"] if ckpt else None
-
-    def close(self) -> None:
-        self.writer.flush()   # normally idle already: the loop flushes before it leaves
-        with self.lock:
-            self.closed = True
-            self._settle_writes()
-            for rid in list(self.trainers):
-                self._release(self.runs[rid])

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rapidfire_nb.engine.trainers import rng_fork
+from rapidfire_nb.engine.rng import rng_fork
 from rapidfire_nb.errors import ConfigError
 
 REFERENCE_COLUMNS = ("completion", "chosen", "answer", "solution", "reference", "label", "target")

@@ -15,11 +15,10 @@ ENDED_REASON = "experiment ended before the run finished"
 
 
 def _progress(engine) -> tuple[int, int, int]:
-    with engine.lock:
-        live = [r for r in engine.runs.values() if r.status != R.DELETED]
-        active = sum(r.status in R.ACTIVE for r in live)
-        done = sum(r.completed_steps - r.step_offset for r in live)
-        total = sum(r.total_steps - r.step_offset for r in live)
+    live = [r for r in engine.snapshot().values() if r.status != R.DELETED]
+    active = sum(r.status in R.ACTIVE for r in live)
+    done = sum(r.completed_steps - r.step_offset for r in live)
+    total = sum(r.total_steps - r.step_offset for r in live)
     return active, done, total
 
 
@@ -42,25 +41,8 @@ def wait_with_progress(engine, stream=None, every_s: float = 5.0) -> bool:
             last_line, last_t = line, now
         if engine.wait(timeout=1.0):
             break
-        t = engine.thread
-        if (t is None or not t.is_alive()) and engine.ops.empty():
+        if not engine.thread_alive() and not engine.ops_pending():
             return False    # nothing will move these runs; end() stops them
     active, done, total = _progress(engine)
     print(f"end(): every run finished ({done}/{total} steps)", file=stream, flush=True)
     return True
-
-
-def mark_unfinished_stopped(engine) -> list[int]:
-    """After the engine thread has left: runs still pending or running become ``stopped`` (their
-    last chunk-boundary checkpoint stays), so none is ever shown ``running`` after ``end()``."""
-    stopped = []
-    with engine.lock:
-        for rec in engine.runs.values():
-            if rec.status not in R.ACTIVE:
-                continue
-            if rec.completed_steps >= rec.total_steps:   # its last chunk is on disk already
-                engine._set_status(rec, R.COMPLETED, reason="finished as the experiment ended")
-            else:
-                engine._set_status(rec, R.STOPPED, reason=ENDED_REASON)
-                stopped.append(rec.run_id)
-    return stopped

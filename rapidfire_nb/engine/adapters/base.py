@@ -1,69 +1,44 @@
-"""TRL adapters: one ``RunTrainer`` per run, built once and kept across chunks.
+"""The trainer-type independent part of the TRL adapters: one ``RunTrainer`` per run, built once
+and kept across chunks.
 
 A run's TRL trainer (SFTTrainer, DPOTrainer, GRPOTrainer) is created once, with the shared base
 model (LoRA runs: one PeftModel holding every run's adapter; a swap is ``set_adapter``) and the
-run's own TRL config. The engine then drives the trainer's own pieces — ``training_step``
-(forward, loss, backward exactly as TRL computes them), its optimizer and LR scheduler, its
-gradient clipping, its ``_metrics`` — one optimizer step at a time over the run's deterministic
-data stream. This avoids ``Trainer.train()``'s fixed set-up cost per chunk (~126 ms per call on
-2 CPU cores, ~15 % of an 8-step chunk) and lets a chunk end on any optimizer step.
+run's own TRL config. The engine then drives the trainer's own pieces (``training_step``: forward,
+loss, backward exactly as TRL computes them; its optimizer and LR scheduler; its gradient clipping;
+its ``_metrics``) one optimizer step at a time over the run's deterministic data stream. This
+avoids ``Trainer.train()``'s fixed set-up cost per chunk and lets a chunk end on any optimizer
+step. Each trainer type subclasses ``RunTrainer`` in its own module (sft.py, dpo.py, grpo.py).
+
+Private contacts with transformers / accelerate / PEFT made here (used by every trainer type):
+- ``Trainer._get_num_items_in_batch``, ``Trainer._clip_grad_norm``, ``Trainer._prepare_inputs``
+- ``Trainer._metrics`` (TRL's per-mode metric store, drained after every step and evaluation)
+- ``Trainer.current_gradient_accumulation_steps``, ``Trainer.state.global_step`` (set per step)
+- ``Trainer.autocast_smart_context_manager`` replaced per instance (the run owns its autocast)
+- ``Accelerator.gradient_state._set_sync_gradients``, ``Accelerator.optimizer_step_was_skipped``,
+  ``Accelerator.scaler``, ``Accelerator.prepare_optimizer``
+- ``Accelerator._schedulers/_optimizers/_models/_dataloaders`` emptied on close (what
+  ``free_memory`` does, minus its ``gc.collect``)
+- ``Trainer.callback_handler.{model,optimizer,lr_scheduler,...}`` cleared on close
+- ``accelerate.utils.imports._is_package_available`` memoized (``cache_package_probes``)
+- ``torch.nn.Module._parameters`` / ``_buffers`` slots swapped in place to park a run's tensors
+- accelerate's ``AcceleratorState._shared_state`` reset before a build (engine/hfstate.py)
+Public but relied on: ``Trainer.create_optimizer``/``create_scheduler``/``training_step``/
+``compute_loss``/``compute_loss_context_manager``/``data_collator``; PEFT's ``set_adapter`` and
+``prepare_model_for_kbit_training``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import random
 from typing import Any
 
-import numpy as np
 import torch
 
 from rapidfire_nb.engine.chunks import ChunkPlan
 from rapidfire_nb.engine.hfstate import fresh_accelerator_state
+from rapidfire_nb.engine.rng import capture_rng, derive_seed, restore_rng, rng_fork, seeded_rng
 from rapidfire_nb.errors import ConfigError
-
-
-# ---------------------------------------------------------------------------------------------
-# RNG state: every run owns one; swapping a run in restores it, swapping out captures it.
-
-def capture_rng() -> dict:
-    state = {"torch": torch.random.get_rng_state(), "numpy": np.random.get_state(),
-             "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict) -> None:
-    torch.random.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seeded_rng(seed: int) -> dict:
-    """The RNG state a fresh run starts from: a function of its seed only."""
-    saved = capture_rng()
-    try:
-        seed = seed % (2**32)
-        torch.manual_seed(seed)
-        np.random.seed(seed)
-        random.seed(seed)
-        return capture_rng()
-    finally:
-        restore_rng(saved)
-
-
-@contextlib.contextmanager
-def rng_fork():
-    """Run a block (evaluation, generation) without disturbing the caller's RNG streams."""
-    saved = capture_rng()
-    try:
-        yield
-    finally:
-        restore_rng(saved)
 
 
 def run_autocast(args):
@@ -73,10 +48,6 @@ def run_autocast(args):
     if getattr(args, "fp16", False):
         return torch.autocast(device_type, dtype=torch.float16)
     return contextlib.nullcontext()
-
-
-def derive_seed(seed: int, fingerprint: str) -> int:
-    return (int(seed) * 1_000_003 + int(fingerprint[:12], 16)) % (2**31 - 1)
 
 
 def is_quantized(model) -> bool:
@@ -144,13 +115,10 @@ def cache_package_probes() -> None:
     imports._is_package_available = cached
 
 
-# ---------------------------------------------------------------------------------------------
-
-
 class RunTrainer:
     """One run's trainer, optimizer, scheduler, data stream position and RNG."""
 
-    trainer_type = "SFT"
+    trainer_type: str = ""
     # knobs we set for every run: the engine owns logging, saving and evaluation
     ENGINE_ARGS = dict(report_to="none", save_strategy="no", eval_strategy="no", logging_strategy="no",
                        disable_tqdm=True, push_to_hub=False)
@@ -197,13 +165,8 @@ class RunTrainer:
 
     # -- hooks for trainer types ----------------------------------------------------------------
     def make_trainer(self, args, train_dataset, eval_dataset):
-
-        kwargs = {}
-        if self.text_formatting:   # TRL's form: row -> text, applied by SFTTrainer itself
-            kwargs["formatting_func"] = self.spec.formatting_func
-        return _shared_prep_sft_class()(
-            model=self.model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-            processing_class=self.tokenizer, rf_prep_cache=self.prep_cache, **kwargs)
+        """The TRL trainer of this run's type around ``self.model`` (each adapter module's own)."""
+        raise NotImplementedError
 
     @classmethod
     def rows_per_example(cls, args) -> int:
@@ -218,16 +181,7 @@ class RunTrainer:
     @classmethod
     def check_dataset(cls, spec, dataset, name: str) -> None:
         """Refuse, before training, a dataset this trainer type cannot read."""
-        if name == "eval_dataset" and spec.compute_metrics is not None:
-            from rapidfire_nb.engine.generation import check_eval_dataset
-
-            check_eval_dataset(spec, dataset)
-        cols = set(dataset.column_names)
-        ok = "text" in cols or "messages" in cols or {"prompt", "completion"} <= cols or "prompt" in cols and "completion" in cols
-        if not ok:
-            raise ConfigError(
-                f"{name} has columns {sorted(cols)}; SFT needs 'text', 'messages', or 'prompt' and "
-                f"'completion' (or pass formatting_func= to RFModelConfig)")
+        raise NotImplementedError
 
     def collate(self, indices: list[int]) -> Any:
         # __getitems__ is what torch's DataLoader fetches with: one Arrow read for the batch,
@@ -566,49 +520,6 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-_SHARED_PREP_CLS = None
-
-
-def _shared_prep_sft_class():
-    """SFTTrainer whose dataset preparation (tokenizing, truncation) is shared between runs.
-
-    Runs that differ only in training hyperparameters prepare the same data identically; the
-    first run's result is reused, keyed on the dataset, the tokenizer, the formatting function and
-    every field SFTConfig adds to TrainingArguments (its data-preparation knobs), never on a
-    TrainingArguments field such as the learning rate.
-    """
-    global _SHARED_PREP_CLS
-    if _SHARED_PREP_CLS is not None:
-        return _SHARED_PREP_CLS
-    import dataclasses
-
-    from transformers import TrainingArguments
-    from trl import SFTConfig, SFTTrainer
-
-    own = sorted({f.name for f in dataclasses.fields(SFTConfig)}
-                 - {f.name for f in dataclasses.fields(TrainingArguments)})
-
-    class SharedPrepSFTTrainer(SFTTrainer):
-        def __init__(self, *a, rf_prep_cache: dict, **kw):
-            self._rf_prep_cache = rf_prep_cache
-            super().__init__(*a, **kw)
-
-        def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
-            key = (id(dataset), id(processing_class), id(formatting_func), bool(packing), dataset_name,
-                   repr([(n, getattr(args, n, None)) for n in own]))
-            hit = self._rf_prep_cache.get(key)
-            # the entry holds the source dataset, so its id cannot be reused while cached
-            if hit is not None and hit[0] is dataset:
-                return hit[1]
-            out = super()._prepare_dataset(dataset, processing_class, args, packing,
-                                           formatting_func, dataset_name)
-            self._rf_prep_cache[key] = (dataset, out)
-            return out
-
-    _SHARED_PREP_CLS = SharedPrepSFTTrainer
-    return _SHARED_PREP_CLS
-
-
 def _rename_adapter(name: str, adapter: str) -> str:
     parts = name.split(".")
     for i, p in enumerate(parts):
@@ -618,18 +529,10 @@ def _rename_adapter(name: str, adapter: str) -> str:
     return ".".join(parts)
 
 
-TRAINER_CLASSES: dict[str, type[RunTrainer]] = {"SFT": RunTrainer}
+def check_generation_columns(spec, dataset, name: str) -> None:
+    """The eval set of a run with generation-based ``compute_metrics`` needs prompts and references."""
+    if name != "eval_dataset" or spec.compute_metrics is None:
+        return
+    from rapidfire_nb.engine.generation import check_eval_dataset
 
-
-def register_trainer(trainer_type: str, cls: type[RunTrainer]) -> None:
-    TRAINER_CLASSES[trainer_type] = cls
-
-
-def trainer_class(trainer_type: str) -> type[RunTrainer]:
-    if trainer_type not in TRAINER_CLASSES:
-        # DPO/GRPO adapters live in their own modules; import them on first use
-        from rapidfire_nb.engine import trainers_rl  # noqa: F401  (a broken import must show)
-    if trainer_type not in TRAINER_CLASSES:
-        raise ConfigError(f"trainer_type {trainer_type!r} is not supported yet; "
-                          f"supported: {sorted(TRAINER_CLASSES)}")
-    return TRAINER_CLASSES[trainer_type]
+    check_eval_dataset(spec, dataset)

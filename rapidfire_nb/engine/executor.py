@@ -1,0 +1,242 @@
+"""The seam between the engine loop and the place where a chunk trains.
+
+The loop (controller.py) decides *which* run trains its next chunk; a ``ChunkExecutor`` trains
+it. ``LocalChunkExecutor`` does that in this process: it holds the shared bases (through the
+trainer factory), every live ``RunTrainer`` and the residency policy. A remote executor (one Ray
+actor per GPU) implements the same interface, holding its own bases and trainers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rapidfire_nb.engine.factory import TrainerFactory
+from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
+from rapidfire_nb.engine.residency import Residency
+from rapidfire_nb.engine.runs import RunRecord
+from rapidfire_nb.engine.store import ExperimentStore
+from rapidfire_nb.engine.adapters.base import RunTrainer, merge_window
+
+COUNTERS = ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done")
+
+
+@dataclass
+class ChunkResult:
+    """What training one chunk of one run produced (see ``ChunkExecutor.train_chunk``)."""
+
+    counters: dict           # the run's COUNTERS after the chunk (its next stream position)
+    events: list             # [("metric", payload), ...] in order: train windows, then evals
+    chunk_event: dict        # the chunk_done payload: timings, device, steps (no checkpoint_s yet)
+    state: dict              # the checkpoint payload: trainer state, counters, events, chunk_event
+    eval_metrics: dict       # the end-of-chunk evaluation ({} without an eval set)
+    done: bool               # the run reached its total steps
+    restored: dict = field(default_factory=dict)   # record fields the executor (re)set, see below
+
+
+class ChunkExecutor:
+    """Trains chunks of runs; the engine loop's only way to touch models and trainers.
+
+    Contract (what the engine relies on; a Ray-actor implementation must keep it):
+
+    ``train_chunk(record) -> ChunkResult`` trains the next chunk of ``record`` (a ``RunRecord``
+    whose ``epoch``/``chunk``/``completed_steps``/``samples_seen`` give the stream position and
+    ``total_steps``/``step_offset`` the run's schedule). On the first call for a run, or after
+    ``release``, it builds the run's trainer and restores its state from, in this order: the
+    run's chunk-boundary checkpoint in the store, else the start weights set by
+    ``set_start_weights`` (a warm clone), else fresh (adapter init seeded by seed and config).
+    Fields of the record it changed while building (counters read from the checkpoint,
+    ``total_steps``/``steps_per_epoch`` re-planned on TRL's prepared data) are returned in
+    ``ChunkResult.restored``; the local executor also sets them on the record it was given.
+    It does not change the record's counters for the chunk it trained: the engine applies
+    ``ChunkResult.counters`` under its lock. ``ChunkResult.state`` is the chunk-boundary checkpoint
+    (``{"trainer": ..., "counters": ..., "events": ..., "chunk_event": ...}``) that the engine's
+    writer saves with ``ExperimentStore.save_checkpoint``; its tensors may be shared with the live
+    trainer, so the engine does not train that run again until the write is done. Errors: any
+    exception means this run failed (the engine marks it failed with the traceback and calls
+    ``release``); other runs are not affected. Results are bit-identical whatever ran before on
+    the executor (exactness, DESIGN §4.1): everything a run owns is restored at its swap-in.
+
+    ``release(record)`` frees a run's trainer, adapter and device memory (idempotent).
+    ``live_weights(run_id)`` is the run's current trainable weights (CPU-copyable tensors) or None
+    if it has no live trainer. ``set_start_weights``/``start_weights`` hold a warm clone's
+    starting weights until its trainer is built. ``live_run_ids()`` lists runs with a trainer.
+    ``on_device`` is the run whose state is active on the device, or None.
+    """
+
+    on_device: int | None = None
+
+    def train_chunk(self, record: RunRecord) -> ChunkResult:
+        raise NotImplementedError
+
+    def release(self, record: RunRecord) -> None:
+        raise NotImplementedError
+
+    def live_weights(self, run_id: int) -> dict | None:
+        raise NotImplementedError
+
+    def set_start_weights(self, run_id: int, weights: dict) -> None:
+        raise NotImplementedError
+
+    def start_weights(self, run_id: int) -> dict | None:
+        raise NotImplementedError
+
+    def live_run_ids(self) -> list[int]:
+        raise NotImplementedError
+
+
+class LocalChunkExecutor(ChunkExecutor):
+    """Trains in this process on one device, runs sharing their bases (engine/factory.py)."""
+
+    def __init__(self, factory: TrainerFactory, store: ExperimentStore, device_name: str,
+                 residency: Residency, may_move: Callable[[int], bool],
+                 progress_of: Callable[[int], float]):
+        self.factory = factory
+        self.store = store
+        self.device_name = device_name
+        self.residency = residency
+        self._may_move = may_move          # False while a run's checkpoint is being written
+        self._progress_of = progress_of
+        self.trainers: dict[int, RunTrainer] = {}
+        self.pending_weights: dict[int, dict] = {}
+        self.on_device: int | None = None
+
+    # -- interface ---------------------------------------------------------------------------
+    def live_weights(self, run_id: int) -> dict | None:
+        rt = self.trainers.get(run_id)
+        return rt.weights() if rt is not None else None
+
+    def set_start_weights(self, run_id: int, weights: dict) -> None:
+        self.pending_weights[run_id] = weights
+
+    def start_weights(self, run_id: int) -> dict | None:
+        return self.pending_weights.get(run_id)
+
+    def live_run_ids(self) -> list[int]:
+        return list(self.trainers)
+
+    def release(self, rec: RunRecord) -> None:
+        rt = self.trainers.pop(rec.run_id, None)
+        self.pending_weights.pop(rec.run_id, None)
+        if self.on_device == rec.run_id:
+            self.on_device = None
+        if rt is not None:
+            self.factory.drop_adapter(rec.spec, rt)
+            rt.close()
+
+    # -- building ----------------------------------------------------------------------------
+    def _trainer_for(self, rec: RunRecord, restored: dict) -> RunTrainer:
+        rt = self.trainers.get(rec.run_id)
+        if rt is not None:
+            return rt
+        rt = self.factory.build(rec)
+        if rec.completed_steps == 0 and rec.step_offset == 0:
+            # TRL may drop examples while preparing the data (fully masked rows, packing): the
+            # plan follows the prepared dataset, which is what the run actually walks
+            total = rt.total_steps()
+            if total != rec.total_steps or rt.plan.steps_per_epoch != rec.steps_per_epoch:
+                rec.total_steps, rec.steps_per_epoch = total, rt.plan.steps_per_epoch
+                restored.update(total_steps=total, steps_per_epoch=rt.plan.steps_per_epoch)
+        rt.build_optimizer(rec.total_steps - rec.step_offset)
+        for other in self.trainers.values():
+            other.keep_parked()   # the new trainer's model.to(device) moved every adapter back
+        ckpt = self.store.load_checkpoint(rec.run_id)
+        if ckpt is not None:
+            rt.load_state_dict(ckpt["trainer"])
+            for key in COUNTERS:
+                setattr(rec, key, ckpt["counters"][key])
+                restored[key] = ckpt["counters"][key]
+        elif rec.run_id in self.pending_weights:
+            rt.load_weights(self.pending_weights.pop(rec.run_id))
+        self.trainers[rec.run_id] = rt
+        return rt
+
+    # -- one chunk ---------------------------------------------------------------------------
+    def train_chunk(self, rec: RunRecord) -> ChunkResult:
+        t_start = time.time()
+        restored: dict = {}
+        with HF_STATE_LOCK:
+            rt = self._trainer_for(rec, restored)
+        t_built = time.time()
+        # swap: make this run's adapter active and its RNG current (the previous run's RNG was
+        # captured at its chunk boundary; building a trainer since then may have reseeded)
+        t0 = time.perf_counter()
+        others = [(other, self._progress_of(rid)) for rid, other in self.trainers.items()
+                  if rid != rec.run_id and not other.parked and self._may_move(rid)]
+        self.residency.make_room(rt, others)
+        rt.unpark()
+        rt.swap_in()
+        self.on_device = rec.run_id
+        swap_s = time.perf_counter() - t0
+        end_probe = self.residency.memory_probe(rt)
+
+        plan = rt.plan
+        epoch, chunk = rec.epoch, rec.chunk
+        first = max(rec.completed_steps, plan.chunk_start_step(epoch, chunk))
+        if chunk + 1 < plan.num_chunks:
+            end = plan.chunk_start_step(epoch, chunk + 1)
+        else:
+            end = plan.chunk_start_step(epoch + 1, 0)
+        end = min(end, rec.total_steps)
+        batch: list[tuple[str, dict]] = []
+        t0 = time.perf_counter()
+        samples = rec.samples_seen
+        log_every, eval_every = rt.intervals(rec.total_steps - rec.step_offset)
+        window: list[dict] = []
+        mid_eval_s = 0.0
+        for g in range(first, end):
+            e, s = plan.position(g)
+            with HF_STATE_LOCK:
+                out = rt.train_step(e, s, g - rec.step_offset)
+            samples += out["examples"]
+            own = g + 1 - rec.step_offset
+            window.append(out["metrics"])
+            if log_every is None or own % log_every == 0 or g + 1 == end:
+                batch.append(("metric", dict(run_id=rec.run_id, split="train", step=g + 1,
+                                             samples_seen=samples, epoch=epoch, chunk=chunk,
+                                             metrics=merge_window(window))))
+                window = []
+            if eval_every and own % eval_every == 0 and g + 1 < end:
+                t1 = time.perf_counter()   # eval_strategy="steps" inside the chunk (RNG untouched)
+                with HF_STATE_LOCK:
+                    mid = rt.evaluate()
+                if mid:
+                    batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=g + 1,
+                                                 samples_seen=samples, epoch=epoch, chunk=chunk,
+                                                 metrics=mid)))
+                mid_eval_s += time.perf_counter() - t1
+        train_s = time.perf_counter() - t0 - mid_eval_s
+        rt.swap_out()  # capture the RNG at the boundary (it is part of the checkpoint)
+        if end_probe is not None:
+            end_probe()
+
+        t0 = time.perf_counter()
+        with HF_STATE_LOCK:
+            eval_metrics = rt.evaluate()
+        eval_s = time.perf_counter() - t0 + mid_eval_s
+        if eval_metrics:
+            batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=end,
+                                         samples_seen=samples, epoch=epoch, chunk=chunk,
+                                         metrics=eval_metrics)))
+        # advance the stream position
+        next_epoch, next_chunk = (epoch, chunk + 1) if chunk + 1 < plan.num_chunks else (epoch + 1, 0)
+        counters = dict(completed_steps=end, samples_seen=samples, epoch=next_epoch,
+                        chunk=next_chunk, chunks_done=rec.chunks_done + 1)
+        done = end >= rec.total_steps
+        t_end = time.time()
+        chunk_event = dict(run_id=rec.run_id, epoch=epoch, chunk=chunk, device=self.device_name,
+                           start=t_start, end=t_end, train_s=train_s, eval_s=eval_s,
+                           swap_s=swap_s, setup_s=t_built - t_start, other_s=0.0,
+                           completed_steps=end, total_steps=rec.total_steps, samples_seen=samples,
+                           chunks_done=counters["chunks_done"])
+        # the snapshot: weights copied now, optimizer/scheduler state by reference (this run is
+        # not trained again until the writer is done with it)
+        t0 = time.perf_counter()
+        state = {"trainer": rt.state_dict(), "counters": counters, "events": batch,
+                 "chunk_event": dict(chunk_event)}
+        chunk_event["snapshot_s"] = time.perf_counter() - t0
+        chunk_event["end"] = time.time()
+        chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - swap_s)
+        return ChunkResult(counters=counters, events=batch, chunk_event=chunk_event, state=state,
+                           eval_metrics=eval_metrics, done=done, restored=restored)
