@@ -177,3 +177,16 @@ def test_trackers_log_every_point_where_the_table_plots_it(name, tmp_path):
                 tag = prefix + (metric[len("eval_"):] if split == "eval" and metric.startswith("eval_") else metric)
                 plotted.extend((run["run_id"], tag, x) for x, y in zip(series["x"], series["y"]) if y is not None)
     assert logged and sorted(logged) == sorted(plotted)
+
+
+def test_the_reducer_pulls_in_no_torch_and_no_engine_machinery():
+    """Readers (the CLI, the panel, trackers, a notebook reading a finished folder) fold logs
+    without loading the training stack."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rapidfire_nb.engine.state; "
+            "print(sorted(m for m in ('torch', 'transformers', 'trl', 'rapidfire_nb.engine.controller') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

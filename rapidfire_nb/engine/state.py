@@ -52,9 +52,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rapidfire_nb.engine.runs import STATUSES
+
 SCHEMA_PATH = Path(__file__).with_name("events_schema.json")
 
-STATUSES = ("pending", "running", "stopped", "completed", "failed", "deleted")
 TIME_KEYS = ("train", "eval", "swap", "other")
 TIMELINE_COLUMNS = ("run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s",
                     "swap_s", "setup_s", "snapshot_s", "checkpoint_s", "other_s",
