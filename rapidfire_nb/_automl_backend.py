@@ -16,7 +16,6 @@ import difflib
 import enum
 import functools
 import importlib
-import json
 import math
 import pathlib
 import re
@@ -566,7 +565,3 @@ def _blame(target, user_kwargs, kwargs, exc, machine, combination, context) -> C
     err.knob = culprits[0] if culprits else None
     err.knobs = culprits
     return err
-
-
-def describe_json(value: Any) -> str:
-    return json.dumps(value, default=repr)

@@ -1,4 +1,4 @@
-"""Experiment: the user's facade over the engine (DESIGN §3).
+"""Experiment: the user's facade over the engine.
 
     exp = Experiment("sft-demo")
     exp.run_fit(config_group, create_model, train_dataset, eval_dataset, num_chunks=4)
@@ -231,8 +231,7 @@ class Experiment:
 
         engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
                         num_chunks, seed, build_training_args, build_lora_config,
-                        offload=self.offload)
-        engine.factory.prep_cache.update(prep_cache)
+                        offload=self.offload, prep_cache=prep_cache)
         for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
             engine.plan_run(spec)
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
@@ -258,8 +257,7 @@ class Experiment:
         for spec in specs:
             engine.load_base(spec, need_pristine[spec.base_key()])
         # what needs the base or the data: LoRA targets, the first rows, generation_config
-        check_before_training(specs, engine.model_and_tokenizer, train_dataset, eval_dataset,
-                              engine.factory.prep_cache)
+        check_before_training(specs, engine.model_and_tokenizer, train_dataset, eval_dataset, prep_cache)
         self.engine = engine
         self.automl = automl
         if self.resumed:

@@ -1,4 +1,4 @@
-"""Nothing lost (DESIGN §4.3): a training process is SIGKILLed at random moments and inside file
+"""Nothing lost: a training process is SIGKILLed at random moments and inside file
 writes; ``Experiment(name, resume=True)`` plus the same ``run_fit`` arguments, in a new process,
 finishes every run bit-identically to an uninterrupted one, with every metric point logged once.
 

@@ -173,7 +173,7 @@ def test_full_disk_fails_runs_not_the_engine_and_resume_finishes_them_exactly(sm
     reasons = [e["reason"] for e in exp.events.since(0)
                if e["type"] == "run_status" and e["status"] == "failed"]
     assert len(reasons) == 3 and all("disk full" in r for r in reasons), reasons
-    assert exp.engine.thread is None or not exp.engine.thread.is_alive()
+    assert not exp.engine.thread_alive()
     exp.end()                                            # must not raise
     on_disk = read_events(small_disk.root / W.NAME / "events.jsonl")
     assert [e["seq"] for e in on_disk] == list(range(1, len(on_disk) + 1))

@@ -142,7 +142,7 @@ def test_dpo_grid_completes_with_metrics_after_every_chunk(dpo_grid):
 
 def test_dpo_lora_reference_is_the_shared_base(dpo_grid):
     engine = dpo_grid.engine
-    base = engine.factory.bases[engine.runs[1].spec.base_key()]
+    base = engine.factory.bases[engine.snapshot()[1].spec.base_key()]
     assert base.pristine is None, "LoRA runs must not keep a second copy of the base"
     assert not {"ref", "default"} & set(base.peft_model.peft_config)
     # the margin at the first step is exactly 0: the reference is the initial policy (LoRA B = 0)
@@ -184,8 +184,8 @@ def test_dpo_references_as_built(dpo_data, tmp_path):
 def test_dpo_isolation_bit_identical_to_training_alone(dpo_grid, dpo_data, tmp_path):
     train, evald = dpo_data
     # run 4 = lr 2e-2, beta 0.5 (grid order: learning_rate outer, beta inner)
-    assert dpo_grid.engine.runs[4].spec.training_args["beta"] == 0.5
-    assert dpo_grid.engine.runs[4].spec.training_args["learning_rate"] == 2e-2
+    assert dpo_grid.engine.snapshot()[4].spec.training_args["beta"] == 0.5
+    assert dpo_grid.engine.snapshot()[4].spec.training_args["learning_rate"] == 2e-2
     cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=dpo_args(2e-2, 0.5),
                         compute_metrics=exact_match, generation_config={"max_new_tokens": 4})
     alone = Experiment("dpo-alone", experiment_path=tmp_path)
@@ -202,7 +202,7 @@ def test_dpo_full_fine_tuning_with_a_frozen_reference(dpo_data, tmp_path):
     exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, evald, num_chunks=2, seed=1)
     info = exp.get_runs_info()
     assert set(info.status) == {"completed"}, info.error.tolist()
-    assert exp.engine.runs[2].spec.training_args["precompute_ref_log_probs"] is True
+    assert exp.engine.snapshot()[2].spec.training_args["precompute_ref_log_probs"] is True
     l_fly, l_pre = logged(exp, 1), logged(exp, 2)
     assert l_fly.keys() == l_pre.keys() and len(l_fly) > 0
     # the reference is the initial policy, and precomputing it changes nothing
@@ -323,7 +323,7 @@ def test_grpo_grid_completes_with_per_reward_metrics_after_every_chunk(grpo_grid
 
 def test_grpo_isolation_bit_identical_to_training_alone(grpo_grid, grpo_data, tmp_path):
     train, evald = grpo_data
-    spec = grpo_grid.engine.runs[3].spec      # lr 5e-2, G = 2
+    spec = grpo_grid.engine.snapshot()[3].spec      # lr 5e-2, G = 2
     assert spec.training_args["learning_rate"] == 5e-2 and spec.training_args["num_generations"] == 2
     cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=grpo_args(5e-2, 2),
                         reward_funcs=[short_answer, correct_answer],

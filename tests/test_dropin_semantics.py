@@ -137,7 +137,7 @@ def test_warm_clone_of_a_finished_run_trains_its_own_schedule_from_the_final_wei
         assert torch.equal(a, b)
     # its own full schedule: as many steps as the parent (same config), a fresh LR schedule
     for rid in (frozen, moving, cold):
-        assert info.loc[rid, "completed_steps"] - exp.engine.runs[rid].step_offset == 4
+        assert info.loc[rid, "completed_steps"] - exp.engine.snapshot()[rid].step_offset == 4
     lrs = series(exp, moving, "learning_rate")
     assert [v for _, v in lrs] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
     moved = own(exp.engine.run_weights(moving))

@@ -172,7 +172,7 @@ def test_export_round_trip_gives_identical_logits(four_run_experiment, tmp_path)
     loaded = PeftModel.from_pretrained(base, str(out)).eval()
     # reference: a fresh base with the run's LoRA config and the weights the engine trained
     ref_base, _ = make_tiny_model_and_tokenizer()
-    ref = get_peft_model(ref_base, build_lora_config(exp.engine.runs[2].spec), adapter_name="run_2")
+    ref = get_peft_model(ref_base, build_lora_config(exp.engine.snapshot()[2].spec), adapter_name="run_2")
     trained = exp.engine.run_weights(2)
     own = dict(ref.named_parameters())
     with torch.no_grad():

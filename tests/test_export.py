@@ -67,7 +67,7 @@ def test_weights_that_do_not_fit_the_model_are_refused(trained, tmp_path):
     exp, _ = trained
     from rapidfire_nb.experiment import build_lora_config
 
-    spec = exp.engine.runs[1].spec
+    spec = exp.engine.snapshot()[1].spec
     base = exp.engine.factory.bases[spec.base_key()].model
     weights = dict(exp.engine.run_weights(1))
     key = next(k for k in weights if "lora_A" in k)

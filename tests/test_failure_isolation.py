@@ -1,4 +1,4 @@
-"""Failure isolation (DESIGN §4.4) and checkpoint write failures (§4.3).
+"""Failure isolation and checkpoint write failures.
 
 A run that fails — here a NaN loss at its second chunk from a real misconfiguration, a
 formatting function that raises while the run's trainer is built, and a compute_metrics that

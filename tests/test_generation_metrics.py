@@ -154,7 +154,7 @@ def test_dpo_runs_log_compute_metrics_of_their_own_generations(tmp_path):
     for rid in (1, 2):
         base, tok = make_tiny_model_and_tokenizer()
         model = PeftModel.from_pretrained(base, str(exp.export(rid, tmp_path / f"run{rid}")))
-        preds = G.generate(model, tok, list(evald["prompt"]), G.generation_kwargs(exp.engine.runs[rid].spec),
+        preds = G.generate(model, tok, list(evald["prompt"]), G.generation_kwargs(exp.engine.snapshot()[rid].spec),
                            2, seed=0)
         assert preds == calls[order.index((rid, 1))][0]
         logged = res[(res.run_id == rid) & (res.chunk == 1) & (res.metric == "eval_pred_chars")].value.item()

@@ -156,14 +156,14 @@ def test_clone_cold_and_warm(exp, shell, capsys):
     info = exp.get_runs_info().set_index("run_id")
     assert info.loc[3, "parent_run_id"] == 1 and not info.loc[3, "warm_start"]
     assert info.loc[4, "parent_run_id"] == 2 and info.loc[4, "warm_start"]
-    spec3, spec4 = exp.engine.runs[3].spec, exp.engine.runs[4].spec
+    spec3, spec4 = exp.engine.snapshot()[3].spec, exp.engine.snapshot()[4].spec
     assert spec3.training_args["learning_rate"] == 5e-3
     assert spec3.training_args["num_train_epochs"] == 2
     assert spec3.peft_config["lora_dropout"] == 0.1
     assert spec4.training_args["learning_rate"] == 1e-4
     assert spec4.training_args["lr_scheduler_type"] == "constant"
     assert spec4.training_args["num_train_epochs"] == 2
-    assert exp.engine.runs[4].completed_steps == 2 * exp.engine.runs[2].completed_steps
+    assert exp.engine.snapshot()[4].completed_steps == 2 * exp.engine.snapshot()[2].completed_steps
     table = shell.run_line_magic("rapidfire", "status")
     assert table.loc[3, "from"] == "1 (cold)" and table.loc[4, "from"] == "2 (warm)"
     # progress is what the panel shows: the stream position of each run's last chunk_done event
@@ -196,9 +196,9 @@ def test_delete_marks_metrics_deleted(exp, shell, capsys):
     out, err, _ = run(shell, capsys, "delete 3")
     assert err == "" and "run 3: deleted" in out
     deadline = time.monotonic() + 60
-    while exp.engine.runs[3].status != "deleted" and time.monotonic() < deadline:
+    while exp.engine.snapshot()[3].status != "deleted" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert exp.engine.runs[3].status == "deleted"
+    assert exp.engine.snapshot()[3].status == "deleted"
     df = shell.run_line_magic("rapidfire", "results")
     assert df[df.run_id == 3].deleted.all() and len(df[df.run_id == 3]) > 0
     assert not df[df.run_id == 1].deleted.any()
@@ -277,8 +277,7 @@ BAD = [
 
 
 def _snapshot(exp):
-    with exp.engine.lock:
-        runs = {rid: (r.status, r.completed_steps) for rid, r in exp.engine.runs.items()}
+    runs = {rid: (r.status, r.completed_steps) for rid, r in exp.engine.snapshot().items()}
     return runs, exp.events.last_seq, not exp.engine.ops_pending(), set(exp._reserved_ids)
 
 
@@ -335,7 +334,7 @@ def test_bare_words_only_for_string_knobs():
 def test_engine_state_after_all_commands(exp):
     # the commands above leave a consistent engine: every run terminal, deleted one released
     assert exp.wait(timeout=300)
-    statuses = {rid: r.status for rid, r in exp.engine.runs.items()}
+    statuses = {rid: r.status for rid, r in exp.engine.snapshot().items()}
     assert statuses == {1: "completed", 2: "completed", 3: "deleted", 4: "completed"}
     assert 3 not in exp.engine.executor.trainers
 

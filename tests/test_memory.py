@@ -1,4 +1,4 @@
-"""Memory does not grow with finished or deleted runs (DESIGN §5, delete; §4.3).
+"""Memory does not grow with finished or deleted runs.
 
 Twenty LoRA runs pass through one experiment, at most four alive at a time: the others wait,
 stopped before they ever start, and are resumed one by one as runs complete or are deleted after
@@ -65,8 +65,7 @@ def rss_bytes() -> int:
 def sample(exp, label: str) -> dict:
     base = next(iter(exp.engine.factory.bases.values()))
     adapters = len(base.peft_model.peft_config) if base.peft_model is not None else 0
-    with exp.engine.lock:
-        statuses = [(r.run_id, r.status) for r in exp.engine.runs.values()]
+    statuses = [(r.run_id, r.status) for r in exp.engine.snapshot().values()]
     # measure between steps with no checkpoint in flight: a step's activations and the writer's
     # snapshot copies are transients of the run training now, not memory that grows with runs
     exp.engine.persistence.writer.flush(timeout=60)

@@ -276,8 +276,7 @@ def test_clone_ops_were_applied_before_any_further_chunk(cloned):
 # -- refused ops ---------------------------------------------------------------------------------
 
 def _snapshot(exp):
-    with exp.engine.lock:
-        runs = {rid: (r.status, r.completed_steps, r.spec.fingerprint()) for rid, r in exp.engine.runs.items()}
+    runs = {rid: (r.status, r.completed_steps, r.spec.fingerprint()) for rid, r in exp.engine.snapshot().items()}
     return runs, exp.events.last_seq, not exp.engine.ops_pending(), set(exp._reserved_ids)
 
 
@@ -311,7 +310,7 @@ def test_refused_ops_raise_and_change_nothing(reference, call, error, needle):
     with pytest.raises(error, match=needle):
         call(reference)
     assert _snapshot(reference) == before
-    assert reference.engine.thread is None or not reference.engine.thread.is_alive()
+    assert not reference.engine.thread_alive()
 
 
 def test_ops_on_a_deleted_run_are_refused(tiny_data, tmp_path):
@@ -347,7 +346,7 @@ def test_warm_clone_raced_by_the_deletion_of_its_parent_is_refused(tiny_data, tm
     assert fired[0] is True and isinstance(fired[1], OpRefused) and ids == [], fired
     assert "delete is queued" in str(fired[1])
     assert events(exp, "op", op="clone") == []
-    assert 2 not in exp.engine.runs and events(exp, "run_created", run_id=2) == []
+    assert 2 not in exp.engine.snapshot() and events(exp, "run_created", run_id=2) == []
     exp.end()
 
 
@@ -369,7 +368,7 @@ def test_an_op_sent_while_the_engine_thread_leaves_is_not_lost(tiny_data, tmp_pa
         with logging._lock:
             holding.set()
             time.sleep(0.5)                 # the loop returns and blocks in its clean-up
-            alive = exp.engine.thread.is_alive()
+            alive = exp.engine.thread_alive()
             exp.resume(1)
         users.append(alive)
 
@@ -399,7 +398,7 @@ def test_an_op_sent_while_the_engine_thread_leaves_is_not_lost(tiny_data, tmp_pa
     assert joined_within(lambda: exp.wait(timeout=20), 40), "wait() hung"
     assert events(exp, "op", op="resume"), "the resume op was never applied"
     assert exp.wait(timeout=0)
-    assert exp.engine.runs[1].status == "completed" and exp.engine.runs[2].status == "stopped"
+    assert exp.engine.snapshot()[1].status == "completed" and exp.engine.snapshot()[2].status == "stopped"
     exp.end()
 
 
@@ -450,7 +449,7 @@ def test_deleting_ten_runs_frees_their_memory_and_checkpoints(tiny_data, tmp_pat
 
     # two 1-step chunks per run, no eval
     exp.run_fit(group(LR_A), tiny_create_model, train.select(range(16)), None, num_chunks=2, seed=5)
-    base = exp.engine.factory.bases[exp.engine.runs[1].spec.base_key()]
+    base = exp.engine.factory.bases[exp.engine.snapshot()[1].spec.base_key()]
     before_tensors, before_rss = live_tensor_bytes(), rss_bytes()
 
     exp.events.subscribe(stop_clone)
@@ -513,7 +512,7 @@ def test_op_latency_is_at_most_one_chunk(tiny_data, tmp_path, capsys):
     new = exp.clone_modify(1, {"training_args.learning_rate": 1e-3}, warm_start=True)
     wait_chunks(5)
     exp.delete(2)
-    exp.resume(3) if exp.engine.runs[3].status == "stopped" else None
+    exp.resume(3) if exp.engine.snapshot()[3].status == "stopped" else None
     assert exp.wait(timeout=600)
 
     ops = events(exp, "op")
@@ -529,7 +528,7 @@ def test_op_latency_is_at_most_one_chunk(tiny_data, tmp_path, capsys):
     # the deleted run trained no chunk after its delete was applied
     delete = [o for o in ops if o["op"] == "delete"][0]
     assert not [c for c in events(exp, "chunk_done", run_id=2) if c["seq"] > delete["seq"]]
-    assert exp.engine.runs[new].status == "completed"
+    assert exp.engine.snapshot()[new].status == "completed"
 
     durations = [c["end"] - c["start"] for c in events(exp, "chunk_done")]
     with capsys.disabled():
@@ -582,9 +581,9 @@ def test_dpo_and_grpo_clones_inherit_callables(trainer_type, tmp_path):
     assert fired == [True] and ids == [2, 3]
     info = exp.get_runs_info().set_index("run_id")
     assert set(info.status) == {"completed"}, info.error.tolist()
-    parent = exp.engine.runs[1].spec
+    parent = exp.engine.snapshot()[1].spec
     for rid in ids:
-        spec = exp.engine.runs[rid].spec
+        spec = exp.engine.snapshot()[rid].spec
         assert spec.trainer_type == trainer_type
         assert spec.compute_metrics is parent.compute_metrics
         assert spec.reward_funcs == parent.reward_funcs

@@ -119,19 +119,19 @@ def check_sequence(tmp_path, ops):
     assert len(set(new_ids)) == len(new_ids), "two clones got the same run id"
     for e in applied:
         if e["op"] == "clone" and e["accepted"]:
-            assert e["new_run_id"] in exp.engine.runs
+            assert e["new_run_id"] in exp.engine.snapshot()
 
     # the status machine: each run's statuses, as logged, are legal transitions from pending
     history: dict[int, list[str]] = {}
     for e in exp.events.since(0):
         if e["type"] == "run_status":
             history.setdefault(e["run_id"], []).append(e["status"])
-    assert set(history) == set(exp.engine.runs)
+    assert set(history) == set(exp.engine.snapshot())
     for run_id, statuses in history.items():
         assert statuses[0] == R.PENDING, (run_id, statuses)
         for a, b in zip(statuses, statuses[1:]):
             assert b in R.TRANSITIONS[a], f"run {run_id}: {a} -> {b} in {statuses}"
-        rec = exp.engine.runs[run_id]
+        rec = exp.engine.snapshot()[run_id]
         assert rec.status == statuses[-1]
         assert rec.status not in R.ACTIVE, f"run {run_id} still {rec.status} after wait()"
         if rec.status == R.COMPLETED:

@@ -1,4 +1,4 @@
-"""Ops are validated against the state the already-queued ops will produce (issue 15, DESIGN §5).
+"""Ops are validated against the state the already-queued ops will produce (issue 15).
 
 Each op here is issued from an event listener at a chunk boundary, before the engine has applied
 the ops queued just before it: exactly "two calls in one notebook cell while a chunk trains".
@@ -76,7 +76,7 @@ def test_ops_on_a_run_whose_delete_is_queued_are_refused(tiny_data, tmp_path):
     _train(exp, tiny_data)
     assert fired == [True], fired
     assert len(refused) == 4 and all("delete" in r or "deleted" in r for r in refused), refused
-    assert sorted(exp.engine.runs) == [1] and [op["op"] for op in events(exp, "op")] == ["delete"]
+    assert sorted(exp.engine.snapshot()) == [1] and [op["op"] for op in events(exp, "op")] == ["delete"]
     exp.end()
 
 

@@ -189,7 +189,7 @@ def run_optuna(path, data, **kw):
     exp = Experiment("optuna", experiment_path=path)
     exp.run_fit(group, tiny_create_model, train, evald, num_chunks=4, seed=3)
     info = exp.get_runs_info()
-    out = [(int(r.run_id), r.status, exp.engine.runs[int(r.run_id)].spec.knobs,
+    out = [(int(r.run_id), r.status, exp.engine.snapshot()[int(r.run_id)].spec.knobs,
             r.pruning if isinstance(r.pruning, str) else None) for r in info.itertuples()]
     trials = list(group._study.trials)
     return exp, out, trials

@@ -38,7 +38,7 @@ def summary(exp, group):
     info = exp.get_runs_info()
     runs = [{"run_id": int(r.run_id), "status": r.status, "chunks_done": int(r.chunks_done),
              "pruning": r.pruning if isinstance(r.pruning, str) else None,
-             "knobs": exp.engine.runs[int(r.run_id)].spec.knobs} for r in info.itertuples()]
+             "knobs": exp.engine.snapshot()[int(r.run_id)].spec.knobs} for r in info.itertuples()]
     trials = [{"number": t.number, "state": t.state.name, "params": t.params,
                "intermediate": {str(k): v for k, v in sorted(t.intermediate_values.items())},
                "run_id": t.user_attrs.get("run_id")} for t in group._study.trials]

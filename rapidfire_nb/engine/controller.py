@@ -32,7 +32,7 @@ from rapidfire_nb.engine.executor import ChunkExecutor, LocalChunkExecutor
 from rapidfire_nb.engine.factory import TrainerFactory
 from rapidfire_nb.engine.persistence import Persistence
 from rapidfire_nb.engine.residency import Residency
-from rapidfire_nb.engine.routing import LIBRARY_LOGGERS, install_output_routing, routed_to
+from rapidfire_nb.engine.routing import LIBRARY_LOGGERS, routed_to
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.scheduler import FairScheduler, RunView
@@ -55,7 +55,7 @@ class Op:
 def _collect_garbage(full: bool = True) -> None:
     """Free what released runs held: trainers hold reference cycles; CUDA keeps cached blocks.
 
-    ``full=False`` (when the loop goes idle) skips the ~0.25 s full collection: RunTrainer.close
+    ``full=False`` (when the loop goes idle) skips the full collection (slow with transformers loaded): RunTrainer.close
     already freed the big tensors by refcount; the small cyclic rest goes with Python's own gc.
     """
     if full:
@@ -85,7 +85,7 @@ class Engine:
     def __init__(self, store: ExperimentStore, events: EventLog, create_model: Callable,
                  train_dataset, eval_dataset, num_chunks: int, seed: int,
                  build_args: Callable, build_lora: Callable, devices=("cpu",), offload: str = "auto",
-                 executor: ChunkExecutor | None = None):
+                 executor: ChunkExecutor | None = None, prep_cache: dict | None = None):
         self.store = store
         store.fingerprint_of = self._fingerprint_of
         self.events = events
@@ -96,7 +96,7 @@ class Engine:
         self.idle = threading.Condition(self.lock)
         self.runs: dict[int, RunRecord] = {}
         self.factory = TrainerFactory(store, create_model, train_dataset, eval_dataset, num_chunks,
-                                      seed, build_args, build_lora)
+                                      seed, build_args, build_lora, prep_cache)
         self.persistence = Persistence(store, events, self.lock, self.runs)
         self.executor = executor if executor is not None else LocalChunkExecutor(
             self.factory, store, self.device_name, Residency(offload),
@@ -295,7 +295,6 @@ class Engine:
                 raise RapidFireError("this experiment has ended; create a new Experiment")
             if self.thread is not None and self.thread.is_alive() and not self._leaving:
                 return
-            install_output_routing()
             self._leaving = False
             self.thread = threading.Thread(target=self._main, name="rapidfire-engine", daemon=True)
             self.thread.start()
@@ -349,7 +348,7 @@ class Engine:
                 t.join()
                 continue
             self.persistence.writer.flush()
-            with self.lock:
+            with self.lock, self._routed_here():
                 self._settle_writes()
                 self._apply_ops()
 
@@ -371,11 +370,28 @@ class Engine:
 
     def close(self) -> None:
         self.persistence.writer.flush()   # normally idle already: the loop flushes before it leaves
-        with self.lock:
+        with self.lock, self._routed_here():
             self.closed = True
             self._settle_writes()
             for rid in list(self.executor.live_run_ids()):
                 self._release(self.runs[rid])
+
+    @contextlib.contextmanager
+    def _routed_here(self):
+        """Engine work done in the caller's thread (after the engine thread left): its warnings go
+        to the engine's log, like those of the engine thread."""
+        log_path = self.store.root / "logs" / "engine.log"
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_file = open(log_path, "a", encoding="utf-8")
+        except OSError:   # a full or read-only disk: the warnings are not worth failing for
+            log_file = None
+        try:
+            with routed_to(log_file):
+                yield
+        finally:
+            if log_file is not None:
+                log_file.close()
 
     def _main(self) -> None:
         log_path = self.store.root / "logs" / "engine.log"
@@ -386,10 +402,11 @@ class Engine:
         handler = logging.StreamHandler(log_file)
         handler.addFilter(lambda r: threading.get_ident() == me)
         handler.handleError = lambda record: None   # a full disk: no traceback on stderr
-        for name in LIBRARY_LOGGERS:
-            logging.getLogger(name).addHandler(handler)
         try:
+            # routed first: the console filters go on the handlers that exist then, not on ours
             with routed_to(log_file):
+                for name in LIBRARY_LOGGERS:
+                    logging.getLogger(name).addHandler(handler)
                 try:
                     self._loop()
                 except BaseException:  # the loop itself must never die silently
@@ -485,7 +502,7 @@ class Engine:
             self._fail(rec, exc)
         for rid in [rid for rid in self.executor.live_run_ids() if self.runs[rid].status == R.COMPLETED]:
             # its final weights are in its checkpoint (export, warm clones and run_weights read
-            # them there): memory must not grow with finished runs. No full gc.collect() (~0.25 s
+            # them there): memory must not grow with finished runs. No full gc.collect() (slow
             # with transformers loaded): the big tensors go by refcount; cycles when idle.
             self._release(self.runs[rid], collect=False)
 
@@ -528,7 +545,7 @@ class Engine:
                                new_run_id=op.new_run_id, latency_s=time.time() - op.submitted)
             freed = freed or (ok and op.kind == "delete")
         if freed:
-            # one collection per batch of deletes: a gc.collect() costs 0.1-0.7 s with
+            # one collection per batch of deletes: a gc.collect() is slow with
             # transformers loaded, and every op queued behind would wait for each one
             _collect_garbage()
 

@@ -56,7 +56,7 @@ class ChunkExecutor:
     trainer, so the engine does not train that run again until the write is done. Errors: any
     exception means this run failed (the engine marks it failed with the traceback and calls
     ``release``); other runs are not affected. Results are bit-identical whatever ran before on
-    the executor (exactness, DESIGN §4.1): everything a run owns is restored at its swap-in.
+    the executor (exactness): everything a run owns is restored at its swap-in.
 
     ``release(record)`` frees a run's trainer, adapter and device memory (idempotent).
     ``live_weights(run_id)`` is the run's current trainable weights (CPU-copyable tensors) or None
@@ -179,34 +179,7 @@ class LocalChunkExecutor(ChunkExecutor):
         else:
             end = plan.chunk_start_step(epoch + 1, 0)
         end = min(end, rec.total_steps)
-        batch: list[tuple[str, dict]] = []
-        t0 = time.perf_counter()
-        samples = rec.samples_seen
-        log_every, eval_every = rt.intervals(rec.total_steps - rec.step_offset)
-        window: list[dict] = []
-        mid_eval_s = 0.0
-        for g in range(first, end):
-            e, s = plan.position(g)
-            with HF_STATE_LOCK:
-                out = rt.train_step(e, s, g - rec.step_offset)
-            samples += out["examples"]
-            own = g + 1 - rec.step_offset
-            window.append(out["metrics"])
-            if log_every is None or own % log_every == 0 or g + 1 == end:
-                batch.append(("metric", dict(run_id=rec.run_id, split="train", step=g + 1,
-                                             samples_seen=samples, epoch=epoch, chunk=chunk,
-                                             metrics=merge_window(window))))
-                window = []
-            if eval_every and own % eval_every == 0 and g + 1 < end:
-                t1 = time.perf_counter()   # eval_strategy="steps" inside the chunk (RNG untouched)
-                with HF_STATE_LOCK:
-                    mid = rt.evaluate()
-                if mid:
-                    batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=g + 1,
-                                                 samples_seen=samples, epoch=epoch, chunk=chunk,
-                                                 metrics=mid)))
-                mid_eval_s += time.perf_counter() - t1
-        train_s = time.perf_counter() - t0 - mid_eval_s
+        batch, samples, train_s, mid_eval_s = self._steps(rt, rec, first, end)
         rt.swap_out()  # capture the RNG at the boundary (it is part of the checkpoint)
         if end_probe is not None:
             end_probe()
@@ -240,3 +213,38 @@ class LocalChunkExecutor(ChunkExecutor):
         chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - swap_s)
         return ChunkResult(counters=counters, events=batch, chunk_event=chunk_event, state=state,
                            eval_metrics=eval_metrics, done=done, restored=restored)
+
+    def _steps(self, rt: RunTrainer, rec: RunRecord, first: int, end: int):
+        """Optimizer steps ``first``..``end`` of the run's stream, with the train metric windows
+        and in-chunk evaluations the user's logging/eval steps ask for. Returns (metric events,
+        samples seen after the last step, training seconds, in-chunk evaluation seconds)."""
+        epoch, chunk = rec.epoch, rec.chunk
+        batch: list[tuple[str, dict]] = []
+        t0 = time.perf_counter()
+        samples = rec.samples_seen
+        log_every, eval_every = rt.intervals(rec.total_steps - rec.step_offset)
+        window: list[dict] = []
+        mid_eval_s = 0.0
+        for g in range(first, end):
+            e, s = rt.plan.position(g)
+            with HF_STATE_LOCK:
+                out = rt.train_step(e, s, g - rec.step_offset)
+            samples += out["examples"]
+            own = g + 1 - rec.step_offset
+            window.append(out["metrics"])
+            if log_every is None or own % log_every == 0 or g + 1 == end:
+                batch.append(("metric", dict(run_id=rec.run_id, split="train", step=g + 1,
+                                             samples_seen=samples, epoch=epoch, chunk=chunk,
+                                             metrics=merge_window(window))))
+                window = []
+            if eval_every and own % eval_every == 0 and g + 1 < end:
+                t1 = time.perf_counter()   # eval_strategy="steps" inside the chunk (RNG untouched)
+                with HF_STATE_LOCK:
+                    mid = rt.evaluate()
+                if mid:
+                    batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=g + 1,
+                                                 samples_seen=samples, epoch=epoch, chunk=chunk,
+                                                 metrics=mid)))
+                mid_eval_s += time.perf_counter() - t1
+        train_s = time.perf_counter() - t0 - mid_eval_s
+        return batch, samples, train_s, mid_eval_s

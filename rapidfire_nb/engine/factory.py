@@ -34,7 +34,8 @@ class Base:
 
 class TrainerFactory:
     def __init__(self, store: ExperimentStore, create_model: Callable, train_dataset, eval_dataset,
-                 num_chunks: int, seed: int, build_args: Callable, build_lora: Callable):
+                 num_chunks: int, seed: int, build_args: Callable, build_lora: Callable,
+                 prep_cache: dict | None = None):
         self.store = store
         self.create_model = create_model
         self.train_dataset = train_dataset
@@ -45,7 +46,9 @@ class TrainerFactory:
         self.build_lora = build_lora
         self.bases: dict[str, Base] = {}
         self.references: dict[str, Any] = {}   # DPO/GRPO references named by ref_model_name
-        self.prep_cache: dict = {}   # prepared (tokenized) datasets shared by the runs' trainers
+        # prepared (mapped, tokenized) datasets shared by the runs' trainers; run_fit's checks
+        # fill it first
+        self.prep_cache: dict = prep_cache if prep_cache is not None else {}
         self.create_model_calls = 0
 
     # -- bases -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What a run will look like once the ops already queued for it are applied.
 
-Ops are validated in the caller's thread and applied by the engine at the next chunk boundary
-(DESIGN §5). Validating against the engine's current state alone refuses sequences that are
+Ops are validated in the caller's thread and applied by the engine at the next chunk boundary.
+Validating against the engine's current state alone refuses sequences that are
 valid in order: ``nid = clone_modify(...); stop(nid)`` (run ``nid`` does not exist yet),
 ``stop(3); resume(3)`` (run 3 is not stopped yet), and lets through a warm clone of a run whose
 delete is already queued. So each op is validated against the projected run: its current record,

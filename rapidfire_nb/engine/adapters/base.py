@@ -84,8 +84,8 @@ def cache_package_probes() -> None:
     """Memoize accelerate's "is this package installed" probe.
 
     accelerate answers ``is_peft_available()`` by reading package metadata from disk on every call
-    and calls it ~16 times per trainer build (``is_peft_model``): ~7 ms of each LoRA run's set-up
-    on 2 CPU cores. Which packages are installed does not change under a running kernel, and every
+    and calls it many times per trainer build (``is_peft_model``), a visible part of each run's
+    set-up. Which packages are installed does not change under a running kernel, and every
     probe of a package that is missing stays uncached (installing it mid-session still works).
     """
     global _PROBES_CACHED
@@ -354,7 +354,7 @@ class RunTrainer:
         """One optimizer step exactly as Trainer does it; returns the step's train metrics."""
         t, model = self.trainer, self.model
         # no model.train() here: Trainer.training_step calls it (one call walks every module of
-        # the shared PeftModel: ~1 ms on the 4.5M CPU model, ~7 ms for a 1.1B model with LoRA)
+        # the shared PeftModel, every step)
         micro = self.plan.step_micro_batches(epoch, step_in_epoch)
         batches = [self.collate(idx) for idx in micro]
         n_items = t._get_num_items_in_batch(batches, t.args.device)
