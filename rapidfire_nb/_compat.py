@@ -14,10 +14,10 @@ from importlib import metadata
 # distribution -> (lowest tested, first release not yet supported); mirrored in pyproject.toml
 SUPPORTED = {
     "trl": ("1.16", "2"),
-    "transformers": ("5.24", "6"),
-    "peft": ("0.21", "1"),
-    "accelerate": ("1.15", "2"),
-    "datasets": ("5.2", "6"),
+    "transformers": ("5.3", "6"),
+    "peft": ("0.18", "1"),
+    "accelerate": ("1.10.1", "2"),
+    "datasets": ("4.7", "6"),
 }
 
 

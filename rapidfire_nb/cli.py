@@ -1,4 +1,5 @@
-"""Command line: ``rapidfire demo`` (offline by default) and ``rapidfire bench``."""
+"""Command line: ``rapidfire demo`` (offline by default) and ``rapidfire bench``, dispatched by
+argparse subcommands; each command's own parser reads its options."""
 
 from __future__ import annotations
 
@@ -170,26 +171,35 @@ def _colors_answers(exp, run_ids: list[int]) -> dict[int, tuple[int, list[str]]]
     return out
 
 
+def _parser() -> argparse.ArgumentParser:
+    """The command and its help; each command parses its own options (``rapidfire demo --help``)."""
+    p = argparse.ArgumentParser(
+        prog="rapidfire", description="Fine-tune many configurations at once by chunk interleaving.",
+        epilog="'rapidfire demo --help' and 'rapidfire bench --help' list each command's options.")
+    sub = p.add_subparsers(dest="command", metavar="{demo,bench}")
+    sub.add_parser("demo", add_help=False,
+                   help="train 4 configs interleaved on a tiny offline model and print a leaderboard")
+    sub.add_parser("bench", add_help=False,
+                   help="compare interleaved training against plain sequential TRL")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: rapidfire {demo,bench} [options]\n\n"
-              "  demo   train 4 configs interleaved on a tiny offline model and print a leaderboard\n"
-              "  bench  compare interleaved training against plain sequential TRL\n\n"
-              "'rapidfire demo --help' and 'rapidfire bench --help' list each command's options.\n")
+    parser = _parser()
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.command is None:
+        if rest:   # options without a command
+            parser.error(f"unrecognized arguments: {' '.join(rest)} (give a command first)")
+        parser.print_help()
         return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "demo":
+    if args.command == "demo":
         return demo(rest)
-    if cmd == "bench":
-        from rapidfire_nb._quiet import import_peft_quietly
+    from rapidfire_nb._quiet import import_peft_quietly
 
-        import_peft_quietly()   # before the bench's imports pull peft in
-        from rapidfire_nb.bench import main as bench_main
+    import_peft_quietly()   # before the bench's imports pull peft in
+    from rapidfire_nb.bench import main as bench_main
 
-        return bench_main(rest)
-    print(f"rapidfire: unknown command {cmd!r}; use 'demo' or 'bench'", file=sys.stderr)
-    return 2
+    return bench_main(rest)
 
 
 if __name__ == "__main__":

@@ -629,6 +629,15 @@ class Experiment:
             raise OpRefused("apply_suggestions needs a config group with pruner_mode='suggest'")
         return self.automl.apply_suggestions(run_ids)
 
+    def dismiss_suggestions(self, run_ids=None) -> list[int]:
+        """With ``pruner_mode="suggest"``: ignore the pruner's marks on these runs (all of them,
+        or the given ids), which train on and are not judged again; returns the ids dismissed.
+        Each answer is logged as an ``op`` event, like ``apply_suggestions``'s confirms."""
+        self._check_open()
+        if self.automl is None or self.automl.options.mode != "suggest":
+            raise OpRefused("dismiss_suggestions needs a config group with pruner_mode='suggest'")
+        return self.automl.dismiss_suggestions(run_ids)
+
     def get_pareto_front(self):
         """RFOptuna with several objectives: the non-dominated finished trials (run_id, values,
         params)."""

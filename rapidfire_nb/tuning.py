@@ -30,11 +30,15 @@ from rapidfire_nb._automl_space import Choice, Const, Node, Record, Span, canoni
 from rapidfire_nb.engine import pruning as P
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.store import atomic_write_json, read_json
-from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.errors import ConfigError, OpRefused
 
 SAMPLERS = ("tpe", "cmaes", "random")
 MODES = ("stop", "suggest")
 GRANULARITIES = ("chunk", "epoch")
+# Suggest mode in the event log: the pruner's mark, then the user's answer as an ``op`` event
+# (accepted or refused, like every IC op), so a restart and the panel read the same story.
+SUGGESTED = "pruning_suggested"
+CONFIRM, IGNORE = "confirm_suggestion", "ignore_suggestion"
 
 
 def parse_objective(objective: Any, where: str) -> list[tuple[str, str]]:
@@ -349,6 +353,7 @@ class ChunkAutoML:
                                         options.reduction_factor, max_chunks=max(max_chunks, 4))
         self.state_path = Path(exp.path) / "automl.json"
         self.suggestions: dict[int, P.Decision] = {}
+        self.dismissed: dict[int, P.Decision] = {}   # suggestions the user ignored
         self.pruned: dict[int, P.Decision] = {}
         self.bracket_of_new: dict[int, Any] = {}
         self.tuner = None
@@ -373,6 +378,7 @@ class ChunkAutoML:
             self.policy.load_json(data["policy"])
         self.suggestions = {int(k): P.Decision(**v) for k, v in data.get("suggestions", {}).items()}
         self.pruned = {int(k): P.Decision(**v) for k, v in data.get("pruned", {}).items()}
+        self.dismissed = {int(k): P.Decision(**v) for k, v in data.get("dismissed", {}).items()}
         self.seen = {int(k): v for k, v in data.get("seen", {}).items()}
         self.objective_error = data.get("objective_error")
 
@@ -381,6 +387,7 @@ class ChunkAutoML:
             "policy": None if self.policy is None else self.policy.to_json(),
             "suggestions": {str(k): vars(v) for k, v in self.suggestions.items()},
             "pruned": {str(k): vars(v) for k, v in self.pruned.items()},
+            "dismissed": {str(k): vars(v) for k, v in self.dismissed.items()},
             "seen": {str(k): v for k, v in self.seen.items()},
             "objective_error": self.objective_error,
         })
@@ -412,15 +419,26 @@ class ChunkAutoML:
     def attach(self, engine, resumed: bool) -> None:
         self.engine = engine
         self._logged = self.rung_values_from_log() if resumed else {}
-        self._restop: list[int] = []
-        if resumed and self.options.mode == "stop":
-            # killed between a decision (saved) and its stop (not yet applied or logged): the
-            # run came back pending; stop it now. A pruned run the user later resumed by hand
-            # has its pruning stop in the log and is left alone.
+        self._restop: dict[int, int] = {}       # run -> chunks done at which its stop is due
+        if resumed:
+            self._replay_suggestions()
+            # killed between a decision (saved) and its stop (not yet applied or logged): the run
+            # came back pending; stop it where the uninterrupted session did. A pruned run the
+            # user later resumed by hand has its pruning stop in the log and is left alone.
             applied = {ev["run_id"] for ev in self.exp.events.since(0)
                        if ev["type"] == "run_status" and ev["status"] == R.STOPPED
                        and ev.get("reason") == getattr(self.pruned.get(ev["run_id"]), "reason", None)}
-            self._restop = [rid for rid in sorted(self.pruned) if rid not in applied]
+            confirmed = {ev["run_id"] for ev in self.exp.events.since(0)
+                         if ev["type"] == "op" and ev.get("op") == CONFIRM and ev.get("accepted")}
+            for rid in sorted(self.pruned):
+                if rid in applied:
+                    continue
+                # A pruner's stop came right after the chunk that reached its rung; that chunk's
+                # checkpoint may not have been durable at the kill, so the run may first have to
+                # train it again (same data, same weights: the same value). A user's confirm came
+                # at no particular chunk: it is applied at once.
+                due = 0 if rid in confirmed else self.pruned[rid].rung * self.unit
+                self._restop[rid] = due
         if self.tuner is not None:
             self.tuner.attach(engine, resumed)
         engine.boundary_hook = self.on_boundary
@@ -432,11 +450,15 @@ class ChunkAutoML:
 
         engine = self.engine
         changed = False
-        for rid in self._restop:
+        for rid, due in list(self._restop.items()):
             rec = engine.runs.get(rid)
-            if rec is not None and rec.status in R.ACTIVE:
+            if rec is None or rec.status not in R.ACTIVE:
+                del self._restop[rid]
+            elif is_done(rec):
+                del self._restop[rid]       # nothing left to stop
+            elif rec.chunks_done >= due:
                 engine.submit(Op("stop", rid, reason=self.pruned[rid].reason))
-        self._restop = []
+                del self._restop[rid]
         if self.objective_error is not None:
             return
         if self._objective_absent(engine):
@@ -455,8 +477,11 @@ class ChunkAutoML:
                 if self.tuner is not None:
                     self.tuner.prune(d.run_id)
                 engine.submit(Op("stop", d.run_id, reason=d.reason))
-            else:
+            elif d.run_id not in self.suggestions:
+                # an event, not only automl.json: the panel shows it and a restart replays it
                 self.suggestions[d.run_id] = d
+                self.exp.events.append(SUGGESTED, run_id=d.run_id, rung=d.rung, rank=d.rank,
+                                       of=d.of, reason=d.reason)
         if self.tuner is not None:
             changed |= self.tuner.settle(self)
             changed |= self.tuner.refill(self)
@@ -543,39 +568,78 @@ class ChunkAutoML:
             return reason
         if run_id in self.suggestions:
             return "suggested: " + self.suggestions[run_id].reason
+        if run_id in self.dismissed:
+            return f"suggested: {self.dismissed[run_id].reason}; ignored by user"
         if self.objective_error is not None:
             return self.objective_error
         return None
 
+    def _wanted(self, run_ids) -> list[int]:
+        """The suggested runs named (all when None); an unmarked id refuses the whole call."""
+        if run_ids is None:
+            return sorted(self.suggestions)
+        if isinstance(run_ids, int) and not isinstance(run_ids, bool):
+            run_ids = [run_ids]
+        wanted = list(run_ids)
+        for rid in wanted:
+            if isinstance(rid, bool) or not isinstance(rid, int) or rid not in self.suggestions:
+                raise OpRefused(f"run {rid!r} has no pruning suggestion; suggested runs are "
+                                f"{sorted(self.suggestions)}")
+        return wanted
+
+    def _answer(self, op: str, rid: int, accepted: bool, reason: str | None) -> None:
+        self.exp.events.append("op", op=op, run_id=rid, accepted=accepted, reason=reason,
+                               new_run_id=None, latency_s=0.0)
+
     def apply_suggestions(self, run_ids=None) -> list[int]:
-        """Stop the runs the pruner suggested (all, or ``run_ids``); returns the runs stopped."""
+        """Stop the runs the pruner suggested (all, or ``run_ids``); returns the runs stopped.
+        A suggested run that ended meanwhile is answered as refused (it has nothing to stop)."""
         from rapidfire_nb.engine.controller import Op
-        from rapidfire_nb.errors import OpRefused
 
         engine = self.engine
         with engine.lock:
-            wanted = sorted(self.suggestions) if run_ids is None else list(run_ids)
-            for rid in wanted:
-                if rid not in self.suggestions:
-                    raise OpRefused(f"run {rid} has no pruning suggestion; suggested runs are "
-                                    f"{sorted(self.suggestions)}")
+            wanted = self._wanted(run_ids)
             done = []
             for rid in wanted:
                 d = self.suggestions.pop(rid)
-                if engine.runs[rid].status in R.ACTIVE:
+                if engine.runs[rid].status in R.ACTIVE and not is_done(engine.runs[rid]):
                     self.pruned[rid] = d
                     if self.tuner is not None:
                         self.tuner.prune(rid)
+                    self._answer(CONFIRM, rid, True, d.reason)
                     engine.submit(Op("stop", rid, reason=d.reason))
                     done.append(rid)
+                else:
+                    self._answer(CONFIRM, rid, False, f"run {rid} is {engine.runs[rid].status}")
             self.save()
         return done
 
-    def dismiss_suggestions(self, run_ids=None) -> None:
+    def dismiss_suggestions(self, run_ids=None) -> list[int]:
+        """Keep training the suggested runs (all, or ``run_ids``): the marks go, and the pruner
+        does not judge these runs again. Returns the runs dismissed."""
         with self.engine.lock:
-            for rid in (sorted(self.suggestions) if run_ids is None else list(run_ids)):
-                self.suggestions.pop(rid, None)
+            wanted = self._wanted(run_ids)
+            for rid in wanted:
+                self.dismissed[rid] = self.suggestions.pop(rid)
+                self._answer(IGNORE, rid, True, None)
             self.save()
+        return wanted
+
+    def _replay_suggestions(self) -> None:
+        """Suggestions and their answers as the event log tells them (it outlives automl.json's
+        last save): open marks come back, and a confirm whose stop a kill cut off is redone."""
+        marks: dict[int, P.Decision] = {}
+        for ev in self.exp.events.since(0):
+            if ev["type"] == SUGGESTED:
+                marks[ev["run_id"]] = P.Decision(ev["run_id"], ev["rung"], ev["rank"], ev["of"],
+                                                 ev["reason"])
+            elif ev["type"] == "op" and ev.get("op") in (CONFIRM, IGNORE) and ev["run_id"] in marks:
+                d = marks.pop(ev["run_id"])
+                if ev["op"] == CONFIRM and ev.get("accepted"):
+                    self.pruned.setdefault(d.run_id, d)
+                elif ev["op"] == IGNORE and ev.get("accepted"):
+                    self.dismissed.setdefault(d.run_id, d)
+        self.suggestions = marks
 
 
 class _OptunaTuner:

@@ -13,7 +13,8 @@ import torch
 from rapidfire_nb import Experiment
 from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
-from rapidfire_nb.engine.export import ExportError, export_adapter
+from rapidfire_nb.engine.export import (ExportError, adapter_state_dict, export_adapter,
+                                        load_adapter_state)
 
 LORAS = [dict(r=4, target_modules=["q_proj"], use_dora=True),
          dict(r=4, target_modules=["v_proj"], modules_to_save=["lm_head"])]
@@ -78,3 +79,52 @@ def test_weights_that_do_not_fit_the_model_are_refused(trained, tmp_path):
         export_adapter(base, build_lora_config(spec), {k: v for k, v in weights.items() if k != key},
                        "run_1", tmp_path)
     assert not (tmp_path / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.parametrize("peft", LORAS, ids=["dora", "modules_to_save"])
+def test_warm_start_copies_one_adapter_into_another_through_peft_state_dicts(peft):
+    """A warm clone's adapter gets its parent's values exactly, whatever the adapter names, from
+    the parent's live adapter and from its checkpointed (live-named) weights alike."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    # save_embedding_layers=False as in the engine: "auto" may add the base's lm_head (peft 0.18)
+    base, _ = tiny_create_model({"model_kwargs": {}})
+    lora = LoraConfig(**peft)
+    model = get_peft_model(base, lora, adapter_name="run_1")
+    model.add_adapter("run_2", lora)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "run_1" in name.split("."):
+                p.normal_()   # a trained parent: nothing equals a fresh init by chance
+    checkpoint = {n: p.detach().clone() for n, p in model.named_parameters()
+                  if "run_1" in n.split(".")}
+    parent = get_peft_model_state_dict(model, adapter_name="run_1", save_embedding_layers=False)
+
+    load_adapter_state(model, "run_2", adapter_state_dict(base, lora, checkpoint, "run_1"))
+    child = get_peft_model_state_dict(model, adapter_name="run_2", save_embedding_layers=False)
+    assert child.keys() == parent.keys()
+    assert all(torch.equal(child[k], parent[k]) for k in parent)
+
+    model.add_adapter("run_3", lora)
+    keys = set(parent)
+    load_adapter_state(model, "run_3", parent)   # from the live parent
+    assert set(parent) == keys   # the caller's dict is left as it was
+    assert all(torch.equal(v, parent[k]) for k, v in
+               get_peft_model_state_dict(model, adapter_name="run_3", save_embedding_layers=False).items())
+
+
+def test_warm_start_state_that_does_not_fit_is_refused_and_changes_nothing():
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    base, _ = tiny_create_model({"model_kwargs": {}})
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"]), adapter_name="run_1")
+    model.add_adapter("run_2", LoraConfig(r=8, target_modules=["q_proj"]))
+    before = {k: v.clone() for k, v in get_peft_model_state_dict(
+        model, adapter_name="run_2", save_embedding_layers=False).items()}
+    parent = get_peft_model_state_dict(model, adapter_name="run_1", save_embedding_layers=False)
+    with pytest.raises(ExportError, match="of another shape"):
+        load_adapter_state(model, "run_2", parent)
+    with pytest.raises(ExportError, match="missing"):
+        load_adapter_state(model, "run_1", dict(list(parent.items())[1:]))
+    after = get_peft_model_state_dict(model, adapter_name="run_2", save_embedding_layers=False)
+    assert all(torch.equal(after[k], v) for k, v in before.items())

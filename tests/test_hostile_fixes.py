@@ -44,7 +44,7 @@ def test_end_without_waiting_applies_the_ops_queued_before_it(tmp_path):
         except Exception as exc:  # noqa: BLE001 - surfaced below
             fired.append(exc)
         deadline = time.monotonic() + 60
-        while not exp.engine.stop_all and time.monotonic() < deadline:
+        while not exp.engine.draining and time.monotonic() < deadline:
             time.sleep(0.01)
 
     exp.events.subscribe(listener)

@@ -58,7 +58,8 @@ def test_devices_required():
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(1, 500), bs=st.integers(1, 16), ga=st.integers(1, 4), seed=st.integers(0, 99))
 def test_chunk_plan_partitions_the_epoch(n, bs, ga, seed):
-    steps = -(-(-(-n // bs)) // ga)
+    micro_batches = -(-n // bs)   # ceiling divisions
+    steps = -(-micro_batches // ga)
     chunks = min(steps, 1 + seed % 5)
     plan = ChunkPlan(n, bs, ga, chunks, seed)
     bounds = plan.chunk_bounds()

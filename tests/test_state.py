@@ -141,8 +141,10 @@ def test_live_table_folds_only_new_events(name, sizes):
 
 
 def test_status_errors_stick_until_the_run_trains_again():
-    ev = lambda seq, status, error=None: {"seq": seq, "time": 0.0, "type": "run_status", "run_id": 1,
-                                          "status": status, "error": error, "reason": None}
+    def ev(seq, status, error=None):
+        return {"seq": seq, "time": 0.0, "type": "run_status", "run_id": 1, "status": status,
+                "error": error, "reason": None}
+
     t = S.fold([ev(1, "failed", "Traceback ... OSError: disk full"), ev(2, "deleted")])
     assert S.get_run(t, 1)["error"].endswith("disk full") and S.get_run(t, 1)["has_error"]
     t = S.fold([ev(1, "failed", "Traceback ..."), ev(2, "pending"), ev(3, "running")])

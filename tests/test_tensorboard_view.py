@@ -81,7 +81,7 @@ def scalar_runs(base: str, headers=None) -> dict:
 
 def test_tensorboard_serves_runs_scalars_and_hparams_on_localhost(tensorboard, experiments_root):
     port, server = tensorboard
-    assert server.url == f"http://127.0.0.1:{port}/" and server.process.poll() is None
+    assert server.url == f"http://127.0.0.1:{port}/" and server.launched and server.running()
     base = server.url
     tags = scalar_runs(base)
     assert sorted(tags) == ["run 1", "run 2", "run 3", "run 4"]  # run_5 was deleted untrained
@@ -118,20 +118,44 @@ def test_one_tensorboard_per_folder_even_across_processes(tensorboard, experimen
     assert logdir_of(experiments_root / "exp") == experiments_root / "exp" / "tensorboard"
     code = ("from rapidfire_nb.notebook.tensorboard import start_tensorboard; "
             f"port, s = start_tensorboard({str(experiments_root / 'exp')!r} + '/tensorboard'); "
-            "print(port, s.process is None)")
+            "print(port, s.launched)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [str(port), "True"]
+    assert out.stdout.split() == [str(port), "False"]   # reused, not launched
 
 
 def test_a_stopped_tensorboard_is_replaced(tmp_path):
     port, server = start_tensorboard(tmp_path / "tb")
     stop_tensorboard(tmp_path / "tb")
-    assert server.process.poll() is not None
+    assert not server.running()
     new_port, new = start_tensorboard(tmp_path / "tb")
     try:
-        assert new is not server and new.process.poll() is None
+        assert new is not server and new.launched and new.running()
         assert get(new.url + "data/environment")["data_location"] == str((tmp_path / "tb").resolve())
+    finally:
+        stop_tensorboard(tmp_path / "tb")
+
+
+def test_a_killed_tensorboard_left_in_the_registry_is_replaced(tmp_path):
+    """SIGKILL skips TensorBoard's atexit hooks, so its registry entry stays; manager.start would
+    hand back that dead server ("reused"): the stale entry is dropped and a new one launched."""
+    import signal
+
+    from tensorboard import manager
+
+    env_before = os.environ.get("TENSORBOARD_BINARY")
+    _, server = start_tensorboard(tmp_path / "tb")
+    os.kill(server.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while server.running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not server.running()
+    assert any(info.pid == server.pid for info in manager.get_all())   # the stale entry
+    _, new = start_tensorboard(tmp_path / "tb")
+    try:
+        assert new.pid != server.pid and new.launched and new.alive()
+        assert not any(info.pid == server.pid for info in manager.get_all())
+        assert os.environ.get("TENSORBOARD_BINARY") == env_before
     finally:
         stop_tensorboard(tmp_path / "tb")
 

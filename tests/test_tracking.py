@@ -539,6 +539,7 @@ from pathlib import Path
 import test_tracking as t
 rec, hub = t._track(Path({str(exp_path)!r}), ["trackio"], name="placement")
 assert hub.failures == {{}}, hub.failures
+assert "TRACKIO_DIR" not in os.environ, "the tracker left TRACKIO_DIR in the environment"
 print(len(t.trackio_points(Path({str(exp_path)!r}), 1)["train/loss"]))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRACKIO_DIR"}
@@ -686,3 +687,21 @@ def test_a_raising_tracker_changes_no_result(tmp_path, tiny_data):
     assert plain[["run_id", "split", "step", "metric"]].values.tolist() == \
         raising[["run_id", "split", "step", "metric"]].values.tolist()
     assert plain.value.tolist() == raising.value.tolist()
+
+
+def test_mlflow_store_migrations_are_quiet_without_changing_the_loggers(tmp_path, caplog):
+    """The migration notes of a new MLflow store are dropped for the opening call only: the
+    loggers' levels and filters are as they were (no process-wide change in the user's kernel)."""
+    import logging
+
+    from rapidfire_nb.tracking.base import TrackerContext
+    from rapidfire_nb.tracking.mlflow_tracker import MlflowTracker
+
+    names = ("mlflow.store.db.utils", "alembic.runtime.migration")
+    before = {n: (logging.getLogger(n).level, list(logging.getLogger(n).filters)) for n in names}
+    tracker = MlflowTracker()
+    with caplog.at_level(logging.INFO):
+        tracker.open(TrackerContext(tmp_path / "exp", "quiet", tracker.state, False))
+    assert not [r for r in caplog.records if r.name.startswith(("alembic", "mlflow.store.db"))]
+    assert {n: (logging.getLogger(n).level, list(logging.getLogger(n).filters)) for n in names} == before
+    tracker.close()

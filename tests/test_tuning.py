@@ -147,6 +147,119 @@ def test_suggest_mode_only_marks_and_apply_suggestions_stops(data, tmp_path):
     exp.end()
 
 
+def _wait_for_marks(exp, n, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        marked = exp.get_runs_info().dropna(subset=["pruning"])
+        if len(marked) >= n:
+            return marked
+        time.sleep(0.02)
+    raise AssertionError(f"fewer than {n} suggestions after {timeout} s")
+
+
+def _answers(exp):
+    return [(ev["op"], ev["run_id"], ev["accepted"]) for ev in exp.events.since(0)
+            if ev["type"] == "op" and ev["op"] in ("confirm_suggestion", "ignore_suggestion")]
+
+
+def test_suggestions_are_events_and_the_panel_confirms_or_ignores_each(data, tmp_path):
+    from rapidfire_nb.notebook.panel import Panel
+
+    train, evald = data
+    exp = Experiment("suggest-panel", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=4, block=False)
+    marked = _wait_for_marks(exp, 2)
+    a, b = (int(r) for r in marked.run_id[:2])
+    logged = {ev["run_id"]: ev for ev in exp.events.since(0) if ev["type"] == "pruning_suggested"}
+    assert {a, b} <= set(logged)
+    assert logged[a]["reason"] == marked.set_index("run_id").loc[a, "pruning"].removeprefix("suggested: ")
+    assert logged[a]["rung"] == 1 and logged[a]["of"] == 4
+    panel = Panel(exp, push=False)
+    ok = panel.handle_message({"type": "op", "op": "confirm_suggestion", "run_id": a, "request_id": "c"})
+    assert ok["ok"] and ok["request_id"] == "c", ok
+    ok = panel.handle_message({"type": "op", "op": "ignore_suggestion", "run_id": b})
+    assert ok["ok"], ok
+    # answered once: a second answer names the problem and changes nothing
+    again = panel.handle_message({"type": "op", "op": "ignore_suggestion", "run_id": b})
+    assert not again["ok"] and f"run {b} has no pruning suggestion" in again["error"]
+    assert _answers(exp)[:2] == [("confirm_suggestion", a, True), ("ignore_suggestion", b, True)]
+    with pytest.raises(OpRefused, match="no pruning suggestion"):
+        exp.dismiss_suggestions([a])
+    panel.close()
+    exp.wait()
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[a, "status"] == "stopped" and info.loc[a, "pruning"] == logged[a]["reason"]
+    # an ignored run trains on to the end and is not judged again
+    assert info.loc[b, "status"] == "completed" and info.loc[b, "chunks_done"] == 8
+    assert info.loc[b, "pruning"] == f"suggested: {logged[b]['reason']}; ignored by user"
+    assert not any(ev["type"] == "pruning_suggested" and ev["run_id"] == b
+                   for ev in exp.events.since(logged[b]["seq"]))
+    exp.end()
+
+
+def test_suggestions_are_answered_with_the_magic(data, tmp_path, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    from rapidfire_nb.notebook.magics import load_ipython_extension
+
+    train, evald = data
+    exp = Experiment("suggest-magic", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=4, block=False)
+    a, b = (int(r) for r in _wait_for_marks(exp, 2).run_id[:2])
+    InteractiveShell.clear_instance()
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=cfg)
+    try:
+        load_ipython_extension(shell)
+        capsys.readouterr()
+        shell.run_cell(f"%rapidfire ignore {a}", store_history=False)
+        shell.run_cell(f"%rapidfire confirm {b}", store_history=False)
+        shell.run_cell(f"%rapidfire confirm {b}", store_history=False)   # answered already
+        out, err = capsys.readouterr()
+    finally:
+        InteractiveShell.clear_instance()
+    assert f"run {a}: suggestion ignored" in out and f"run {b}: stop requested" in out
+    assert err.count("%rapidfire: ") == 1 and f"run {b} has no pruning suggestion" in err
+    assert "Traceback" not in err
+    assert _answers(exp)[:2] == [("ignore_suggestion", a, True), ("confirm_suggestion", b, True)]
+    exp.end(wait=False)
+
+
+def test_suggestions_survive_a_restart_from_the_event_log(data, tmp_path):
+    train, evald = data
+    exp = Experiment("suggest-restart", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=4, block=False)
+    marked = sorted(int(r) for r in _wait_for_marks(exp, 2).run_id)
+    exp.end(wait=False)
+    # a kill after the suggestion events but before automl.json's save: the log alone knows them
+    state_path = tmp_path / "suggest-restart" / "automl.json"
+    state = json.loads(state_path.read_text())
+    assert sorted(map(int, state["suggestions"])) == marked
+    state["suggestions"] = {}
+    state_path.write_text(json.dumps(state))
+    exp = Experiment("suggest-restart", experiment_path=tmp_path, resume=True)
+    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=4, block=False)
+    info = exp.get_runs_info().set_index("run_id")
+    assert sorted(int(r) for r in info.dropna(subset=["pruning"]).index) == marked
+    assert exp.dismiss_suggestions(marked[:1]) == marked[:1]
+    assert exp.apply_suggestions() == marked[1:]
+    exp.wait()
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[marked[0], "status"] == "completed"
+    assert info.loc[marked[0], "pruning"].endswith("; ignored by user")
+    assert [info.loc[r, "status"] for r in marked[1:]] == ["stopped"] * (len(marked) - 1)
+    # no suggestion logged twice across the restart
+    seqs = [ev["run_id"] for ev in exp.events.since(0) if ev["type"] == "pruning_suggested"]
+    assert len(seqs) == len(set(seqs))
+    exp.end()
+
+
 def test_pruner_needs_an_eval_set_and_bad_knobs_are_named(data, tmp_path):
     train, _ = data
     with pytest.raises(ConfigError, match="pruner must be one of"):
@@ -281,12 +394,22 @@ def uninterrupted(tmp_path_factory):
 
 # killed after 3 logged chunks: around the first rung's decision and its refill asks (the kill
 # comes from the checkpoint writer, racing the engine thread's decision); after 8: later rungs
-@pytest.mark.parametrize("kill_after", [3, 8])
+# -1: at the first pruning decision, before the checkpoint of the chunk that reached the rung is
+# durable (resumed, the pruned run must train that chunk again before it stops, as it did)
+@pytest.mark.parametrize("kill_after", [3, 8, -1])
 def test_resume_after_sigkill_restores_the_study_and_reaches_the_same_decisions(
         tmp_path, uninterrupted, kill_after):
     code, partial, err = worker(tmp_path, "fresh", kill_after=kill_after)
     assert code == -9 and partial is None
     assert (tmp_path / "optuna" / "optuna" / "journal.log").exists()
+    if kill_after < 0:
+        # the decision was saved, yet the pruned run's rung chunk never reached the log or disk
+        pruned = json.loads((tmp_path / "optuna" / "automl.json").read_text())["pruned"]
+        assert pruned
+        logged = [json.loads(line) for line in (tmp_path / "optuna" / "events.jsonl").read_text().splitlines()]
+        for rid, d in pruned.items():
+            assert not [ev for ev in logged if ev["type"] == "chunk_done" and ev["run_id"] == int(rid)
+                        and ev["chunks_done"] >= d["rung"]]
     code, resumed, err = worker(tmp_path, "resume")
     assert code == 0, err[-3000:]
     assert resumed["trials"] == uninterrupted["trials"]

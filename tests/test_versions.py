@@ -19,7 +19,7 @@ def test_a_version_outside_the_range_is_named_with_the_range():
     assert "trl 1.10.0 is installed; rapidfire_nb supports trl>=1.16,<2" in problems
     assert any(p.startswith("peft is not installed") for p in problems)
     assert _compat.unsupported({**have, "transformers": "6.0.0.dev0"}) == [
-        "transformers 6.0.0.dev0 is installed; rapidfire_nb supports transformers>=5.24,<6"]
+        "transformers 6.0.0.dev0 is installed; rapidfire_nb supports transformers>=5.3,<6"]
 
 
 def test_pyproject_states_the_same_ranges():

@@ -1,4 +1,4 @@
-"""The checkpoint writer thread on its own: order, pending bookkeeping, flush, idle exit."""
+"""The checkpoint writer on its own: order, pending bookkeeping, flush, no thread when idle."""
 
 import threading
 import time
@@ -26,7 +26,7 @@ def test_jobs_run_in_order_off_the_calling_thread_and_flush_waits_for_them():
     gate.set()
     assert w.flush(timeout=5)
     assert [i for i, _ in done] == [0, 1, 2, 3, 4]
-    assert {name for _, name in done} == {"t-writer"}
+    assert {name for _, name in done} == {"t-writer"}   # one worker thread, named as asked
     assert not w.busy() and not w.pending(0) and not w.pending(1)
     assert w.jobs_done == 5
 
@@ -41,8 +41,7 @@ def test_a_raising_job_does_not_kill_the_writer():
     assert len(w.errors) == 1 and "ZeroDivisionError" in w.errors[0]
 
 
-def test_the_worker_leaves_when_idle_and_a_later_submit_starts_a_new_one(monkeypatch):
-    monkeypatch.setattr(CheckpointWriter, "IDLE_EXIT_S", 0.05)
+def test_the_worker_leaves_when_idle_and_a_later_submit_starts_a_new_one():
     w = CheckpointWriter(name="t-idle")
     w.submit(1, lambda: None)
     assert w.flush(timeout=5)
@@ -67,7 +66,6 @@ def test_flush_from_inside_a_job_returns_instead_of_waiting_on_itself():
 # Slow checkpoint writes (a spy that sleeps, then does the real write) open the windows where a
 # chunk has ended but its checkpoint is not on disk yet.
 
-import json  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -230,7 +228,7 @@ def test_warnings_in_the_writer_thread_go_to_the_engine_log_not_the_cell(tiny_da
     def on_event(ev):
         if ev["type"] == "chunk_done" and not where:
             where.append(threading.current_thread().name)
-            warnings.warn("rf-writer-thread-warning-7f3a", UserWarning)
+            warnings.warn("rf-writer-thread-warning-7f3a", UserWarning, stacklevel=1)
 
     exp.events.subscribe(on_event)
     exp.run_fit(three_runs(), tiny_create_model, train.select(range(16)), evald, num_chunks=2, seed=3)

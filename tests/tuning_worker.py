@@ -2,7 +2,9 @@
 
 ``python tuning_worker.py ROOT fresh|resume KILL_AFTER``: trains (or resumes) a small RFOptuna
 experiment in ROOT; with KILL_AFTER > 0 the process SIGKILLs itself once that many chunks are
-logged. At the end it prints one JSON line: the runs (status, knobs, pruning note) and the
+logged. KILL_AFTER = -1 slows every checkpoint write and SIGKILLs at the first pruning decision on a run
+whose checkpoint is still being written: between a decision and the durable checkpoint of the
+chunk that reached its rung. At the end it prints one JSON line: the runs (status, knobs, pruning note) and the
 study's trials (state, params, intermediate values), which the test compares.
 """
 
@@ -53,7 +55,31 @@ def main():
     train, evald = make_demo_datasets(32, 8)
     group = make_group()
     exp = Experiment("optuna", experiment_path=root, resume=(mode == "resume"))
-    if kill_after:
+    if kill_after < 0:
+        import time
+
+        from rapidfire_nb.engine.store import ExperimentStore
+        from rapidfire_nb.tuning import ChunkAutoML
+
+        # fault injection: a slow disk, so the checkpoint of the chunk that completes a rung is
+        # still being written when the pruner decides on it
+        write = ExperimentStore.save_checkpoint
+
+        def slow_write(self, run_id, state):
+            time.sleep(1.0)
+            return write(self, run_id, state)
+
+        ExperimentStore.save_checkpoint = slow_write
+        save = ChunkAutoML.save
+
+        def save_then_die(self):
+            save(self)
+            writer = self.engine.persistence.writer
+            if any(writer.pending(rid) for rid in self.pruned):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        ChunkAutoML.save = save_then_die
+    elif kill_after:
         seen = []
 
         def listener(ev):

@@ -3,14 +3,17 @@
  *
  * Works the same in JupyterLab, Notebook 7, VS Code and Colab because it uses only the plain
  * anywidget model API (`model.get/on/off/send`). The state lives in ./state.ts (tested alone);
- * this file turns state changes into DOM updates and Plotly calls, appending points to curves
- * with `Plotly.extendTraces` rather than redrawing them.
+ * this file turns state changes into DOM updates and Plotly calls: each chart keeps its own copy
+ * of its figure, changes it in place, and hands a frame's changes to Plotly in one `react`.
  */
 import Plotly from "plotly.js-basic-dist-min";
 import type { AnyModel, RenderProps } from "@anywidget/types";
 import { Client, type Reply } from "./client";
 import { CSS } from "./style";
 import { CloneSubmitter } from "./cloneform";
+import { suggestedRuns, suggestionOpen } from "./suggest";
+import { evalMarkers, timeSplitInterval } from "./scale";
+import { loadPrefs, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
 import {
   applySnapshot,
   createChartBook,
@@ -61,13 +64,17 @@ import {
 } from "./state";
 
 type Model = AnyModel<{ snapshot: Record<string, unknown> }>;
+type SimpleOp = "stop" | "resume" | "delete" | "confirm_suggestion" | "ignore_suggestion";
+const OP_WORDS: Record<SimpleOp, string> = {
+  stop: "stop", resume: "resume", delete: "delete",
+  confirm_suggestion: "confirm the pruner's stop of", ignore_suggestion: "ignore the pruner's suggestion for",
+};
 
 const PULL_INTERVAL_MS = 1000;
 /** Pixels above the time split's bars for its legend (one line of 10 px labels). */
 const TIME_LEGEND_PX = 24;
 /** Pull anyway when no push arrived for this long (Colab drops background-thread pushes). */
 const PUSH_SILENCE_MS = 2500;
-const TIME_SPLIT_REDRAW_MS = 2000;
 
 function h<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -107,7 +114,7 @@ function toPlotlyTrace(t: TraceSpec, split: "train" | "eval", xLabel: string, me
     type: "scatter",
     // Train curves have a point per step: markers would be thousands of SVG nodes. Eval curves
     // have one point per chunk, and the markers show where the evaluations are.
-    mode: split === "train" ? "lines" : "lines+markers",
+    mode: evalMarkers(split, 0, false),
     name: t.name,
     x: t.x,
     y: t.y,
@@ -134,6 +141,10 @@ interface Chart {
   /** The pruning rungs last drawn as annotations (skip identical relayouts). */
   rungKey: string;
   listening: boolean;
+  /** What Plotly is to show: this chart's traces and layout, changed in place between flushes. */
+  fig: { data: Record<string, unknown>[]; layout: Record<string, unknown> };
+  /** `fig` changed since Plotly last got it. */
+  dirty: boolean;
 }
 
 /** One update's cost in the browser, as the browser test reads it from the panel element. */
@@ -146,6 +157,8 @@ interface UpdateTiming {
   renderMs: number;
   /** From the message's arrival to the charts being drawn, the frame wait included. */
   wallMs: number;
+  /** The Plotly calls this update made ("train:replace", "eval:emphasis", ...): each redraws. */
+  calls: string[];
 }
 
 function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }>): () => void {
@@ -177,10 +190,12 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const chart: Chart = {
       book: createChartBook(split, null), div, waiting, select, xLabel, queue: Promise.resolve(), options: [], preferred,
-      emphasisKey: "", rungKey: "", listening: false,
+      emphasisKey: "", rungKey: "", listening: false, fig: { data: [], layout: {} }, dirty: false,
     };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
+      if (chart.book.metric) chart.preferred = chart.book.metric;
+      persistPrefs();
       scheduleRender({ charts: true, table: true });
     });
     return chart;
@@ -195,10 +210,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const tbody = h("tbody");
   table.append(thead, tbody);
   const filterBox = h("div", { class: "rf-filters", "data-testid": "rf-filters" }, ["hide:"]);
+  const filterBoxes = new Map<keyof StatusFilters, HTMLInputElement>();
   for (const s of ["stopped", "pruned", "deleted"] as (keyof StatusFilters)[]) {
     const box = h("input", { type: "checkbox", "data-filter": s });
+    filterBoxes.set(s, box);
     box.addEventListener("change", () => {
       hide[s] = box.checked;
+      persistPrefs();
       scheduleRender({ charts: true, table: true });
     });
     filterBox.append(h("label", { title: `hide ${s} runs in the charts and the table` }, [box, ` ${s}`]));
@@ -228,6 +246,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const timeSummary = h("summary", { text: "engine time split" });
   const timeDiv = h("div", { class: "rf-time-plot", "data-testid": "rf-time-split" });
   const timeDetails = h("details", { open: "" }, [timeSummary, timeDiv]);
+  timeDetails.addEventListener("toggle", () => {
+    if (timeDetails.open) scheduleRender({ time: true });
+  });
   root.append(timeDetails);
 
   // --- messages -------------------------------------------------------------------------------
@@ -238,6 +259,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
 
   // --- rendering, coalesced into one animation frame --------------------------------------------
   let pendingRender = { charts: false, table: false, time: false, header: false };
+  // The Plotly calls of the frame being rendered, for the update timings (each is a redraw).
+  let callLog: string[] = [];
+  const noteCall = (what: string) => callLog.push(what);
   let renderScheduled = false;
   function scheduleRender(what: Partial<typeof pendingRender>): void {
     pendingRender = {
@@ -254,11 +278,16 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       const what = pendingRender;
       pendingRender = { charts: false, table: false, time: false, header: false };
       const renderStart = performance.now();
+      const frameCalls: string[] = [];
+      callLog = frameCalls;
       try {
         if (what.header) renderHeader();
         if (what.charts) renderCharts();
         if (what.table) renderTable();
-        if (what.time) renderTimeSplit();
+        // The time split is a Plotly redraw of its own (a bar per run): never in the same frame
+        // as the curves' redraw, so one frame pays for one of them.
+        if (what.time && (what.charts || what.table)) setTimeout(() => scheduleRender({ time: true }), 0);
+        else if (what.time) renderTimeSplit();
       } catch (err) {
         say(`panel render error: ${String(err)}`, "error");
       }
@@ -269,7 +298,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
           const end = performance.now();
           recordTiming({
             events: u.events, runs: state.runs.size, ingestMs: u.ingestMs, renderMs: end - renderStart,
-            workMs: u.ingestMs + (end - renderStart), wallMs: end - u.start,
+            workMs: u.ingestMs + (end - renderStart), wallMs: end - u.start, calls: frameCalls,
           });
         });
       }
@@ -293,6 +322,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         return span;
       }),
     );
+    const asked = suggestedRuns(state);
+    if (asked.length) {
+      const span = h("span", { class: "rf-count rf-count-suggest", "data-testid": "rf-suggested-count",
+        text: `${asked.length} suggested to stop` });
+      span.title = `the pruner suggests stopping run${asked.length > 1 ? "s" : ""} ${asked.join(", ")}: Confirm or Ignore on each row`;
+      counts.append(span);
+    }
     live.textContent = `${state.ended ? "ended" : "live"} · seq ${state.lastSeq}${state.knownSeq > state.lastSeq ? ` / ${state.knownSeq}` : ""}`;
   }
 
@@ -316,42 +352,75 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     chart.div.style.visibility = empty ? "hidden" : "";
   }
 
-  function applyPlan(chart: Chart, plan: ChartPlan): Promise<unknown> {
+  /**
+   * Apply a plan to the chart's own copy of its figure (no Plotly call here). Every change of a
+   * frame (new points, new traces, names, emphasis, rungs) then reaches Plotly as one `react`
+   * (flushChart): each Plotly call redraws the whole plot, and at 48 runs one redraw costs tens of
+   * milliseconds, so the calls, not the points, are what an update must keep few.
+   */
+  function applyPlan(chart: Chart, plan: ChartPlan): void {
     const metric = chart.book.metric ?? "";
-    const layout = {
-      ...themeLayout(root),
-      xaxis: { ...(themeLayout(root).xaxis as object), title: { text: chart.xLabel, font: { size: 11 } } },
-      yaxis: { ...(themeLayout(root).yaxis as object), title: { text: metric, font: { size: 11 } } },
-      uirevision: metric,
-    };
+    const split = chart.book.split;
+    const trace = (t: TraceSpec) => toPlotlyTrace(t, split, chart.xLabel, metric);
+    const fig = chart.fig;
+    if (plan.reset || plan.add.length) chart.emphasisKey = "";
+    if (plan.reset) {
+      const base = themeLayout(root);
+      fig.layout = {
+        ...base,
+        xaxis: { ...(base.xaxis as object), title: { text: chart.xLabel, font: { size: 11 } } },
+        yaxis: { ...(base.yaxis as object), title: { text: metric, font: { size: 11 } } },
+        uirevision: metric,
+      };
+      fig.data = plan.traces.map(trace);
+      chart.rungKey = "";
+      chart.dirty = true;
+      noteCall(`${split}:reset`);
+      return;
+    }
+    if (plan.add.length) {
+      fig.data.push(...plan.add.map(trace));
+      noteCall(`${split}:add`);
+    }
+    plan.replace.indices.forEach((idx, k) => {
+      fig.data[idx] = { ...fig.data[idx], x: plan.replace.x[k], y: plan.replace.y[k] };
+    });
+    if (plan.replace.indices.length) noteCall(`${split}:replace`);
+    plan.extend.indices.forEach((idx, k) => {
+      const old = fig.data[idx] as { x: number[]; y: (number | null)[] };
+      // New arrays: react sees a changed trace by its arrays' identity.
+      fig.data[idx] = { ...fig.data[idx], x: old.x.concat(plan.extend.x[k]), y: old.y.concat(plan.extend.y[k]) };
+    });
+    if (plan.extend.indices.length) noteCall(`${split}:extend`);
+    plan.restyle.indices.forEach((idx, k) => {
+      // Fading itself is applied with the emphasis, which knows about hover and pins.
+      fig.data[idx] = { ...fig.data[idx], name: plan.restyle.name[k] };
+      chart.emphasisKey = "";
+    });
+    chart.dirty = chart.dirty || !planIsEmpty(plan);
+  }
+
+  /** Hand the frame's changes of one chart to Plotly in one call (see applyPlan). */
+  function flushChart(chart: Chart): void {
+    if (!chart.dirty) return;
+    chart.dirty = false;
+    const { data, layout } = chart.fig;
     // No toolbar: it floats over the top right of the plot and hides points there; drag zooms and a
     // double-click zooms out without it.
     // showTips: false - plotly's "Double-click to zoom back out" notice lands over JupyterLab's
     // toolbar; the chart head's tooltip says how zoom works.
     const config = { displaylogo: false, responsive: true, displayModeBar: false, showTips: false };
-    let p: Promise<unknown> = Promise.resolve();
-    const split = chart.book.split;
-    if (plan.reset || plan.add.length) chart.emphasisKey = "";
-    if (plan.reset) {
-      p = p.then(() => Plotly.react(chart.div, plan.traces.map((t) => toPlotlyTrace(t, split, chart.xLabel, metric)), layout, config));
-      return p.then(() => listen(chart));
-    }
-    if (plan.add.length) {
-      p = p.then(() => Plotly.addTraces(chart.div, plan.add.map((t) => toPlotlyTrace(t, split, chart.xLabel, metric))));
-    }
-    if (plan.replace.indices.length) {
-      p = p.then(() => Plotly.restyle(chart.div, { x: plan.replace.x, y: plan.replace.y }, plan.replace.indices));
-    }
-    if (plan.extend.indices.length) {
-      const update = { x: plan.extend.x, y: plan.extend.y as number[][] };
-      p = p.then(() => Plotly.extendTraces(chart.div, update, plan.extend.indices));
-    }
-    if (plan.restyle.indices.length) {
-      // Fading itself is applied with the emphasis (below), which knows about hover and pins.
-      chart.emphasisKey = "";
-      p = p.then(() => Plotly.restyle(chart.div, { name: plan.restyle.name }, plan.restyle.indices));
-    }
-    return p;
+    noteCall(`${chart.book.split}:react`);
+    chart.queue = chart.queue
+      .then(() => Plotly.react(chart.div, [...data], layout, config))
+      .then(() => listen(chart))
+      .catch((err) => {
+        // Whatever failed, the next render redraws this chart from the state.
+        chart.book.drawnMetric = null;
+        chart.emphasisKey = "";
+        chart.rungKey = "";
+        say(`chart error: ${String(err)}`, "error");
+      });
   }
 
   /** Zoom follows plotly's relayout events: a range redraws at full resolution inside it. */
@@ -404,13 +473,19 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         width.push(1.5);
       }
     }
-    const key = JSON.stringify([visible, opacity, width]);
+    // Eval markers (one per chunk) of dozens of runs pile into a solid band: past a few runs only
+    // the hovered or pinned runs show theirs; the curves still answer hover at every point.
+    const shown = visible.filter(Boolean).length;
+    const mode = order.map((id) => evalMarkers(chart.book.split, shown, focus.has(id)));
+    const key = JSON.stringify([visible, opacity, width, mode]);
     if (key === chart.emphasisKey) return;
     chart.emphasisKey = key;
-    const indices = order.map((_, i) => i);
-    chart.queue = chart.queue
-      .then(() => Plotly.restyle(chart.div, { visible, opacity, "line.width": width }, indices))
-      .catch(() => { chart.emphasisKey = ""; });
+    noteCall(`${chart.book.split}:emphasis`);
+    chart.fig.data = chart.fig.data.map((t, i) => {
+      const line = t.line as Record<string, unknown>;
+      return { ...t, visible: visible[i], opacity: opacity[i], mode: mode[i], line: { ...line, width: width[i] } };
+    });
+    chart.dirty = true;
   }
 
   /**
@@ -426,19 +501,20 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const key = JSON.stringify(rungs);
     if (key === chart.rungKey) return;
     chart.rungKey = key;
+    noteCall(`${chart.book.split}:rungs`);
     const annotations = rungs.map((r) => ({
       x: r.x, y: r.y, xref: "x", yref: "y", text: "\u2715", showarrow: false,
       font: { color: r.color, size: 14 }, hovertext: r.text, name: `rung ${r.runId}`,
     }));
-    chart.queue = chart.queue
-      .then(() => Plotly.relayout(chart.div, { annotations }))
-      .catch(() => { chart.rungKey = ""; });
+    chart.fig.layout = { ...chart.fig.layout, annotations };
+    chart.dirty = true;
   }
 
   function emphasizeAll(): void {
     for (const c of charts) {
       emphasize(c);
       markRungs(c);
+      flushChart(c);
     }
   }
 
@@ -446,16 +522,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     for (const chart of charts) {
       updateSelect(chart);
       const plan = planChart(state, chart.book);
-      if (planIsEmpty(plan)) continue;
-      // A redraw replaces the layout, annotations included.
-      if (plan.reset) chart.rungKey = "";
-      chart.queue = chart.queue
-        .then(() => applyPlan(chart, plan))
-        .catch((err) => {
-          // Whatever failed, the next render redraws this chart from the state.
-          chart.book.drawnMetric = null;
-          say(`chart error: ${String(err)}`, "error");
-        });
+      if (!planIsEmpty(plan)) applyPlan(chart, plan);
     }
     emphasizeAll();
   }
@@ -475,6 +542,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     best: HTMLDivElement;
     parent: HTMLTableCellElement | null;
     note: HTMLDivElement;
+    /** pruner_mode="suggest": the pruner's reason with Confirm / Ignore, while unanswered. */
+    suggestion: HTMLDivElement;
+    suggestionText: HTMLSpanElement;
+    answers: Record<"confirm_suggestion" | "ignore_suggestion", HTMLButtonElement>;
     buttons: Record<"stop" | "resume" | "delete" | "clone" | "traceback", HTMLButtonElement>;
     busy: boolean;
   }
@@ -489,6 +560,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   groupRow.append(groupCell);
   groupRow.addEventListener("click", () => {
     groupOpen = !groupOpen;
+    persistPrefs();
     scheduleRender({ table: true });
   });
   let shownOrder = "";
@@ -502,6 +574,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     // First click: the column's natural "best first" order; a second click reverses it.
     const natural = column === "eval" ? metric !== null && !lowerIsBetter(metric) : column === "progress";
     sortKey = current.column === column ? { column, descending: !current.descending } : { column, descending: natural };
+    persistPrefs();
     reorderNow = true;
     scheduleRender({ table: true });
   }
@@ -631,6 +704,21 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       traceback: mk("traceback", "Traceback"),
     };
     buttons.delete.classList.add("rf-danger");
+    const suggestionText = h("span", { class: "rf-suggest-text" });
+    const answers = {
+      confirm_suggestion: h("button", {
+        "data-op": "confirm_suggestion", class: "rf-primary", text: "Confirm",
+        title: `stop run ${run.id} as the pruner suggests`,
+      }),
+      ignore_suggestion: h("button", {
+        "data-op": "ignore_suggestion", text: "Ignore",
+        title: `keep training run ${run.id}; the pruner will not judge it again`,
+      }),
+    };
+    const suggestion = h("div", { class: "rf-suggest", "data-testid": "rf-suggestion" },
+      [h("span", { class: "rf-suggest-label", text: "pruner suggests stopping: " }), suggestionText,
+        answers.confirm_suggestion, answers.ignore_suggestion]);
+    suggestion.style.display = "none";
     const row: Row = {
       tr,
       status,
@@ -643,6 +731,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       best: h("div", { class: "rf-note" }),
       parent: lineage ? h("td") : null,
       note: h("div", { class: "rf-note rf-row-note" }),
+      suggestion,
+      suggestionText,
+      answers,
       buttons,
       busy: false,
     };
@@ -651,10 +742,12 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     buttons.delete.addEventListener("click", () => deleteClicked(row, run.id));
     buttons.clone.addEventListener("click", () => openCloneEditor(run.id));
     buttons.traceback.addEventListener("click", () => showTraceback(run.id));
+    answers.confirm_suggestion.addEventListener("click", () => simpleOp(row, run.id, "confirm_suggestion"));
+    answers.ignore_suggestion.addEventListener("click", () => simpleOp(row, run.id, "ignore_suggestion"));
     tr.append(
       h("td", { class: "rf-id" }, [swatch, `${run.id}`]),
       h("td", {}, [status]),
-      h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note]),
+      h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note, suggestion]),
       ...knobCells.map((c) => h("td", { class: "rf-knob" }, [c])),
       h("td", {}, [h("span", { class: "rf-progress" }, [progressBar]), progressTextEl, chunkTextEl]),
       row.trainLoss,
@@ -688,6 +781,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     row.buttons.delete.disabled = row.busy || !legal.delete;
     row.buttons.clone.disabled = !legal.clone;
     row.buttons.traceback.style.display = run.hasError ? "" : "none";
+    const asked = suggestionOpen(run);
+    row.suggestion.style.display = asked ? "" : "none";
+    row.suggestionText.textContent = asked ? run.suggestion! : "";
+    row.suggestion.title = asked ? run.suggestion! : "";
+    row.answers.confirm_suggestion.disabled = row.busy;
+    row.answers.ignore_suggestion.disabled = row.busy;
+    row.tr.classList.toggle("rf-suggested", asked);
     const op = run.lastOp;
     const note = run.reason ?? (op && !op.accepted ? `${op.op} refused: ${op.reason ?? ""}` : "");
     row.note.textContent = note;
@@ -696,14 +796,15 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     row.status.title = badge.title;
   }
 
-  async function simpleOp(row: Row, runId: number, op: "stop" | "resume" | "delete"): Promise<void> {
+  async function simpleOp(row: Row, runId: number, op: SimpleOp): Promise<void> {
     row.busy = true;
     scheduleRender({ table: true });
-    say(`${op} run ${runId}…`);
+    const words = OP_WORDS[op];
+    say(`${words} run ${runId}…`);
     const reply = await client.request({ type: "op", op, run_id: runId });
     row.busy = false;
-    if (reply.ok) say(`${op} run ${runId}: accepted`, "ok");
-    else say(`${op} run ${runId}: ${reply.error}`, "error");
+    if (reply.ok) say(`${words} run ${runId}: accepted`, "ok");
+    else say(`${words} run ${runId}: ${reply.error}`, "error");
     scheduleRender({ table: true });
     requestPull();
   }
@@ -924,16 +1025,19 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   let timeTimer: ReturnType<typeof setTimeout> | undefined;
   function renderTimeSplit(): void {
     const now = Date.now();
-    if (now - lastTimeDraw < TIME_SPLIT_REDRAW_MS) {
+    // Folded: nothing to draw until it opens. At 48 runs a redraw is a few tens of ms, so the
+    // interval grows with the runs shown (2 s up to 8 runs, 12 s at 48).
+    const every = timeSplitInterval(state.runs.size);
+    if (timeDetails.open && now - lastTimeDraw < every) {
       if (timeTimer === undefined) {
         timeTimer = setTimeout(() => {
           timeTimer = undefined;
           scheduleRender({ time: true });
-        }, TIME_SPLIT_REDRAW_MS);
+        }, every);
       }
       return;
     }
-    lastTimeDraw = now;
+    if (timeDetails.open) lastTimeDraw = now;
     const fig = timeSplitFigure(state);
     if (fig.total <= 0) {
       timeSummary.textContent = "engine time split (after the first chunk)";
@@ -943,6 +1047,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     timeSummary.textContent =
       `engine time ${fmtSeconds(fig.total)}: train ${pct(fig.values.train[0])} · eval ${pct(fig.values.eval[0])} · ` +
       `swap ${pct(fig.values.swap[0])} · other ${pct(fig.values.other[0])} (overhead ${(fig.overhead * 100).toFixed(1)}%)`;
+    if (!timeDetails.open) return;
     const colors = { train: "#1a7f37", eval: "#0b61a4", swap: "#b58900", other: "#8a8a8a" };
     const rowsRev = [...fig.rows].reverse();
     // Each run's label carries its chart colour, so the time split reads with the same key.
@@ -980,6 +1085,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         tickfont: { size: Math.min(11, rowPx - 2) },
       },
     };
+    noteCall("time:react");
     void Plotly.react(timeDiv, data, layout, { displaylogo: false, displayModeBar: false, showTips: false, responsive: true });
   }
 
@@ -997,6 +1103,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const t0 = performance.now();
     noteKnownSeq(state, lastSeq);
     const r = ingest(state, events);
+    restorePrefs();
     if (r.applied > 0) {
       if (update === null) update = { start: t0, ingestMs: 0, events: 0 };
       update.ingestMs += performance.now() - t0;
@@ -1008,6 +1115,33 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       table: r.changedRuns.size > 0 || r.newMetrics,
       time: r.timeChanged,
     });
+  }
+
+  // --- what the user set up, remembered per experiment across re-renders -------------------------
+  let prefsAt: string | null = null;
+  function persistPrefs(): void {
+    const prefs: ViewPrefs = {
+      hide: { ...hide }, sort: { ...sortKey }, groupOpen,
+      metrics: { train: charts[0].preferred, eval: charts[1].preferred },
+    };
+    savePrefs(prefsAt, prefs);
+  }
+  /** Once the experiment is known (snapshot or first event), bring back what was set up for it. */
+  function restorePrefs(): void {
+    if (prefsAt !== null) return;
+    prefsAt = prefsKey(state.path, state.experiment);
+    const prefs = loadPrefs(prefsAt);
+    if (prefs === null) return;
+    Object.assign(hide, prefs.hide);
+    for (const [k, box] of filterBoxes) box.checked = hide[k];
+    sortKey = { ...prefs.sort };
+    groupOpen = prefs.groupOpen;
+    for (const [i, m] of [prefs.metrics.train, prefs.metrics.eval].entries()) {
+      if (m === null) continue;
+      charts[i].preferred = m;
+      charts[i].book.metric = m;
+    }
+    scheduleRender({ charts: true, table: true });
   }
 
   let pullAgain = false;
@@ -1056,6 +1190,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   m.on("msg:custom", onCustom);
   m.on("change:snapshot", onSnapshot);
   applySnapshot(state, m.get("snapshot"));
+  restorePrefs();
   renderHeader();
   scheduleRender({ charts: true });
   requestPull();

@@ -56,6 +56,8 @@ export interface RunState {
   reason: string | null;
   /** Stopped by a pruner (the event's `pruned` field or "pruned" in its reason/error). */
   pruned: boolean;
+  /** pruner_mode="suggest": the pruner's reason for stopping this run, until the user answers. */
+  suggestion: string | null;
   /** Latest value of every metric (train and eval), by metric name. */
   latest: Record<string, number | null>;
   /** Best value of every metric so far (see `lowerIsBetter`). */
@@ -176,6 +178,7 @@ function newRun(id: number): RunState {
     hasError: false,
     reason: null,
     pruned: false,
+    suggestion: null,
     latest: {},
     best: {},
     train: {},
@@ -400,6 +403,16 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       if (!run) return;
       result.changedRuns.add(runId);
       run.lastOp = { op: str(ev.op) ?? "?", accepted: ev.accepted === true, reason: str(ev.reason) };
+      // Confirmed or ignored (or refused because the run ended): the question is answered.
+      if (ev.op === "confirm_suggestion" || ev.op === "ignore_suggestion") run.suggestion = null;
+      break;
+    }
+    case "pruning_suggested": {
+      if (runId === null) return;
+      const run = state.runs.get(runId);
+      if (!run) return;
+      result.changedRuns.add(runId);
+      run.suggestion = str(ev.reason) ?? "the pruner would stop this run";
       break;
     }
     default:
@@ -413,7 +426,7 @@ export const VIEW_RUN_FIELDS = [
   "run_id", "created", "status", "reason", "has_error", "pruned", "trainer_type", "knobs",
   "parent_run_id", "warm_start", "total_steps", "num_chunks", "completed_steps", "samples_seen",
   "chunks_done", "last_epoch", "last_chunk", "latest", "best", "series", "time", "last_op",
-  "device_seq",
+  "device_seq", "suggestion",
 ] as const;
 
 /** Table-level fields the view mirrors. */
@@ -435,6 +448,7 @@ export function viewTable(state: PanelState): Record<string, unknown> {
       completed_steps: r.completedSteps, samples_seen: r.samplesSeen, chunks_done: r.chunksDone,
       last_epoch: r.epoch, last_chunk: r.chunk, latest: r.latest, best: r.best,
       series: { train: r.train, eval: r.eval }, time: r.time, last_op: r.lastOp, device_seq: r.deviceSeq,
+      suggestion: r.suggestion,
     };
   }
   return {
@@ -1103,7 +1117,7 @@ export function parseKnobInput(original: unknown, text: string): ParseResult {
     return { ok: true, value: JSON.parse(t) };
   } catch {
     // A null knob (e.g. an unset optional) may well be set to a bare word.
-    if (original === null && /^[A-Za-z_][\w.\-]*$/.test(t)) return { ok: true, value: t };
+    if (original === null && /^[A-Za-z_][\w.-]*$/.test(t)) return { ok: true, value: t };
     return { ok: false, error: `not valid JSON: ${t.slice(0, 60)}` };
   }
 }

@@ -69,6 +69,10 @@ export const CSS = `
 .rf-panel button.rf-primary { background: var(--rf-accent); color: #fff; border-color: var(--rf-accent); }
 .rf-panel button.rf-danger { color: var(--rf-error); }
 .rf-note { color: var(--rf-fg2); font-size: 11px; }
+.rf-suggest { margin-top: 3px; padding: 2px 4px; border-left: 3px solid #b58900; font-size: 11px; display: flex; flex-wrap: wrap; gap: 4px; align-items: center; }
+.rf-suggest-label { color: #b58900; font-weight: 600; }
+.rf-suggest-text { color: var(--rf-fg2); max-width: 22em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.rf-count-suggest { background: #b58900; }
 .rf-row-note { max-width: 260px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 .rf-box { border: 1px solid var(--rf-border); border-radius: 4px; padding: 6px 8px; margin-top: 8px; background: var(--rf-bg); }
 .rf-box h4 { margin: 0 0 6px 0; font-size: 13px; }

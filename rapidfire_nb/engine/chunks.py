@@ -77,13 +77,6 @@ class ChunkPlan:
         """(epoch, step within epoch) of a run that has completed ``global_step`` steps."""
         return divmod(global_step, self.steps_per_epoch)
 
-    def chunk_of(self, step_in_epoch: int) -> int:
-        bounds = self.chunk_bounds()
-        for k in range(self.num_chunks):
-            if bounds[k] <= step_in_epoch < bounds[k + 1]:
-                return k
-        return self.num_chunks - 1
-
     def chunk_start_step(self, epoch: int, chunk: int) -> int:
         """Global step index of the first optimizer step of (epoch, chunk)."""
         return epoch * self.steps_per_epoch + self.chunk_bounds()[chunk]

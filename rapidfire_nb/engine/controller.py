@@ -55,8 +55,9 @@ class Op:
 def _collect_garbage(full: bool = True) -> None:
     """Free what released runs held: trainers hold reference cycles; CUDA keeps cached blocks.
 
-    ``full=False`` (when the loop goes idle) skips the full collection (slow with transformers loaded): RunTrainer.close
-    already freed the big tensors by refcount; the small cyclic rest goes with Python's own gc.
+    ``full=False`` (when the loop goes idle) skips the full collection (slow with transformers
+    loaded): RunTrainer.close already freed the big tensors by refcount; the small cyclic rest
+    goes with Python's own gc.
     """
     if full:
         gc.collect()
@@ -93,7 +94,6 @@ class Engine:
         self.scheduler = FairScheduler(devices)
         self.device_name = devices[0]
         self.lock = threading.RLock()
-        self.idle = threading.Condition(self.lock)
         self.runs: dict[int, RunRecord] = {}
         self.factory = TrainerFactory(store, create_model, train_dataset, eval_dataset, num_chunks,
                                       seed, build_args, build_lora, prep_cache)
@@ -106,7 +106,7 @@ class Engine:
         self.queued_ops: list[Op] = []   # submitted, not yet applied (under self.lock)
         self.thread: threading.Thread | None = None
         self.closed = False
-        self.stop_all = False
+        self._draining = False   # drain() asked the loop to leave at the next chunk boundary
         self._log_file = None
         # set (under the lock) when the loop decides to leave: from then on a submit must start
         # a new thread, even though the old one is still alive in its clean-up
@@ -211,6 +211,11 @@ class Engine:
         """Engine time spent waiting for the checkpoint writer (``rapidfire bench``)."""
         return self.persistence.write_wait_s
 
+    @property
+    def draining(self) -> bool:
+        """True once ``drain`` asked the loop to leave (``Experiment.end``)."""
+        return self._draining
+
     def ops_pending(self) -> bool:
         """True while a submitted op has not been applied yet."""
         return not self.ops.empty()
@@ -280,7 +285,6 @@ class Engine:
             # pending -> running needs no write: a restart reads "running" as "pending" anyway
             if save and not (old == R.PENDING and status == R.RUNNING):
                 self.save_runs()
-            self.idle.notify_all()
 
     def _complete(self, rec: RunRecord) -> None:
         """Writer thread, once a run's last chunk is durable."""
@@ -320,7 +324,7 @@ class Engine:
                     active = any(r.status in R.ACTIVE for r in self.runs.values())
                 if not ops_queued and not active:
                     return True
-                if t is None or self.closed or self.stop_all or not ops_queued:
+                if t is None or self.closed or self._draining or not ops_queued:
                     return False  # nothing will move these runs (see logs/engine.log)
                 # an op is between submit's put() and start(): let it start the thread
                 if deadline is not None and time.monotonic() >= deadline:
@@ -336,7 +340,7 @@ class Engine:
         """Ask the loop to leave at the next chunk boundary and wait for it; ops accepted before
         are applied (or refused, logged), never dropped. The caller's thread, never the engine's."""
         with self.lock:
-            self.stop_all = True
+            self._draining = True
         t = self.thread
         if t is not None:
             t.join()
@@ -419,8 +423,6 @@ class Engine:
                         logging.getLogger(name).removeHandler(handler)
         finally:
             log_file.close()
-            with self.lock:
-                self.idle.notify_all()
 
     def _routed(self, job: Callable[[], None]) -> None:
         """Writer thread: its warnings go to the log, as the engine's do."""
@@ -431,13 +433,13 @@ class Engine:
         while True:
             flush = False
             with self.lock:
-                if self.boundary_hook is not None and not self.stop_all:
+                if self.boundary_hook is not None and not self._draining:
                     try:
                         self.boundary_hook()
                     except Exception:   # a policy bug must not kill training: logged, ignored
                         self._log_file.write("boundary hook failed:\n" + traceback.format_exc())
                 writer = self.persistence.writer
-                if self.stop_all:
+                if self._draining:
                     flush = True
                 elif not self.ops.empty() and writer.busy():
                     flush = True   # ops see every finished chunk on disk and in the log
@@ -466,7 +468,7 @@ class Engine:
             if flush:
                 self.persistence.flush()   # outside the lock: the writer's follow-ups take it
                 with self.lock:
-                    if self.stop_all:
+                    if self._draining:
                         self._settle_writes()
                         # ops accepted before end(wait=False) are applied (or refused, logged),
                         # never dropped: a returned clone id must exist, a user stop must stay one

@@ -33,7 +33,8 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from rapidfire_nb.errors import RapidFireError
 

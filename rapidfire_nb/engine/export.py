@@ -7,6 +7,11 @@ tensors did not fit the model. So the export builds the run's model as PEFT woul
 on the ``meta`` device (no memory, no copy of the base), puts the run's tensors into it (which
 checks every shape), refuses weights that are missing or left over, and lets PEFT's
 ``get_peft_model_state_dict`` name what is saved.
+
+A warm start copies one run's adapter into another's the same way: the parent's weights in PEFT's
+saved form (``adapter_state_dict``, or ``get_peft_model_state_dict`` of its live adapter), loaded
+under the clone's adapter name by ``set_peft_model_state_dict`` (``load_adapter_state``), instead
+of renaming keys by hand.
 """
 
 from __future__ import annotations
@@ -36,36 +41,64 @@ def _meta_skeleton(model):
     return copy.deepcopy(model).to("meta")   # a custom module: copy it once, then drop the data
 
 
-def _as_default(key: str, adapter: str) -> str:
-    return ".".join("default" if part == adapter else part for part in key.split("."))
-
-
-def export_adapter(base_model, lora_config, weights: dict, adapter: str, path: Path) -> Path:
-    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` that
-    ``PeftModel.from_pretrained`` loads onto ``base_model``'s architecture."""
+def adapter_state_dict(base_model, lora_config, weights: dict, adapter: str) -> dict:
+    """``weights`` of adapter ``adapter`` (named as in the engine's shared PeftModel, e.g.
+    ``...lora_A.run_3.weight``) in PEFT's saved form, as ``get_peft_model_state_dict`` names it:
+    what ``adapter_model.safetensors`` holds and ``set_peft_model_state_dict`` loads under any
+    adapter name. Raises ``ExportError`` when they do not fit a fresh model with ``lora_config``."""
     from peft import get_peft_model, get_peft_model_state_dict
-    from safetensors.torch import save_file
 
     skeleton_config = copy.deepcopy(lora_config)
     skeleton_config.base_model_name_or_path = None   # the skeleton's name; the file keeps the real one
-    skeleton = get_peft_model(_meta_skeleton(base_model), skeleton_config, adapter_name="default")
-    wanted = {k for k in skeleton.state_dict() if ".default." in f"{k}." or k.endswith(".default")}
-    tensors = {_as_default(k, adapter): v for k, v in weights.items()}
-    unexpected = sorted(set(tensors) - wanted)
-    missing = sorted(wanted - set(tensors))
+    skeleton = get_peft_model(_meta_skeleton(base_model), skeleton_config, adapter_name=adapter)
+    # PEFT marks exactly the adapter's own tensors trainable (LoRA factors, DoRA magnitudes,
+    # modules_to_save copies)
+    wanted = {name for name, p in skeleton.named_parameters() if p.requires_grad}
+    unexpected = sorted(set(weights) - wanted)
+    missing = sorted(wanted - set(weights))
     if unexpected or missing:
         raise ExportError(
             f"the weights of {adapter} do not fit a fresh model with its LoRA config: "
             + (f"{len(missing)} missing (e.g. {missing[:2]}) " if missing else "")
             + (f"{len(unexpected)} left over (e.g. {unexpected[:2]})" if unexpected else ""))
     try:
-        skeleton.load_state_dict(tensors, strict=False, assign=True)   # raises on a shape mismatch
+        skeleton.load_state_dict(weights, strict=False, assign=True)   # raises on a shape mismatch
     except RuntimeError as exc:
         raise ExportError(f"the weights of {adapter} do not fit the model: {exc}") from None
-    state = get_peft_model_state_dict(skeleton, adapter_name="default", save_embedding_layers=False)
+    state = get_peft_model_state_dict(skeleton, adapter_name=adapter, save_embedding_layers=False)
     meta = [k for k, v in state.items() if v.device.type == "meta"]
     if meta:
         raise ExportError(f"the export of {adapter} lacks the tensors {meta[:3]}")
+    return state
+
+
+def load_adapter_state(peft_model, adapter: str, state: dict) -> None:
+    """Copy ``state`` (PEFT's saved form: ``adapter_state_dict``, or ``get_peft_model_state_dict``
+    of another adapter of the same config) into adapter ``adapter`` of ``peft_model`` through
+    ``set_peft_model_state_dict``: a warm start into another run's adapter, values exact. Checked
+    first against the adapter's own saved form; on a misfit nothing is changed."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    own = get_peft_model_state_dict(peft_model, adapter_name=adapter, save_embedding_layers=False)
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or wrong:
+        raise ExportError(
+            f"these weights do not fit adapter {adapter}: "
+            + (f"{len(missing)} missing (e.g. {missing[:2]}) " if missing else "")
+            + (f"{len(unexpected)} left over (e.g. {unexpected[:2]}) " if unexpected else "")
+            + (f"{len(wrong)} of another shape (e.g. {wrong[0]}: {tuple(state[wrong[0]].shape)}, "
+               f"needs {tuple(own[wrong[0]].shape)})" if wrong else ""))
+    # a copy: peft 0.18 renames the keys of the dict it is given in place
+    set_peft_model_state_dict(peft_model, dict(state), adapter_name=adapter)
+
+
+def export_adapter(base_model, lora_config, weights: dict, adapter: str, path: Path) -> Path:
+    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` that
+    ``PeftModel.from_pretrained`` loads onto ``base_model``'s architecture."""
+    from safetensors.torch import save_file
+
+    state = adapter_state_dict(base_model, lora_config, weights, adapter)
     lora_config.save_pretrained(str(path))
     save_file({k: v.detach().contiguous() for k, v in state.items()},
               str(path / "adapter_model.safetensors"), metadata={"format": "pt"})

@@ -1,16 +1,16 @@
 """Scheduling policy: which run trains which chunk next. Pure Python, no torch.
 
-Like Ray Tune's TrialScheduler, this module only decides; ``controller.py`` does the work.
-Fairness (DESIGN §4.2): on one device, no run starts chunk k+1 while another schedulable run
-has not finished chunk k. The rule that guarantees it: always pick the schedulable run with the
-least progress (progress = chunks of the data stream already done, epochs included); ties go to
-the run already on the device (no swap), then to the lowest run id.
+Like Ray Tune's TrialScheduler, this module only decides; the engine does the work.
+Fairness: on one device, no run starts chunk k+1 while another schedulable run has not finished
+chunk k. The rule that guarantees it: always pick the schedulable run with the least progress
+(the epoch and chunk it trains next, compared in that order); ties go to the run already on the
+device (no swap), then to the lowest run id.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class RunView:
     """What the policy needs to know about a run."""
 
     run_id: int
-    progress: int          # epoch * num_chunks + chunk index of the next chunk to train
+    progress: int          # orders runs by the (epoch, chunk) they train next; only its order counts
     schedulable: bool      # pending or running, with steps left
     busy: bool = False     # being trained on some device right now
 

@@ -37,7 +37,8 @@ goes pending/running again), has_error, pruned, its spec (trainer_type, config, 
 parent_run_id, warm_start, total_steps, steps_per_epoch, num_chunks, base_*), progress
 (completed_steps, samples_seen, chunks_done, last_epoch/last_chunk of the last chunk trained,
 next_epoch/next_chunk of the next one), latest/best metrics, series (x = samples_seen), its
-time split, the last op and device_seq (the seq that last put it on the device).
+time split, the last op, device_seq (the seq that last put it on the device) and suggestion (an
+open pruning suggestion's reason, suggest mode).
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def new_run(run_id: int) -> dict:
         "last_epoch": None, "last_chunk": None, "next_epoch": 0, "next_chunk": 0,
         "latest": {}, "best": {}, "series": {"train": {}, "eval": {}},
         "time": dict.fromkeys(TIME_KEYS, 0.0), "last_op": None, "device_seq": 0,
+        "suggestion": None,
     }
 
 
@@ -176,6 +178,13 @@ def reduce(table: dict, event: dict) -> dict:
         if run is not None:
             run["last_op"] = {"op": _str(event.get("op")) or "?", "accepted": event.get("accepted") is True,
                               "reason": _str(event.get("reason"))}
+            # confirmed or ignored (or refused because the run ended): the question is answered
+            if event.get("op") in ("confirm_suggestion", "ignore_suggestion"):
+                run["suggestion"] = None
+    elif kind == "pruning_suggested":
+        run = get_run(table, run_id)
+        if run is not None:
+            run["suggestion"] = _str(event.get("reason")) or "the pruner would stop this run"
     return table
 
 

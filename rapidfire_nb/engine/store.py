@@ -30,7 +30,8 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rapidfire_nb.errors import RapidFireError
 
@@ -59,7 +60,7 @@ def failed_by_the_disk(error: str | None) -> bool:
 
 
 def durable_write_failure(events, last_seq: int, runs_saved: bool, runs_error: OSError | None,
-                          run_id: int, store: "ExperimentStore") -> "DurableWriteError | None":
+                          run_id: int, store: ExperimentStore) -> DurableWriteError | None:
     """After a chunk was logged: the error that fails its run if the log or runs.json did not
     reach the disk (the checkpoint did, so a resume continues from it), else None."""
     problems = []

@@ -20,82 +20,88 @@ import collections
 import threading
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 
 class CheckpointWriter:
-    """One worker thread, started on demand, that leaves after a short idle spell."""
-
-    IDLE_EXIT_S = 2.0
+    """A one-worker ``ThreadPoolExecutor`` (FIFO: jobs run in submission order), made when a job
+    arrives and shut down when the last queued job ends, so an idle engine holds no thread."""
 
     def __init__(self, name: str = "rapidfire-ckpt-writer"):
         self._name = name
-        self._cv = threading.Condition()
-        self._jobs: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._futures: set[Future] = set()
         self._pending: collections.Counter[int] = collections.Counter()
-        self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None
         self.busy_s = 0.0      # time spent writing (off the engine thread)
         self.jobs_done = 0
         self.errors: list[str] = []
 
     def submit(self, run_id: int, job: Callable[[], None]) -> None:
         """Queue ``job`` (which must not raise) for ``run_id``; returns at once."""
-        with self._cv:
-            self._jobs.append((run_id, job))
+        with self._lock:
+            if self._executor is None:
+                # the worker takes the writer's own name (not the pool's "<prefix>_0"): logs and
+                # tests know the checkpoint thread by it
+                self._executor = ThreadPoolExecutor(max_workers=1, initializer=self._name_worker)
             self._pending[run_id] += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
-                self._thread.start()
-            self._cv.notify_all()
+            future = self._executor.submit(self._run, run_id, job)
+            self._futures.add(future)
+        future.add_done_callback(self._forget)
+
+    def _name_worker(self) -> None:
+        threading.current_thread().name = self._name
 
     def pending(self, run_id: int) -> bool:
-        with self._cv:
+        with self._lock:
             return self._pending[run_id] > 0
 
     def is_worker(self, thread: threading.Thread) -> bool:
-        with self._cv:
-            return thread is self._thread
+        return thread is self._worker
 
     def busy(self) -> bool:
-        with self._cv:
-            return bool(self._jobs) or any(self._pending.values())
+        with self._lock:
+            return any(self._pending.values())
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued job has finished; False on timeout.
 
         From a job itself (an event listener called while a chunk is logged) this returns at once:
         that job's checkpoint is already on disk, and waiting on itself would never end."""
-        if threading.current_thread() is self._thread:
+        if threading.current_thread() is self._worker:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while self._jobs or any(self._pending.values()):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cv.wait(left)
-        return True
-
-    def _work(self) -> None:
         while True:
-            with self._cv:
-                if not self._jobs:
-                    self._cv.wait(self.IDLE_EXIT_S)
-                if not self._jobs:
-                    self._thread = None   # under the lock: the next submit starts a new worker
-                    return
-                run_id, job = self._jobs.popleft()
-            t0 = time.perf_counter()
-            try:
-                job()
-            except Exception:  # jobs handle their own errors; this keeps the worker alive
-                self.errors.append(traceback.format_exc())
-            finally:
-                job = None   # drop the snapshot now, not when the next job arrives
-                with self._cv:
-                    self.busy_s += time.perf_counter() - t0
-                    self.jobs_done += 1
-                    self._pending[run_id] -= 1
-                    if self._pending[run_id] <= 0:
-                        del self._pending[run_id]
-                    self._cv.notify_all()
+            with self._lock:
+                futures = list(self._futures)
+            if not futures:
+                return True
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if wait(futures, left).not_done:
+                return False
+
+    def _forget(self, future: Future) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
+    def _run(self, run_id: int, job: Callable[[], None]) -> None:
+        self._worker = threading.current_thread()
+        t0 = time.perf_counter()
+        try:
+            job()
+        except Exception:  # jobs handle their own errors; this keeps the writer going
+            self.errors.append(traceback.format_exc())
+        finally:
+            with self._lock:
+                self.busy_s += time.perf_counter() - t0
+                self.jobs_done += 1
+                self._pending[run_id] -= 1
+                if self._pending[run_id] <= 0:
+                    del self._pending[run_id]
+                if not self._pending and self._executor is not None:
+                    # nothing queued behind this job (submit holds the same lock): the worker
+                    # leaves once it returns, and the next submit makes a new executor
+                    self._executor.shutdown(wait=False)
+                    self._executor = None

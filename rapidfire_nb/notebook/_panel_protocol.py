@@ -4,6 +4,8 @@ Front-end -> Python messages (every one may carry an optional ``request_id``, ec
 
 - ``{"type": "pull", "since": int}``                          events with seq > since
 - ``{"type": "op", "op": "stop"|"resume"|"delete", "run_id": int}``
+- ``{"type": "op", "op": "confirm_suggestion"|"ignore_suggestion", "run_id": int}``  answer a
+  pruner's suggestion (``pruner_mode="suggest"``): stop the run, or let it train on
 - ``{"type": "op", "op": "clone", "run_id": int, "changes": {dotted.knob: JSON value},
    "warm_start": bool, "validate_only": bool}``               (the two bools are optional)
 - ``{"type": "traceback", "run_id": int}``                     a failed run's traceback
@@ -46,7 +48,7 @@ MAX_BATCH_BYTES = 256 * 1024
 MAX_WIRE_STRING = 2000
 MAX_TRACEBACK_CHARS = 20000
 
-OPS = ("stop", "resume", "delete", "clone")
+OPS = ("stop", "resume", "delete", "clone", "confirm_suggestion", "ignore_suggestion")
 _COMMON_KEYS = {"type", "request_id"}
 _ALLOWED_KEYS = {
     "pull": _COMMON_KEYS | {"since"},

@@ -4,6 +4,7 @@
     %rapidfire status                       # compact table of runs
     %rapidfire stop 2
     %rapidfire resume 2
+    %rapidfire confirm 3     (pruner_mode="suggest": or ignore 3)
     %rapidfire delete 3
     %rapidfire clone 1 lr=5e-4 lora_dropout=0.05 --warm-start
     %rapidfire knobs 1                      # what a clone of run 1 may change
@@ -35,6 +36,8 @@ USAGE = """\
   stop ID                       stop a run at its next chunk boundary (its checkpoint stays)
   resume ID                     resume a stopped run from its checkpoint
   delete ID                     remove a run for good (its metrics stay, marked deleted)
+  confirm ID                    pruner_mode="suggest": stop run ID as the pruner suggests
+  ignore ID                     pruner_mode="suggest": keep run ID training (not judged again)
   clone ID key=value ... [--warm-start]
                                 new run from run ID's config plus the changes; keys are dotted
                                 (training_args.learning_rate) or short (learning_rate, lr) names
@@ -378,6 +381,17 @@ class RapidFireMagics(Magics):
         _experiment().delete(rid)
         print(f"run {rid}: deleted (its metrics stay, marked deleted)")
 
+    def _cmd_confirm(self, args):
+        rid = _one_id("confirm", args)
+        stopped = _experiment().apply_suggestions([rid])
+        print(f"run {rid}: stop requested as the pruner suggested" if stopped else
+              f"run {rid}: it ended before the confirm; nothing to stop")
+
+    def _cmd_ignore(self, args):
+        rid = _one_id("ignore", args)
+        _experiment().dismiss_suggestions([rid])
+        print(f"run {rid}: suggestion ignored; it trains on and is not judged again")
+
     def _cmd_clone(self, args):
         exp = _experiment()
         run_id, changes, warm = parse_clone(args, exp.editable_knobs)
@@ -404,7 +418,8 @@ class RapidFireMagics(Magics):
         return _experiment().get_results()
 
 
-COMMANDS = ["panel", "status", "stop", "resume", "delete", "clone", "knobs", "tensorboard", "results", "help"]
+COMMANDS = ["panel", "status", "stop", "resume", "delete", "confirm", "ignore", "clone", "knobs", "tensorboard",
+            "results", "help"]
 
 
 def _say_error(message: str) -> None:

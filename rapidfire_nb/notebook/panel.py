@@ -227,6 +227,10 @@ class Panel(anywidget.AnyWidget):
                 return proto.reply(rid, True, run_id=req.run_id, validated=True)
             new_id = self._exp.clone_modify(req.run_id, dict(req.changes), warm_start=req.warm_start)
             return proto.reply(rid, True, run_id=req.run_id, new_run_id=proto.to_json(new_id))
+        if req.op in ("confirm_suggestion", "ignore_suggestion"):
+            answer = self._exp.apply_suggestions if req.op == "confirm_suggestion" else self._exp.dismiss_suggestions
+            answer([req.run_id])
+            return proto.reply(rid, True, run_id=req.run_id, op=req.op)
         getattr(self._exp, req.op)(req.run_id)
         return proto.reply(rid, True, run_id=req.run_id, op=req.op)
 
@@ -323,7 +327,7 @@ class _Publisher(threading.Thread):
         self.stop()
 
 
-_PANELS: "weakref.WeakKeyDictionary[Any, Panel]" = weakref.WeakKeyDictionary()
+_PANELS: weakref.WeakKeyDictionary[Any, Panel] = weakref.WeakKeyDictionary()
 _PANELS_LOCK = threading.Lock()
 
 

@@ -1,9 +1,10 @@
 """TensorBoard for an experiment, shown in whichever front-end the kernel runs in.
 
 - :func:`start_tensorboard` starts (or reuses) one TensorBoard per log folder, bound to 127.0.0.1,
-  as a subprocess (``python -m tensorboard.main``), and waits until it answers. A TensorBoard on
-  the same folder started by another process (e.g. an earlier kernel) is reused too, found through
-  TensorBoard's own registry of running instances (``tensorboard.manager``).
+  through TensorBoard's own ``tensorboard.manager.start``: it reuses a running TensorBoard started
+  with the same arguments from the same working folder (by this process or another, e.g. an
+  earlier kernel) and otherwise launches one and waits until it has registered. Its typed results
+  (launched, reused, failed, timed out) map onto a server or a clear error.
 - :func:`show_tensorboard` picks the display, as ``tensorboard/notebook.py`` does: in Colab the
   kernel port proxy (``google.colab.output.serve_kernel_port_as_iframe``); in JupyterLab /
   Notebook an iframe through jupyter-server-proxy at ``{base_url}proxy/{port}/`` (the base URL is
@@ -18,74 +19,108 @@
 from __future__ import annotations
 
 import atexit
-import base64
+import datetime
 import html
 import json
 import os
 import re
-import subprocess
+import shutil
+import signal
 import sys
-import tempfile
+import sysconfig
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RapidFireError
 
 HOST = "127.0.0.1"
 _LOCK = threading.Lock()
-_SERVERS: dict[str, "TensorBoardServer"] = {}
+_SERVERS: dict[str, TensorBoardServer] = {}
 
 
 @dataclass
 class TensorBoardServer:
-    """A running TensorBoard. ``process`` is None when it was started by another process."""
+    """A running TensorBoard; ``launched`` when this process started it (and stops it)."""
 
     logdir: str
     port: int
     pid: int
-    process: subprocess.Popen | None = None
-    log_path: str | None = field(default=None, repr=False)
+    launched: bool = False
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}/"
 
+    def running(self) -> bool:
+        """Its process has not exited."""
+        return _pid_running(self.pid, own_child=self.launched)
+
     def alive(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
-            return False
-        return _serves(self.port, self.logdir)
+        return self.running() and _serves(self.port, self.logdir)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop it if this process started it."""
         with _LOCK:
             if _SERVERS.get(self.logdir) is self:
                 del _SERVERS[self.logdir]
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
+        if not self.launched or not self.running():
+            return
+        # SIGTERM: TensorBoard runs its atexit hooks, which remove its entry from the registry
+        os.kill(self.pid, signal.SIGTERM)
+        if not _wait_exit(self.pid, timeout):
+            os.kill(self.pid, signal.SIGKILL)
+            _wait_exit(self.pid, timeout)
+
+
+def tensorboard_arguments(logdir: str) -> list[str]:
+    # --port 0: the OS picks a free port (no race with another starter); TensorBoard records the
+    # port it got in its registry, which is what manager.start waits for
+    return ["--logdir", logdir, "--host", HOST, "--port", "0", "--reload_interval", "5"]
 
 
 def start_tensorboard(logdir: str | os.PathLike, timeout: float = 90.0
                       ) -> tuple[int, TensorBoardServer]:
     """Start TensorBoard on ``logdir`` (once per folder) and return ``(port, server)``."""
+    from tensorboard import manager
+
     logdir = str(Path(logdir).resolve())
     Path(logdir).mkdir(parents=True, exist_ok=True)
     with _LOCK:
         server = _SERVERS.get(logdir)
         if server is not None and server.alive():
             return server.port, server
-        server = _find_running(logdir)
-        if server is None:
-            server = _launch(logdir, timeout)
-        _SERVERS[logdir] = server
-        return server.port, server
+        for _attempt in range(2):
+            result = _manager_start(tensorboard_arguments(logdir), timeout)
+            if isinstance(result, manager.StartLaunched):
+                server = TensorBoardServer(logdir, result.info.port, result.info.pid, launched=True)
+                if not _wait_serving(server, deadline=time.monotonic() + timeout):
+                    server.stop(timeout=5)
+                    raise RapidFireError(f"TensorBoard (pid {server.pid}) registered port "
+                                         f"{server.port} but does not serve {logdir}")
+            elif isinstance(result, manager.StartReused):
+                server = TensorBoardServer(logdir, result.info.port, result.info.pid)
+                if not server.alive():
+                    # its registry entry outlived it (killed without its atexit hooks):
+                    # TensorBoard's registry keeps one file per pid; drop this stale one, retry
+                    _forget_stale(result.info.pid)
+                    continue
+            elif isinstance(result, manager.StartTimedOut):
+                _kill(result.pid)   # manager.start leaves a stuck TensorBoard running
+                raise RapidFireError(f"TensorBoard did not start within {timeout:.0f}s on {logdir}")
+            elif isinstance(result, manager.StartFailed):
+                raise RapidFireError(
+                    f"TensorBoard exited with code {result.exit_code} while starting on {logdir}:\n"
+                    + ((result.stderr or "") + (result.stdout or ""))[-3000:])
+            else:   # StartExecFailed: the binary could not run
+                binary = result.explicit_binary or "'tensorboard' on PATH"
+                raise RapidFireError(f"cannot run TensorBoard ({binary}): {result.os_error}; "
+                                     "set TENSORBOARD_BINARY to its path")
+            _SERVERS[logdir] = server
+            return server.port, server
+        raise RapidFireError(f"TensorBoard's registry keeps pointing at a dead server for {logdir}")
 
 
 def stop_tensorboard(logdir: str | os.PathLike) -> bool:
@@ -97,68 +132,48 @@ def stop_tensorboard(logdir: str | os.PathLike) -> bool:
     return True
 
 
-def _launch(logdir: str, timeout: float) -> TensorBoardServer:
-    log_path = os.path.join(tempfile.gettempdir(),
-                            f"rapidfire-tensorboard-{os.getpid()}-{abs(hash(logdir))}.log")
-    log = open(log_path, "wb")
-    # --port 0: the OS picks a free port (no race with another starter); TensorBoard records the
-    # port it got in its registry, read below.
-    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", HOST,
-           "--port", "0", "--reload_interval", "5"]
-    try:
-        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    finally:
-        log.close()
-    deadline = time.monotonic() + timeout
-    port = None
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RapidFireError(f"TensorBoard exited with code {process.returncode} while "
-                                 f"starting on {logdir}:\n{_tail(log_path)}")
-        if port is None:
-            port = _registered_port(process.pid)
-        if port is not None and _serves(port, logdir):
-            return TensorBoardServer(logdir=logdir, port=port, pid=process.pid, process=process,
-                                     log_path=log_path)
-        time.sleep(0.2)
-    process.terminate()
-    raise RapidFireError(f"TensorBoard did not answer within {timeout:.0f}s on {logdir}:\n"
-                         f"{_tail(log_path)}")
+def _manager_start(arguments: list[str], timeout: float):
+    """``tensorboard.manager.start``, with the ``tensorboard`` of this interpreter.
 
-
-def _registered_port(pid: int) -> int | None:
+    manager.start runs ``$TENSORBOARD_BINARY`` or else ``tensorboard`` from ``PATH``, and a kernel
+    started from a virtualenv often has the venv's scripts folder off its ``PATH`` (another
+    TensorBoard, or none, would run). It reads the binary only from the environment, so while it
+    starts the process, under ``_LOCK``, ``TENSORBOARD_BINARY`` names this interpreter's
+    script when ``PATH`` would find another one and the user did not set it; it is removed right
+    after (the only environment variable this package sets, for the length of one call)."""
     from tensorboard import manager
 
-    for info in manager.get_all():
-        if info.pid == pid:
-            return info.port
-    return None
-
-
-def _find_running(logdir: str) -> TensorBoardServer | None:
-    """A live TensorBoard on ``logdir``, bound to 127.0.0.1 and without path prefix."""
+    ours = Path(sysconfig.get_path("scripts")) / ("tensorboard.exe" if os.name == "nt" else "tensorboard")
+    found = shutil.which("tensorboard")
+    if (os.environ.get("TENSORBOARD_BINARY") or not ours.exists()
+            or (found is not None and os.path.realpath(found) == os.path.realpath(ours))):
+        return manager.start(arguments, timeout=datetime.timedelta(seconds=timeout))
+    os.environ["TENSORBOARD_BINARY"] = str(ours)
     try:
-        from tensorboard import manager
+        return manager.start(arguments, timeout=datetime.timedelta(seconds=timeout))
+    finally:
+        os.environ.pop("TENSORBOARD_BINARY", None)
 
-        infos = manager.get_all()
-    except Exception:  # the registry is a convenience; a broken one means "start our own"
-        return None
-    for info in infos:
-        if info.logdir != logdir or info.path_prefix:
-            continue
+
+def _forget_stale(pid: int) -> None:
+    from tensorboard import manager
+
+    if not _pid_running(pid, own_child=False):
+        try:   # the registry's file for that pid (manager.remove_info_file only removes our own)
+            os.unlink(os.path.join(manager._get_info_dir(), f"pid-{pid}.info"))
+        except OSError:
+            pass
+
+
+def _pid_running(pid: int, own_child: bool) -> bool:
+    if own_child:
+        # our child: reap it if it exited (os.kill would still find the zombie)
         try:
-            args = json.loads(base64.b64decode(info.cache_key))["arguments"]
-        except Exception:
-            continue
-        if "--host" not in args or args[args.index("--host") + 1] != HOST:
-            continue
-        if _pid_alive(info.pid) and _serves(info.port, logdir):
-            return TensorBoardServer(logdir=logdir, port=info.port, pid=info.pid)
-    return None
-
-
-def _pid_alive(pid: int) -> bool:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                return False
+        except ChildProcessError:   # already reaped (by subprocess's own cleanup)
+            pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -166,6 +181,34 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _pid_running(pid, own_child=True):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    _wait_exit(pid, 5)
+
+
+def _wait_serving(server: TensorBoardServer, deadline: float) -> bool:
+    """TensorBoard registers its port just before it answers: wait for the first answer."""
+    while time.monotonic() < deadline:
+        if _serves(server.port, server.logdir):
+            return True
+        if not server.running():
+            return False
+        time.sleep(0.1)
+    return False
 
 
 def _serves(port: int, logdir: str) -> bool:
@@ -176,14 +219,6 @@ def _serves(port: int, logdir: str) -> bool:
     except Exception:
         return False
     return os.path.realpath(str(env.get("data_location", ""))) == os.path.realpath(logdir)
-
-
-def _tail(path: str, n: int = 3000) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read()[-n:].decode(errors="replace")
-    except OSError:
-        return "(no TensorBoard log)"
 
 
 @atexit.register

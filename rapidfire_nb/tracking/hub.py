@@ -18,7 +18,8 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from ..engine.events import EventLog
 from ..engine.state import get_run, metric_x, new_table, reduce
@@ -84,7 +85,7 @@ class TrackerHub:
         """Trackers that are enabled and have not failed."""
         return [w.name for w in self._workers if w.error is None]
 
-    def start(self) -> "TrackerHub":
+    def start(self) -> TrackerHub:
         with self._lock:
             if self._started or self._closed:
                 return self
@@ -131,7 +132,7 @@ class TrackerHub:
                 worker.thread.join(left)
         return ok
 
-    def _failed(self, worker: "_Worker", exc: BaseException) -> None:
+    def _failed(self, worker: _Worker, exc: BaseException) -> None:
         message = f"{type(exc).__name__}: {exc}"
         self.failures[worker.name] = message
         if isinstance(exc, ImportError) and worker.name in ("mlflow", "trackio"):
@@ -307,7 +308,7 @@ def _int_or_none(value: Any) -> int | None:
 
 def _read_state(path: Path) -> dict:
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
         return data if isinstance(data, dict) else {}
     except FileNotFoundError:

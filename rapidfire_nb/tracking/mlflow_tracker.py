@@ -17,9 +17,11 @@ running/resumed -> RUNNING, stopped -> KILLED, failed -> FAILED (error in the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 
 from .base import RunState, Tracker, TrackerContext
@@ -27,6 +29,26 @@ from .base import RunState, Tracker, TrackerContext
 _STATUS = {"running": "RUNNING", "resumed": "RUNNING", "stopped": "KILLED",
            "failed": "FAILED", "completed": "FINISHED"}
 _KEY_BAD_CHARS = re.compile(r"[^\w\-. :/]")
+
+
+@contextlib.contextmanager
+def _quiet_migrations():
+    """MLflow announces its table migrations at INFO while a store opens, which a notebook would
+    print into whatever cell runs; they say nothing to the user. Dropped for this thread and this
+    call only: the loggers' levels, and other threads' records, are left alone."""
+    me = threading.get_ident()
+
+    def not_mine(record: logging.LogRecord) -> bool:
+        return record.thread != me or record.levelno >= logging.WARNING
+
+    loggers = [logging.getLogger(name) for name in ("mlflow.store.db.utils", "alembic.runtime.migration")]
+    for logger in loggers:
+        logger.addFilter(not_mine)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(not_mine)
 
 
 def default_tracking_uri(experiment_path: str | os.PathLike) -> str:
@@ -47,10 +69,10 @@ class MlflowTracker(Tracker):
         import mlflow  # noqa: F401 - a missing extra fails here, disabling only this tracker
         from mlflow.tracking import MlflowClient
 
-        # MLflow announces its table migrations at INFO from this thread, which a notebook would
-        # print into whatever cell runs; they say nothing to the user.
-        for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+        with _quiet_migrations():
+            self._open(ctx, MlflowClient)
+
+    def _open(self, ctx: TrackerContext, MlflowClient) -> None:
         self.experiment_path = Path(ctx.experiment_path).resolve()
         uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(self.experiment_path)
         artifact_location = None

@@ -11,9 +11,11 @@ the plugin derives the hparam columns from every run's session start (clones tha
 the original group did not vary still get their column) and the metric columns from the runs'
 scalars, showing each run's last value: its final metrics.
 
-The protos are built directly (``tensorboard.plugins.hparams.plugin_data_pb2``) because
-``tensorboard.plugins.hparams.summary`` needs TensorFlow; files are written with
-``torch.utils.tensorboard.SummaryWriter``, which does not.
+The session start comes from TensorBoard's own ``hparams_pb``
+(``tensorboard.plugins.hparams.summary_v2``, which needs no TensorFlow; torch's
+``summary.hparams`` would turn booleans into numbers and always end a session successfully). The
+session end, which that API does not offer without TensorFlow, is the plugin's small
+``SessionEndInfo`` record. Files are written with ``torch.utils.tensorboard.SummaryWriter``.
 """
 
 from __future__ import annotations
@@ -93,39 +95,24 @@ class TensorBoardTracker(Tracker):
             writer.close()
 
 
-def _plugin_summary(tag: str, content: bytes):
-    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
-    from tensorboard.plugins.hparams import metadata
-
-    smd = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(
-        plugin_name=metadata.PLUGIN_NAME, content=content))
-    return Summary(value=[Summary.Value(tag=tag, metadata=smd)])
-
-
 def _session_start(run: RunState, wall_time: float):
-    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 
-    info = plugin_data_pb2.SessionStartInfo(group_name=f"run {run.run_id}", start_time_secs=wall_time)
-    for key, value in run.params.items():
-        if isinstance(value, bool):
-            info.hparams[key].bool_value = value
-        elif isinstance(value, (int, float)):
-            info.hparams[key].number_value = float(value)
-        else:
-            info.hparams[key].string_value = str(value)
-    data = plugin_data_pb2.HParamsPluginData(session_start_info=info,
-                                             version=metadata.PLUGIN_DATA_VERSION)
-    return _plugin_summary(metadata.SESSION_START_INFO_TAG, data.SerializeToString())
+    params = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in run.params.items()}
+    return hparams_pb(params, trial_id=f"run {run.run_id}", start_time_secs=wall_time)
 
 
 def _session_end(status: str, wall_time: float):
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
     info = plugin_data_pb2.SessionEndInfo(status=api_pb2.Status.Value(status),
                                           end_time_secs=wall_time)
     data = plugin_data_pb2.HParamsPluginData(session_end_info=info,
                                              version=metadata.PLUGIN_DATA_VERSION)
-    return _plugin_summary(metadata.SESSION_END_INFO_TAG, data.SerializeToString())
+    smd = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(
+        plugin_name=metadata.PLUGIN_NAME, content=data.SerializeToString()))
+    return Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=smd)])
 
 
 def tb_run_name(logdir: Path, run_id: int) -> str:

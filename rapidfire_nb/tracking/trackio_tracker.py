@@ -1,10 +1,11 @@
 """Trackio tracker (extra ``trackio``): one Trackio run per rapidfire run, stored locally.
 
-Where: Trackio keeps one SQLite file per project in its directory, ``$TRACKIO_DIR``, which it
-reads once, when ``trackio`` is first imported. So: a ``TRACKIO_DIR`` you set wins; otherwise,
-if this process has not imported trackio yet, this tracker sets ``TRACKIO_DIR`` to
-``<experiment>/trackio`` before importing it; otherwise trackio's own directory is used (the
-tracker's ``state["trackio_dir"]`` says which). View it with
+Where: Trackio keeps one SQLite file per project in its directory, which it takes from the
+environment variable ``TRACKIO_DIR`` once, when ``trackio`` is first imported (it has no argument
+for it). So: a ``TRACKIO_DIR`` you set wins; otherwise, if this process has not imported trackio
+yet, ``TRACKIO_DIR`` names ``<experiment>/trackio`` for the length of that import only (the
+variable is removed right after, so the user's environment and subprocesses never see it);
+otherwise trackio's own directory is used (the tracker's ``state["trackio_dir"]`` says which). View it with
 ``TRACKIO_DIR=<that dir> trackio show --project <experiment name>``.
 
 The project is the experiment's name, runs are ``run <id>`` as in the panel (``run_<id>`` in a
@@ -13,10 +14,12 @@ experiment keeps the name its runs already have). Parameters go to the run's con
 lifecycle events (stopped, resumed, failed with its error, ...) are Trackio alerts of the run.
 
 This writes through ``trackio.sqlite_storage.SQLiteStorage`` (what ``trackio.Run`` itself calls
-from its sender thread) rather than ``trackio.init``/``Run``: those print to stdout from a
-background thread (noise in whichever notebook cell runs) and buffer in a thread of their own,
-while the hub needs a synchronous flush. Every row gets a deterministic id, and Trackio ignores
-a row whose id it already has, so rewriting after a crash never duplicates a point.
+from its sender thread) rather than the public ``trackio.init``/``log``/``finish``, which cannot
+keep three promises of the hub: ``Run.log`` gives every row a random id (a replay after a crash
+would duplicate points; here every row has a deterministic id, and Trackio ignores a row whose id
+it already has), stamps rows with the time of the call (a replay would move them), and buffers in
+a sender thread of its own (the hub needs a synchronous flush); ``init``/``alert`` also print
+from that thread into whichever notebook cell runs.
 """
 
 from __future__ import annotations
@@ -45,7 +48,11 @@ class TrackioTracker(Tracker):
     def open(self, ctx: TrackerContext) -> None:
         if "trackio" not in sys.modules and not os.environ.get("TRACKIO_DIR"):
             os.environ["TRACKIO_DIR"] = str(Path(ctx.experiment_path).resolve() / "trackio")
-        import trackio  # noqa: F401 - a missing extra fails here, disabling only this tracker
+            try:
+                import trackio  # noqa: F401 - a missing extra fails here, disabling only this tracker
+            finally:
+                del os.environ["TRACKIO_DIR"]   # read at import only; leave no trace
+        import trackio  # noqa: F401
         from trackio import utils
         from trackio.sqlite_storage import SQLiteStorage
 

@@ -144,7 +144,8 @@ class RunTrainer:
         self.text_formatting = uses_text_form(self.spec, self.prep_cache, train_dataset)
         train_dataset = formatted(self.spec, train_dataset, self.prep_cache, "train_dataset")
         eval_dataset = formatted(self.spec, eval_dataset, self.prep_cache, "eval_dataset")
-        with fresh_accelerator_state(use_cpu=getattr(args, "use_cpu", False)):   # whatever trainer ran before (the user's too): see hfstate
+        # whatever trainer ran before (the user's too) left accelerate's state: see hfstate.py
+        with fresh_accelerator_state(use_cpu=getattr(args, "use_cpu", False)):
             self.trainer = self.make_trainer(args, train_dataset, eval_dataset)
         # the engine owns autocast, from this run's own precision: accelerate's autocast reads a
         # process-wide setting left by whichever trainer was built last, and patching the shared

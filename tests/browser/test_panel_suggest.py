@@ -1,0 +1,135 @@
+"""Suggest mode in a real browser: the pruner marks runs, the user answers each from the panel.
+
+A grid of four tiny-model LoRA runs with ``pruner="sha", pruner_mode="suggest"`` trains in a
+JupyterLab kernel. After the first chunk the pruner marks the two worst runs; each marked row shows
+the reason with Confirm and Ignore. The test clicks Confirm on one and Ignore on the other, and
+checks the page and the experiment's event log on disk: the confirmed run stops with the pruning
+reason (its row reads "pruned"), the ignored one trains on with no question left, and both answers
+are ``op`` events like any other.
+"""
+
+from __future__ import annotations
+
+from browser_wait import waiter
+from test_panel_browser import _events, _row_status, _run_first_cell, _trace_points, _write_notebook
+
+from pathlib import Path
+
+import pytest
+
+OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "browser"
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+EXPERIMENT = "browser-suggest"
+
+CODE = """\
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
+
+train, evals = make_demo_datasets(96, 16)
+config = RFModelConfig(
+    model_name="tiny-llama",
+    peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    training_args=RFSFTConfig(learning_rate=List([3e-2, 3e-3, 1e-4, 1e-5]), per_device_train_batch_size=8,
+                              num_train_epochs=3, bf16=False, max_length=64),
+)
+exp = Experiment("{name}", experiment_path="experiments")
+exp.run_fit(RFGridSearch(config, trainer_type="SFT", pruner="sha", pruner_mode="suggest"),
+            tiny_create_model, train, evals, num_chunks=4)
+"""
+
+_wait = waiter("suggest_timeout.png", full_page=True)
+
+
+def _row(page, run_id: int):
+    return page.locator(f'[data-testid=rf-runs] tr[data-run-id="{run_id}"]')
+
+
+def _open_questions(page) -> list[int]:
+    return sorted(int(tr.get_attribute("data-run-id")) for tr in page.locator("[data-testid=rf-runs] tr.rf-suggested").all())
+
+
+def test_confirm_and_ignore_suggestions_from_the_panel(lab, page):
+    for kernel in lab.api("/api/kernels") or []:   # another test's kernel: free the cores
+        lab.api(f"/api/kernels/{kernel['id']}", method="DELETE")
+    _write_notebook(lab.root, EXPERIMENT, "suggest.ipynb", CODE)
+    # a workspace of its own: another test's notebook, restored hidden, must not take the clicks
+    page.goto(f"{lab.url}/lab/workspaces/suggest/tree/suggest.ipynb?reset&token={lab.token}")
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    _run_first_cell(page)
+    page.locator("[data-testid=rf-panel]").wait_for(timeout=180_000)
+
+    asked = _wait(lambda: (lambda q: q if len(q) >= 2 else None)(_open_questions(page)), 300,
+                  "two rows with a pruning suggestion", page)
+    logged = {e["run_id"]: e for e in _events(lab.root, EXPERIMENT) if e["type"] == "pruning_suggested"}
+    assert set(asked) == set(logged)
+    confirm_id, ignore_id = asked[0], asked[1]
+    for rid in asked:
+        box = _row(page, rid).locator("[data-testid=rf-suggestion]")
+        assert box.is_visible()
+        assert logged[rid]["reason"] in box.inner_text()          # "pruned at chunk 1 (rank r of 4)"
+        assert _row_status(page, rid) in ("pending", "running")   # only marked, not stopped
+    count = page.locator("[data-testid=rf-suggested-count]")
+    assert count.inner_text() == "2 suggested to stop"
+    page.screenshot(path=str(OUTPUT / "suggest_01_marked.png"), full_page=True)
+
+    _row(page, confirm_id).locator('button[data-op="confirm_suggestion"]').click()
+    # a pruned run folds into the group row below the live runs
+    _wait(lambda: page.locator("[data-testid=rf-group]").count() and "1 pruned" in page.locator("[data-testid=rf-group]").inner_text(),
+          180, f"run {confirm_id} to stop as pruned", page)
+    assert confirm_id not in _open_questions(page)
+    _row(page, ignore_id).locator('button[data-op="ignore_suggestion"]').click()
+    _wait(lambda: ignore_id not in _open_questions(page), 120, f"run {ignore_id}'s question to close", page)
+    page.screenshot(path=str(OUTPUT / "suggest_02_answered.png"), full_page=True)
+
+    events = _events(lab.root, EXPERIMENT)
+    answers = [(e["op"], e["run_id"], e["accepted"]) for e in events
+               if e["type"] == "op" and e["op"] in ("confirm_suggestion", "ignore_suggestion")]
+    assert answers == [("confirm_suggestion", confirm_id, True), ("ignore_suggestion", ignore_id, True)]
+    stopped = [e for e in events if e["type"] == "run_status" and e["run_id"] == confirm_id
+               and e["status"] == "stopped"]
+    assert stopped and stopped[-1]["reason"] == logged[confirm_id]["reason"]
+    page.locator("[data-testid=rf-group]").click()
+    _row(page, confirm_id).wait_for(timeout=30_000)
+    assert _row_status(page, confirm_id) == "stopped"
+    assert _row(page, confirm_id).locator("[data-testid=rf-status]").inner_text() == "pruned"
+    assert _row(page, confirm_id).locator("[data-testid=rf-status]").get_attribute("title") == logged[confirm_id]["reason"]
+    assert not _row(page, confirm_id).locator("[data-testid=rf-suggestion]").is_visible()
+    # the ignored run trains on
+    before = _trace_points(page, "train").get(f"run {ignore_id}", 0)
+    _wait(lambda: _trace_points(page, "train").get(f"run {ignore_id}", 0) > before, 240,
+          f"run {ignore_id} to keep training after Ignore", page)
+    assert _row_status(page, ignore_id) in ("pending", "running", "completed")
+    assert not _row(page, ignore_id).locator("[data-testid=rf-suggestion]").is_visible()
+
+    # --- the set-up survives a re-render: hide pruned runs, sort by run id, show the panel again --
+    panel = page.locator("[data-testid=rf-panel]").first
+    panel.locator('[data-testid=rf-filters] input[data-filter="pruned"]').check()
+    panel.locator('[data-testid=rf-runs] th[data-sort="id"]').click()
+    _wait(lambda: panel.locator('th[data-sort="id"]').get_attribute("data-sorted") == "asc", 30,
+          "the table sorted by run id", page)
+    page.locator(".jp-Cell").last.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")  # a new cell below
+    page.locator(".jp-Cell").last.locator(".jp-InputArea-editor").click()
+    page.keyboard.type("exp")
+    page.keyboard.press("Shift+Enter")
+    again = page.locator("[data-testid=rf-panel]").nth(1)
+    again.wait_for(timeout=120_000)
+    _wait(lambda: again.locator("[data-testid=rf-runs] tr[data-run-id]").count() >= 3, 120,
+          "the re-rendered panel's rows", page)
+    assert again.locator('[data-testid=rf-filters] input[data-filter="pruned"]').is_checked()
+    assert not again.locator('[data-testid=rf-filters] input[data-filter="stopped"]').is_checked()
+    assert again.locator('th[data-sort="id"]').get_attribute("data-sorted") == "asc"
+    assert again.locator(f'tr[data-run-id="{confirm_id}"]').count() == 0      # hidden: pruned
+    ids = [int(t.get_attribute("data-run-id")) for t in again.locator("[data-testid=rf-runs] tr[data-run-id]").all()]
+    assert ids == sorted(ids)
+    again.scroll_into_view_if_needed()
+    page.screenshot(path=str(OUTPUT / "suggest_03_rerendered.png"), full_page=True)
+
+    errors = [line for line in page.console_log if line.startswith("pageerror")]
+    assert errors == [], errors
+    for kernel in lab.api("/api/kernels") or []:   # leave the cores to the next test
+        lab.api(f"/api/kernels/{kernel['id']}", method="DELETE")
