@@ -17,10 +17,12 @@ function readLog(name: string): WireEvent[] {
   return readFileSync(join(FIXTURES, `${name}.jsonl`), "utf8")
     .split("\n")
     .filter((line) => line.trim() !== "")
-    .map((line) => JSON.parse(line.replace(/(?<=[:\[,]\s*)-?(NaN|Infinity)(?=\s*[,}\]])/g, "null")));
+    .map((line) => JSON.parse(line.replace(/(?<=[:[,]\s*)-?(NaN|Infinity)(?=\s*[,}\]])/g, "null")));
 }
 
-function expected(name: string): Record<string, any> {
+type Json = Record<string, unknown>;
+
+function expected(name: string): Json {
   return JSON.parse(readFileSync(join(FIXTURES, `${name}.table.json`), "utf8"));
 }
 
@@ -54,7 +56,7 @@ function checkEvent(ev: Record<string, unknown>): string[] {
   return problems;
 }
 
-function project(table: Record<string, any>): Record<string, unknown> {
+function project(table: Json): Json {
   const out: Record<string, unknown> = {};
   for (const k of VIEW_TABLE_FIELDS) out[k] = table[k];
   const runs: Record<string, unknown> = {};
