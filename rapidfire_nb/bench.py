@@ -257,10 +257,8 @@ def run_interleaved(p: Preset, group, base, train, evald, workdir: str, tracking
                                for r in failed.itertuples())
             raise RuntimeError(f"interleaved side: not every run completed: {errors}")
         tl = exp.get_timeline()
-        first_done: dict[int, float] = {}
-        for ev in exp.events.since(0):
-            if ev["type"] == "chunk_done" and ev["run_id"] not in first_done:
-                first_done[ev["run_id"]] = ev["time"]
+        # when each run's first chunk ended (the timeline is the reducer's, engine/state.py)
+        first_done = tl.groupby("run_id")["end"].min().to_dict() if len(tl) else {}
         steps = int(info["completed_steps"].sum())
         write_wait = float(exp.engine.write_wait_s)
     finally:

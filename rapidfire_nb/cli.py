@@ -91,15 +91,16 @@ def demo(argv: list[str]) -> int:
     exp.run_fit(group, create_model, train, evald, num_chunks=args.num_chunks, seed=42, block=False)
     info = exp.get_runs_info()
     print(f"{len(info)} runs, {args.num_chunks} chunks per epoch; experiment folder: {exp.path}")
-    seen = 0
+    from rapidfire_nb.engine.state import get_run, new_table, reduce
+
+    table = new_table()     # folded as events arrive: each one is read once
     while True:
         done = exp.wait(timeout=0.5)
-        for ev in exp.events.since(seen):
-            seen = ev["seq"]
+        for ev in exp.events.since(table["last_seq"]):
+            reduce(table, ev)
             if ev["type"] == "chunk_done":
-                evals = [e for e in exp.events.since(0) if e["type"] == "metric" and e["split"] == "eval"
-                         and e["run_id"] == ev["run_id"]]
-                loss = evals[-1]["metrics"].get("eval_loss") if evals else float("nan")
+                loss = get_run(table, ev["run_id"])["latest"].get("eval_loss")
+                loss = float("nan") if loss is None else loss
                 print(f"  [{time.time() - t0:6.1f}s] run {ev['run_id']} epoch {ev['epoch'] + 1} chunk "
                       f"{ev['chunk'] + 1}/{args.num_chunks}: step {ev['completed_steps']}/{ev['total_steps']}, "
                       f"eval_loss {loss:.4f}", flush=True)

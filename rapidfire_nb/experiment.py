@@ -335,14 +335,19 @@ class Experiment:
                                       f"one; pass the same config group (and callables of the same names)")
 
     def _restore_runs(self, specs: list[RunSpec]) -> None:
-        """Rebuild every run (clones included) from runs.json and its checkpoint; mend the log.
+        """Rebuild every run (clones included) from the event log and its checkpoint; mend the log.
+
+        The event log is the authority (folded by engine/state.py); runs.json is a cache the
+        engine writes for people and tools. Recovery refuses a damaged runs.json (someone changed
+        the folder) and reads it only for what the log cannot say: a run whose ``run_created``
+        never reached the log (a failed log write), and, in logs written before ``run_created``
+        carried them, a clone's ``changes`` and a warm clone's first chunk.
 
         What a crash can leave, and what this does about it:
         - a run's checkpoint newer than its events in the log (killed between the checkpoint's
           rename and the log append, or during the append): the checkpoint carries the chunk's
           events; the missing ones are appended, none twice;
-        - runs.json older than the checkpoints: counters come from the checkpoint;
-        - runs of the group missing from runs.json (killed while ``run_fit`` created them): they
+        - runs of the group missing from the log (killed while ``run_fit`` created them): they
           are created now, without a second ``run_created`` event if one was logged;
         - a run that failed because its checkpoint could not be written (disk full): it continues
           from its previous, intact checkpoint;
@@ -350,37 +355,30 @@ class Experiment:
         Stopped runs stay stopped; running ones become pending and continue from their checkpoint.
         """
         from rapidfire_nb import automl
+        from rapidfire_nb.engine.state import fold
         from rapidfire_nb.engine.store import CheckpointReadError
 
         engine = self.engine
         self.store.remove_stale_tmp()
-        stored = R.check_runs_json(read_json(self.store.runs_path, {}), self.store.runs_path)
+        cache = R.check_runs_json(read_json(self.store.runs_path, {}), self.store.runs_path)
+        table = fold(self.events.since(0))
+        logged = {r["run_id"]: r for r in table["runs"].values() if r["created"]}
+        infos = {rid: _restore_info(run, cache.get(rid)) for rid, run in logged.items()}
+        for rid, rec in cache.items():
+            infos.setdefault(rid, rec)
         for rid in range(1, len(specs) + 1):
-            stored.setdefault(rid, {"status": R.PENDING, "parent_run_id": None, "warm_start": False})
+            infos.setdefault(rid, {"status": R.PENDING, "parent_run_id": None, "warm_start": False})
         from rapidfire_nb.engine.lifecycle import ENDED_REASON
 
-        created: set[int] = set()
-        logged_chunks: set[tuple] = set()
-        logged_metrics: set[tuple] = set()
-        self._stopped_by_end: set[int] = set()   # by end(wait=False), not by the user: they go on
-        for ev in self.events.since(0):
-            if ev["type"] == "run_status":
-                if ev["status"] == R.STOPPED and ev.get("reason") == ENDED_REASON:
-                    self._stopped_by_end.add(ev["run_id"])
-                else:
-                    self._stopped_by_end.discard(ev["run_id"])
-            if ev["type"] == "run_created":
-                created.add(ev["run_id"])
-            elif ev["type"] == "chunk_done":
-                logged_chunks.add(_chunk_key(ev))
-            elif ev["type"] == "metric":
-                logged_metrics.add((ev["run_id"], ev["split"], ev["step"]))
-
-        # add_run rewrites runs.json after each run; a crash in the middle of this loop must not
-        # leave a runs.json holding only some of the runs, so it is written once, at the end
+        # by end(wait=False), not by the user: they go on
+        self._stopped_by_end = {rid for rid, r in logged.items()
+                                if r["status"] == R.STOPPED and r["reason"] == ENDED_REASON}
+        logged_chunks = {_chunk_key(row) for row in table["timeline"]}
+        logged_metrics = {(p["run_id"], p["split"], p["step"]) for p in table["points"]}
+        # one runs.json write at the end instead of one per restored run (it is only a cache)
         with engine.runs_writes_deferred():
-            for rid in sorted(stored):
-                self._restore_run(rid, stored[rid], specs, created, logged_chunks, logged_metrics,
+            for rid in sorted(infos):
+                self._restore_run(rid, infos[rid], specs, set(logged), logged_chunks, logged_metrics,
                                   automl, CheckpointReadError)
         if not self.meta.get("data") and getattr(self, "_resume_meta", None):
             self.meta = {"name": self.name, "version": __version__, **self._resume_meta}
@@ -404,7 +402,7 @@ class Experiment:
             spec = automl.apply_changes(engine.runs[parent_id].spec, info.get("changes") or {})
         else:
             raise RapidFireError(f"cannot restore run {rid}: its parent run {parent_id} is missing "
-                                 f"from {self.store.runs_path}")
+                                 f"from {self.store.events_path}")
         if info.get("fingerprint") and info["fingerprint"] != spec.fingerprint():
             raise ConfigError(f"resume=True but run {rid}'s config differs from the original one; "
                               f"pass the same config group")
@@ -680,32 +678,46 @@ class Experiment:
         return automl.editable_knobs(self._run(run_id).spec)
 
     # -- results -----------------------------------------------------------------------------
+    def _state(self):
+        """The event log folded into the run table (engine/state.py), kept up to date
+        incrementally: every reader below folds only the events logged since the last read."""
+        live = self.__dict__.get("_live_table")
+        if live is None:
+            from rapidfire_nb.engine.state import LiveTable
+
+            live = self._live_table = LiveTable(self.events)
+        return live
+
     def get_runs_info(self):
         """One row per run: status, the knobs that vary, progress, lineage and error."""
         import pandas as pd
 
-        rows = []
-        engine = self.engine
-        if engine is None:
+        if self.engine is None:
             return pd.DataFrame(columns=["run_id", "status"])
-        with engine.lock:
-            recs = list(engine.runs.values())
+        from rapidfire_nb.engine.state import runs_by_id
+
+        fields = ("run_id", "status", "completed_steps", "total_steps", "samples_seen",
+                  "chunks_done", "parent_run_id", "warm_start", "error")
+        runs = self._state().read(lambda t: [
+            {**{k: r[k] for k in fields}, "epoch": r["next_epoch"], "config": r["config"],
+             "knobs": list(r["knobs"]), "eval_loss": r["latest"].get("eval_loss")}
+            for r in runs_by_id(t)])
         knob_keys: list[str] = []
-        for rec in recs:
-            for k in rec.spec.knobs:
+        for run in runs:
+            for k in run["knobs"]:
                 if k not in knob_keys:
                     knob_keys.append(k)
         short = _short_names(knob_keys)
-        for rec in recs:
-            row = {"run_id": rec.run_id, "status": rec.status}
+        rows = []
+        for run in runs:
+            row = {"run_id": run["run_id"], "status": run["status"]}
             for k in knob_keys:
-                row[short[k]] = _cell(_get_knob(rec.spec, k))
-            row.update(completed_steps=rec.completed_steps, total_steps=rec.total_steps,
-                       samples_seen=rec.samples_seen, chunks_done=rec.chunks_done, epoch=rec.epoch,
-                       parent_run_id=rec.parent_run_id, warm_start=rec.warm_start,
-                       eval_loss=rec.last_metrics.get("eval_loss"), error=rec.error)
+                row[short[k]] = _cell(_get_knob(run["config"], k))
+            row.update({k: run[k] for k in ("completed_steps", "total_steps", "samples_seen",
+                                            "chunks_done", "epoch", "parent_run_id", "warm_start",
+                                            "eval_loss", "error")})
             if self.automl is not None:
-                row["pruning"] = self.automl.reason_for(rec.run_id)
+                row["pruning"] = self.automl.reason_for(run["run_id"])
             rows.append(row)
         df = pd.DataFrame(rows)
         # run ids are integers; a column with missing parents would otherwise read 1.0, 2.0
@@ -714,38 +726,34 @@ class Experiment:
 
     def get_results(self):
         """Every logged metric, long form: run_id, split, step, samples_seen, epoch, chunk, metric,
-        value, and deleted (True for the metrics of a run deleted since)."""
+        value, and deleted (True for the metrics of a run deleted since). Non-finite values read
+        NaN; curves (panel, trackers) place each point at samples_seen."""
         import pandas as pd
 
-        deleted = set()
-        rows = []
-        for ev in self.events.since(0):
-            if ev["type"] == "metric":
-                for m, v in ev["metrics"].items():
-                    rows.append({"run_id": ev["run_id"], "split": ev["split"], "step": ev["step"],
-                                 "samples_seen": ev["samples_seen"], "epoch": ev["epoch"],
-                                 "chunk": ev["chunk"], "metric": m, "value": v})
-            elif ev["type"] == "run_status" and ev["status"] == R.DELETED:
-                deleted.add(ev["run_id"])
-        df = pd.DataFrame(rows, columns=["run_id", "split", "step", "samples_seen", "epoch", "chunk",
-                                         "metric", "value"])
-        df["deleted"] = df["run_id"].isin(deleted)
-        return df
+        def rows(t):
+            deleted = {r["run_id"] for r in t["runs"].values() if r["status"] == R.DELETED}
+            return [{"run_id": p["run_id"], "split": p["split"], "step": p["step"],
+                     "samples_seen": p["samples_seen"], "epoch": p["epoch"], "chunk": p["chunk"],
+                     "metric": m, "value": float("nan") if v is None else v,
+                     "deleted": p["run_id"] in deleted}
+                    for p in t["points"] for m, v in p["metrics"].items()]
+
+        return pd.DataFrame(self._state().read(rows),
+                            columns=["run_id", "split", "step", "samples_seen", "epoch", "chunk",
+                                     "metric", "value", "deleted"])
 
     def get_timeline(self):
         """One row per trained chunk: run_id, epoch, chunk, device, start, end and the time split."""
         import pandas as pd
 
-        cols = ["run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s", "swap_s",
-                "setup_s", "snapshot_s", "checkpoint_s", "other_s", "completed_steps", "samples_seen"]
-        rows = [{c: ev.get(c) for c in cols} for ev in self.events.since(0) if ev["type"] == "chunk_done"]
-        return pd.DataFrame(rows, columns=cols)
+        from rapidfire_nb.engine.state import TIMELINE_COLUMNS
+
+        rows = self._state().read(lambda t: [dict(row) for row in t["timeline"]])
+        return pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
 
     def time_split(self) -> dict:
         """Seconds spent training, evaluating, swapping and on everything else (engine-measured)."""
-        tl = self.get_timeline()
-        out = {k: float(tl[f"{k}_s"].sum()) if len(tl) else 0.0 for k in ("train", "eval", "swap", "other")}
-        return out
+        return self._state().read(lambda t: {k: float(v) for k, v in t["time"].items()})
 
     def export(self, run_id: int, path: str | Path) -> Path:
         """Save a run's weights at its last chunk boundary: a PEFT adapter directory (LoRA runs)
@@ -848,6 +856,26 @@ def _chunk_key(ev: dict) -> tuple:
     return (ev["run_id"], ev["epoch"], ev["chunk"], ev["completed_steps"])
 
 
+def _restore_info(run: dict, cached: dict | None) -> dict:
+    """A logged run (engine/state.py's table) as the record ``_restore_run`` rebuilds it from;
+    ``cached`` (its runs.json record) fills only what logs of older versions did not carry."""
+    from rapidfire_nb.engine.state import config_fingerprint
+
+    cached = cached or {}
+    chunk = run["next_chunk"]
+    if run["chunks_done"] == 0 and run["base_chunk"] is None:
+        chunk = cached.get("chunk", 0)
+    return {
+        "status": run["status"], "parent_run_id": run["parent_run_id"],
+        "warm_start": run["warm_start"],
+        "changes": run["changes"] if run["changes"] is not None else cached.get("changes"),
+        "step_offset": run["base_step"], "completed_steps": run["completed_steps"],
+        "samples_seen": run["samples_seen"], "epoch": run["next_epoch"], "chunk": chunk,
+        "chunks_done": run["chunks_done"], "error": run["error"],
+        "fingerprint": config_fingerprint(run["config"]) if run["config"] else cached.get("fingerprint"),
+    }
+
+
 def _expand(config_group) -> list[RunSpec]:
     if hasattr(config_group, "expand"):
         specs = config_group.expand()
@@ -869,9 +897,10 @@ def _norm(v):
     return v
 
 
-def _get_knob(spec: RunSpec, key: str):
+def _get_knob(config: dict, key: str):
+    """A dotted knob's value in a run's logged config (``training_args.learning_rate``)."""
     parts = key.split(".")
-    obj: Any = spec
+    obj: Any = config
     for p in parts:
         if isinstance(obj, dict):
             obj = obj.get(p)

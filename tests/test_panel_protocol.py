@@ -338,6 +338,34 @@ def test_editable_and_traceback(wire, exp):
     assert len(tb) <= proto.MAX_TRACEBACK_CHARS + 1 and tb.endswith("KeyError: end")
 
 
+def test_traceback_and_snapshot_read_the_folded_table_not_the_whole_log(exp):
+    """The panel folds the log once (engine/state.py's reducer); a traceback request or a snapshot
+    refresh reads only the events logged since, whatever the log's length."""
+    for i in range(300):
+        exp.events.append("metric", run_id=1, split="train", step=i + 1, samples_seen=8 * (i + 1),
+                          epoch=0, chunk=0, metrics={"loss": 1.0})
+    exp.events.append("run_status", run_id=2, status="failed", error="Traceback ...\nValueError: x",
+                      reason="ValueError")
+    asked: list[int] = []
+    since = exp.events.since
+    exp.events.since = lambda seq=0, limit=None: asked.append(seq) or since(seq, limit)
+    panel = Panel(exp, push=False)
+    wire = Wire(panel)
+    try:
+        assert asked == [0]                       # the first fold reads the log once
+        last = exp.events.last_seq
+        r = wire.ask({"type": "traceback", "run_id": 2})
+        assert r["traceback"].endswith("ValueError: x") and r["status"] == "failed"
+        exp.events.append("run_status", run_id=2, status="deleted", error=None, reason="deleted by user")
+        r = wire.ask({"type": "traceback", "run_id": 2})
+        assert r["status"] == "deleted" and r["traceback"].endswith("ValueError: x")
+        panel._refresh_snapshot()
+        assert panel.snapshot["runs"]["2"] == "deleted" and panel.snapshot["last_seq"] == last + 1
+        assert 0 not in asked[1:] and all(seq >= last for seq in asked[1:])
+    finally:
+        panel.close()
+
+
 def test_unexpected_errors_in_the_experiment_become_error_replies(wire, exp):
     def broken(run_id):
         raise RuntimeError("controller exploded")

@@ -200,7 +200,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     });
     return chart;
   }
-  charts.push(makeChart("train", "train", "step", "loss"));
+  charts.push(makeChart("train", "train", "samples seen", "loss"));
   charts.push(makeChart("eval", "eval", "samples seen", "eval_loss"));
   const evalChart = charts[1];
 

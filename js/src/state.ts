@@ -4,9 +4,14 @@
  *
  * Events arrive twice over (pushed by Python's publisher thread and pulled by the view's timer) and
  * possibly out of order; `ingest` applies each seq exactly once, in seq order, buffering what comes
- * after a gap until the gap is filled. The event schema is the one documented in
- * rapidfire_nb/engine/events.py, as trimmed for the wire by rapidfire_nb/notebook/panel.py
- * (`run_status.error` becomes `has_error`; `run_created.config` is dropped).
+ * after a gap until the gap is filled.
+ *
+ * `applyEvent` mirrors Python's one reducer, rapidfire_nb/engine/state.py (`reduce`), field for
+ * field for what the view shows; the event schema is rapidfire_nb/engine/events_schema.json, as
+ * trimmed for the wire by rapidfire_nb/notebook/_panel_protocol.py (`run_status.error` becomes
+ * `has_error`; `run_created.config` is dropped). js/test/state_fixtures.test.ts folds the same
+ * recorded logs as tests/test_state.py and compares `viewTable` with the same expected tables.
+ * Every curve, train and eval, is plotted against samples seen (engine/state.py's x axis).
  */
 
 export type RunStatus = "pending" | "running" | "stopped" | "completed" | "failed" | "deleted";
@@ -32,6 +37,8 @@ export interface TimeSplit {
 
 export interface RunState {
   id: number;
+  /** A run_created event was applied (a run known only from other events has none). */
+  created: boolean;
   status: RunStatus;
   trainerType: string;
   knobs: Record<string, unknown>;
@@ -55,7 +62,7 @@ export interface RunState {
   latest: Record<string, number | null>;
   /** Best value of every metric so far (see `lowerIsBetter`). */
   best: Record<string, number>;
-  /** Train metrics: x = optimizer step. */
+  /** Train metrics: x = samples seen (the one x axis, as for eval and the trackers). */
   train: Record<string, Series>;
   /** Eval metrics: x = samples seen, so runs compare at equal data. */
   eval: Record<string, Series>;
@@ -133,6 +140,10 @@ function num(v: unknown): number | null {
   return typeof v === "number" && Number.isFinite(v) ? v : null;
 }
 
+function int(v: unknown): number | null {
+  return isInt(v) ? v : null;
+}
+
 function str(v: unknown): string | null {
   return typeof v === "string" ? v : null;
 }
@@ -151,6 +162,7 @@ export function isBookkeepingMetric(metric: string): boolean {
 function newRun(id: number): RunState {
   return {
     id,
+    created: false,
     status: "pending",
     trainerType: "",
     knobs: {},
@@ -296,18 +308,19 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
     case "run_created": {
       if (runId === null) return;
       const run = runFor(state, runId, result);
+      run.created = true;
       run.trainerType = str(ev.trainer_type) ?? run.trainerType;
       if (ev.knobs && typeof ev.knobs === "object" && !Array.isArray(ev.knobs)) {
         run.knobs = { ...(ev.knobs as Record<string, unknown>) };
       }
       run.parent = isInt(ev.parent_run_id) ? ev.parent_run_id : null;
       run.warmStart = ev.warm_start === true;
-      run.totalSteps = num(ev.total_steps);
-      run.numChunks = num(ev.num_chunks);
-      const base = num(ev.base_samples_seen);
+      run.totalSteps = isInt(ev.total_steps) ? ev.total_steps : null;
+      run.numChunks = isInt(ev.num_chunks) ? ev.num_chunks : null;
+      const base = int(ev.base_samples_seen);
       if (base !== null && base > run.samplesSeen) run.samplesSeen = base;
       // A warm-started clone continues its parent's data stream from the parent's step.
-      const baseStep = num(ev.base_step);
+      const baseStep = int(ev.base_step);
       if (baseStep !== null && baseStep > run.completedSteps) run.completedSteps = baseStep;
       break;
     }
@@ -318,7 +331,10 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       if (status && (STATUSES as string[]).includes(status)) run.status = status as RunStatus;
       // The engine marks a run running when it first takes the device.
       if (status === "running" && isInt(ev.seq)) run.deviceSeq = ev.seq;
-      run.hasError = ev.has_error === true || (typeof ev.error === "string" && ev.error.length > 0);
+      // An error stays with the run (a deleted failed run keeps its traceback) until it trains
+      // again, as in engine/state.py.
+      if (ev.has_error === true || (typeof ev.error === "string" && ev.error.length > 0)) run.hasError = true;
+      else if (status === "pending" || status === "running") run.hasError = false;
       run.reason = str(ev.reason);
       run.pruned = run.status === "stopped"
         && (ev.pruned === true || isPrunedText(run.reason) || isPrunedText(str(ev.error)));
@@ -329,11 +345,12 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       const run = runFor(state, runId, result);
       const split = ev.split === "eval" ? "eval" : "train";
       const metrics = ev.metrics && typeof ev.metrics === "object" ? (ev.metrics as Record<string, unknown>) : {};
-      const step = num(ev.step);
-      const samples = num(ev.samples_seen);
+      const step = int(ev.step);
+      const samples = int(ev.samples_seen);
       if (step !== null && split === "train" && step > run.completedSteps) run.completedSteps = step;
       if (samples !== null && samples > run.samplesSeen) run.samplesSeen = samples;
-      const x = split === "train" ? step : samples;
+      // One x axis for both charts: samples seen (engine/state.py's metric_x).
+      const x = samples;
       const names = split === "train" ? state.trainMetrics : state.evalMetrics;
       for (const [name, rawValue] of Object.entries(metrics)) {
         const value = num(rawValue);
@@ -357,16 +374,18 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       if (runId === null) return;
       const run = runFor(state, runId, result);
       if (isInt(ev.seq)) run.deviceSeq = ev.seq;
-      const cs = num(ev.completed_steps);
+      const cs = int(ev.completed_steps);
       if (cs !== null) run.completedSteps = cs;
-      const ts = num(ev.total_steps);
+      const ts = int(ev.total_steps);
       if (ts !== null) run.totalSteps = ts;
-      const ss = num(ev.samples_seen);
+      const ss = int(ev.samples_seen);
       if (ss !== null) run.samplesSeen = ss;
-      const cd = num(ev.chunks_done);
+      const cd = int(ev.chunks_done);
       if (cd !== null) run.chunksDone = cd;
-      if (num(ev.epoch) !== null) run.epoch = num(ev.epoch);
-      if (num(ev.chunk) !== null) run.chunk = num(ev.chunk);
+      if (int(ev.epoch) !== null && int(ev.chunk) !== null) {
+        run.epoch = int(ev.epoch);
+        run.chunk = int(ev.chunk);
+      }
       for (const key of ["train", "eval", "swap", "other"] as const) {
         const v = num(ev[`${key}_s`]);
         if (v !== null && v > 0) {
@@ -400,6 +419,43 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       // Unknown event types come from newer engines; ignoring them keeps old views working.
       break;
   }
+}
+
+/** Fields of a run in Python's table (rapidfire_nb/engine/state.py) that the view mirrors. */
+export const VIEW_RUN_FIELDS = [
+  "run_id", "created", "status", "reason", "has_error", "pruned", "trainer_type", "knobs",
+  "parent_run_id", "warm_start", "total_steps", "num_chunks", "completed_steps", "samples_seen",
+  "chunks_done", "last_epoch", "last_chunk", "latest", "best", "series", "time", "last_op",
+  "device_seq", "suggestion",
+] as const;
+
+/** Table-level fields the view mirrors. */
+export const VIEW_TABLE_FIELDS = [
+  "experiment", "path", "resumed", "ended", "last_seq", "train_metrics", "eval_metrics", "time",
+] as const;
+
+/**
+ * The state in the shape (and names) of Python's run table, restricted to the fields above: what
+ * js/test/state_fixtures.test.ts compares with the expected tables both languages share.
+ */
+export function viewTable(state: PanelState): Record<string, unknown> {
+  const runs: Record<string, unknown> = {};
+  for (const r of state.runs.values()) {
+    runs[String(r.id)] = {
+      run_id: r.id, created: r.created, status: r.status, reason: r.reason, has_error: r.hasError,
+      pruned: r.pruned, trainer_type: r.trainerType, knobs: r.knobs, parent_run_id: r.parent,
+      warm_start: r.warmStart, total_steps: r.totalSteps, num_chunks: r.numChunks,
+      completed_steps: r.completedSteps, samples_seen: r.samplesSeen, chunks_done: r.chunksDone,
+      last_epoch: r.epoch, last_chunk: r.chunk, latest: r.latest, best: r.best,
+      series: { train: r.train, eval: r.eval }, time: r.time, last_op: r.lastOp, device_seq: r.deviceSeq,
+      suggestion: r.suggestion,
+    };
+  }
+  return {
+    experiment: state.experiment, path: state.path, resumed: state.resumed, ended: state.ended,
+    last_seq: state.lastSeq, train_metrics: [...state.trainMetrics], eval_metrics: [...state.evalMetrics],
+    time: state.time, runs,
+  };
 }
 
 // ---------------------------------------------------------------------------------------------

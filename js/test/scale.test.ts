@@ -135,7 +135,8 @@ describe("chart plans at scale", () => {
     const state = createState();
     const events: WireEvent[] = [{ seq: 1, type: "run_created", run_id: 1, total_steps: count, num_chunks: 4 } as WireEvent];
     for (let s = 1; s <= count; s++) {
-      events.push({ seq: s + 1, type: "metric", run_id: 1, split: "train", step: s, samples_seen: 8 * s, metrics: { loss: 1 / s } });
+      // one sample a step: x (samples seen, the charts' axis) reads as the step
+      events.push({ seq: s + 1, type: "metric", run_id: 1, split: "train", step: s, samples_seen: s, metrics: { loss: 1 / s } });
     }
     ingest(state, events);
     return { state, next: count + 2 };
@@ -145,7 +146,7 @@ describe("chart plans at scale", () => {
     const { state, next } = runWithSteps(MAX_TRACE_POINTS);
     const book = createChartBook("train", "loss");
     expect(planChart(state, book).traces[0].x).toHaveLength(MAX_TRACE_POINTS);
-    ingest(state, [{ seq: next, type: "metric", run_id: 1, split: "train", step: MAX_TRACE_POINTS + 1, metrics: { loss: 0 } }]);
+    ingest(state, [{ seq: next, type: "metric", run_id: 1, split: "train", step: MAX_TRACE_POINTS + 1, samples_seen: MAX_TRACE_POINTS + 1, metrics: { loss: 0 } }]);
     const plan = planChart(state, book);
     expect(plan.extend.indices).toEqual([]);
     expect(plan.replace.indices).toEqual([0]);
@@ -160,7 +161,7 @@ describe("chart plans at scale", () => {
     // 5,000 points in 1,000: a bucket holds 5 points.
     let seqNo = next;
     let step = 5000;
-    const add = () => ingest(state, [{ seq: seqNo++, type: "metric", run_id: 1, split: "train", step: ++step, metrics: { loss: 0.1 } }]);
+    const add = () => ingest(state, [{ seq: seqNo++, type: "metric", run_id: 1, split: "train", step: ++step, samples_seen: step, metrics: { loss: 0.1 } }]);
     const replaced: boolean[] = [];
     for (let i = 0; i < 10; i++) {
       add();
@@ -188,7 +189,7 @@ describe("chart plans at scale", () => {
     let q = 0;
     for (let id = 1; id <= 48; id++) {
       events.push({ seq: ++q, type: "run_created", run_id: id } as WireEvent);
-      for (let s = 1; s <= 2000; s++) events.push({ seq: ++q, type: "metric", run_id: id, split: "train", step: s, metrics: { loss: 1 / s } });
+      for (let s = 1; s <= 2000; s++) events.push({ seq: ++q, type: "metric", run_id: id, split: "train", step: s, samples_seen: s, metrics: { loss: 1 / s } });
     }
     ingest(state, events);
     const plan = planChart(state, createChartBook("train", "loss"));

@@ -96,7 +96,7 @@ describe("ingest", () => {
     expect(state.ended).toBe(true);
     const run1 = state.runs.get(1)!;
     expect(run1.status).toBe("pending");
-    expect(run1.train.loss).toEqual({ x: [1, 2], y: [3.0, 2.5] });
+    expect(run1.train.loss).toEqual({ x: [8, 16], y: [3.0, 2.5] });
     expect(run1.eval.eval_loss).toEqual({ x: [16], y: [2.8] });
     expect(run1.latest.loss).toBe(2.5);
     expect(run1.best.loss).toBe(2.5);
@@ -126,7 +126,8 @@ describe("ingest", () => {
     expect(r.duplicates).toBe(12);
     ingest(twice, log.slice(5, 15));
     expect(summary(twice)).toEqual(summary(once));
-    expect(twice.runs.get(1)!.train.loss.x).toEqual([1, 2]);
+    // train curves are plotted against samples seen (as eval curves and the trackers), not steps
+    expect(twice.runs.get(1)!.train.loss.x).toEqual([8, 16]);
   });
 
   it("buffers events after a gap and applies them once the gap is filled", () => {
@@ -168,10 +169,10 @@ describe("ingest", () => {
     ingest(state, [
       { seq: 1, type: "future_event_type", whatever: 1 },
       { seq: 2, type: "metric", run_id: "1", metrics: { loss: 1 } },
-      { seq: 3, type: "metric", run_id: 1, split: "train", step: 1, metrics: { loss: "NaN", note: [1], acc: null } },
+      { seq: 3, type: "metric", run_id: 1, split: "train", step: 1, samples_seen: 4, metrics: { loss: "NaN", note: [1], acc: null } },
     ]);
     expect(state.lastSeq).toBe(3);
-    expect(state.runs.get(1)!.train.acc).toEqual({ x: [1], y: [null] });
+    expect(state.runs.get(1)!.train.acc).toEqual({ x: [4], y: [null] });
     expect(state.runs.get(1)!.train.loss).toBeUndefined();
   });
 
@@ -229,20 +230,20 @@ describe("chart plans", () => {
     ingest(state, log.slice(0, 8));
     let plan = planChart(state, book);
     expect(plan.reset).toBe(true);
-    expect(plan.traces.map((t) => [t.runId, t.x])).toEqual([[1, [1, 2]]]);
+    expect(plan.traces.map((t) => [t.runId, t.x])).toEqual([[1, [8, 16]]]);
     expect(planIsEmpty(planChart(state, book))).toBe(true);
 
     ingest(state, log.slice(8, 14));
     plan = planChart(state, book);
     expect(plan.reset).toBe(false);
-    expect(plan.add.map((t) => [t.runId, t.x, t.y])).toEqual([[2, [1, 2], [3.1, 2.9]]]);
+    expect(plan.add.map((t) => [t.runId, t.x, t.y])).toEqual([[2, [8, 16], [3.1, 2.9]]]);
     expect(plan.extend.indices).toEqual([]);
 
     ingest(state, [{ seq: 22, type: "metric", run_id: 1, split: "train", step: 3, samples_seen: 24, metrics: { loss: 2.2 } }]);
     ingest(state, log.slice(14));
     plan = planChart(state, book);
     expect(plan.reset).toBe(false);
-    expect(plan.extend).toEqual({ indices: [0], x: [[3]], y: [[2.2]] });
+    expect(plan.extend).toEqual({ indices: [0], x: [[24]], y: [[2.2]] });
     expect(plan.add).toEqual([]);
   });
 

@@ -163,7 +163,7 @@ class Engine:
                     config=spec.config_dict(), knobs=spec.knobs, parent_run_id=rec.parent_run_id,
                     warm_start=warm_start, total_steps=rec.total_steps, steps_per_epoch=plan.steps_per_epoch,
                     num_chunks=self.num_chunks, base_samples_seen=rec.samples_seen,
-                    base_step=rec.completed_steps)
+                    base_step=rec.completed_steps, base_chunk=rec.chunk, changes=rec.changes)
                 self.events.append("run_status", run_id=rid, status=rec.status, error=None, reason=None)
             self.save_runs()
         return rec

@@ -1,28 +1,14 @@
 """Append-only event log with sequence numbers: the single source of truth.
 
-Trackers, the panel and ``get_results`` all read this log; the engine only appends.
+Recovery, ``get_runs_info``/``get_results``, the trackers, the panel and the CLI all read this log
+through one reducer (``engine/state.py``); the engine only appends.
 Each event is a JSON-able dict ``{"seq": int, "time": float, "type": str, **payload}``;
 ``seq`` starts at 1 and increases by one per event, so readers ask for
 "everything after seq N" and pushes/pulls are idempotent.
 
-Event types and payloads (``run_id`` is an int where present):
-
-- ``experiment``    {name, path, resumed: bool}
-- ``run_created``   {run_id, trainer_type, config, knobs, parent_run_id, warm_start,
-                     total_steps, steps_per_epoch, num_chunks, base_samples_seen}
-                     ``config`` is the run's full JSON leaf config (see RunSpec.config_dict),
-                     ``knobs`` the flat {dotted.key: value} of what varies in the group.
-- ``run_status``    {run_id, status, error (traceback text or None), reason (str or None)}
-                     status in pending/running/stopped/completed/failed/deleted
-- ``metric``        {run_id, split ("train"|"eval"), step, samples_seen, epoch, chunk,
-                     metrics: {name: float}}
-                     train metrics (loss, learning_rate, grad_norm, ...) per logging step,
-                     eval metrics (eval_loss, user metrics, rewards) after every chunk.
-- ``chunk_done``    {run_id, epoch, chunk, device, start, end, train_s, eval_s, swap_s,
-                     other_s, completed_steps, total_steps, samples_seen, chunks_done}
-- ``op``            {op, run_id, accepted: bool, reason, new_run_id (clone)} an IC op
-                     as applied by the controller.
-- ``experiment_end`` {}
+Each event type and its fields are described in one place, ``events_schema.json`` beside this
+module; ``engine/state.py`` folds the log into the run table every reader uses, and the panel's
+``js/src/state.ts`` mirrors that fold (both checked against ``tests/fixtures/events/``).
 
 The log lives in memory and, when a path is given, in ``events.jsonl`` (one JSON per line,
 written and fsynced per event batch) so a dead kernel loses nothing already logged.
@@ -47,7 +33,8 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from rapidfire_nb.errors import RapidFireError
 

@@ -30,7 +30,8 @@ class IllegalTransition(RuntimeError):
 
 @dataclass
 class RunRecord:
-    """Everything the engine tracks about one run (the JSON part is persisted in runs.json)."""
+    """Everything the engine tracks about one run in memory. Its JSON part is written to runs.json
+    (a cache); what survives a restart is what the event log says (engine/state.py)."""
 
     run_id: int
     spec: RunSpec

@@ -2,7 +2,10 @@
 
     <experiment_path>/<experiment_name>/
         experiment.json          name, seed, num_chunks, data fingerprints, version
-        runs.json                every run record (config, status, counters)
+        runs.json                every run record (config, status, counters): a cache for people
+                                 and tools; the event log is the authority (recovery folds it
+                                 with engine/state.py and reads runs.json only for what logs of
+                                 older versions lack)
         events.jsonl             the append-only event log
         checkpoints/run_<id>/state.safetensors       latest chunk-boundary checkpoint of a run
         checkpoints/run_<id>/warm_start.safetensors  a warm-start clone's initial weights (until
@@ -27,7 +30,8 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rapidfire_nb.errors import RapidFireError
 
@@ -56,7 +60,7 @@ def failed_by_the_disk(error: str | None) -> bool:
 
 
 def durable_write_failure(events, last_seq: int, runs_saved: bool, runs_error: OSError | None,
-                          run_id: int, store: "ExperimentStore") -> "DurableWriteError | None":
+                          run_id: int, store: ExperimentStore) -> DurableWriteError | None:
     """After a chunk was logged: the error that fails its run if the log or runs.json did not
     reach the disk (the checkpoint did, so a resume continues from it), else None."""
     problems = []

@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapidfire_nb.engine.state import is_pruned_text
+
 PROTOCOL_VERSION = 1
 
 MAX_RUN_ID = 10**9
@@ -261,14 +263,6 @@ def wire_event(event: dict) -> dict:
     elif out.get("type") == "run_created":
         out.pop("config", None)
     return to_json(out)
-
-
-_PRUNED = re.compile(r"\bpruned\b", re.IGNORECASE)
-
-
-def is_pruned_text(text: Any) -> bool:
-    """A pruner stops a run with a reason such as "pruned at chunk 2"; plain words, no codes."""
-    return isinstance(text, str) and _PRUNED.search(text) is not None
 
 
 def batch_events(events: list[dict]) -> tuple[list[dict], bool]:

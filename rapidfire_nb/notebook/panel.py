@@ -34,6 +34,7 @@ from typing import Any
 import anywidget
 import traitlets
 
+from rapidfire_nb.engine.state import LiveTable, get_run
 from rapidfire_nb.errors import RapidFireError
 from rapidfire_nb.notebook import _panel_protocol as proto
 
@@ -108,11 +109,11 @@ class Panel(anywidget.AnyWidget):
         self._events = events
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._statuses: dict[int, str] = {}
-        self._scanned_seq = 0
+        # the run table (engine/state.py), folded incrementally: the snapshot and traceback
+        # requests read it instead of scanning the log
+        self._table = LiveTable(events)
         self._closed = False
         super().__init__(**kwargs)
-        self._scan_statuses()
         self.snapshot = self._make_snapshot()
         self.on_msg(self._on_frontend_msg)
         self._publisher = _Publisher(self) if push else None
@@ -121,23 +122,19 @@ class Panel(anywidget.AnyWidget):
 
     # -- state -------------------------------------------------------------------------------
 
-    def _scan_statuses(self) -> None:
-        """Fold new run_status events into the status map the snapshot carries."""
-        for event in self._events.since(self._scanned_seq):
-            if event.get("type") in ("run_status", "run_created") and isinstance(event.get("run_id"), int):
-                if event["type"] == "run_status":
-                    self._statuses[event["run_id"]] = str(event.get("status"))
-                else:
-                    self._statuses.setdefault(event["run_id"], "pending")
-            self._scanned_seq = event["seq"]
+    def _statuses(self) -> tuple[int, dict[int, str]]:
+        """(last seq folded, run id -> status), from the table, up to date."""
+        return self._table.read(lambda t: (t["last_seq"], {
+            r["run_id"]: r["status"] for r in sorted(t["runs"].values(), key=lambda r: r["run_id"])}))
 
     def _make_snapshot(self) -> dict:
+        last_seq, statuses = self._statuses()
         return {
             "protocol": proto.PROTOCOL_VERSION,
             "experiment": str(getattr(self._exp, "name", "")),
             "path": str(getattr(self._exp, "path", "")),
-            "last_seq": self._scanned_seq,
-            "runs": {str(k): v for k, v in sorted(self._statuses.items())},
+            "last_seq": last_seq,
+            "runs": {str(k): v for k, v in statuses.items()},
             "on_device": self._on_device(),
         }
 
@@ -149,14 +146,13 @@ class Panel(anywidget.AnyWidget):
 
     def _refresh_snapshot(self) -> None:
         with self._lock:
-            self._scan_statuses()
             snap = self._make_snapshot()
         if snap != self.snapshot and not self._closed:
             self.snapshot = snap
 
     def __repr__(self) -> str:
         counts: dict[str, int] = {}
-        for status in self._statuses.values():
+        for status in self._statuses()[1].values():
             counts[status] = counts.get(status, 0) + 1
         detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs yet"
         return f"<rapidfire panel: {getattr(self._exp, 'name', '?')} ({detail})>"
@@ -239,20 +235,14 @@ class Panel(anywidget.AnyWidget):
         return proto.reply(rid, True, run_id=req.run_id, op=req.op)
 
     def _traceback(self, req: proto.Request) -> dict:
-        known = False
-        status = None
-        traceback = None
-        for event in self._events.since(0):
-            if event.get("run_id") != req.run_id:
-                continue
-            if event.get("type") == "run_created":
-                known = True
-            elif event.get("type") == "run_status":
-                status = event.get("status")
-                if event.get("error"):
-                    traceback = str(event["error"])
-        if not known:
+        def lookup(table: dict):
+            run = get_run(table, req.run_id)
+            return None if run is None or not run["created"] else (run["status"], run["error"])
+
+        found = self._table.read(lookup)
+        if found is None:
             return proto.reply(req.request_id, False, f"no run {req.run_id} in this experiment")
+        status, traceback = found
         if traceback is not None and len(traceback) > proto.MAX_TRACEBACK_CHARS:
             # The end of a traceback names the error; keep that.
             traceback = "…" + traceback[-proto.MAX_TRACEBACK_CHARS :]
@@ -337,7 +327,7 @@ class _Publisher(threading.Thread):
         self.stop()
 
 
-_PANELS: "weakref.WeakKeyDictionary[Any, Panel]" = weakref.WeakKeyDictionary()
+_PANELS: weakref.WeakKeyDictionary[Any, Panel] = weakref.WeakKeyDictionary()
 _PANELS_LOCK = threading.Lock()
 
 

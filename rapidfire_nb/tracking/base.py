@@ -10,7 +10,8 @@ Conventions (the one place they are decided):
 - **Step.** Every metric of a run, train or eval, is logged at ``step = samples_seen``: the number
   of training samples the run had consumed when the value was measured (cumulative over epochs).
   That is the axis on which runs with different batch sizes, or clones continuing their parent's
-  data stream, are comparable, and the axis of the panel's curves. The optimizer step is kept as
+  data stream, are comparable; it is decided once, in ``engine/state.py`` (``metric_x``), and the
+  panel's train and eval charts use it too. The optimizer step is kept as
   the metric ``train/global_step``. One axis per run also keeps the steps of a run non-decreasing,
   which TensorBoard's reader relies on (it purges points that come "out of order").
 - **Metric names.** Train metrics (``loss``, ``learning_rate``, ``grad_norm``, rewards, ...) become
@@ -42,7 +43,8 @@ TERMINAL_LIFECYCLE = ("completed", "failed", "deleted")
 
 @dataclass
 class RunState:
-    """What trackers know about one run, rebuilt from the event log."""
+    """What trackers know about one run: its row of the run table (engine/state.py, which the
+    hub folds) plus the trackers' own bookkeeping (lifecycle, counts of handled events)."""
 
     run_id: int
     trainer_type: str = ""

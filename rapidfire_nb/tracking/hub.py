@@ -1,8 +1,8 @@
 """TrackerHub: feeds the experiment's event log to the enabled trackers, off the training thread.
 
 Each tracker gets its own daemon thread (a slow or hung backend delays nobody else) that replays
-the event log from the start to rebuild what it knows about the runs, and calls the tracker only
-for events after the last seq that tracker handled. That seq is persisted per tracker in
+the event log from the start through the one reducer (``engine/state.py``) to rebuild the run
+table, and calls the tracker only for events after the last seq that tracker handled. That seq is persisted per tracker in
 ``<experiment>/tracking/<name>.json`` (written atomically, after the tracker flushed), so a
 resumed experiment continues the trackers' existing runs without logging a point twice. A
 tracker that raises, at import, open or any event, warns once and is disabled; nothing it does
@@ -18,9 +18,11 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from ..engine.events import EventLog
+from ..engine.state import get_run, metric_x, new_table, reduce
 from .base import RunState, Tracker, TrackerContext, metric_tag, numeric, run_params
 
 STATE_DIR = "tracking"
@@ -83,7 +85,7 @@ class TrackerHub:
         """Trackers that are enabled and have not failed."""
         return [w.name for w in self._workers if w.error is None]
 
-    def start(self) -> "TrackerHub":
+    def start(self) -> TrackerHub:
         with self._lock:
             if self._started or self._closed:
                 return self
@@ -130,7 +132,7 @@ class TrackerHub:
                 worker.thread.join(left)
         return ok
 
-    def _failed(self, worker: "_Worker", exc: BaseException) -> None:
+    def _failed(self, worker: _Worker, exc: BaseException) -> None:
         message = f"{type(exc).__name__}: {exc}"
         self.failures[worker.name] = message
         if isinstance(exc, ImportError) and worker.name in ("mlflow", "trackio"):
@@ -158,7 +160,8 @@ class _Worker:
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.error: str | None = None
-        self.runs: dict[int, RunState] = {}
+        self.table = new_table()              # the reducer's run table (engine/state.py)
+        self.runs: dict[int, RunState] = {}   # the trackers' view of each created run
         self.seen_seq = 0          # every event up to here is applied (and, if new, persisted)
         self.persisted_seq = 0     # the tracker handled events up to here in an earlier flush
         self._cond = threading.Condition()
@@ -228,31 +231,28 @@ class _Worker:
             self._cond.notify_all()
 
     def _apply(self, event: dict, tracker: Tracker | None) -> None:
-        """Update the run table from one event; call the tracker when the event is new to it."""
+        """Fold one event into the run table; call the tracker when the event is new to it."""
+        reduce(self.table, event)
         kind = event.get("type")
         wall = float(event.get("time") or time.time())
+        row = get_run(self.table, _int_or_none(event.get("run_id")))
+        if row is None:
+            return
         if kind == "run_created":
-            run_id = int(event["run_id"])
             run = RunState(
-                run_id=run_id,
-                trainer_type=str(event.get("trainer_type") or ""),
-                config=dict(event.get("config") or {}),
-                knobs=dict(event.get("knobs") or {}),
-                params=run_params(event),
-                parent_run_id=(None if event.get("parent_run_id") is None
-                               else int(event["parent_run_id"])),
-                warm_start=bool(event.get("warm_start", False)),
-                samples_seen=int(event.get("base_samples_seen") or 0),
-            )
-            self.runs[run_id] = run
+                run_id=row["run_id"], trainer_type=row["trainer_type"], config=dict(row["config"]),
+                knobs=dict(row["knobs"]), params=run_params(row),
+                parent_run_id=row["parent_run_id"], warm_start=row["warm_start"],
+                samples_seen=row["samples_seen"])
+            self.runs[run.run_id] = run
             if tracker is not None:
                 tracker.run_created(run, wall)
             return
-        run = self.runs.get(_int_or_none(event.get("run_id")))
+        run = self.runs.get(row["run_id"])
         if run is None:
             return
+        run.samples_seen, run.status, run.error = row["samples_seen"], row["status"], row["error"]
         if kind == "metric":
-            step = int(event.get("samples_seen") or 0)
             split = str(event.get("split") or "train")
             metrics: dict[str, float] = {}
             for key, value in (event.get("metrics") or {}).items():
@@ -262,19 +262,13 @@ class _Worker:
             if split == "train" and event.get("step") is not None:
                 metrics["train/global_step"] = float(event["step"])
                 run.global_step = int(event["step"])
-            run.samples_seen = max(run.samples_seen, step)
             run.last_metrics.update(metrics)
             run.metric_events += 1
             if metrics and tracker is not None:
-                tracker.log_metrics(run, step, metrics, wall)
-        elif kind == "chunk_done":
-            if event.get("samples_seen") is not None:
-                run.samples_seen = max(run.samples_seen, int(event["samples_seen"]))
+                # the one x axis (engine/state.py): samples seen, as in the panel's charts
+                tracker.log_metrics(run, metric_x(event) or 0, metrics, wall)
         elif kind == "run_status":
-            status = str(event.get("status"))
-            run.status = status
-            if status == "failed":
-                run.error = event.get("error")
+            status = row["status"]
             events = [_lifecycle(run, status)]
             if events[0] == "resumed" and status == "running" and not run.started:
                 events.append("running")
@@ -314,7 +308,7 @@ def _int_or_none(value: Any) -> int | None:
 
 def _read_state(path: Path) -> dict:
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
         return data if isinstance(data, dict) else {}
     except FileNotFoundError:

@@ -1,0 +1,357 @@
+"""The one reducer: the event log folded into a run table.
+
+Every reader of run state goes through here: crash recovery (``Experiment._restore_runs``),
+``get_runs_info`` / ``get_results`` / ``get_timeline``, the panel's snapshot and traceback
+requests, the trackers (``tracking/hub.py``), the CLI demo and ``rapidfire bench``. The panel's
+front end mirrors the same fold in ``js/src/state.ts``; both are checked against the same
+recorded logs and expected tables (``tests/fixtures/events/``).
+
+The event schema (each event type and its fields) is ``events_schema.json`` beside this file:
+the one description both sides check the fixtures against (``check_event`` here, ``checkEvent``
+in js/test/state_fixtures.test.ts).
+
+Pure: no I/O, no torch, no clock. ``reduce(table, event)`` folds one event into the table in
+place and returns it, so a reader that keeps its table folds only the events it has not seen
+(``LiveTable`` does that for an ``EventLog``); ``fold(events)`` folds a whole log. The table is
+plain JSON data (string run ids as keys), so a table can be saved and folding continued later.
+
+**The x axis.** Every metric point, train and eval, is placed at the run's ``samples_seen``
+(training samples consumed when it was measured, cumulative over epochs; a warm clone continues
+its parent's count). Runs with different batch sizes, and clones continuing their parent's data
+stream, compare on it; TensorBoard/MLflow/Trackio log at that step (``metric_x``) and the panel
+plots both charts against it. The optimizer step stays in the table (``completed_steps``) and in
+``get_results`` (``step``).
+
+Table::
+
+    {"experiment", "path", "resumed", "ended", "last_seq",
+     "runs": {"<id>": run},            # in creation order
+     "train_metrics", "eval_metrics",  # metric names, first seen first
+     "time": {train, eval, swap, other},   # engine seconds, summed over chunk_done
+     "timeline": [chunk_done rows],    # get_timeline
+     "points": [metric rows]}          # get_results: run_id, split, step, samples_seen, epoch,
+                                       # chunk, metrics (finite numbers or None)
+
+Run (see ``new_run``): status, reason, error (the last failure's traceback; cleared when the run
+goes pending/running again), has_error, pruned, its spec (trainer_type, config, knobs, changes,
+parent_run_id, warm_start, total_steps, steps_per_epoch, num_chunks, base_*), progress
+(completed_steps, samples_seen, chunks_done, last_epoch/last_chunk of the last chunk trained,
+next_epoch/next_chunk of the next one), latest/best metrics, series (x = samples_seen), its
+time split, the last op, device_seq (the seq that last put it on the device) and suggestion (an
+open pruning suggestion's reason, suggest mode).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import re
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from rapidfire_nb.engine.runs import STATUSES
+
+SCHEMA_PATH = Path(__file__).with_name("events_schema.json")
+
+TIME_KEYS = ("train", "eval", "swap", "other")
+TIMELINE_COLUMNS = ("run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s",
+                    "swap_s", "setup_s", "snapshot_s", "checkpoint_s", "other_s",
+                    "completed_steps", "samples_seen")
+_PRUNED = re.compile(r"\bpruned\b", re.IGNORECASE)
+_LOWER_IS_BETTER = re.compile(r"loss|perplexity|ppl|error|wer|cer|mse|mae|rmse")
+
+
+# -- values ------------------------------------------------------------------------------------
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v: Any) -> float | int | None:
+    """A finite number, else None (the wire JSON has no NaN; the view folds them to null too)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def is_pruned_text(text: Any) -> bool:
+    """A pruner stops a run with a reason such as "pruned at chunk 2"; plain words, no codes."""
+    return isinstance(text, str) and _PRUNED.search(text) is not None
+
+
+def lower_is_better(metric: str) -> bool:
+    """Metrics where smaller is better; everything else (accuracy, reward, ...) is maximised."""
+    return _LOWER_IS_BETTER.search(metric.lower()) is not None
+
+
+def metric_x(event: dict) -> int | None:
+    """Where a metric event is plotted and tracked: the run's samples seen (see the docstring)."""
+    x = event.get("samples_seen")
+    return x if _is_int(x) else None
+
+
+def config_fingerprint(config: dict) -> str:
+    """The fingerprint of a logged config; equals ``RunSpec.fingerprint()`` of the spec that
+    logged it (same JSON, same hash)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+def new_table() -> dict:
+    return {
+        "experiment": None, "path": None, "resumed": False, "ended": False, "last_seq": 0,
+        "runs": {}, "train_metrics": [], "eval_metrics": [],
+        "time": dict.fromkeys(TIME_KEYS, 0.0), "timeline": [], "points": [],
+    }
+
+
+def new_run(run_id: int) -> dict:
+    return {
+        "run_id": run_id, "created": False,
+        "status": "pending", "reason": None, "error": None, "has_error": False, "pruned": False,
+        "trainer_type": "", "config": {}, "knobs": {}, "changes": None,
+        "parent_run_id": None, "warm_start": False,
+        "total_steps": None, "steps_per_epoch": None, "num_chunks": None,
+        "base_samples_seen": 0, "base_step": 0, "base_chunk": None,
+        "completed_steps": 0, "samples_seen": 0, "chunks_done": 0,
+        "last_epoch": None, "last_chunk": None, "next_epoch": 0, "next_chunk": 0,
+        "latest": {}, "best": {}, "series": {"train": {}, "eval": {}},
+        "time": dict.fromkeys(TIME_KEYS, 0.0), "last_op": None, "device_seq": 0,
+        "suggestion": None,
+    }
+
+
+def get_run(table: dict, run_id: int) -> dict | None:
+    return table["runs"].get(str(run_id))
+
+
+def runs_by_id(table: dict) -> list[dict]:
+    """Every run that has a ``run_created`` event, by id."""
+    return sorted((r for r in table["runs"].values() if r["created"]), key=lambda r: r["run_id"])
+
+
+def _run_for(table: dict, run_id: int) -> dict:
+    run = table["runs"].get(str(run_id))
+    if run is None:
+        run = table["runs"][str(run_id)] = new_run(run_id)
+    return run
+
+
+def reduce(table: dict, event: dict) -> dict:
+    """Fold one event into ``table`` (in place) and return it. Unknown event types and fields are
+    ignored (a newer engine's log stays readable); malformed fields are skipped, never raised."""
+    seq = event.get("seq")
+    if _is_int(seq) and seq > table["last_seq"]:
+        table["last_seq"] = seq
+    kind = event.get("type")
+    run_id = event.get("run_id") if _is_int(event.get("run_id")) else None
+    if kind == "experiment":
+        if isinstance(event.get("name"), str):
+            table["experiment"] = event["name"]
+        if isinstance(event.get("path"), str):
+            table["path"] = event["path"]
+        table["resumed"] = event.get("resumed") is True
+        table["ended"] = False
+    elif kind == "experiment_end":
+        table["ended"] = True
+    elif run_id is None:
+        return table
+    elif kind == "run_created":
+        _created(_run_for(table, run_id), event)
+    elif kind == "run_status":
+        _status(_run_for(table, run_id), event, seq)
+    elif kind == "metric":
+        _metric(table, _run_for(table, run_id), event)
+    elif kind == "chunk_done":
+        _chunk_done(table, _run_for(table, run_id), event, seq)
+    elif kind == "op":
+        run = get_run(table, run_id)   # an op on an unknown run (refused) invents no run
+        if run is not None:
+            run["last_op"] = {"op": _str(event.get("op")) or "?", "accepted": event.get("accepted") is True,
+                              "reason": _str(event.get("reason"))}
+            # confirmed or ignored (or refused because the run ended): the question is answered
+            if event.get("op") in ("confirm_suggestion", "ignore_suggestion"):
+                run["suggestion"] = None
+    elif kind == "pruning_suggested":
+        run = get_run(table, run_id)
+        if run is not None:
+            run["suggestion"] = _str(event.get("reason")) or "the pruner would stop this run"
+    return table
+
+
+def fold(events: Iterable[dict], table: dict | None = None) -> dict:
+    """Fold ``events`` (oldest first) into ``table`` (a new one by default)."""
+    table = new_table() if table is None else table
+    for event in events:
+        reduce(table, event)
+    return table
+
+
+def _created(run: dict, ev: dict) -> None:
+    run["created"] = True
+    if isinstance(ev.get("trainer_type"), str):
+        run["trainer_type"] = ev["trainer_type"]
+    if isinstance(ev.get("config"), dict):
+        run["config"] = copy.deepcopy(ev["config"])
+    if isinstance(ev.get("knobs"), dict):
+        run["knobs"] = copy.deepcopy(ev["knobs"])
+    if isinstance(ev.get("changes"), dict):
+        run["changes"] = copy.deepcopy(ev["changes"])
+    run["parent_run_id"] = ev["parent_run_id"] if _is_int(ev.get("parent_run_id")) else None
+    run["warm_start"] = ev.get("warm_start") is True
+    for key in ("total_steps", "steps_per_epoch", "num_chunks"):
+        run[key] = ev[key] if _is_int(ev.get(key)) else None
+    for key in ("base_samples_seen", "base_step"):
+        run[key] = ev[key] if _is_int(ev.get(key)) else 0
+    # None when the log predates the field (recovery then asks runs.json)
+    run["base_chunk"] = ev["base_chunk"] if _is_int(ev.get("base_chunk")) else None
+    run["samples_seen"] = max(run["samples_seen"], run["base_samples_seen"])
+    run["completed_steps"] = max(run["completed_steps"], run["base_step"])
+    if run["chunks_done"] == 0:
+        run["next_chunk"] = run["base_chunk"] or 0
+
+
+def _status(run: dict, ev: dict, seq: Any) -> None:
+    status = ev.get("status")
+    if status in STATUSES:
+        run["status"] = status
+    if status == "running" and _is_int(seq):
+        run["device_seq"] = seq
+    # the error stays with the run (a deleted failed run keeps its traceback) until it trains
+    # again (a retry after a failed write); the wire form carries has_error instead of the text
+    error = _str(ev.get("error")) or None
+    if error is not None or ev.get("has_error") is True:
+        run["error"] = error if error is not None else run["error"]
+        run["has_error"] = True
+    elif status in ("pending", "running"):
+        run["error"], run["has_error"] = None, False
+    run["reason"] = _str(ev.get("reason"))
+    run["pruned"] = run["status"] == "stopped" and (
+        ev.get("pruned") is True or is_pruned_text(run["reason"]) or is_pruned_text(error))
+
+
+def _metric(table: dict, run: dict, ev: dict) -> None:
+    split = "eval" if ev.get("split") == "eval" else "train"
+    step = ev.get("step") if _is_int(ev.get("step")) else None
+    samples = ev.get("samples_seen") if _is_int(ev.get("samples_seen")) else None
+    if step is not None and split == "train" and step > run["completed_steps"]:
+        run["completed_steps"] = step
+    if samples is not None and samples > run["samples_seen"]:
+        run["samples_seen"] = samples
+    x = metric_x(ev)
+    names = table[f"{split}_metrics"]
+    series = run["series"][split]
+    values: dict[str, Any] = {}
+    raw = ev.get("metrics") if isinstance(ev.get("metrics"), dict) else {}
+    for name, raw_value in raw.items():
+        value = _num(raw_value)
+        # a metric that is not a number at all (a string, a list) has no curve
+        if value is None and raw_value is not None and (isinstance(raw_value, bool)
+                                                        or not isinstance(raw_value, (int, float))):
+            continue
+        if name not in names:
+            names.append(name)
+        values[name] = value
+        run["latest"][name] = value
+        if value is not None:
+            best = run["best"].get(name)
+            if best is None or (value < best if lower_is_better(name) else value > best):
+                run["best"][name] = value
+        if x is not None:
+            s = series.setdefault(name, {"x": [], "y": []})
+            s["x"].append(x)
+            s["y"].append(value)
+    table["points"].append({"run_id": run["run_id"], "split": split, "step": step,
+                            "samples_seen": samples, "epoch": ev.get("epoch"),
+                            "chunk": ev.get("chunk"), "metrics": values})
+
+
+def _chunk_done(table: dict, run: dict, ev: dict, seq: Any) -> None:
+    if _is_int(seq):
+        run["device_seq"] = seq
+    for key in ("completed_steps", "total_steps", "samples_seen", "chunks_done"):
+        if _is_int(ev.get(key)):
+            run[key] = ev[key]
+    epoch, chunk = ev.get("epoch"), ev.get("chunk")
+    if _is_int(epoch) and _is_int(chunk):
+        run["last_epoch"], run["last_chunk"] = epoch, chunk
+        if run["num_chunks"] is not None and chunk + 1 >= run["num_chunks"]:
+            run["next_epoch"], run["next_chunk"] = epoch + 1, 0
+        else:
+            run["next_epoch"], run["next_chunk"] = epoch, chunk + 1
+    for key in TIME_KEYS:
+        v = _num(ev.get(f"{key}_s"))
+        if v is not None and v > 0:
+            run["time"][key] += v
+            table["time"][key] += v
+    table["timeline"].append({c: ev.get(c) for c in TIMELINE_COLUMNS})
+
+
+# -- the schema --------------------------------------------------------------------------------
+
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "int": _is_int,
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+}
+
+
+def load_schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def check_event(event: Any, schema: dict) -> list[str]:
+    """What in ``event`` breaks the schema (an empty list when nothing does)."""
+    if not isinstance(event, dict):
+        return [f"not an object: {type(event).__name__}"]
+    problems = []
+    spec = schema["events"].get(event.get("type"))
+    if spec is None:
+        return [f"unknown event type {event.get('type')!r}"]
+    fields = {**schema["common"], **spec["fields"]}
+    for name, field in fields.items():
+        if name not in event:
+            if field.get("required"):
+                problems.append(f"{event['type']}: missing {name!r}")
+            continue
+        value = event[name]
+        if not any(_TYPE_CHECKS[t](value) for t in field["type"]):
+            problems.append(f"{event['type']}.{name}: {value!r:.60} is not {'/'.join(field['type'])}")
+        elif "enum" in field and value not in field["enum"]:
+            problems.append(f"{event['type']}.{name}: {value!r} is not one of {field['enum']}")
+    return problems
+
+
+# -- an incrementally folded log ---------------------------------------------------------------
+
+class LiveTable:
+    """The table of an ``EventLog`` (anything with ``since(seq)``), folded as events arrive:
+    each ``read`` folds only what was appended since the last one (O(new events)).
+
+    ``read(fn)`` runs ``fn(table)`` under the table's lock, so what it reads is one consistent
+    state even while another thread folds; ``fn`` must not keep references into the table.
+    """
+
+    def __init__(self, events: Any):
+        self._events = events
+        self._lock = threading.Lock()
+        self._table = new_table()
+
+    def read(self, fn: Callable[[dict], Any] = copy.deepcopy) -> Any:
+        with self._lock:
+            for event in self._events.since(self._table["last_seq"]):
+                reduce(self._table, event)
+            return fn(self._table)

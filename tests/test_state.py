@@ -1,0 +1,194 @@
+"""The one reducer (engine/state.py) against the shared fixtures, which js/test/state_fixtures.test.ts
+folds too: real event logs recorded by tests/fixtures/events/make_fixtures.py, their expected run
+tables, and the event schema (engine/events_schema.json) both sides check them against."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rapidfire_nb.engine import state as S
+from rapidfire_nb.engine.events import EventLog, read_events
+
+FIXTURES = Path(__file__).parent / "fixtures" / "events"
+NAMES = sorted(p.name[: -len(".jsonl")] for p in FIXTURES.glob("*.jsonl"))
+SCENARIOS = {"sft_basic", "stop_resume", "clone_delete", "failed", "pruned", "suggested",
+             "crash_resume", "dpo", "grpo"}
+
+
+def events_of(name: str) -> list[dict]:
+    return read_events(FIXTURES / f"{name}.jsonl")
+
+
+def expected_of(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.table.json").read_text())
+
+
+def as_json(table: dict) -> dict:
+    return json.loads(json.dumps(table))
+
+
+def test_every_scenario_has_a_log_and_a_table():
+    assert set(NAMES) == SCENARIOS
+    for name in NAMES:
+        assert (FIXTURES / f"{name}.table.json").exists()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_events_fit_the_schema(name):
+    schema = S.load_schema()
+    problems = [f"seq {ev.get('seq')}: {p}" for ev in events_of(name) for p in S.check_event(ev, schema)]
+    assert problems == []
+
+
+def test_the_schema_check_names_what_is_wrong():
+    schema = S.load_schema()
+    good = events_of("sft_basic")
+    metric = next(ev for ev in good if ev["type"] == "metric")
+    assert S.check_event(metric, schema) == []
+    assert S.check_event({**metric, "samples_seen": "8"}, schema) == [
+        "metric.samples_seen: '8' is not int"]
+    no_split = {k: v for k, v in metric.items() if k != "split"}
+    assert S.check_event(no_split, schema) == ["metric: missing 'split'"]
+    assert S.check_event({**metric, "split": "test"}, schema) == [
+        "metric.split: 'test' is not one of ['train', 'eval']"]
+    assert S.check_event({"seq": 1, "time": 0.0, "type": "nope"}, schema) == ["unknown event type 'nope'"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fold_gives_the_expected_table(name):
+    assert as_json(S.fold(events_of(name))) == expected_of(name)
+
+
+def test_tables_say_what_each_scenario_did():
+    """What the recorded experiments did, read from the tables (the recorder also checked each
+    table against the engine's own run records)."""
+    def runs(name):
+        return {r["run_id"]: r for r in expected_of(name)["runs"].values()}
+
+    r = runs("clone_delete")
+    assert (r[2]["status"], r[3]["parent_run_id"], r[3]["warm_start"], r[4]["warm_start"]) == \
+        ("deleted", 1, True, False)
+    assert r[3]["changes"] == {"training_args.learning_rate": 5e-3}
+    assert r[3]["base_step"] > 0 and r[3]["samples_seen"] > r[3]["base_samples_seen"] > 0
+    r = runs("failed")
+    assert r[2]["status"] == "failed" and "Traceback" in r[2]["error"] and r[2]["has_error"]
+    assert r[2]["series"]["eval"]["eval_loss"]["y"] == [None]     # NaN, folded to null
+    assert "eval_loss" not in r[2]["best"]
+    assert sum(r["pruned"] for r in runs("pruned").values()) == 3
+    r = runs("stop_resume")
+    assert r[1]["last_op"] == {"op": "resume", "accepted": True, "reason": None}
+    table = expected_of("crash_resume")
+    assert table["resumed"] and all(r["status"] == "completed" for r in table["runs"].values())
+    assert "rewards/_short_answer/mean" in expected_of("grpo")["train_metrics"]
+    assert "eval_rewards/margins" in expected_of("dpo")["eval_metrics"]
+
+
+def test_every_metric_point_is_at_samples_seen():
+    """One x axis for train and eval curves (the panel's charts and the trackers' steps)."""
+    for name in NAMES:
+        events = events_of(name)
+        table = S.fold(events)
+        for split in ("train", "eval"):
+            for run in table["runs"].values():
+                for metric, series in run["series"][split].items():
+                    want = [ev["samples_seen"] for ev in events if ev["type"] == "metric"
+                            and ev["run_id"] == run["run_id"] and ev["split"] == split
+                            and metric in ev["metrics"]]
+                    assert series["x"] == want, (name, run["run_id"], metric)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(NAMES), cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=8),
+       roundtrip=st.booleans())
+def test_folding_in_any_batches_equals_folding_all_at_once(name, cuts, roundtrip):
+    """The panel, the CLI and the trackers fold events as they arrive, in batches of any size;
+    the table must not depend on where the batches fall, nor on being saved (as JSON) between."""
+    events = events_of(name)
+    bounds = sorted({min(c, len(events)) for c in cuts} | {0, len(events)})
+    table = S.new_table()
+    for lo, hi in itertools.pairwise(bounds):
+        for ev in events[lo:hi]:
+            table = S.reduce(table, ev)
+        if roundtrip:
+            table = as_json(table)
+    assert as_json(table) == as_json(S.fold(events))
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(NAMES), sizes=st.lists(st.integers(min_value=1, max_value=15), min_size=1))
+def test_live_table_folds_only_new_events(name, sizes):
+    """LiveTable over a growing EventLog ends where fold(all) is, reading between appends."""
+    events = events_of(name)
+    log = EventLog()
+    live = S.LiveTable(log)
+    i = 0
+    k = 0
+    while i < len(events):
+        n = sizes[k % len(sizes)]
+        k += 1
+        log.extend((ev["type"], {key: v for key, v in ev.items() if key not in ("seq", "time", "type")})
+                   for ev in events[i:i + n])
+        i = min(i + n, len(events))
+        assert live.read(lambda t: t["last_seq"]) == i
+    # the log re-stamped each event's time, which the table does not use
+    assert as_json(live.read()) == as_json(S.fold(events))
+
+
+def test_status_errors_stick_until_the_run_trains_again():
+    def ev(seq, status, error=None):
+        return {"seq": seq, "time": 0.0, "type": "run_status", "run_id": 1, "status": status,
+                "error": error, "reason": None}
+
+    t = S.fold([ev(1, "failed", "Traceback ... OSError: disk full"), ev(2, "deleted")])
+    assert S.get_run(t, 1)["error"].endswith("disk full") and S.get_run(t, 1)["has_error"]
+    t = S.fold([ev(1, "failed", "Traceback ..."), ev(2, "pending"), ev(3, "running")])
+    assert S.get_run(t, 1)["error"] is None and not S.get_run(t, 1)["has_error"]
+
+
+@pytest.mark.parametrize("name", ["clone_delete", "dpo"])
+def test_trackers_log_every_point_where_the_table_plots_it(name, tmp_path):
+    """The trackers' step and the panel's x are the same number for every point (samples seen)."""
+    from rapidfire_nb.tracking.base import Tracker
+    from rapidfire_nb.tracking.hub import TrackerHub
+
+    logged: list[tuple[int, str, int]] = []
+
+    class Recorder(Tracker):
+        name = "recorder"
+
+        def log_metrics(self, run, step, metrics, wall_time):
+            logged.extend((run.run_id, tag, step) for tag in metrics if tag != "train/global_step")
+
+    log = EventLog()
+    events = events_of(name)
+    log.extend((ev["type"], {k: v for k, v in ev.items() if k not in ("seq", "time", "type")})
+               for ev in events)
+    hub = TrackerHub(log, tmp_path, name, [Recorder()]).start()
+    assert hub.close(timeout=60) and hub.failures == {}
+    table = S.fold(events)
+    plotted = []
+    for run in table["runs"].values():
+        for split, prefix in (("train", "train/"), ("eval", "eval/")):
+            for metric, series in run["series"][split].items():
+                tag = prefix + (metric[len("eval_"):] if split == "eval" and metric.startswith("eval_") else metric)
+                plotted.extend((run["run_id"], tag, x) for x, y in zip(series["x"], series["y"]) if y is not None)
+    assert logged and sorted(logged) == sorted(plotted)
+
+
+def test_the_reducer_pulls_in_no_torch_and_no_engine_machinery():
+    """Readers (the CLI, the panel, trackers, a notebook reading a finished folder) fold logs
+    without loading the training stack."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rapidfire_nb.engine.state; "
+            "print(sorted(m for m in ('torch', 'transformers', 'trl', 'rapidfire_nb.engine.controller') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
