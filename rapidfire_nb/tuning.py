@@ -849,6 +849,36 @@ def needs_driver(group) -> bool:
     return options is not None and (options.active or hasattr(group, "budget"))
 
 
+def pruning_settings(group) -> dict:
+    """The knobs that steer the pruner's and the sampler's decisions, for experiment.json: a
+    resume with other values would judge the old rungs by new rules (``Experiment._check_resume``)."""
+    if not needs_driver(group):
+        return {"pruner": None}
+    o = group.pruning
+    out = {"pruner": o.pruner, "pruner_mode": o.mode,
+           "objective": ", ".join(f"{d}:{_bare(m)}" for d, m in o.objectives),
+           "reduction_factor": o.reduction_factor, "min_chunks": o.min_chunks,
+           "granularity": o.granularity}
+    if hasattr(group, "budget"):
+        out.update(sampler=group.sampler, n_initial=group.n_initial, budget=group.budget,
+                   optuna_seed=group.seed)
+    return out
+
+
+def check_pruning_resume(stored: dict | None, given: dict) -> None:
+    """Refuse a resume whose pruning knobs differ from the stored ones (an older folder saved
+    none: nothing to compare)."""
+    if not isinstance(stored, dict):
+        return
+    for key in dict.fromkeys(["pruner", "pruner_mode", *sorted(stored), *sorted(given)]):
+        if key == "pruner" or stored.get("pruner") is not None:
+            if stored.get(key) != given.get(key):
+                knob = "seed (of RFOptuna)" if key == "optuna_seed" else key
+                raise ConfigError(f"resume=True needs the original {knob}={stored.get(key)!r} "
+                                  f"(got {given.get(key)!r}): the pruner's stored rungs and "
+                                  f"decisions were made with it; pass the same config group")
+
+
 def driver_for(exp, group, specs, num_chunks: int) -> ChunkAutoML | None:
     """The AutoML driver a config group asks for, or None (plain grid/random search)."""
     if not needs_driver(group):
