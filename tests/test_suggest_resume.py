@@ -54,3 +54,103 @@ def test_resume_with_other_pruner_settings_is_refused_and_changes_nothing(data, 
     e4.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest", reduction_factor=3), tiny_create_model,
                train, evald, num_chunks=4, block=False)
     e4.end(wait=False)
+
+
+def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_marks_close(data, tmp_path):  # noqa: F811
+    """Findings 5b, 8, 9: a confirm while the run trains its last chunk was reported as a
+    pruning followed by 'then resumed by hand (completed)'; marks on runs that completed stayed
+    open (a bare apply_suggestions() answered them, and the answer erased the mark from the
+    table); dismiss_suggestions accepted a mark on an ended run that apply refused."""
+    import threading
+
+    train, evald = data
+    exp = Experiment("suggest-late", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=1, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=2, block=False)
+    executor = exp.engine.executor
+    real = executor.train_chunk
+    in_last_chunk, confirmed = threading.Event(), threading.Event()
+    target = []
+
+    def train_chunk(rec):
+        # the real chunk is trained; the confirm comes after it, before the engine counts it
+        result = real(rec)
+        if not target and rec.run_id in exp.automl.suggestions and rec.chunks_done == 1:
+            target.append(rec.run_id)
+            in_last_chunk.set()
+            confirmed.wait(120)
+        return result
+
+    executor.train_chunk = train_chunk
+    assert in_last_chunk.wait(300), "no suggested run reached its last chunk"
+    late = target[0]
+    other = next(r for r in exp.automl.suggestions if r != late)
+    try:
+        assert exp.apply_suggestions([late]) == [late]      # still running: the stop is asked for
+    finally:
+        confirmed.set()
+    exp.wait()
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[late, "status"] == "completed"
+    reason = info.loc[late, "pruning"]
+    assert reason.startswith("suggested: pruned at chunk 1") and "resumed by hand" not in reason
+    assert reason.endswith("; confirmed, but the run had completed")
+    # the other mark was never answered; its run completed: shown as closed, not open
+    assert info.loc[other, "status"] == "completed"
+    assert info.loc[other, "pruning"].endswith("; run completed")
+    before = len(exp.events.since(0))
+    assert exp.apply_suggestions() == [] and exp.dismiss_suggestions() == []
+    assert exp.events.since(before) == []       # "all" means the open marks: none
+    # named, an ended run is skipped the same way by both answers, and logged as refused
+    assert exp.dismiss_suggestions([other]) == []
+    assert exp.apply_suggestions([other]) == []
+    assert _answers(exp)[-2:] == [("ignore_suggestion", other, False), ("confirm_suggestion", other, False)]
+    assert [ev["reason"] for ev in exp.events.since(before)] == [f"run {other} is completed"] * 2
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[other, "pruning"].endswith("; run completed")     # the judgement stays shown
+    exp.end()
+    # the log tells the same story after a restart
+    exp = Experiment("suggest-late", experiment_path=tmp_path, resume=True)
+    exp.run_fit(grid(epochs=1, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=2, block=True)
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[late, "pruning"].endswith("; confirmed, but the run had completed")
+    exp.end()
+
+
+def test_a_pruned_run_deleted_later_is_not_said_to_be_resumed(data, tmp_path):  # noqa: F811
+    """Finding 5c: in stop mode a pruned run the user deleted read 'then resumed by hand (deleted)'."""
+    train, evald = data
+    exp = Experiment("prune-delete", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=1, pruner="sha"), tiny_create_model, train, evald, num_chunks=2, block=True)
+    info = exp.get_runs_info().set_index("run_id")
+    pruned = [int(r) for r in info.index if info.loc[r, "status"] == "stopped"]
+    assert pruned
+    exp.delete(pruned[0])
+    exp.wait()
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[pruned[0], "pruning"].startswith("pruned at chunk 1")
+    assert info.loc[pruned[0], "pruning"].endswith("; then deleted")
+    exp.end()
+
+
+def test_an_ignored_mark_is_not_asked_again_when_automl_json_is_lost(data, tmp_path):  # noqa: F811
+    """Finding 7: the log holds the answer, so a lost automl.json must not bring the mark back."""
+    train, evald = data
+    exp = Experiment("suggest-lost", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=4, block=False)
+    marked = _wait_for_marks(exp, 2)
+    b = int(marked.run_id.iloc[1])
+    assert exp.dismiss_suggestions([b]) == [b]
+    exp.end(wait=False)
+    (tmp_path / "suggest-lost" / "automl.json").unlink()
+    exp = Experiment("suggest-lost", experiment_path=tmp_path, resume=True)
+    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=4, block=True)
+    marks = [ev["run_id"] for ev in exp.events.since(0) if ev["type"] == "pruning_suggested"]
+    assert marks.count(b) == 1
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[b, "pruning"].endswith("; ignored by user")
+    assert b not in exp.automl.suggestions
+    exp.end()
