@@ -630,8 +630,10 @@ class Experiment:
 
     # -- AutoML (issue 18, rapidfire_nb/tuning.py) ---------------------------------------------
     def apply_suggestions(self, run_ids=None) -> list[int]:
-        """With ``pruner_mode="suggest"``: stop the runs the pruner marked (all of them, or the
-        given ids) with the pruning reason; returns the ids stopped. Unmarked runs are refused."""
+        """With ``pruner_mode="suggest"``: stop the runs the pruner marked (all open marks, or the
+        given ids) with the pruning reason; returns the ids stopped. Unmarked runs are refused.
+        A marked run that is no longer pending/running (completed, failed, deleted, stopped) is
+        skipped: its answer is logged as refused and it is not in the returned list."""
         self._check_open()
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("apply_suggestions needs a config group with pruner_mode='suggest'")
@@ -640,7 +642,9 @@ class Experiment:
     def dismiss_suggestions(self, run_ids=None) -> list[int]:
         """With ``pruner_mode="suggest"``: ignore the pruner's marks on these runs (all of them,
         or the given ids), which train on and are not judged again; returns the ids dismissed.
-        Each answer is logged as an ``op`` event, like ``apply_suggestions``'s confirms."""
+        Each answer is logged as an ``op`` event, like ``apply_suggestions``'s confirms. A marked
+        run that ended (completed, failed, deleted) is skipped the same way: logged as refused,
+        not returned; its mark stays in ``get_runs_info()`` as "...; run completed"."""
         self._check_open()
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("dismiss_suggestions needs a config group with pruner_mode='suggest'")

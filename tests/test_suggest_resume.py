@@ -56,17 +56,12 @@ def test_resume_with_other_pruner_settings_is_refused_and_changes_nothing(data, 
     e4.end(wait=False)
 
 
-def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_marks_close(data, tmp_path):  # noqa: F811
-    """Findings 5b, 8, 9: a confirm while the run trains its last chunk was reported as a
-    pruning followed by 'then resumed by hand (completed)'; marks on runs that completed stayed
-    open (a bare apply_suggestions() answered them, and the answer erased the mark from the
-    table); dismiss_suggestions accepted a mark on an ended run that apply refused."""
+def _confirm_in_last_chunk(exp, last):
+    """Hold the engine right after a suggested run trained its last chunk (chunks_done == last
+    before it), before the engine counts that chunk: the test confirms then. Returns the run id
+    and the function that lets the engine go on."""
     import threading
 
-    train, evald = data
-    exp = Experiment("suggest-late", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=1, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
-                num_chunks=2, block=False)
     executor = exp.engine.executor
     real = executor.train_chunk
     in_last_chunk, confirmed = threading.Event(), threading.Event()
@@ -75,7 +70,7 @@ def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_mar
     def train_chunk(rec):
         # the real chunk is trained; the confirm comes after it, before the engine counts it
         result = real(rec)
-        if not target and rec.run_id in exp.automl.suggestions and rec.chunks_done == 1:
+        if not target and rec.run_id in exp.automl.suggestions and rec.chunks_done == last:
             target.append(rec.run_id)
             in_last_chunk.set()
             confirmed.wait(120)
@@ -83,12 +78,24 @@ def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_mar
 
     executor.train_chunk = train_chunk
     assert in_last_chunk.wait(300), "no suggested run reached its last chunk"
-    late = target[0]
+    return target[0], confirmed.set
+
+
+def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_marks_close(data, tmp_path):  # noqa: F811
+    """Findings 5b, 8, 9: a confirm while the run trains its last chunk was reported as a
+    pruning followed by 'then resumed by hand (completed)'; marks on runs that completed stayed
+    open (a bare apply_suggestions() answered them, and the answer erased the mark from the
+    table); dismiss_suggestions accepted a mark on an ended run that apply refused."""
+    train, evald = data
+    exp = Experiment("suggest-late", experiment_path=tmp_path)
+    exp.run_fit(grid(epochs=1, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+                num_chunks=2, block=False)
+    late, release = _confirm_in_last_chunk(exp, last=1)
     other = next(r for r in exp.automl.suggestions if r != late)
     try:
         assert exp.apply_suggestions([late]) == [late]      # still running: the stop is asked for
     finally:
-        confirmed.set()
+        release()
     exp.wait()
     info = exp.get_runs_info().set_index("run_id")
     assert info.loc[late, "status"] == "completed"
@@ -153,4 +160,56 @@ def test_an_ignored_mark_is_not_asked_again_when_automl_json_is_lost(data, tmp_p
     info = exp.get_runs_info().set_index("run_id")
     assert info.loc[b, "pruning"].endswith("; ignored by user")
     assert b not in exp.automl.suggestions
+    exp.end()
+
+
+def test_rfoptuna_confirm_prunes_the_trial_once_stopped_and_refills(data, tmp_path):  # noqa: F811
+    """The trial of a confirmed run is told PRUNED when its stop took effect (no longer at the
+    confirm, which may come too late), and its slot is refilled; an ignored trial completes."""
+    pytest.importorskip("optuna")
+    from rapidfire_nb.automl import Range, RFLoraConfig, RFModelConfig, RFOptuna, RFSFTConfig
+
+    train, evald = data
+    group = RFOptuna(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+                                   training_args=RFSFTConfig(learning_rate=Range(1e-5, 5e-2, log=True),
+                                                             per_device_train_batch_size=8, max_length=64)),
+                     "SFT", n_initial=4, budget=6, pruner="sha", pruner_mode="suggest", seed=1)
+    exp = Experiment("optuna-suggest", experiment_path=tmp_path)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=4, block=False)
+    a, b = sorted(int(r) for r in _wait_for_marks(exp, 2).run_id)[:2]
+    assert exp.apply_suggestions([a]) == [a]
+    assert exp.dismiss_suggestions([b]) == [b]
+    exp.wait()
+    tuner = exp.automl.tuner
+    states = {t.user_attrs.get("run_id"): t.state.name for t in tuner.study.get_trials()}
+    assert states[a] == "PRUNED" and states[b] == "COMPLETE"
+    assert len(states) == 6 and max(states) == 6
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[a, "status"] == "stopped" and info.loc[a, "pruning"].startswith("pruned at chunk")
+    exp.end()
+
+
+def test_rfoptuna_a_confirm_that_came_too_late_leaves_the_trial_complete(data, tmp_path):  # noqa: F811
+    """Finding 5b for RFOptuna: the trial was told PRUNED at the confirm although its run then
+    trained to the end."""
+    pytest.importorskip("optuna")
+    from rapidfire_nb.automl import Range, RFLoraConfig, RFModelConfig, RFOptuna, RFSFTConfig
+
+    train, evald = data
+    group = RFOptuna(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+                                   training_args=RFSFTConfig(learning_rate=Range(1e-5, 5e-2, log=True),
+                                                             per_device_train_batch_size=8, max_length=64,
+                                                             num_train_epochs=1)),
+                     "SFT", n_initial=4, budget=4, pruner="sha", pruner_mode="suggest", seed=1)
+    exp = Experiment("optuna-late", experiment_path=tmp_path)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, block=False)
+    late, release = _confirm_in_last_chunk(exp, last=1)
+    try:
+        assert exp.apply_suggestions([late]) == [late]
+    finally:
+        release()
+    exp.wait()
+    states = {t.user_attrs.get("run_id"): t.state.name for t in exp.automl.tuner.study.get_trials()}
+    assert exp.get_runs_info().set_index("run_id").loc[late, "status"] == "completed"
+    assert states[late] == "COMPLETE"
     exp.end()
