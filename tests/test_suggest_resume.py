@@ -8,12 +8,17 @@ import json
 import pytest
 
 from rapidfire_nb import Experiment
-from rapidfire_nb.demo_data import tiny_create_model
+from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.errors import ConfigError
-from tests.test_tuning import _answers, _wait_for_marks, data, grid  # noqa: F401  (data: fixture)
+from tests.test_tuning import _answers, _wait_for_marks, grid
 
 
-def test_resume_with_other_pruner_settings_is_refused_and_changes_nothing(data, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def data():
+    return make_demo_datasets(32, 8)
+
+
+def test_resume_with_other_pruner_settings_is_refused_and_changes_nothing(data, tmp_path):
     """Finding 1: a resume with another pruner/mode/factor was accepted and judged the stored
     rungs by the new rules; an older folder without saved settings still resumes."""
     train, evald = data
@@ -81,7 +86,7 @@ def _confirm_in_last_chunk(exp, last):
     return target[0], confirmed.set
 
 
-def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_marks_close(data, tmp_path):  # noqa: F811
+def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_marks_close(data, tmp_path, capsys):
     """Findings 5b, 8, 9: a confirm while the run trains its last chunk was reported as a
     pruning followed by 'then resumed by hand (completed)'; marks on runs that completed stayed
     open (a bare apply_suggestions() answered them, and the answer erased the mark from the
@@ -111,8 +116,27 @@ def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_mar
     # named, an ended run is skipped the same way by both answers, and logged as refused
     assert exp.dismiss_suggestions([other]) == []
     assert exp.apply_suggestions([other]) == []
-    assert _answers(exp)[-2:] == [("ignore_suggestion", other, False), ("confirm_suggestion", other, False)]
-    assert [ev["reason"] for ev in exp.events.since(before)] == [f"run {other} is completed"] * 2
+    # and the magic does not claim it ignored it
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    from rapidfire_nb.notebook.magics import load_ipython_extension
+
+    InteractiveShell.clear_instance()
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=cfg)
+    try:
+        load_ipython_extension(shell)
+        capsys.readouterr()
+        shell.run_cell(f"%rapidfire ignore {other}", store_history=False)
+        out, _ = capsys.readouterr()
+    finally:
+        InteractiveShell.clear_instance()
+    assert f"run {other}: it ended before the answer; nothing to ignore" in out
+    assert _answers(exp)[-3:] == [("ignore_suggestion", other, False), ("confirm_suggestion", other, False),
+                                  ("ignore_suggestion", other, False)]
+    assert [ev["reason"] for ev in exp.events.since(before)] == [f"run {other} is completed"] * 3
     info = exp.get_runs_info().set_index("run_id")
     assert info.loc[other, "pruning"].endswith("; run completed")     # the judgement stays shown
     exp.end()
@@ -125,7 +149,7 @@ def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_mar
     exp.end()
 
 
-def test_a_pruned_run_deleted_later_is_not_said_to_be_resumed(data, tmp_path):  # noqa: F811
+def test_a_pruned_run_deleted_later_is_not_said_to_be_resumed(data, tmp_path):
     """Finding 5c: in stop mode a pruned run the user deleted read 'then resumed by hand (deleted)'."""
     train, evald = data
     exp = Experiment("prune-delete", experiment_path=tmp_path)
@@ -141,7 +165,7 @@ def test_a_pruned_run_deleted_later_is_not_said_to_be_resumed(data, tmp_path):  
     exp.end()
 
 
-def test_an_ignored_mark_is_not_asked_again_when_automl_json_is_lost(data, tmp_path):  # noqa: F811
+def test_an_ignored_mark_is_not_asked_again_when_automl_json_is_lost(data, tmp_path):
     """Finding 7: the log holds the answer, so a lost automl.json must not bring the mark back."""
     train, evald = data
     exp = Experiment("suggest-lost", experiment_path=tmp_path)
@@ -163,7 +187,7 @@ def test_an_ignored_mark_is_not_asked_again_when_automl_json_is_lost(data, tmp_p
     exp.end()
 
 
-def test_rfoptuna_confirm_prunes_the_trial_once_stopped_and_refills(data, tmp_path):  # noqa: F811
+def test_rfoptuna_confirm_prunes_the_trial_once_stopped_and_refills(data, tmp_path):
     """The trial of a confirmed run is told PRUNED when its stop took effect (no longer at the
     confirm, which may come too late), and its slot is refilled; an ignored trial completes."""
     pytest.importorskip("optuna")
@@ -189,7 +213,7 @@ def test_rfoptuna_confirm_prunes_the_trial_once_stopped_and_refills(data, tmp_pa
     exp.end()
 
 
-def test_rfoptuna_a_confirm_that_came_too_late_leaves_the_trial_complete(data, tmp_path):  # noqa: F811
+def test_rfoptuna_a_confirm_that_came_too_late_leaves_the_trial_complete(data, tmp_path):
     """Finding 5b for RFOptuna: the trial was told PRUNED at the confirm although its run then
     trained to the end."""
     pytest.importorskip("optuna")
