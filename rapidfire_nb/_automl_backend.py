@@ -22,8 +22,9 @@ import re
 import types
 import typing
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from rapidfire_nb.errors import ConfigError
 
@@ -63,24 +64,24 @@ TARGETS = {
 TRAINING_TARGET = {t.trainer_type: t for t in TARGETS.values() if t.trainer_type}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _import_class(module: str, name: str) -> type:
     # TRL takes seconds to import; only pay for it when a config is first built.
     return getattr(importlib.import_module(module), name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library_version(module: str) -> str:
     return getattr(importlib.import_module(module), "__version__", "?")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def knob_fields(target: Target) -> dict[str, dataclasses.Field]:
     """Constructor keywords of the installed class, in declaration order."""
     return {f.name: f for f in dataclasses.fields(target.cls) if f.init}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def knob_hints(target: Target) -> dict[str, Any]:
     try:
         return typing.get_type_hints(target.cls)
@@ -410,7 +411,7 @@ class Machine:
     name: str
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def detect_machine() -> Machine:
     import torch
     if torch.cuda.is_available():

@@ -45,7 +45,8 @@ import json
 import math
 import random
 import warnings
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rapidfire_nb import _automl_backend as _be
 from rapidfire_nb._automl_backend import RapidFireConfigWarning
@@ -55,7 +56,9 @@ from rapidfire_nb.errors import ConfigError
 
 __all__ = [
     "List", "Range", "RFLoraConfig", "RFSFTConfig", "RFDPOConfig", "RFGRPOConfig", "RFModelConfig",
-    "RFGridSearch", "RFRandomSearch", "RFOptuna", "RapidFireConfigWarning", "apply_changes", "editable_knobs",
+    # RFOptuna comes from the module __getattr__ below (created on first use)
+    "RFGridSearch", "RFRandomSearch", "RFOptuna",  # noqa: F822
+    "RapidFireConfigWarning", "apply_changes", "editable_knobs",
     "build_training_args", "build_lora_config", "warm_start_conflicts",
 ]
 
@@ -544,7 +547,7 @@ class RFModelConfig:
     def _slots(self):
         return [(name, getattr(self, name)) for name in _SLOT_ORDER] + [("extra", self.extra)]
 
-    def copy(self) -> "RFModelConfig":
+    def copy(self) -> RFModelConfig:
         """An independent copy: RF configs and dicts copied, callables shared."""
         new = object.__new__(RFModelConfig)
         for name in _MODEL_FIELDS + ("extra",):

@@ -764,6 +764,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="instead: an 8-config grid (4 learning rates x 2 LoRA ranks) trained in full "
                          "and with this pruner; best final eval loss and wall time of each")
     ap.add_argument("--reduction-factor", type=int, default=2, help="with --pruner: keep 1/N per rung")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="issue 19: the runs (default 8) in the kernel, on 1 Ray worker and on N "
+                         "(needs rapidfire-nb[ray]); reports wall times and the per-chunk actor hop")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     ap.add_argument("--output", default=None, help="also write the JSON report to this file")
     return ap
@@ -774,6 +777,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.pruner:   # issue 18: a pruned grid against the full one (run_pruner_bench)
         return _pruner_main(args)
     p = PRESETS[args.preset]
+    if args.workers is not None and args.workers < 1:
+        print(f"rapidfire bench: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+        return 2
     changes = {}
     for name, key in (("configs", "n_configs"), ("chunks", "num_chunks"),
                       ("steps_per_chunk", "steps_per_chunk")):
@@ -794,6 +800,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rapidfire bench: --configs must be between 1 and {len(LEARNING_RATES)}, got "
               f"{p.n_configs}", file=sys.stderr)
         return 2
+    if args.workers:   # issue 19: kernel vs Ray workers (rapidfire_nb/bench_workers.py)
+        from rapidfire_nb.bench_workers import workers_main
+
+        return workers_main(args, p)
     tracking = [t.strip() for t in args.tracking.split(",") if t.strip()]
     log = (lambda *a, **k: print(*a, file=sys.stderr, flush=True)) if args.json else \
         (lambda *a, **k: print(*a, flush=True))

@@ -17,28 +17,34 @@ import json
 import re
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import runs as R
+from rapidfire_nb.engine.adapters import trainer_class
 from rapidfire_nb.engine.controller import Engine, Op
 from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.lock import FolderLock
 from rapidfire_nb.engine.precheck import check_before_training, check_target_modules
 from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.store import (ExperimentStore, atomic_write_json, check_experiment_meta,
-                                       failed_by_the_disk, read_json)
-from rapidfire_nb.engine.adapters import trainer_class
+from rapidfire_nb.engine.store import (
+    ExperimentStore,
+    atomic_write_json,
+    check_experiment_meta,
+    failed_by_the_disk,
+    read_json,
+)
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
-_current: "weakref.ref[Experiment] | None" = None
+_current: weakref.ref[Experiment] | None = None
 # fullmatch, not match: "$" would let a trailing newline through into the folder name
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def current_experiment() -> "Experiment | None":
+def current_experiment() -> Experiment | None:
     """The most recently created, not yet ended Experiment of this process."""
     exp = _current() if _current is not None else None
     return exp if exp is not None and not exp._ended else None
@@ -97,11 +103,16 @@ class Experiment:
             copy, and optimizer state). ``"auto"`` (default): on the GPU, moving the least recently
             trained runs to pinned host memory only while the GPU is short of memory; ``"never"``:
             always on the device; ``"always"``: only the training run is on the device.
+        num_workers: where chunks train. ``"auto"`` (default): in this kernel when at most one GPU
+            is visible; one Ray worker per GPU when there are several, or per GPU of the Ray
+            cluster already chosen (``ray.init(address=...)`` or ``RAY_ADDRESS``). ``0``: in this
+            kernel. ``n``: n Ray workers (on CPUs when the cluster has no GPU). Needs
+            ``pip install 'rapidfire-nb[ray]'``; see "More than one GPU" in the README.
     """
 
     def __init__(self, experiment_name: str, experiment_path: str | Path | None = None, *,
                  mode: str = "fit", resume: bool = False, tracking: list[str] | None = None,
-                 offload: str = "auto"):
+                 offload: str = "auto", num_workers: int | str = "auto"):
         global _current
         if not isinstance(experiment_name, str) or not _NAME_RE.fullmatch(experiment_name):
             raise ConfigError(
@@ -111,6 +122,9 @@ class Experiment:
         if offload not in ("auto", "always", "never"):
             raise ConfigError(f"offload={offload!r}: use 'auto' (park runs in host memory only when "
                               "the GPU is short of memory), 'always' or 'never'")
+        from rapidfire_nb.engine.workers import check_num_workers
+
+        check_num_workers(num_workers)
         parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
         root = parent / experiment_name
         if resume and not (root / "experiment.json").exists():
@@ -129,6 +143,7 @@ class Experiment:
         self.path = root.resolve()
         self.resumed = resume
         self.offload = offload
+        self.num_workers = num_workers
         self.store = ExperimentStore(self.path)
         # the folder's owner from here to end(): nothing below may write before this
         self._folder_lock = FolderLock(self.path).acquire()
@@ -194,7 +209,7 @@ class Experiment:
 
     # -- training ----------------------------------------------------------------------------
     def run_fit(self, config_group, create_model: Callable, train_dataset, eval_dataset=None,
-                num_chunks: int = 4, seed: int = 42, block: bool | None = None) -> "Experiment":
+                num_chunks: int = 4, seed: int = 42, block: bool | None = None) -> Experiment:
         """Expand and validate ``config_group``, then train every run, chunk by chunk.
 
         Returns at once inside an IPython kernel (training goes on in a background thread and the
@@ -229,9 +244,19 @@ class Experiment:
             check_run_data(spec, trainer_class(spec.trainer_type), train_dataset, eval_dataset,
                            prep_cache)
 
-        engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
-                        num_chunks, seed, build_training_args, build_lora_config,
-                        offload=self.offload, prep_cache=prep_cache)
+        from rapidfire_nb.engine.workers import resolve_num_workers
+
+        workers = resolve_num_workers(self.num_workers)
+        if workers:   # Ray is imported only on this path
+            from rapidfire_nb.engine.workers.engine import WorkerEngine
+
+            engine = WorkerEngine(self.store, self.events, create_model, train_dataset, eval_dataset,
+                                  num_chunks, seed, build_training_args, build_lora_config,
+                                  offload=self.offload, prep_cache=prep_cache, num_workers=workers)
+        else:
+            engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
+                            num_chunks, seed, build_training_args, build_lora_config,
+                            offload=self.offload, prep_cache=prep_cache)
         for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
             engine.plan_run(spec)
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
@@ -258,6 +283,8 @@ class Experiment:
             engine.load_base(spec, need_pristine[spec.base_key()])
         # what needs the base or the data: LoRA targets, the first rows, generation_config
         check_before_training(specs, engine.model_and_tokenizer, train_dataset, eval_dataset, prep_cache)
+        if workers:
+            engine.pool.start()   # Ray and the workers; an error here (too few GPUs) changes nothing
         self.engine = engine
         self.automl = automl
         if self.resumed:
@@ -508,7 +535,7 @@ class Experiment:
                 self._trackers.flush(timeout=30)
                 self._trackers.close()
             except Exception as exc:
-                warnings.warn(f"trackers did not close cleanly: {exc}")
+                warnings.warn(f"trackers did not close cleanly: {exc}", stacklevel=2)
         if self._panel is not None:
             try:
                 self._panel.close_publisher()

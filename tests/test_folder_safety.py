@@ -7,7 +7,6 @@ Python errors, and names with control characters made folders.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import signal

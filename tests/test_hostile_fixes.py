@@ -176,7 +176,6 @@ def test_resume_of_a_folder_where_no_run_was_created_is_still_allowed(tmp_path):
 
 def test_a_checkpoint_swapped_between_runs_is_refused_naming_the_file(tmp_path):
     from rapidfire_nb.engine.store import CheckpointReadError
-    from rapidfire_nb.errors import OpRefused
 
     exp = Experiment("S", experiment_path=tmp_path, tracking=[])
     exp.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)

@@ -9,7 +9,6 @@ op-latency test submits from the test's own thread while training goes on, as a 
 from __future__ import annotations
 
 import gc
-import sys
 import threading
 import time
 import warnings

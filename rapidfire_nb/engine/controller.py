@@ -23,8 +23,9 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.events import EventLog

@@ -9,15 +9,15 @@ actor per GPU) implements the same interface, holding its own bases and trainers
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
+from rapidfire_nb.engine.adapters.base import RunTrainer, merge_window
 from rapidfire_nb.engine.factory import TrainerFactory
 from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.store import ExperimentStore
-from rapidfire_nb.engine.adapters.base import RunTrainer, merge_window
 
 COUNTERS = ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done")
 

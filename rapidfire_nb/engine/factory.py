@@ -9,8 +9,9 @@ for validation before training, by ``Experiment`` (``load_base``, ``model_and_to
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rapidfire_nb.engine.adapters import trainer_class
 from rapidfire_nb.engine.adapters.base import RunTrainer, prepare_quantized_base

@@ -27,7 +27,7 @@ LOCK_NAME = ".lock"
 
 # this process's held locks, by resolved folder: a second Experiment in the same process gets the
 # same clear refusal as one in another process (flock would refuse it too, with less to say)
-_HELD: "weakref.WeakValueDictionary[str, FolderLock]" = weakref.WeakValueDictionary()
+_HELD: weakref.WeakValueDictionary[str, FolderLock] = weakref.WeakValueDictionary()
 _HELD_LOCK = threading.RLock()   # reentrant: __del__ may run inside it (gc)
 
 
@@ -41,7 +41,7 @@ class FolderLock:
         self.path = self.folder / LOCK_NAME
         self._fd: int | None = None
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         key = str(self.folder)
         if key in _HELD:
             import gc

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.runs import RunRecord
-from rapidfire_nb.engine.store import ExperimentStore, atomic_write_json, durable_write_failure
+from rapidfire_nb.engine.store import (
+    ExperimentStore,
+    atomic_write_json,
+    durable_write_failure,
+)
 from rapidfire_nb.engine.writer import CheckpointWriter
 
 

@@ -9,10 +9,10 @@ scheduler will come back to last first; elsewhere, nothing moves.
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
-from rapidfire_nb.engine.scheduler import RunView, parking_order
 from rapidfire_nb.engine.adapters.base import RunTrainer
+from rapidfire_nb.engine.scheduler import RunView, parking_order
 
 
 class Residency:
@@ -57,7 +57,7 @@ class Residency:
             self.parks_done += 1
         except Exception as exc:   # e.g. no pinned host memory left: it just stays resident
             warnings.warn(f"run {rt.record.run_id} could not be moved to host memory "
-                          f"({type(exc).__name__}: {exc}); it stays on the device")
+                          f"({type(exc).__name__}: {exc}); it stays on the device", stacklevel=2)
 
     def memory_probe(self, rt: RunTrainer) -> Callable[[], None] | None:
         """On CUDA with "auto", call at a chunk's start; the returned function, called at its end,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 TRAINER_TYPES = ("SFT", "DPO", "GRPO")
 # training_args knobs that change what is logged or evaluated, never what a run computes
@@ -66,7 +67,7 @@ class RunSpec:
             sort_keys=True, default=repr,
         )
 
-    def reference_spec(self) -> "RunSpec | None":
+    def reference_spec(self) -> RunSpec | None:
         """The reference model DPO/GRPO load through ``create_model`` when ``ref_model_name``
         names another model than the base (None: the base itself is the reference)."""
         if self.trainer_type not in ("DPO", "GRPO") or self.ref_model_name in (None, self.model_name):

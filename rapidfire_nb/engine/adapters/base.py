@@ -37,7 +37,13 @@ import torch
 
 from rapidfire_nb.engine.chunks import ChunkPlan
 from rapidfire_nb.engine.hfstate import fresh_accelerator_state
-from rapidfire_nb.engine.rng import capture_rng, derive_seed, restore_rng, rng_fork, seeded_rng
+from rapidfire_nb.engine.rng import (
+    capture_rng,
+    derive_seed,
+    restore_rng,
+    rng_fork,
+    seeded_rng,
+)
 from rapidfire_nb.errors import ConfigError
 
 
@@ -523,7 +529,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _rename_adapter(name: str, adapter: str) -> str:
     parts = name.split(".")
-    for i, p in enumerate(parts):
+    for i in range(len(parts)):
         if i > 0 and parts[i - 1] in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B",
                                       "lora_magnitude_vector"):
             parts[i] = adapter

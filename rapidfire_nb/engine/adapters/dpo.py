@@ -20,8 +20,13 @@ from __future__ import annotations
 import torch
 
 from rapidfire_nb.engine.adapters.base import RunTrainer, check_generation_columns
-from rapidfire_nb.engine.adapters.shared import (RunPatches, frozen_reference, lm_module, refuse_unsupported,
-                                                 text_or_conversation)
+from rapidfire_nb.engine.adapters.shared import (
+    RunPatches,
+    frozen_reference,
+    lm_module,
+    refuse_unsupported,
+    text_or_conversation,
+)
 from rapidfire_nb.engine.rng import rng_fork
 from rapidfire_nb.errors import ConfigError
 

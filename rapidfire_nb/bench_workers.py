@@ -1,0 +1,164 @@
+"""``rapidfire bench --workers N``: the same runs trained in the kernel, on 1 Ray worker, on N.
+
+Every side trains the same group (``--configs``, default 8 LoRA runs on one base; the preset's
+chunks and steps) from a fresh copy of the same base, and reports:
+
+* ``wall_s``        ``run_fit`` to the end, start-up included (Ray workers start their Python,
+                    import torch/transformers/TRL and build their trainers: seconds);
+* ``train_wall_s``  from the moment every worker is up (the ``workers`` event) to the end: the
+                    figure that scales with the work, and the one to compare;
+* ``hop_ms``        per chunk, the actor round trip less the time inside the worker (arguments and
+                    result through Ray's object store, scheduling, the controller noticing); and
+                    ``hop_frac``: the sum of hops over the sum of the workers' chunk times;
+* ``moves``         runs that changed worker (each costs a trainer build and a checkpoint shipped).
+
+Ray is started once, locally (or the cluster ``RAY_ADDRESS`` names), before anything is timed.
+Each worker's torch uses as many threads as the CPUs it claims (all of them for 1 worker, half
+each for 2 on this machine); the kernel side uses this process's torch threads (``--threads``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+
+
+def run_side(p, group, pristine, tok, train, evald, workdir: str, num_workers: int) -> dict:
+    from rapidfire_nb.experiment import Experiment
+
+    model = copy.deepcopy(pristine)
+    exp = Experiment(f"bench-w{num_workers}-{int(time.time() * 1000)}", experiment_path=workdir,
+                     tracking=[], num_workers=num_workers)
+    try:
+        t0 = time.time()
+        exp.run_fit(group, lambda cfg: (model, tok), train, evald, num_chunks=p.num_chunks,
+                    seed=42, block=True)
+        end = time.time()
+        info = exp.get_runs_info()
+        bad = info[info.status != "completed"]
+        if len(bad):
+            raise RuntimeError("not every run completed: " + "; ".join(
+                f"run {r.run_id} {r.status} {str(r.error)[-300:]}" for r in bad.itertuples()))
+        evs = exp.events.since(0)
+        chunks = [e for e in evs if e["type"] == "chunk_done"]
+        ready = next((e["time"] for e in evs if e["type"] == "workers"), t0)
+        out = {"workers": num_workers, "wall_s": end - t0, "startup_s": ready - t0,
+               "train_wall_s": end - ready, "chunks": len(chunks),
+               "train_s": sum(c["train_s"] for c in chunks),
+               "eval_s": sum(c["eval_s"] for c in chunks),
+               "by_worker": {}}
+        for c in chunks:
+            w = c.get("worker", "kernel")
+            out["by_worker"][w] = out["by_worker"].get(w, 0) + 1
+        remote = getattr(exp.engine, "remote", None)
+        if remote is not None:
+            hops = remote.hops
+            out["moves"] = remote.moves
+            out["hop_ms_median"] = 1000 * statistics.median(h["hop_s"] for h in hops)
+            out["hop_ms_max"] = 1000 * max(h["hop_s"] for h in hops)
+            out["chunk_ms_median"] = 1000 * statistics.median(h["worker_s"] for h in hops)
+            out["hop_frac"] = sum(h["hop_s"] for h in hops) / sum(h["worker_s"] for h in hops)
+            (workers,) = [e for e in evs if e["type"] == "workers"]
+            out["torch_threads"] = {w["worker"]: w["torch_threads"] for w in workers["workers"]}
+        else:
+            import torch
+
+            out["torch_threads"] = {"kernel": torch.get_num_threads()}
+        return out
+    finally:
+        exp.end()
+
+
+def run_workers_bench(p, workers: int, repeats: int = 1, log=print) -> dict:
+    import torch
+
+    from rapidfire_nb.bench import _quiet, build_base, make_datasets, make_group
+    from rapidfire_nb.engine.workers.pool import connect
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    t0 = time.perf_counter()
+    ray = connect()
+    report = {"preset": asdict(p), "workers": workers, "repeats": repeats,
+              "ray_version": ray.__version__, "ray_start_s": time.perf_counter() - t0,
+              "cluster": {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")},
+              "cpu_count": os.cpu_count(), "kernel_torch_threads": torch.get_num_threads(),
+              "load_avg_before": os.getloadavg(), "sides": []}
+    sides = [0, 1, workers] if workers > 1 else [0, workers]
+    work = tempfile.mkdtemp(prefix="rapidfire-bench-workers-")
+    try:
+        with _quiet():
+            pristine, tok = build_base(p)
+            train, evald = make_datasets(p)
+            group = make_group(p, p.n_configs)
+            for r in range(repeats):
+                order = sides if r % 2 == 0 else list(reversed(sides))
+                for n in order:
+                    side = run_side(p, group, pristine, tok, train, evald, work, n)
+                    side["repeat"] = r
+                    report["sides"].append(side)
+                    log(f"  {'kernel' if n == 0 else f'{n} worker(s)'}: wall {side['wall_s']:.2f} s, "
+                        f"after start-up {side['train_wall_s']:.2f} s"
+                        + (f", hop {side['hop_ms_median']:.1f} ms/chunk ({100 * side['hop_frac']:.2f} % "
+                           f"of chunk time), moves {side['moves']}" if n else ""))
+                    shutil.rmtree(work, ignore_errors=True)
+                    os.makedirs(work, exist_ok=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report["load_avg_after"] = os.getloadavg()
+    med = {}
+    for n in sides:
+        mine = [s for s in report["sides"] if s["workers"] == n]
+        key = "kernel" if n == 0 else f"workers_{n}"
+        med[key] = {k: statistics.median(s[k] for s in mine)
+                    for k in ("wall_s", "train_wall_s", "startup_s", "hop_ms_median", "hop_frac")
+                    if k in mine[0]}
+    report["median"] = med
+    return report
+
+
+def format_workers_report(r: dict) -> str:
+    p, med = r["preset"], r["median"]
+    lines = [f"rapidfire bench --workers {r['workers']}: preset {p['name']}, {p['n_configs']} runs x "
+             f"{p['num_chunks']} chunks x {p['steps_per_chunk']} steps; Ray {r['ray_version']} "
+             f"(cluster {r['cluster']}, started in {r['ray_start_s']:.1f} s, not timed); "
+             f"{r['cpu_count']} CPUs, load average {r['load_avg_before'][0]:.1f} before / "
+             f"{r['load_avg_after'][0]:.1f} after (a busy machine slows every side)",
+             f"  {'side':<12} {'wall s':>8} {'start-up s':>11} {'after start-up s':>17} {'hop ms':>8} {'hop %':>7}"]
+    for key, m in med.items():
+        hop = f"{m['hop_ms_median']:8.1f} {100 * m['hop_frac']:6.2f}%" if "hop_frac" in m else f"{'-':>8} {'-':>7}"
+        lines.append(f"  {key:<12} {m['wall_s']:8.2f} {m['startup_s']:11.2f} {m['train_wall_s']:17.2f} {hop}")
+    kern = med["kernel"]["train_wall_s"]
+    for key, m in med.items():
+        if key != "kernel":
+            lines.append(f"  {key}: {kern / m['train_wall_s']:.2f}x the kernel engine's speed after start-up")
+    lines.append("  hop: actor round trip less the time inside the worker, per chunk (median); "
+                 "hop %: all hops over all chunk time (target < 2 %)")
+    return "\n".join(lines)
+
+
+def workers_main(args, preset) -> int:
+    p = preset
+    if args.configs is None:
+        p = replace(p, n_configs=8)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    log = (lambda *a, **k: print(*a, file=sys.stderr, flush=True)) if args.json else \
+        (lambda *a, **k: print(*a, flush=True))
+    log(f"rapidfire bench --workers {args.workers}: {p.n_configs} runs in the kernel, on 1 worker"
+        + (f" and on {args.workers}" if args.workers > 1 else "") + "...")
+    report = run_workers_bench(p, args.workers, repeats=args.repeats, log=log)
+    text = json.dumps(report, indent=1, default=str)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    print(text if args.json else format_workers_report(report), flush=True)
+    return 0

@@ -1,0 +1,390 @@
+"""``WorkerEngine``: the in-kernel controller, with chunks trained by Ray workers.
+
+Everything the kernel's engine does stays as it is: the op queue, the event log, the checkpoint
+writer (checkpoint first, then the chunk's events), runs.json, the AutoML boundary hook, recovery.
+Two things change:
+
+- the chunk executor (engine/executor.py) is ``RemoteChunkExecutor``: ``dispatch`` starts a chunk
+  on a worker, and ``train_chunk`` hands the engine the result of the one that came back, so the
+  engine books it with its own code (``Engine._train_chunk``);
+- the loop keeps every live worker busy with one chunk, and books whichever finishes first.
+
+Where a run trains (see policy.py): on the worker that holds its trainer while it can; it moves only
+at a chunk boundary, by shipping its last checkpoint to the new worker. The experiment folder is
+the controller's alone; state travels through Ray's object store, so workers on other machines need
+no shared file system.
+
+Ops that touch a run whose chunk is in flight (stop, resume, delete, a clone of it) are held until
+that chunk has come back and its checkpoint is written, then applied in order: they see the run at
+a chunk boundary, as in the kernel.
+
+A worker that dies loses only the chunk it was training: a run's counters move only when a chunk's
+result is booked, so the run is simply scheduled again, on another worker, from its last checkpoint;
+the other runs the dead worker held continue the same way. A ``worker_lost`` event says what
+happened. With no worker left the active runs are stopped (resumable); resuming one starts
+replacement workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+
+from rapidfire_nb.engine import runs as R
+from rapidfire_nb.engine.controller import Engine
+from rapidfire_nb.engine.executor import ChunkExecutor, ChunkResult
+from rapidfire_nb.engine.runs import RunRecord
+from rapidfire_nb.engine.scheduler import RunView
+from rapidfire_nb.engine.workers.policy import choose_for_worker
+from rapidfire_nb.engine.workers.pool import RayWorkerPool, WorkerSlot
+from rapidfire_nb.engine.workers.worker import COUNTERS
+from rapidfire_nb.errors import RapidFireError
+
+_PLACEMENT_S = 300.0   # how long a new worker may take to start (imports, a node to come up)
+_POLL_S = 0.1          # how long the loop waits for a chunk before looking at the op queue again
+
+
+class WorkerTrainingError(RapidFireError):
+    """A run's chunk raised on its worker; the message carries the worker's traceback."""
+
+
+@dataclass
+class Flight:
+    run_id: int
+    slot: WorkerSlot
+    ref: object
+    epoch: int
+    chunk: int
+    sent: float
+    moved: bool
+
+
+class RemoteChunkExecutor(ChunkExecutor):
+    """The controller's side of the workers: which worker holds which run, and the results."""
+
+    on_device = None   # several devices: no single one
+
+    def __init__(self, pool: RayWorkerPool):
+        self.pool = pool
+        self.home: dict[int, WorkerSlot] = {}     # run -> the live worker holding its trainer
+        self.inflight: dict[int, Flight] = {}
+        self.start: dict[int, dict] = {}          # warm clones' starting weights (shipped on arrival)
+        self._collected: dict[int, tuple] = {}    # run -> (result, error) for Engine._train_chunk
+        self._boundary: dict[int, dict] = {}      # run -> weights of a chunk whose write is pending
+        self.write_pending = lambda run_id: False   # set by the engine (its writer)
+        self.moves = 0
+        self.hops: list[dict] = []                # per chunk: round trip vs time inside the worker
+
+    # -- ChunkExecutor interface ----------------------------------------------------------------
+    def live_weights(self, run_id: int) -> dict | None:
+        """The weights of a chunk that came back and is being written (the checkpoint on disk is
+        older until then); else None: the last checkpoint is the run's boundary."""
+        weights = self._boundary.get(run_id)
+        if weights is not None and not self.write_pending(run_id):
+            del self._boundary[run_id]
+            return None
+        return weights
+
+    def set_start_weights(self, run_id: int, weights: dict) -> None:
+        self.start[run_id] = weights
+
+    def start_weights(self, run_id: int) -> dict | None:
+        return self.start.get(run_id)
+
+    def live_run_ids(self) -> list[int]:
+        return list(self.home)
+
+    def release(self, rec: RunRecord) -> None:
+        slot = self.home.pop(rec.run_id, None)
+        if slot is not None:
+            self.pool.release(slot, rec.run_id)
+        self.start.pop(rec.run_id, None)
+        self._boundary.pop(rec.run_id, None)
+
+    def train_chunk(self, rec: RunRecord) -> ChunkResult:
+        """The result of the chunk of ``rec`` that came back (the loop collected it)."""
+        result, error = self._collected.pop(rec.run_id)
+        if error is not None:
+            raise WorkerTrainingError(error)
+        return result
+
+    # -- dispatch -------------------------------------------------------------------------------
+    def dispatch(self, slot: WorkerSlot, rec: RunRecord, load_checkpoint) -> None:
+        """Start the next chunk of ``rec`` on ``slot`` (under the engine lock). A run new to this
+        worker brings its last checkpoint, else a warm clone's starting weights, else nothing (a
+        fresh run starts from its seeded initialisation there)."""
+        rid = rec.run_id
+        record = checkpoint = start = None
+        if self.home.get(rid) is not slot:
+            old = self.home.pop(rid, None)
+            if old is not None and old.alive:
+                self.pool.release(old, rid)
+                self.moves += 1
+            checkpoint = load_checkpoint(rid)
+            if checkpoint is None:
+                start = self.start.get(rid)
+            record = copy.copy(rec)
+            record.last_metrics = {}
+        counters = {k: getattr(rec, k) for k in COUNTERS}
+        ref = slot.actor.train_chunk.remote(rid, counters, record, checkpoint, start)
+        slot.busy_with, slot.last = rid, rid
+        self.home[rid] = slot
+        self.inflight[rid] = Flight(rid, slot, ref, rec.epoch, rec.chunk, time.perf_counter(),
+                                    moved=record is not None)
+
+    def collect(self, timeout: float) -> list[tuple[Flight, dict | None, BaseException | None]]:
+        """Wait up to ``timeout`` for chunks in flight; (flight, reply, error) of each one back."""
+        ray = self.pool.ray
+        by_ref = {f.ref: f for f in self.inflight.values()}
+        if not by_ref:
+            return []
+        if not ray.is_initialized():   # ray.shutdown() under us: every worker is gone
+            gone = RuntimeError("the Ray session ended (ray.shutdown())")
+            return [(f, None, gone) for f in by_ref.values()]
+        ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
+        out = []
+        for ref in ready:
+            try:
+                out.append((by_ref[ref], ray.get(ref), None))
+            except Exception as exc:
+                out.append((by_ref[ref], None, exc))
+        return out
+
+    def book(self, flight: Flight, reply: dict) -> None:
+        """A reply came back (under the engine lock): keep it for ``train_chunk``."""
+        self.inflight.pop(flight.run_id, None)
+        flight.slot.busy_with = None
+        round_trip = time.perf_counter() - flight.sent
+        if not reply["ok"]:
+            self.home.pop(flight.run_id, None)   # the worker freed the run already
+            self._collected[flight.run_id] = (None, reply["error"])
+            return
+        result: ChunkResult = reply["result"]
+        event = result.chunk_event
+        event["hop_s"] = max(0.0, round_trip - reply["worker_s"])
+        event["moved"] = flight.moved
+        self._boundary[flight.run_id] = result.state["trainer"]["weights"]
+        self._collected[flight.run_id] = (result, None)
+        self.hops.append({"run_id": flight.run_id, "worker": flight.slot.name,
+                          "round_trip_s": round_trip, "worker_s": reply["worker_s"],
+                          "hop_s": event["hop_s"], "train_s": event.get("train_s", 0.0),
+                          "moved": flight.moved})
+
+    def drop(self, flight: Flight) -> None:
+        """A reply nobody wants (its run was deleted meanwhile)."""
+        self.inflight.pop(flight.run_id, None)
+        flight.slot.busy_with = None
+
+    def lose(self, slot: WorkerSlot) -> list[int]:
+        """A worker died: forget what it held and trained; the runs it held, sorted."""
+        slot.alive = False
+        slot.busy_with = None
+        held = sorted(rid for rid, s in self.home.items() if s is slot)
+        for rid in held:
+            del self.home[rid]
+        for rid in [rid for rid, f in self.inflight.items() if f.slot is slot]:
+            del self.inflight[rid]
+        return held
+
+
+class WorkerEngine(Engine):
+    def __init__(self, store, events, create_model, train_dataset, eval_dataset, num_chunks: int,
+                 seed: int, build_args, build_lora, *, num_workers: int, offload: str = "auto",
+                 **kwargs):
+        pool = RayWorkerPool(num_workers, create_model, train_dataset, eval_dataset, num_chunks,
+                             seed, build_args, build_lora, offload)
+        self.remote = RemoteChunkExecutor(pool)
+        super().__init__(store, events, create_model, train_dataset, eval_dataset, num_chunks,
+                         seed, build_args, build_lora, offload=offload, executor=self.remote,
+                         **kwargs)
+        self.pool = pool
+        self.remote.write_pending = self.persistence.writer.pending
+        self._held_ops: list = []
+
+    @property
+    def inflight(self) -> dict[int, Flight]:
+        return self.remote.inflight
+
+    # -- thread ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.pool.start()   # Ray and the actors: the first time in run_fit's thread, errors show
+        super().start()
+
+    def busy(self) -> bool:
+        with self.lock:
+            return super().busy() or bool(self._held_ops) or bool(self.inflight)
+
+    def ops_pending(self) -> bool:
+        return super().ops_pending() or bool(self._held_ops)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.pool.shutdown()
+
+    def _describe_workers(self) -> None:
+        """At each loop start: replace dead workers, learn where each one runs, log it."""
+        ray = self.pool.ray
+        with self.lock:
+            self.pool.top_up()
+            slots = [s for s in self.pool.live() if not s.info]
+        if not slots:
+            return
+        refs = {s.actor.describe.remote(): s for s in slots}
+        ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=_PLACEMENT_S)
+        for ref in ready:
+            slot = refs[ref]
+            try:
+                slot.info = ray.get(ref)
+            except Exception as exc:   # its constructor failed
+                with self.lock:
+                    self._worker_lost(slot, exc, None)
+        for ref in late:               # never placed: it would hold its chunks forever
+            slot = refs[ref]
+            self.pool.kill(slot)
+            with self.lock:
+                self._worker_lost(slot, TimeoutError(
+                    f"worker {slot.name} was not placed on the Ray cluster within {_PLACEMENT_S:.0f} s "
+                    f"(it asks for {self.pool.resources})"), None)
+        self.events.append("workers", workers=[{"worker": s.name, **s.info} for s in slots if s.info],
+                           resources=dict(self.pool.resources))
+
+    def _loop(self) -> None:
+        self._describe_workers()
+        boundary = True    # the AutoML hook runs at chunk boundaries, not at every poll
+        while True:
+            flush = False
+            with self.lock:
+                if boundary and self.boundary_hook is not None and not self._draining:
+                    try:
+                        self.boundary_hook()
+                    except Exception:   # a policy bug must not kill training: logged, ignored
+                        self._log_file.write("boundary hook failed:\n" + traceback.format_exc())
+                boundary = False
+                writer = self.persistence.writer
+                if self._draining:
+                    flush = not self.inflight   # chunks in flight come back first, and are booked
+                elif self.ops_pending() and writer.busy():
+                    flush = True   # ops see every finished chunk on disk and in the log
+                else:
+                    self._settle_writes()
+                    if not writer.busy():
+                        self._apply_ops()
+                    self._dispatch()
+                    if not self.inflight:
+                        if writer.busy():
+                            flush = True
+                        elif not self.ops_pending():
+                            self._leaving = True
+                            return
+                        else:
+                            continue
+            if flush:
+                self.persistence.flush()   # outside the lock: the writer's follow-ups take it
+                with self.lock:
+                    if self._draining and not self.inflight:
+                        self._settle_writes()
+                        self._apply_ops()
+                        return
+                if not self.inflight:
+                    continue
+            for flight, reply, exc in self.remote.collect(_POLL_S):
+                boundary = True
+                with self.lock:
+                    rec = self.runs.get(flight.run_id)
+                    if exc is not None:
+                        self._lost_or_failed(flight, rec, exc)
+                        continue
+                    if rec is None or rec.status == R.DELETED:
+                        # deleted while its chunk trained: dropped, as its checkpoints were
+                        self.remote.drop(flight)
+                        continue
+                    self.remote.book(flight, reply)
+                try:
+                    self._train_chunk(rec)   # books the result: counters, checkpoint, events
+                except Exception as exc:     # failure isolation: this run fails, the others go on
+                    self._fail(rec, exc)
+
+    # -- dispatch -------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """Under the lock: give every idle worker the chunk the policy picks for it."""
+        live = self.pool.live()
+        if not live:
+            self._no_worker_left()
+            return
+        writer = self.persistence.writer
+        for allow_move in (False, True):
+            for slot in self.pool.idle():
+                views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE,
+                                 busy=r.run_id in self.inflight or writer.pending(r.run_id))
+                         for r in self.runs.values()]
+                home = {rid: s.index for rid, s in self.remote.home.items() if s.alive}
+                rid = choose_for_worker(views, slot.index, home, slot.last, allow_move, len(live),
+                                        barrier=self.boundary_hook is not None)
+                if rid is None:
+                    continue
+                rec = self.runs[rid]
+                try:
+                    self.remote.dispatch(slot, rec, self.store.load_checkpoint)
+                except Exception as exc:   # an unreadable checkpoint fails this run, not the engine
+                    self._fail(rec, exc)
+                    continue
+                if rec.status == R.PENDING:
+                    self._set_status(rec, R.RUNNING)
+
+    def _no_worker_left(self) -> None:
+        for rec in self.runs.values():
+            if rec.status in R.ACTIVE:
+                self._set_status(rec, R.STOPPED, reason="every Ray worker was lost (see the "
+                                 "worker_lost events); resume the run to continue it on new workers")
+
+    # -- deaths and failures --------------------------------------------------------------------
+    def _lost_or_failed(self, flight: Flight, rec: RunRecord | None, exc: BaseException) -> None:
+        if self.pool.is_death(exc) or not self.pool.ray.is_initialized():
+            self._worker_lost(flight.slot, exc, flight)
+            return
+        # a Ray-level error of this call alone (e.g. an argument that cannot be unpickled there)
+        self.remote.drop(flight)
+        if rec is not None:
+            self._fail(rec, exc)
+
+    def _worker_lost(self, slot: WorkerSlot, exc: BaseException, flight: Flight | None) -> None:
+        held = self.remote.lose(slot)
+        lost = None
+        if flight is not None:
+            lost = {"run_id": flight.run_id, "epoch": flight.epoch, "chunk": flight.chunk}
+        self.events.append("worker_lost", worker=slot.name, node=slot.info.get("node"),
+                           reason=f"{type(exc).__name__}: {exc}"[:2000], runs=held, chunk_lost=lost,
+                           workers_left=len(self.pool.live()))
+
+    # -- ops ------------------------------------------------------------------------------------
+    def _apply_ops(self) -> None:
+        """Apply queued ops, holding (in order) those on a run whose chunk is in flight."""
+        drained = []
+        while True:
+            try:
+                drained.append(self.ops.get_nowait())
+            except queue.Empty:
+                break
+        blocked = set(self.inflight)
+        held, ready = [], []
+        for op in self._held_ops + drained:
+            ids = {op.run_id} | ({op.new_run_id} if op.new_run_id is not None else set())
+            if ids & blocked:
+                held.append(op)
+                blocked |= ids      # later ops on these runs wait behind it
+            else:
+                ready.append(op)
+        self._held_ops = held
+        for op in ready:
+            self.ops.put(op)
+        super()._apply_ops()
+
+    def _release(self, rec: RunRecord, collect: bool = True) -> None:
+        super()._release(rec, collect=False)   # nothing trains here: no local memory to collect

@@ -1,0 +1,149 @@
+"""The body of a Ray worker: one device, the shared base model(s), its resident runs' trainers.
+
+``ChunkWorker`` holds the in-kernel engine's own chunk executor (``LocalChunkExecutor`` over a
+``TrainerFactory``, engine/executor.py): a run's trainer is built on the shared base, swapped in and
+out, trained and snapshotted by exactly the code that does it in the kernel. What the kernel's
+engine would hand to its checkpoint writer (``ChunkResult``) goes back to the controller instead,
+which writes the checkpoint and then logs the events, as in the kernel.
+
+A run's state reaches a worker only when the run (re)arrives there: its last checkpoint, or a warm
+clone's starting weights, shipped by the controller through Ray's object store. While a run stays
+on the same worker only its counters travel, and a swap costs what it costs in the kernel. The
+class is plain Python: the pool wraps it with ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from rapidfire_nb.engine.executor import LocalChunkExecutor
+from rapidfire_nb.engine.factory import TrainerFactory
+from rapidfire_nb.engine.residency import Residency
+from rapidfire_nb.engine.routing import routed_to
+from rapidfire_nb.engine.runs import RunRecord
+from rapidfire_nb.engine.store import ExperimentStore
+
+# the record fields the controller owns and sends with every chunk (the worker's copy follows)
+COUNTERS = ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done", "total_steps",
+            "steps_per_epoch", "step_offset")
+
+
+class _ShippedStore(ExperimentStore):
+    """The worker's store: a private scratch folder (TRL's output dirs), and as checkpoints the
+    ones the controller shipped with the chunk request, never files: the experiment folder lives
+    with the controller and need not be visible from this node."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.shipped: dict[int, dict] = {}
+
+    def load_checkpoint(self, run_id: int):
+        return self.shipped.pop(run_id, None)
+
+    def load_warm_start(self, run_id: int):
+        return None
+
+    def save_checkpoint(self, run_id: int, state: dict) -> int:
+        raise RuntimeError("a worker never writes checkpoints; the controller does")
+
+
+class ChunkWorker:
+    """A long-lived worker; the controller calls ``train_chunk``, one call at a time."""
+
+    def __init__(self, name: str, create_model, train_dataset, eval_dataset, num_chunks: int,
+                 seed: int, build_args, build_lora, offload: str = "auto",
+                 torch_threads: int | None = None):
+        import peft  # noqa: F401  (imported now, while the worker starts, not in its first chunk)
+        import torch
+        import trl  # noqa: F401
+
+        if torch_threads:
+            torch.set_num_threads(int(torch_threads))
+        self.name = name
+        self.root = Path(tempfile.mkdtemp(prefix=f"rapidfire-{name}-"))
+        self.store = _ShippedStore(self.root)
+        self.runs: dict[int, RunRecord] = {}
+        self.factory = TrainerFactory(self.store, create_model, train_dataset, eval_dataset,
+                                      num_chunks, seed, build_args, build_lora)
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"   # Ray sets CUDA_VISIBLE_DEVICES
+        self.executor = LocalChunkExecutor(
+            self.factory, self.store, f"{name}:{device}", Residency(offload),
+            may_move=lambda rid: True,   # no checkpoint is written here: any run may be parked
+            progress_of=lambda rid: self.runs[rid].progress)
+        self._log = open(self.root / "worker.log", "a", encoding="utf-8")
+
+    def describe(self) -> dict:
+        import torch
+
+        try:
+            import ray
+
+            node_id = ray.get_runtime_context().get_node_id()
+            node = ray.util.get_node_ip_address()
+        except Exception:   # driven directly, outside Ray
+            import socket
+
+            node_id, node = None, socket.gethostname()
+        return {"name": self.name, "node": node, "node_id": node_id, "pid": os.getpid(),
+                "device": self.executor.device_name, "torch_threads": torch.get_num_threads(),
+                "log": str(self.root / "worker.log")}
+
+    def train_chunk(self, run_id: int, counters: dict, record: RunRecord | None = None,
+                    checkpoint: dict | None = None, start_weights: dict | None = None) -> dict:
+        """Train the next chunk of run ``run_id``.
+
+        ``record`` (with ``checkpoint`` or ``start_weights``, or neither for a fresh run) comes
+        when the run arrives here: a trainer this worker may still hold for it is dropped, and the
+        run continues from what was shipped. Returns ``{"ok": True, "result": ChunkResult}``; a
+        training error comes back as ``{"ok": False, "error": traceback}``, the run's trainer
+        already freed here (failure isolation: the worker goes on with the other runs)."""
+        t0 = time.perf_counter()
+        try:
+            if record is not None:
+                old = self.runs.get(run_id)
+                if old is not None:
+                    self.executor.release(old)
+                self.runs[run_id] = record
+                if checkpoint is not None:
+                    self.store.shipped[run_id] = checkpoint
+                if start_weights is not None:
+                    self.executor.set_start_weights(run_id, start_weights)
+            rec = self.runs.get(run_id)
+            if rec is None:
+                raise RuntimeError(f"worker {self.name} holds no run {run_id} and got no state for it")
+            for k, v in counters.items():
+                setattr(rec, k, v)
+            with routed_to(self._log):   # TRL/transformers warnings go to the worker's log
+                result = self.executor.train_chunk(rec)
+            result.chunk_event["worker"] = self.name
+            return {"ok": True, "result": result, "worker_s": time.perf_counter() - t0}
+        except Exception as exc:
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            self.release(run_id)
+            return {"ok": False, "error": tb, "reason": f"{type(exc).__name__}: {exc}",
+                    "worker_s": time.perf_counter() - t0}
+        finally:
+            self.store.shipped.pop(run_id, None)
+
+    def release(self, run_id: int) -> bool:
+        """Free a run's trainer, adapter and optimizer here (it moved, finished, or was deleted)."""
+        rec = self.runs.pop(run_id, None)
+        self.store.shipped.pop(run_id, None)
+        if rec is None:
+            return False
+        self.executor.release(rec)
+        return True
+
+    def close(self) -> None:
+        """Remove the scratch folder (TRL's output dirs, the worker log) before the actor is
+        killed at ``end()``; a worker that dies keeps its folder (its log may say why)."""
+        self._log.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def holds(self) -> list[int]:
+        return sorted(self.executor.live_run_ids())

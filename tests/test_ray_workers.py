@@ -1,0 +1,400 @@
+"""Chunks trained by Ray workers (issue 19), on a real local Ray with CPU "GPUs".
+
+One Ray session for the module: ``ray.init(num_cpus=2, num_gpus=2)`` declares two GPUs that the
+workers claim (``num_gpus=1`` each) and then train on as CPUs. Every result is compared with the
+in-kernel engine (``num_workers=0``) training the same configs: final weights with ``torch.equal``
+and the logged losses with ``==``. Each worker trains with one torch thread (it claims one of the
+two CPUs), so the kernel reference trains with one thread too: on a CPU the number of intra-op
+threads changes the order of float reductions, and the kernel engine with 1 and with 2 threads
+differs in the last bits itself (measured on these configs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+import ray  # noqa: E402  (the test extra installs it: no skip)
+
+from rapidfire_nb import Experiment  # noqa: E402
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig  # noqa: E402
+from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model  # noqa: E402
+from rapidfire_nb.errors import ConfigError  # noqa: E402
+
+LR_A, LR_B, LR_TINY = 3e-2, 1e-2, 1e-6
+
+
+def config(lr, targets=("q_proj", "v_proj"), r=8, **model):
+    return RFModelConfig(
+        model_name="tiny", model_kwargs=model or {"hidden_size": 32},
+        peft_config=RFLoraConfig(r=r, lora_alpha=16, target_modules=list(targets), lora_dropout=0.1),
+        training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=8, num_train_epochs=1,
+                                  max_length=64, bf16=False, lr_scheduler_type="linear", warmup_steps=1))
+
+
+def four_runs():
+    loras = List([RFLoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1),
+                  RFLoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                               lora_dropout=0.1)])
+    return RFGridSearch(List([RFModelConfig(
+        model_name="tiny", model_kwargs={"hidden_size": 32}, peft_config=loras,
+        training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=8, num_train_epochs=1,
+                                  max_length=64, bf16=False, warmup_steps=2))
+        for lr in (1e-3, 1e-2)]), trainer_type="SFT")
+
+
+def renamed(weights):
+    out = {}
+    for k, v in weights.items():
+        parts = k.split(".")
+        out[".".join("run_X" if i > 0 and parts[i - 1] in ("lora_A", "lora_B") else p
+                     for i, p in enumerate(parts))] = v
+    return out
+
+
+def assert_same_weights(a, b):
+    a, b = renamed(a), renamed(b)
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def train_losses(exp, run_id):
+    res = exp.get_results()
+    sel = res[(res.run_id == run_id) & (res.split == "train") & (res.metric == "loss")]
+    return list(zip(sel.step, sel.value))
+
+
+def events(exp, type_, **match):
+    return [e for e in exp.events.since(0)
+            if e["type"] == type_ and all(e.get(k) == v for k, v in match.items())]
+
+
+@contextlib.contextmanager
+def one_thread():
+    """The kernel engine with the workers' torch thread count (see the module docstring)."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)
+
+
+def kernel_reference(name, path, group, create, train, evald, **kw):
+    with one_thread():
+        ref = Experiment(name, experiment_path=path, num_workers=0)
+        ref.run_fit(group, create, train, evald, **kw)
+    return ref
+
+
+def assert_identical(exp, ref, run_ids):
+    for rid in run_ids:
+        assert_same_weights(exp.engine.run_weights(rid), ref.engine.run_weights(rid))
+        losses = train_losses(exp, rid)
+        assert losses and losses == train_losses(ref, rid), rid
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_demo_datasets(64, 16)
+
+
+@pytest.fixture(scope="module")
+def four_ref(data, tmp_path_factory):
+    train, evald = data
+    ref = kernel_reference("kernel", tmp_path_factory.mktemp("k4"), four_runs(), tiny_create_model,
+                           train, evald, num_chunks=4, seed=7)
+    yield ref
+    ref.end()
+
+
+def three_runs():
+    return RFGridSearch(config(List([LR_A, LR_B, 2e-2]), hidden_size=64), trainer_type="SFT")
+
+
+@pytest.fixture(scope="module")
+def three_data():
+    return make_demo_datasets(192, 16)
+
+
+@pytest.fixture(scope="module")
+def three_ref(three_data, tmp_path_factory):
+    train, evald = three_data
+    ref = kernel_reference("killed-ref", tmp_path_factory.mktemp("k3"), three_runs(),
+                           tiny_create_model, train, evald, num_chunks=3, seed=3)
+    yield ref
+    ref.end()
+
+
+def kill_when_in_flight(exp, run_id, chunks_done=1):
+    """ray.kill the worker training ``run_id`` once it has finished ``chunks_done`` chunks and is
+    training the next one; returns that worker's slot."""
+    eng = exp.engine
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with eng.lock:
+            flight = eng.inflight.get(run_id)
+            if flight is not None and eng.runs[run_id].chunks_done >= chunks_done:
+                ray.kill(flight.slot.actor, no_restart=True)
+                return flight.slot
+        time.sleep(0.002)
+    raise AssertionError(f"run {run_id} never trained chunk {chunks_done}")
+
+
+def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_session, data, tmp_path,
+                                                                          four_ref):
+    from rapidfire_nb.engine.workers.engine import WorkerEngine
+
+    train, evald = data
+    exp = Experiment("workers", experiment_path=tmp_path, num_workers=2)
+    exp.run_fit(four_runs(), tiny_create_model, train, evald, num_chunks=4, seed=7)
+    ref = four_ref
+    assert isinstance(exp.engine, WorkerEngine) and not isinstance(ref.engine, WorkerEngine)
+    info = exp.get_runs_info()
+    assert list(info.status) == ["completed"] * 4
+    assert (info.completed_steps == info.total_steps).all()
+    assert_identical(exp, ref, [1, 2, 3, 4])
+    # the eval curves too: same points, same values
+    cols = ["run_id", "chunk", "samples_seen", "value"]
+    res, rres = exp.get_results(), ref.get_results()
+    ev = res[res.metric == "eval_loss"][cols].sort_values(["run_id", "chunk"])
+    rev = rres[rres.metric == "eval_loss"][cols].sort_values(["run_id", "chunk"])
+    assert len(ev) == 16 and ev.values.tolist() == rev.values.tolist()
+
+    # both workers trained, and the log says which trained what
+    chunks = events(exp, "chunk_done")
+    assert len(chunks) == 16
+    assert {c["worker"] for c in chunks} == {"w0", "w1"}
+    assert all(c["device"].startswith(c["worker"] + ":") for c in chunks)
+    assert all(c["hop_s"] >= 0 for c in chunks)
+    (workers,) = events(exp, "workers")
+    assert sorted(w["worker"] for w in workers["workers"]) == ["w0", "w1"]
+    assert all(w["torch_threads"] == 1 for w in workers["workers"])
+    assert len({w["pid"] for w in workers["workers"]}) == 2
+    # each run trained its chunks in order, never two at once; runs stayed where they started
+    for rid in (1, 2, 3, 4):
+        mine = sorted((c for c in chunks if c["run_id"] == rid), key=lambda c: c["start"])
+        assert [c["chunk"] for c in mine] == [0, 1, 2, 3]
+        assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
+    assert set(exp.get_timeline().device) == {"w0:cpu", "w1:cpu"}
+    exp.end()
+    assert not any(s.alive for s in exp.engine.pool.slots), "end() releases the workers"
+    from pathlib import Path
+
+    scratch = [Path(w["log"]).parent for w in workers["workers"]]
+    assert not any(p.exists() for p in scratch), "end() removes the workers' scratch folders"
+
+
+def test_ops_with_workers_match_the_kernel_engine(ray_session, data, tmp_path):
+    """stop, warm and cold clones at the end of run 1's chunk 1, resume, delete: the same final
+    weights and losses as the in-kernel engine given the same ops at the same point."""
+    train, evald = data
+
+    def scenario(name, workers):
+        exp = Experiment(name, experiment_path=tmp_path, num_workers=workers)
+        fired: list = []
+
+        def listener(ev):   # runs as chunk 1 of run 1 is logged: "a click just then"
+            if ev["type"] == "chunk_done" and ev["run_id"] == 1 and ev["chunk"] == 1 and not fired:
+                fired.append(exp.clone_modify(1, {"training_args.learning_rate": LR_TINY}, warm_start=True))
+                fired.append(exp.clone_modify(1, {"training_args.learning_rate": LR_B}))
+                exp.stop(1)
+
+        exp.events.subscribe(listener)
+        exp.run_fit(RFGridSearch(config(List([LR_A, LR_B])), trainer_type="SFT"), tiny_create_model,
+                    train, evald, num_chunks=4, seed=5)
+        assert fired == [3, 4]
+        info = exp.get_runs_info().set_index("run_id")
+        assert info.loc[1, "status"] == "stopped" and int(info.loc[1, "chunks_done"]) == 2
+        assert set(info.loc[[2, 3, 4], "status"]) == {"completed"}
+        exp.resume(1)
+        assert exp.wait(timeout=600)
+        exp.delete(4)
+        assert exp.wait(timeout=60)
+        return exp
+
+    exp = scenario("ops-workers", 2)
+    with one_thread():
+        ref = scenario("ops-kernel", 0)
+    assert {c["worker"] for c in events(exp, "chunk_done")} == {"w0", "w1"}
+    info = exp.get_runs_info().set_index("run_id")
+    assert info.loc[1, "status"] == "completed" and info.loc[4, "status"] == "deleted"
+    assert bool(info.loc[3, "warm_start"]) and int(info.loc[3, "parent_run_id"]) == 1
+    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=1)] == [0, 1, 2, 3]
+    assert_identical(exp, ref, [1, 2, 3])
+    assert train_losses(exp, 4) == train_losses(ref, 4)
+    # the warm clone started from its parent's chunk-1 weights, not from scratch
+    assert events(exp, "chunk_done", run_id=3)[0]["chunk"] == 2
+    exp.end()
+    ref.end()
+
+
+def test_a_worker_killed_mid_chunk_loses_nothing(ray_session, tmp_path, three_data, three_ref):
+    """ray.kill of the worker training run 1's second chunk: that chunk is trained again on the
+    other worker from run 1's checkpoint; every run ends bit-identical to the kernel engine's."""
+    train, evald = three_data
+    exp = Experiment("killed", experiment_path=tmp_path, num_workers=2)
+    exp.run_fit(three_runs(), tiny_create_model, train, evald, num_chunks=3, seed=3, block=False)
+    victim = kill_when_in_flight(exp, 1)
+    assert exp.wait(timeout=600)
+    (lost,) = events(exp, "worker_lost")
+    assert lost["worker"] == victim.name and lost["workers_left"] == 1
+    assert lost["chunk_lost"] == {"run_id": 1, "epoch": 0, "chunk": 1}
+    assert 1 in lost["runs"]
+    info = exp.get_runs_info()
+    assert list(info.status) == ["completed"] * 3
+    survivor = ({"w0", "w1"} - {victim.name}).pop()
+    # chunks started after the loss trained on the survivor (a chunk that came back before the
+    # kill may be logged after the worker_lost event: its checkpoint is written first)
+    after = [c for c in events(exp, "chunk_done") if c["start"] > lost["time"]]
+    assert after and {c["worker"] for c in after} == {survivor}
+    # chunk 1 of run 1 was logged once, by the survivor, which got run 1's checkpoint
+    ones = events(exp, "chunk_done", run_id=1, chunk=1)
+    assert len(ones) == 1 and ones[0]["worker"] == survivor and ones[0]["moved"]
+    assert_identical(exp, three_ref, [1, 2, 3])
+    exp.end()
+
+
+def test_losing_every_worker_stops_the_runs_and_resume_starts_new_workers(ray_session, tmp_path,
+                                                                         three_data, three_ref):
+    train, evald = three_data
+    exp = Experiment("all-lost", experiment_path=tmp_path, num_workers=1)
+    exp.run_fit(three_runs(), tiny_create_model, train, evald, num_chunks=3, seed=3, block=False)
+    kill_when_in_flight(exp, 1)
+    assert exp.wait(timeout=600)
+    info = exp.get_runs_info().set_index("run_id")
+    assert set(info.status) == {"stopped"}
+    stops = events(exp, "run_status", status="stopped")
+    assert len(stops) == 3 and all("every Ray worker was lost" in e["reason"] for e in stops)
+    for rid in (1, 2, 3):
+        exp.resume(rid)
+    assert exp.wait(timeout=600)
+    assert list(exp.get_runs_info().status) == ["completed"] * 3
+    first, second = events(exp, "workers")
+    assert [w["worker"] for w in first["workers"]] == ["w0"]
+    assert [w["worker"] for w in second["workers"]] == ["w1"]
+    assert_identical(exp, three_ref, [1, 2, 3])
+    exp.end()
+
+
+def test_end_without_waiting_then_resume_with_workers(ray_session, data, tmp_path, four_ref):
+    """end(wait=False) mid-way, then Experiment(resume=True) with workers and the same run_fit."""
+    train, evald = data
+    exp = Experiment("resumed", experiment_path=tmp_path, num_workers=2)
+    exp.run_fit(four_runs(), tiny_create_model, train, evald, num_chunks=4, seed=7, block=False)
+    deadline = time.monotonic() + 300
+    while len(events(exp, "chunk_done")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    exp.end(wait=False)
+    stopped = [rid for rid, st in zip(exp.get_runs_info().run_id, exp.get_runs_info().status)
+               if st == "stopped"]
+    assert stopped, "ended mid-way: some runs were stopped"
+    again = Experiment("resumed", experiment_path=tmp_path, resume=True, num_workers=2)
+    again.run_fit(four_runs(), tiny_create_model, train, evald, num_chunks=4, seed=7, block=False)
+    info = again.get_runs_info()
+    for rid in info[info.status == "stopped"].run_id:   # runs the end stopped may continue by themselves
+        again.resume(int(rid))
+    assert again.wait(timeout=600)
+    assert list(again.get_runs_info().status) == ["completed"] * 4
+    assert_identical(again, four_ref, [1, 2, 3, 4])
+    again.end()
+
+
+def test_too_many_workers_is_refused_and_changes_nothing(ray_session, data, tmp_path):
+    train, evald = data
+    exp = Experiment("too-many", experiment_path=tmp_path, num_workers=3)
+    with pytest.raises(ConfigError, match=r"num_workers=3 but the Ray cluster has 2 GPU"):
+        exp.run_fit(RFGridSearch(config(LR_A), trainer_type="SFT"), tiny_create_model, train, evald)
+    assert exp.engine is None and not (exp.path / "runs.json").exists()
+    exp.end()
+
+
+def test_auto_uses_the_ray_session_already_started(ray_session, data, tmp_path):
+    """ray.init() done by the user: "auto" means one worker per GPU of that cluster (two here)."""
+    from rapidfire_nb.engine.workers import resolve_num_workers
+
+    assert resolve_num_workers("auto") == 2
+    assert resolve_num_workers(0) == 0
+
+
+@pytest.mark.parametrize("bad", [-1, "two", 1.5, True, None])
+def test_bad_num_workers_is_refused(bad, tmp_path):
+    with pytest.raises(ConfigError, match="num_workers"):
+        Experiment("bad", experiment_path=tmp_path, num_workers=bad)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_importing_and_training_in_the_kernel_never_imports_ray(tmp_path):
+    code = (
+        "import sys\n"
+        "import rapidfire_nb\n"
+        "from rapidfire_nb import Experiment\n"
+        "from rapidfire_nb.automl import RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig\n"
+        "from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model\n"
+        "assert 'ray' not in sys.modules, 'import rapidfire_nb imported ray'\n"
+        "train, ev = make_demo_datasets(16, 8)\n"
+        "cfg = RFModelConfig(model_name='tiny', model_kwargs={'hidden_size': 32},"
+        " peft_config=RFLoraConfig(r=4, target_modules=['q_proj']),"
+        " training_args=RFSFTConfig(per_device_train_batch_size=8, max_length=32, bf16=False))\n"
+        f"exp = Experiment('k', experiment_path={str(tmp_path)!r})\n"
+        "exp.run_fit(RFGridSearch(cfg, trainer_type='SFT'), tiny_create_model, train, ev, num_chunks=2)\n"
+        "assert set(exp.get_runs_info().status) == {'completed'}\n"
+        "exp.end()\n"
+        "print('ray' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_bench_workers_flag_is_checked(capsys):
+    from rapidfire_nb.bench import main
+
+    assert main(["--workers", "0"]) == 2
+    assert "--workers must be >= 1" in capsys.readouterr().err
+
+
+def test_a_pruned_grid_on_workers_prunes_as_in_the_kernel(ray_session, data, tmp_path):
+    """AutoML at chunk boundaries (successive halving) with workers: the same runs pruned at the
+    same rungs, with the same reasons, and the survivors bit-identical to the kernel engine's."""
+    train, evald = data
+
+    def group():
+        return RFGridSearch(config(List([3e-2, 1e-2, 3e-3, 1e-3])), trainer_type="SFT",
+                            pruner="sha", reduction_factor=2)
+
+    exp = Experiment("sha-workers", experiment_path=tmp_path, num_workers=2)
+    exp.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, seed=9)
+    ref = kernel_reference("sha-kernel", tmp_path, group(), tiny_create_model, train, evald,
+                           num_chunks=4, seed=9)
+
+    def outcome(e):
+        info = e.get_runs_info().set_index("run_id")
+        return {rid: (info.loc[rid, "status"], int(info.loc[rid, "chunks_done"])) for rid in info.index}
+
+    got, want = outcome(exp), outcome(ref)
+    assert got == want
+    assert sum(1 for st, _ in got.values() if st == "stopped") >= 2, "the pruner stopped runs"
+    reasons = lambda e: sorted((x["run_id"], x["reason"]) for x in events(e, "run_status", status="stopped"))  # noqa: E731
+    assert reasons(exp) == reasons(ref)
+    assert {c["worker"] for c in events(exp, "chunk_done")} == {"w0", "w1"}
+    assert_identical(exp, ref, [rid for rid, (st, _) in got.items() if st == "completed"])
+    exp.end()
+    ref.end()
