@@ -261,9 +261,9 @@ class Experiment:
             engine.plan_run(spec)
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
         if self.resumed:
-            self._check_resume(specs, data_fp, num_chunks, seed)
+            self._check_resume(specs, data_fp, num_chunks, seed, config_group)
         # -- AutoML at chunk boundaries (issue 18): pruners, RFOptuna --------------------------
-        from rapidfire_nb.tuning import driver_for, needs_driver
+        from rapidfire_nb.tuning import driver_for, needs_driver, pruning_settings
 
         if needs_driver(config_group) and eval_dataset is None:
             raise ConfigError(f"{type(config_group).__name__}: the objective "
@@ -293,7 +293,8 @@ class Experiment:
             for spec in specs:
                 engine.add_run(spec)
             meta = {"name": self.name, "version": __version__, "num_chunks": num_chunks, "seed": seed,
-                    "data": data_fp, "runs": [s.fingerprint() for s in specs]}
+                    "data": data_fp, "runs": [s.fingerprint() for s in specs],
+                    "pruning": pruning_settings(config_group)}
             atomic_write_json(self.store.meta_path, meta)
             self.meta = meta
         if automl is not None:
@@ -307,12 +308,16 @@ class Experiment:
             self.wait()
         return self
 
-    def _check_resume(self, specs, data_fp, num_chunks, seed) -> None:
-        """Refuse a resume whose ``run_fit`` arguments differ from the original ones."""
+    def _check_resume(self, specs, data_fp, num_chunks, seed, config_group=None) -> None:
+        """Refuse a resume whose ``run_fit`` arguments differ from the original ones (pruning
+        knobs included), before anything is changed."""
+        from rapidfire_nb.tuning import check_pruning_resume, pruning_settings
+
         meta = self.meta
+        pruning = pruning_settings(config_group)
         # remembered so _restore_runs can complete experiment.json if a crash came before it
         self._resume_meta = {"num_chunks": num_chunks, "seed": seed, "data": data_fp,
-                             "runs": [s.fingerprint() for s in specs]}
+                             "runs": [s.fingerprint() for s in specs], "pruning": pruning}
         stored_data = meta.get("data") or {}
         for split, name in (("train", "train_dataset"), ("eval", "eval_dataset")):
             if split in stored_data and stored_data[split] != data_fp[split]:
@@ -323,6 +328,7 @@ class Experiment:
         for key, given in (("num_chunks", num_chunks), ("seed", seed)):
             if meta.get(key) is not None and meta[key] != given:
                 raise ConfigError(f"resume=True needs the original {key}={meta[key]!r} (got {given!r})")
+        check_pruning_resume(meta.get("pruning"), pruning)
         stored_runs = meta.get("runs")
         if stored_runs:
             given_runs = self._resume_meta["runs"]
@@ -649,8 +655,10 @@ class Experiment:
 
     # -- AutoML (issue 18, rapidfire_nb/tuning.py) ---------------------------------------------
     def apply_suggestions(self, run_ids=None) -> list[int]:
-        """With ``pruner_mode="suggest"``: stop the runs the pruner marked (all of them, or the
-        given ids) with the pruning reason; returns the ids stopped. Unmarked runs are refused."""
+        """With ``pruner_mode="suggest"``: stop the runs the pruner marked (all open marks, or the
+        given ids) with the pruning reason; returns the ids stopped. Unmarked runs are refused.
+        A marked run that is no longer pending/running (completed, failed, deleted, stopped) is
+        skipped: its answer is logged as refused and it is not in the returned list."""
         self._check_open()
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("apply_suggestions needs a config group with pruner_mode='suggest'")
@@ -659,7 +667,9 @@ class Experiment:
     def dismiss_suggestions(self, run_ids=None) -> list[int]:
         """With ``pruner_mode="suggest"``: ignore the pruner's marks on these runs (all of them,
         or the given ids), which train on and are not judged again; returns the ids dismissed.
-        Each answer is logged as an ``op`` event, like ``apply_suggestions``'s confirms."""
+        Each answer is logged as an ``op`` event, like ``apply_suggestions``'s confirms. A marked
+        run that ended (completed, failed, deleted) is skipped the same way: logged as refused,
+        not returned; its mark stays in ``get_runs_info()`` as "...; run completed"."""
         self._check_open()
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("dismiss_suggestions needs a config group with pruner_mode='suggest'")

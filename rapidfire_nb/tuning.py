@@ -23,6 +23,7 @@ restores both and continues to the same decisions.
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -359,6 +360,11 @@ class ChunkAutoML:
         self.suggestions: dict[int, P.Decision] = {}
         self.dismissed: dict[int, P.Decision] = {}   # suggestions the user ignored
         self.pruned: dict[int, P.Decision] = {}
+        # confirms whose stop the engine refused (the run ended first), read from the log
+        self.late: dict[int, str] = {}
+        self._awaiting_stop: set[int] = set()
+        self._log_seq = 0
+        self._log_lock = threading.Lock()
         self.bracket_of_new: dict[int, Any] = {}
         self.tuner = None
         self.seen: dict[int, int] = {}           # run -> chunks done already reported
@@ -481,7 +487,9 @@ class ChunkAutoML:
                 if self.tuner is not None:
                     self.tuner.prune(d.run_id)
                 engine.submit(Op("stop", d.run_id, reason=d.reason))
-            elif d.run_id not in self.suggestions:
+            elif d.run_id not in self.suggestions and d.run_id not in self.dismissed \
+                    and d.run_id not in self.pruned:
+                # answered marks are in the log even when automl.json was lost: not asked twice;
                 # an event, not only automl.json: the panel shows it and a restart replays it
                 self.suggestions[d.run_id] = d
                 self.exp.events.append(SUGGESTED, run_id=d.run_id, rung=d.rung, rank=d.rank,
@@ -567,23 +575,49 @@ class ChunkAutoML:
         rec = self.engine.runs.get(run_id) if getattr(self, "engine", None) else None
         if run_id in self.pruned:
             reason = self.pruned[run_id].reason
-            if rec is not None and rec.status != R.STOPPED:
+            if run_id in self._late_confirms():
+                return f"suggested: {reason}; confirmed, but the run had {rec.status if rec else 'ended'}"
+            if rec is not None and rec.status == R.DELETED:
+                reason += "; then deleted"
+            elif rec is not None and rec.status != R.STOPPED and run_id not in self._awaiting_stop:
+                # a pruned run is stopped: only a resume makes it train (or end) again
                 reason += f"; then resumed by hand ({rec.status})"
             return reason
         if run_id in self.suggestions:
-            return "suggested: " + self.suggestions[run_id].reason
+            reason = "suggested: " + self.suggestions[run_id].reason
+            if rec is not None and _ended(rec):
+                reason += f"; run {R.COMPLETED if is_done(rec) else rec.status}"
+            return reason
         if run_id in self.dismissed:
             return f"suggested: {self.dismissed[run_id].reason}; ignored by user"
         if self.objective_error is not None:
             return self.objective_error
         return None
 
+    def _late_confirms(self) -> dict[int, str]:
+        """Confirmed runs whose stop the engine refused because the run ended first (a confirm
+        during the last chunk): the first ``stop`` op after an accepted confirm tells. Read from
+        the log, so it holds after a restart too."""
+        with self._log_lock:
+            for ev in self.exp.events.since(self._log_seq):
+                self._log_seq = ev["seq"]
+                if ev["type"] != "op":
+                    continue
+                rid = ev.get("run_id")
+                if ev.get("op") == CONFIRM and ev.get("accepted"):
+                    self._awaiting_stop.add(rid)
+                elif ev.get("op") == "stop" and rid in self._awaiting_stop:
+                    self._awaiting_stop.discard(rid)
+                    if not ev.get("accepted"):
+                        self.late[rid] = ev.get("reason") or ""
+            return self.late
+
     def _wanted(self, run_ids) -> list[int]:
         """The suggested runs named (all when None); an unmarked id refuses the whole call."""
         import numbers
 
-        if run_ids is None:
-            return sorted(self.suggestions)
+        if run_ids is None:      # every open mark: those on runs that ended are closed
+            return sorted(r for r in self.suggestions if not _ended(project_rec(self.engine, r)))
         if isinstance(run_ids, numbers.Integral) and not isinstance(run_ids, bool):
             run_ids = [run_ids]
         if isinstance(run_ids, (str, bytes, dict)) or not hasattr(run_ids, "__iter__"):
@@ -605,8 +639,12 @@ class ChunkAutoML:
                                new_run_id=None, latency_s=0.0)
 
     def apply_suggestions(self, run_ids=None) -> list[int]:
-        """Stop the runs the pruner suggested (all, or ``run_ids``); returns the runs stopped.
-        A suggested run that ended meanwhile is answered as refused (it has nothing to stop)."""
+        """Stop the runs the pruner suggested (all open marks, or ``run_ids``); returns the runs
+        stopped. A named run that is not pending/running (completed, failed, deleted, or stopped,
+        queued ops included) is skipped: its answer is logged as refused ("run N is completed"),
+        it is not in the returned list, and its mark stays in the table as closed. The Optuna
+        trial is told PRUNED once the stop has taken effect (a run that completes first is told
+        COMPLETE)."""
         from rapidfire_nb.engine.controller import Op
         from rapidfire_nb.engine.queued import project
 
@@ -620,26 +658,32 @@ class ChunkAutoML:
                 status = project(engine, rid).status
                 if status in R.ACTIVE and not is_done(engine.runs[rid]):
                     self.pruned[rid] = d
-                    if self.tuner is not None:
-                        self.tuner.prune(rid)
                     self._answer(CONFIRM, rid, True, d.reason)
                     engine.submit(Op("stop", rid, reason=d.reason))
                     done.append(rid)
                 else:
-                    self._answer(CONFIRM, rid, False, f"run {rid} is {status}")
+                    self.suggestions[rid] = d      # closed, but the pruner's judgement stays shown
+                    self._answer(CONFIRM, rid, False, f"run {rid} is {_status(engine, rid)}")
             self.save()
         return done
 
     def dismiss_suggestions(self, run_ids=None) -> list[int]:
-        """Keep training the suggested runs (all, or ``run_ids``): the marks go, and the pruner
-        does not judge these runs again. Returns the runs dismissed."""
+        """Keep training the suggested runs (all open marks, or ``run_ids``): the marks go, and
+        the pruner does not judge these runs again. Returns the runs dismissed. As in
+        ``apply_suggestions``, a named run that ended (completed, failed, deleted, queued ops
+        included) is skipped with its answer logged as refused; a stopped run can be resumed,
+        so its mark can be ignored."""
         with self.engine.lock:
-            wanted = self._wanted(run_ids)
-            for rid in wanted:
+            done = []
+            for rid in self._wanted(run_ids):
+                if _ended(project_rec(self.engine, rid)):
+                    self._answer(IGNORE, rid, False, f"run {rid} is {_status(self.engine, rid)}")
+                    continue
                 self.dismissed[rid] = self.suggestions.pop(rid)
                 self._answer(IGNORE, rid, True, None)
+                done.append(rid)
             self.save()
-        return wanted
+        return done
 
     def _replay_suggestions(self) -> None:
         """Suggestions and their answers as the event log tells them (it outlives automl.json's
@@ -656,6 +700,29 @@ class ChunkAutoML:
                 elif ev["op"] == IGNORE and ev.get("accepted"):
                     self.dismissed.setdefault(d.run_id, d)
         self.suggestions = marks
+
+
+def project_rec(engine, rid: int):
+    """The run as its queued ops will leave it (its record's counters, the projected status)."""
+    from rapidfire_nb.engine.queued import project
+
+    return project(engine, rid)
+
+
+def _ended(view) -> bool:
+    """Completed, failed or deleted (or done training): a mark on it can no longer be acted on."""
+    if view is None:
+        return True
+    rec = getattr(view, "record", view)
+    return view.status in R.TERMINAL or (rec is not None and is_done(rec))
+
+
+def _status(engine, rid: int) -> str:
+    view = project_rec(engine, rid)
+    if view is None:
+        return "gone"
+    rec = view.record
+    return R.COMPLETED if view.status in R.ACTIVE and rec is not None and is_done(rec) else view.status
 
 
 class _OptunaTuner:
@@ -764,6 +831,11 @@ class _OptunaTuner:
             elif rec.status in (R.FAILED, R.DELETED):
                 self.study.tell(number, state=TS.FAIL)
                 changed = True
+            elif rec.status == R.STOPPED and rid in driver.pruned:
+                # a confirmed suggestion, told only now that its stop took effect: a run that
+                # completed before its stop came is COMPLETE above, not PRUNED
+                self.study.tell(number, state=TS.PRUNED)
+                changed = True
         return changed
 
     def _active(self) -> int:
@@ -847,6 +919,36 @@ def needs_driver(group) -> bool:
     """True for RFOptuna and for any group with a pruner."""
     options = getattr(group, "pruning", None)
     return options is not None and (options.active or hasattr(group, "budget"))
+
+
+def pruning_settings(group) -> dict:
+    """The knobs that steer the pruner's and the sampler's decisions, for experiment.json: a
+    resume with other values would judge the old rungs by new rules (``Experiment._check_resume``)."""
+    if not needs_driver(group):
+        return {"pruner": None}
+    o = group.pruning
+    out = {"pruner": o.pruner, "pruner_mode": o.mode,
+           "objective": ", ".join(f"{d}:{_bare(m)}" for d, m in o.objectives),
+           "reduction_factor": o.reduction_factor, "min_chunks": o.min_chunks,
+           "granularity": o.granularity}
+    if hasattr(group, "budget"):
+        out.update(sampler=group.sampler, n_initial=group.n_initial, budget=group.budget,
+                   optuna_seed=group.seed)
+    return out
+
+
+def check_pruning_resume(stored: dict | None, given: dict) -> None:
+    """Refuse a resume whose pruning knobs differ from the stored ones (an older folder saved
+    none: nothing to compare)."""
+    if not isinstance(stored, dict):
+        return
+    for key in dict.fromkeys(["pruner", "pruner_mode", *sorted(stored), *sorted(given)]):
+        if key == "pruner" or stored.get("pruner") is not None:
+            if stored.get(key) != given.get(key):
+                knob = "seed (of RFOptuna)" if key == "optuna_seed" else key
+                raise ConfigError(f"resume=True needs the original {knob}={stored.get(key)!r} "
+                                  f"(got {given.get(key)!r}): the pruner's stored rungs and "
+                                  f"decisions were made with it; pass the same config group")
 
 
 def driver_for(exp, group, specs, num_chunks: int) -> ChunkAutoML | None:

@@ -389,8 +389,9 @@ class RapidFireMagics(Magics):
 
     def _cmd_ignore(self, args):
         rid = _one_id("ignore", args)
-        _experiment().dismiss_suggestions([rid])
-        print(f"run {rid}: suggestion ignored; it trains on and is not judged again")
+        ignored = _experiment().dismiss_suggestions([rid])
+        print(f"run {rid}: suggestion ignored; it trains on and is not judged again" if ignored else
+              f"run {rid}: it ended before the answer; nothing to ignore")
 
     def _cmd_clone(self, args):
         exp = _experiment()
