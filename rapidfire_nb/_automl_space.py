@@ -20,7 +20,8 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from rapidfire_nb.errors import ConfigError
 

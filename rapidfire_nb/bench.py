@@ -370,12 +370,12 @@ def run_sequential(p: Preset, specs, pristine, tok, train, evald, workdir: str, 
         trainer.remove_callback(PrinterCallback)
         evaluate, eval_time = trainer.evaluate, [0.0]
 
-        def timed_evaluate(*a, _f=evaluate, **k):
+        def timed_evaluate(*a, _f=evaluate, _acc=eval_time, **k):
             s = time.perf_counter()
             try:
                 return _f(*a, **k)
             finally:
-                eval_time[0] += time.perf_counter() - s
+                _acc[0] += time.perf_counter() - s
 
         trainer.evaluate = timed_evaluate         # Trainer calls self.evaluate(): per-instance timer
         t1 = time.time()

@@ -754,7 +754,7 @@ class _OptunaTuner:
         trials = self._trials()
         if not trials:
             # the experiment's study starts with exactly the trials expand() asked in scratch
-            for number, (leaf, params) in enumerate(self.group._initial_trials()):
+            for number, (_leaf, params) in enumerate(self.group._initial_trials()):
                 self.study.enqueue_trial(params, skip_if_exists=False)
                 self.study.sampler = make_sampler(self.group.sampler, self.group.seed, number)
                 trial = self.study.ask()

@@ -318,7 +318,7 @@ def test_rfoptuna_refills_freed_slots_within_budget_deterministically(data, tmp_
     pruned = {r[0] for r in runs if r[3] and r[3].startswith("pruned")}
     assert pruned, "successive halving pruned something"
     by_run = {t.user_attrs["run_id"]: t for t in trials}
-    for rid, status, knobs, note in runs:
+    for rid, _status, knobs, _note in runs:
         t = by_run[rid]
         assert t.state == (TS.PRUNED if rid in pruned else TS.COMPLETE)
         # the trial's params are the run's config

@@ -11,7 +11,7 @@ samples-seen step axis, parameters, lifecycle) are in :mod:`rapidfire_nb.trackin
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..errors import ConfigError
 from .base import LIFECYCLE_EVENTS, RunState, Tracker, TrackerContext, metric_tag

@@ -242,13 +242,13 @@ def test_panel_at_48_runs_and_10000_steps(lab, browser):
             panel = page.locator("[data-testid=rf-panel]").nth(k)
             panel.wait_for(timeout=60_000)
             t0 = time.monotonic()
-            _wait(lambda: _caught_up(panel, seq), 600, f"the {n}-run panel to catch up to seq {seq}", page, interval=1)
+            _wait(lambda panel=panel, seq=seq: _caught_up(panel, seq), 600, f"the {n}-run panel to catch up to seq {seq}", page, interval=1)
             results[f"catch_up_s_{n}"] = round(time.monotonic() - t0, 1)
             time.sleep(1.5)  # let the last renders settle before measuring
             panel.evaluate("(el) => { el.rfTimings.length = 0; }")
             _run_cell(page, cell + 1, timeout=120)
             after = _last_seq(page, cell + 1)
-            _wait(lambda: _caught_up(panel, after), 30, "the measured updates to arrive", page)
+            _wait(lambda panel=panel, after=after: _caught_up(panel, after), 30, "the measured updates to arrive", page)
             time.sleep(0.5)
             timings = panel.evaluate(TIMINGS)
             assert len(timings) >= UPDATES // 2, f"{n} runs: only {len(timings)} updates recorded: {timings}"
