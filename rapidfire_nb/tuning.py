@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rapidfire_nb._automl_space import Choice, Const, Node, Record, Span, canonical
+from rapidfire_nb.automl._space import Choice, Const, Node, Record, Span, canonical
 from rapidfire_nb.engine import pruning as P
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.store import atomic_write_json, read_json

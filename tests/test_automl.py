@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from rapidfire_nb import _automl_backend as backend
+from rapidfire_nb.automl import policy as backend
 from rapidfire_nb.automl import (
     List, Range, RapidFireConfigWarning, RFDPOConfig, RFGridSearch, RFGRPOConfig, RFLoraConfig,
     RFModelConfig, RFRandomSearch, RFSFTConfig, apply_changes, build_lora_config,

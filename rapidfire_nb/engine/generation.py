@@ -100,7 +100,7 @@ def check_generation_config(spec) -> None:
         # what transformers does (and RapidFire's tutorials rely on): greedy, the flags unused
         import warnings
 
-        from rapidfire_nb._automl_backend import RapidFireConfigWarning
+        from rapidfire_nb.automl.policy import RapidFireConfigWarning
 
         warnings.warn(RapidFireConfigWarning(
             f"generation_config: {', '.join(ignored)} only apply to sampling; without do_sample=True "

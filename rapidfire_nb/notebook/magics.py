@@ -51,7 +51,7 @@ USAGE = """\
 
 # Short names people type for the knobs they change most often; shared with the config errors'
 # "Did you mean" (automl)
-from rapidfire_nb._automl_backend import KNOB_ALIASES as ALIASES  # noqa: E402
+from rapidfire_nb.automl._backend import KNOB_ALIASES as ALIASES  # noqa: E402
 WARM_FLAGS = ("--warm-start", "--warm_start", "--warm")
 _SECTIONS = ("training_args", "peft_config", "generation_config", "model_kwargs")
 _MAX_VALUE_CHARS = 10_000
