@@ -107,6 +107,8 @@ def test_ray_workers_table_names_each_runs_worker_and_the_lost_one():
         chunks = [e for e in events if e["type"] == "chunk_done" and e["run_id"] == run["run_id"]]
         assert run["worker"] == chunks[-1]["worker"] == "w0"
     assert {e["worker"] for e in events if e["type"] == "chunk_done" and e["run_id"] == 2} == {"w0", "w1"}
+    assert [row["worker"] for row in table["timeline"]] == \
+        [e["worker"] for e in events if e["type"] == "chunk_done"]
     # mid-way (before the loss), the table names w1 for the runs it trained
     before = S.fold(e for e in events if e["seq"] < event["seq"])
     assert S.get_run(before, 2)["worker"] == "w1" and not before["lost_workers"]
@@ -117,6 +119,7 @@ def test_the_kernel_engine_logs_no_workers():
     table = expected_of("sft_basic")
     assert table["workers"] == [] and table["lost_workers"] == []
     assert all(r["worker"] is None for r in table["runs"].values())
+    assert all(row["worker"] is None for row in table["timeline"])
 
 
 def test_worker_events_from_a_damaged_or_partial_log():
