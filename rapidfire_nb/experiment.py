@@ -710,8 +710,11 @@ class Experiment:
                   "chunks_done", "parent_run_id", "warm_start", "error")
         runs = self._state().read(lambda t: [
             {**{k: r[k] for k in fields}, "epoch": r["next_epoch"], "config": r["config"],
-             "knobs": list(r["knobs"]), "eval_loss": r["latest"].get("eval_loss")}
+             "knobs": list(r["knobs"]), "eval_loss": r["latest"].get("eval_loss"),
+             "worker": r["worker"]}
             for r in runs_by_id(t)])
+        # Ray workers (num_workers): the worker that trained each run's last chunk
+        on_workers = any(run["worker"] is not None for run in runs)
         knob_keys: list[str] = []
         for run in runs:
             for k in run["knobs"]:
@@ -726,6 +729,8 @@ class Experiment:
             row.update({k: run[k] for k in ("completed_steps", "total_steps", "samples_seen",
                                             "chunks_done", "epoch", "parent_run_id", "warm_start",
                                             "eval_loss", "error")})
+            if on_workers:
+                row["worker"] = run["worker"]
             if self.automl is not None:
                 row["pruning"] = self.automl.reason_for(run["run_id"])
             rows.append(row)

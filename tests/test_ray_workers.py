@@ -193,7 +193,13 @@ def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_ses
         mine = sorted((c for c in chunks if c["run_id"] == rid), key=lambda c: c["start"])
         assert [c["chunk"] for c in mine] == [0, 1, 2, 3]
         assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
-    assert set(exp.get_timeline().device) == {"w0:cpu", "w1:cpu"}
+    timeline = exp.get_timeline()
+    assert set(timeline.device) == {"w0:cpu", "w1:cpu"}
+    assert (timeline.device == timeline.worker + ":cpu").all()
+    # get_runs_info names the worker of each run's last chunk (the kernel engine has no column)
+    last = {c["run_id"]: c["worker"] for c in sorted(chunks, key=lambda c: c["seq"])}
+    assert dict(zip(info.run_id, info.worker)) == last
+    assert "worker" not in ref.get_runs_info().columns
     exp.end()
     assert not any(s.alive for s in exp.engine.pool.slots), "end() releases the workers"
     from pathlib import Path

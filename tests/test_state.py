@@ -18,7 +18,7 @@ from rapidfire_nb.engine.events import EventLog, read_events
 FIXTURES = Path(__file__).parent / "fixtures" / "events"
 NAMES = sorted(p.name[: -len(".jsonl")] for p in FIXTURES.glob("*.jsonl"))
 SCENARIOS = {"sft_basic", "stop_resume", "clone_delete", "failed", "pruned", "suggested",
-             "crash_resume", "dpo", "grpo"}
+             "crash_resume", "dpo", "grpo", "ray_workers"}
 
 
 def events_of(name: str) -> list[dict]:
@@ -89,6 +89,55 @@ def test_tables_say_what_each_scenario_did():
     assert "eval_rewards/margins" in expected_of("dpo")["eval_metrics"]
 
 
+def test_ray_workers_table_names_each_runs_worker_and_the_lost_one():
+    """ray_workers.jsonl: 3 runs on Ray workers w0, w1; w1 was killed (ray.kill) while it trained
+    run 1's chunk 1, so every later chunk (that one included) was trained by w0."""
+    events = events_of("ray_workers")
+    table = expected_of("ray_workers")
+    assert [(w["worker"], w["lost"]) for w in table["workers"]] == [("w0", False), ("w1", True)]
+    assert all(w["device"] == f"{w['worker']}:cpu" and w["node"] for w in table["workers"])
+    (lost,) = table["lost_workers"]
+    (event,) = [e for e in events if e["type"] == "worker_lost"]
+    assert lost == {"worker": "w1", "node": event["node"], "reason": event["reason"], "runs": [1, 2],
+                    "chunk_lost": {"run_id": 1, "epoch": 0, "chunk": 1}, "workers_left": 1,
+                    "time": event["time"]}
+    assert "ray.kill" in lost["reason"]
+    # each run's worker is the one of its last chunk_done, not of its first
+    for run in table["runs"].values():
+        chunks = [e for e in events if e["type"] == "chunk_done" and e["run_id"] == run["run_id"]]
+        assert run["worker"] == chunks[-1]["worker"] == "w0"
+    assert {e["worker"] for e in events if e["type"] == "chunk_done" and e["run_id"] == 2} == {"w0", "w1"}
+    assert [row["worker"] for row in table["timeline"]] == \
+        [e["worker"] for e in events if e["type"] == "chunk_done"]
+    # mid-way (before the loss), the table names w1 for the runs it trained
+    before = S.fold(e for e in events if e["seq"] < event["seq"])
+    assert S.get_run(before, 2)["worker"] == "w1" and not before["lost_workers"]
+    assert not any(w["lost"] for w in before["workers"])
+
+
+def test_the_kernel_engine_logs_no_workers():
+    table = expected_of("sft_basic")
+    assert table["workers"] == [] and table["lost_workers"] == []
+    assert all(r["worker"] is None for r in table["runs"].values())
+    assert all(row["worker"] is None for row in table["timeline"])
+
+
+def test_worker_events_from_a_damaged_or_partial_log():
+    """A worker that died in its constructor is lost without ever being listed; malformed
+    entries are skipped, never raised."""
+    table = S.fold([
+        {"seq": 1, "time": 1.0, "type": "workers", "workers": [{"worker": "w0", "node": "n1"}, "junk", {"node": "x"}]},
+        {"seq": 2, "time": 2.0, "type": "worker_lost", "worker": "w3", "node": None, "reason": "boom",
+         "runs": [1, "2", 3], "chunk_lost": {"run_id": 1}, "workers_left": 1},
+        {"seq": 3, "time": 3.0, "type": "worker_lost", "node": "n1"},
+        {"seq": 4, "time": 4.0, "type": "workers", "workers": None},
+    ])
+    assert table["workers"] == [{"worker": "w0", "node": "n1", "device": None, "lost": False},
+                                {"worker": "w3", "node": None, "device": None, "lost": True}]
+    assert table["lost_workers"] == [{"worker": "w3", "node": None, "reason": "boom", "runs": [1, 3],
+                                      "chunk_lost": None, "workers_left": 1, "time": 2.0}]
+
+
 def test_every_metric_point_is_at_samples_seen():
     """One x axis for train and eval curves (the panel's charts and the trackers' steps)."""
     for name in NAMES:
@@ -136,8 +185,8 @@ def test_live_table_folds_only_new_events(name, sizes):
                    for ev in events[i:i + n])
         i = min(i + n, len(events))
         assert live.read(lambda t: t["last_seq"]) == i
-    # the log re-stamped each event's time, which the table does not use
-    assert as_json(live.read()) == as_json(S.fold(events))
+    # the log re-stamped each event's time (a lost worker's notice keeps it)
+    assert as_json(live.read()) == as_json(S.fold(log.since(0)))
 
 
 def test_status_errors_stick_until_the_run_trains_again():

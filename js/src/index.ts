@@ -12,6 +12,7 @@ import { Client, type Reply } from "./client";
 import { CSS } from "./style";
 import { CloneSubmitter } from "./cloneform";
 import { suggestedRuns, suggestionOpen } from "./suggest";
+import { hasWorkers, workerCell, workerLostNotices } from "./workers";
 import { evalMarkers, timeSplitInterval } from "./scale";
 import { loadPrefs, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
 import {
@@ -224,7 +225,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const hiddenNote = h("span", { class: "rf-note", "data-testid": "rf-hidden-note" });
   filterBox.append(hiddenNote);
   const tableWrap = h("div", { class: "rf-table-wrap" }, [table]);
-  root.append(filterBox, tableWrap);
+  // Ray workers that died: which runs moved on (shown until the panel is rebuilt; the log keeps them).
+  const workerNotices = h("div", { class: "rf-worker-notices", "data-testid": "rf-worker-lost" });
+  workerNotices.style.display = "none";
+  root.append(workerNotices, filterBox, tableWrap);
   // The auto sort waits while the pointer is over the table; leaving it applies the order.
   let pointerInTable = false;
   tableWrap.addEventListener("mouseenter", () => {
@@ -322,6 +326,11 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         return span;
       }),
     );
+    const notices = workerLostNotices(state);
+    if (notices.length !== workerNotices.childElementCount) {
+      workerNotices.replaceChildren(...notices.map((n) => h("div", { class: "rf-error", text: n.text, title: n.title })));
+      workerNotices.style.display = notices.length ? "" : "none";
+    }
     const asked = suggestedRuns(state);
     if (asked.length) {
       const span = h("span", { class: "rf-count rf-count-suggest", "data-testid": "rf-suggested-count",
@@ -541,6 +550,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     latest: HTMLSpanElement;
     best: HTMLDivElement;
     parent: HTMLTableCellElement | null;
+    worker: HTMLTableCellElement | null;
     note: HTMLDivElement;
     /** pruner_mode="suggest": the pruner's reason with Confirm / Ignore, while unanswered. */
     suggestion: HTMLDivElement;
@@ -583,13 +593,15 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const knobs = knobColumns(state);
     const metric = evalChart.book.metric;
     const lineage = [...state.runs.values()].some((r) => r.parent !== null);
-    const key = JSON.stringify([knobs, metric, lineage]);
+    const workers = hasWorkers(state);
+    const key = JSON.stringify([knobs, metric, lineage, workers]);
     if (key !== columnsKey) {
       columnsKey = key;
       const heads: [string, string, SortColumn | null][] = [
         ["run", "", "id"], ["status", "", "status"], ["", "Stop · Resume · Delete · Clone", null],
         ...knobs.map((k): [string, string, null] => [readableKnob(k), k, null]),
         ["progress", "optimizer steps, and the last chunk trained", "progress"],
+        ...(workers ? [["worker", "the Ray worker that trained the run's last chunk", null] as [string, string, null]] : []),
         ["train loss", "latest training loss", "loss"],
         [metric ? readableMetric(metric) : "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
         ...(lineage ? [["parent", "the run this one was cloned from", null] as [string, string, null]] : []),
@@ -622,7 +634,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     for (const run of all) {
       let row = rows.get(run.id);
       if (!row) {
-        row = makeRow(run, knobs, lineage);
+        row = makeRow(run, knobs, lineage, workers);
         rows.set(run.id, row);
       }
       updateRow(row, run, knobs, metric);
@@ -657,7 +669,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     hiddenNote.textContent = [hiddenText, heldText].filter(Boolean).join(" · ");
   }
 
-  function makeRow(run: RunState, knobs: string[], lineage: boolean): Row {
+  function makeRow(run: RunState, knobs: string[], lineage: boolean, workers: boolean): Row {
     const tr = h("tr", { "data-run-id": String(run.id) });
     const swatch = h("span", {
       class: "rf-swatch", "data-testid": "rf-swatch",
@@ -730,6 +742,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       latest: h("span", { "data-testid": "rf-latest" }),
       best: h("div", { class: "rf-note" }),
       parent: lineage ? h("td") : null,
+      worker: workers ? h("td", { "data-testid": "rf-worker" }) : null,
       note: h("div", { class: "rf-note rf-row-note" }),
       suggestion,
       suggestionText,
@@ -750,6 +763,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note, suggestion]),
       ...knobCells.map((c) => h("td", { class: "rf-knob" }, [c])),
       h("td", {}, [h("span", { class: "rf-progress" }, [progressBar]), progressTextEl, chunkTextEl]),
+      ...(row.worker ? [row.worker] : []),
       row.trainLoss,
       h("td", { class: "rf-num" }, [row.latest, row.best]),
       ...(row.parent ? [row.parent] : []),
@@ -774,6 +788,11 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     row.latest.textContent = metric ? fmtNumber(run.latest[metric]) : "–";
     const best = metric ? run.best[metric] : undefined;
     row.best.textContent = best !== undefined && best !== run.latest[metric!] ? `best ${fmtNumber(best)}` : "";
+    if (row.worker) {
+      const cell = workerCell(state, run);
+      row.worker.textContent = cell.text;
+      row.worker.title = cell.title;
+    }
     if (row.parent) row.parent.textContent = run.parent !== null ? `${run.parent}${run.warmStart ? " (warm)" : ""}` : "";
     const legal = legalOps(run.status);
     row.buttons.stop.disabled = row.busy || !legal.stop;

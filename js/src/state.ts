@@ -71,6 +71,27 @@ export interface RunState {
   lastOp: { op: string; accepted: boolean; reason: string | null } | null;
   /** Seq of the event that last put this run on the device (it turned running, or ended a chunk). */
   deviceSeq: number;
+  /** The Ray worker (w0, w1, ...) that trained the run's last chunk; null in the kernel engine. */
+  worker: string | null;
+}
+
+/** A Ray worker of the experiment (num_workers), as `workers`/`worker_lost` events describe it. */
+export interface WorkerInfo {
+  worker: string;
+  node: string | null;
+  device: string | null;
+  lost: boolean;
+}
+
+/** A `worker_lost` event: the worker died; `runs` continue elsewhere from their checkpoints. */
+export interface WorkerLoss {
+  worker: string;
+  node: string | null;
+  reason: string | null;
+  runs: number[];
+  chunk_lost: { run_id: number; epoch: number; chunk: number } | null;
+  workers_left: number | null;
+  time: number | null;
 }
 
 export interface PanelState {
@@ -92,6 +113,9 @@ export interface PanelState {
   onDevice: number | null;
   /** Bumped on every applied event; views compare it to skip work. */
   version: number;
+  /** Ray workers, first seen first (empty for the in-kernel engine). */
+  workers: WorkerInfo[];
+  lostWorkers: WorkerLoss[];
 }
 
 export interface IngestResult {
@@ -125,6 +149,8 @@ export function createState(): PanelState {
     time: zeroTime(),
     onDevice: null,
     version: 0,
+    workers: [],
+    lostWorkers: [],
   };
 }
 
@@ -186,6 +212,7 @@ function newRun(id: number): RunState {
     time: zeroTime(),
     lastOp: null,
     deviceSeq: 0,
+    worker: null,
   };
 }
 
@@ -386,6 +413,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
         run.epoch = int(ev.epoch);
         run.chunk = int(ev.chunk);
       }
+      if (typeof ev.worker === "string") run.worker = ev.worker;
       for (const key of ["train", "eval", "swap", "other"] as const) {
         const v = num(ev[`${key}_s`]);
         if (v !== null && v > 0) {
@@ -415,10 +443,50 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       run.suggestion = str(ev.reason) ?? "the pruner would stop this run";
       break;
     }
+    case "workers": {
+      // Logged at each loop start and after replacements: the live workers; lost ones keep their row.
+      const list = Array.isArray(ev.workers) ? ev.workers : [];
+      for (const info of list) {
+        if (!info || typeof info !== "object" || typeof (info as Record<string, unknown>).worker !== "string") continue;
+        const rec = info as Record<string, unknown>;
+        const row = workerRow(state, rec.worker as string);
+        if (typeof rec.node === "string") row.node = rec.node;
+        if (typeof rec.device === "string") row.device = rec.device;
+      }
+      break;
+    }
+    case "worker_lost": {
+      const name = str(ev.worker);
+      if (name === null) return;
+      const row = workerRow(state, name); // one that died in its constructor was never listed
+      row.lost = true;
+      const lost = ev.chunk_lost as Record<string, unknown> | null | undefined;
+      const chunkLost = lost && typeof lost === "object" && isInt(lost.run_id) && isInt(lost.epoch) && isInt(lost.chunk)
+        ? { run_id: lost.run_id, epoch: lost.epoch, chunk: lost.chunk } : null;
+      state.lostWorkers.push({
+        worker: name,
+        node: str(ev.node) || row.node,
+        reason: str(ev.reason),
+        runs: Array.isArray(ev.runs) ? ev.runs.filter(isInt) : [],
+        chunk_lost: chunkLost,
+        workers_left: isInt(ev.workers_left) ? ev.workers_left : null,
+        time: num(ev.time),
+      });
+      break;
+    }
     default:
       // Unknown event types come from newer engines; ignoring them keeps old views working.
       break;
   }
+}
+
+function workerRow(state: PanelState, name: string): WorkerInfo {
+  let row = state.workers.find((w) => w.worker === name);
+  if (!row) {
+    row = { worker: name, node: null, device: null, lost: false };
+    state.workers.push(row);
+  }
+  return row;
 }
 
 /** Fields of a run in Python's table (rapidfire_nb/engine/state.py) that the view mirrors. */
@@ -426,12 +494,13 @@ export const VIEW_RUN_FIELDS = [
   "run_id", "created", "status", "reason", "has_error", "pruned", "trainer_type", "knobs",
   "parent_run_id", "warm_start", "total_steps", "num_chunks", "completed_steps", "samples_seen",
   "chunks_done", "last_epoch", "last_chunk", "latest", "best", "series", "time", "last_op",
-  "device_seq", "suggestion",
+  "device_seq", "suggestion", "worker",
 ] as const;
 
 /** Table-level fields the view mirrors. */
 export const VIEW_TABLE_FIELDS = [
   "experiment", "path", "resumed", "ended", "last_seq", "train_metrics", "eval_metrics", "time",
+  "workers", "lost_workers",
 ] as const;
 
 /**
@@ -448,13 +517,13 @@ export function viewTable(state: PanelState): Record<string, unknown> {
       completed_steps: r.completedSteps, samples_seen: r.samplesSeen, chunks_done: r.chunksDone,
       last_epoch: r.epoch, last_chunk: r.chunk, latest: r.latest, best: r.best,
       series: { train: r.train, eval: r.eval }, time: r.time, last_op: r.lastOp, device_seq: r.deviceSeq,
-      suggestion: r.suggestion,
+      suggestion: r.suggestion, worker: r.worker,
     };
   }
   return {
     experiment: state.experiment, path: state.path, resumed: state.resumed, ended: state.ended,
     last_seq: state.lastSeq, train_metrics: [...state.trainMetrics], eval_metrics: [...state.evalMetrics],
-    time: state.time, runs,
+    time: state.time, workers: state.workers, lost_workers: state.lostWorkers, runs,
   };
 }
 

@@ -84,6 +84,7 @@ export const CSS = `
 .rf-form input.rf-changed { border-color: var(--rf-accent); }
 .rf-field-error { color: var(--rf-error); font-size: 11px; }
 .rf-error { color: var(--rf-error); white-space: pre-wrap; }
+.rf-worker-notices { margin: 4px 0; font-size: 12px; }
 .rf-ok { color: #1a7f37; }
 .rf-buttons { display: flex; gap: 6px; margin-top: 6px; align-items: center; }
 .rf-traceback { max-height: 320px; overflow: auto; font-size: 11px; background: var(--rf-bg2); padding: 6px; margin: 0; white-space: pre; }

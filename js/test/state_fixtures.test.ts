@@ -76,7 +76,7 @@ function asJson(v: unknown): unknown {
 
 describe("shared fixtures", () => {
   it("covers every recorded scenario", () => {
-    expect(NAMES).toEqual(["clone_delete", "crash_resume", "dpo", "failed", "grpo", "pruned",
+    expect(NAMES).toEqual(["clone_delete", "crash_resume", "dpo", "failed", "grpo", "pruned", "ray_workers",
       "sft_basic", "stop_resume", "suggested"]);
   });
 

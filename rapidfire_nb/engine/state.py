@@ -29,16 +29,20 @@ Table::
      "train_metrics", "eval_metrics",  # metric names, first seen first
      "time": {train, eval, swap, other},   # engine seconds, summed over chunk_done
      "timeline": [chunk_done rows],    # get_timeline
-     "points": [metric rows]}          # get_results: run_id, split, step, samples_seen, epoch,
+     "points": [metric rows],          # get_results: run_id, split, step, samples_seen, epoch,
                                        # chunk, metrics (finite numbers or None)
+     "workers": [{worker, node, device, lost}],   # Ray workers (num_workers), first seen first;
+                                                  # empty for the in-kernel engine
+     "lost_workers": [{worker, node, reason, runs, chunk_lost, workers_left, time}]}
 
 Run (see ``new_run``): status, reason, error (the last failure's traceback; cleared when the run
 goes pending/running again), has_error, pruned, its spec (trainer_type, config, knobs, changes,
 parent_run_id, warm_start, total_steps, steps_per_epoch, num_chunks, base_*), progress
 (completed_steps, samples_seen, chunks_done, last_epoch/last_chunk of the last chunk trained,
 next_epoch/next_chunk of the next one), latest/best metrics, series (x = samples_seen), its
-time split, the last op, device_seq (the seq that last put it on the device) and suggestion (an
-open pruning suggestion's reason, suggest mode).
+time split, the last op, device_seq (the seq that last put it on the device), suggestion (an
+open pruning suggestion's reason, suggest mode) and worker (the Ray worker that trained its last
+chunk; None in the kernel or before its first chunk).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ SCHEMA_PATH = Path(__file__).with_name("events_schema.json")
 TIME_KEYS = ("train", "eval", "swap", "other")
 TIMELINE_COLUMNS = ("run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s",
                     "swap_s", "setup_s", "snapshot_s", "checkpoint_s", "other_s",
-                    "completed_steps", "samples_seen")
+                    "completed_steps", "samples_seen", "worker")
 _PRUNED = re.compile(r"\bpruned\b", re.IGNORECASE)
 _LOWER_IS_BETTER = re.compile(r"loss|perplexity|ppl|error|wer|cer|mse|mae|rmse")
 
@@ -111,6 +115,7 @@ def new_table() -> dict:
         "experiment": None, "path": None, "resumed": False, "ended": False, "last_seq": 0,
         "runs": {}, "train_metrics": [], "eval_metrics": [],
         "time": dict.fromkeys(TIME_KEYS, 0.0), "timeline": [], "points": [],
+        "workers": [], "lost_workers": [],
     }
 
 
@@ -126,7 +131,7 @@ def new_run(run_id: int) -> dict:
         "last_epoch": None, "last_chunk": None, "next_epoch": 0, "next_chunk": 0,
         "latest": {}, "best": {}, "series": {"train": {}, "eval": {}},
         "time": dict.fromkeys(TIME_KEYS, 0.0), "last_op": None, "device_seq": 0,
-        "suggestion": None,
+        "suggestion": None, "worker": None,
     }
 
 
@@ -163,6 +168,10 @@ def reduce(table: dict, event: dict) -> dict:
         table["ended"] = False
     elif kind == "experiment_end":
         table["ended"] = True
+    elif kind == "workers":
+        _workers(table, event)
+    elif kind == "worker_lost":
+        _worker_lost(table, event)
     elif run_id is None:
         return table
     elif kind == "run_created":
@@ -288,12 +297,54 @@ def _chunk_done(table: dict, run: dict, ev: dict, seq: Any) -> None:
             run["next_epoch"], run["next_chunk"] = epoch + 1, 0
         else:
             run["next_epoch"], run["next_chunk"] = epoch, chunk + 1
+    if isinstance(ev.get("worker"), str):
+        run["worker"] = ev["worker"]
     for key in TIME_KEYS:
         v = _num(ev.get(f"{key}_s"))
         if v is not None and v > 0:
             run["time"][key] += v
             table["time"][key] += v
     table["timeline"].append({c: ev.get(c) for c in TIMELINE_COLUMNS})
+
+
+def _worker_row(table: dict, name: str) -> dict:
+    for row in table["workers"]:
+        if row["worker"] == name:
+            return row
+    row = {"worker": name, "node": None, "device": None, "lost": False}
+    table["workers"].append(row)
+    return row
+
+
+def _workers(table: dict, ev: dict) -> None:
+    # logged at each loop start and after replacements: it lists the live workers; earlier ones
+    # stay in the table (a lost worker keeps its row, flagged)
+    for info in ev.get("workers") if isinstance(ev.get("workers"), list) else []:
+        if not isinstance(info, dict) or not isinstance(info.get("worker"), str):
+            continue
+        row = _worker_row(table, info["worker"])
+        for key in ("node", "device"):
+            if isinstance(info.get(key), str):
+                row[key] = info[key]
+
+
+def _worker_lost(table: dict, ev: dict) -> None:
+    name = _str(ev.get("worker"))
+    if name is None:
+        return
+    row = _worker_row(table, name)    # a worker that died in its constructor was never listed
+    row["lost"] = True
+    node = _str(ev.get("node")) or row["node"]
+    runs = [r for r in ev.get("runs") if _is_int(r)] if isinstance(ev.get("runs"), list) else []
+    lost = ev.get("chunk_lost")
+    chunk_lost = ({k: lost[k] for k in ("run_id", "epoch", "chunk")}
+                  if isinstance(lost, dict) and all(_is_int(lost.get(k)) for k in ("run_id", "epoch", "chunk"))
+                  else None)
+    table["lost_workers"].append({
+        "worker": name, "node": node, "reason": _str(ev.get("reason")), "runs": runs,
+        "chunk_lost": chunk_lost,
+        "workers_left": ev["workers_left"] if _is_int(ev.get("workers_left")) else None,
+        "time": _num(ev.get("time"))})
 
 
 # -- the schema --------------------------------------------------------------------------------
