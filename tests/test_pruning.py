@@ -1,5 +1,6 @@
 """Pruning policy at chunk boundaries (engine/pruning.py): pure, property-tested, no torch."""
 
+import json
 import math
 
 import pytest
@@ -175,3 +176,92 @@ def test_state_round_trips_through_json():
 def test_bad_settings_are_refused(kw):
     with pytest.raises(ValueError):
         SuccessiveHalving(**kw)
+
+
+def _history_policy(eta=2):
+    """Four runs started together (bracket 0) ran 4 chunks; runs 1, 2 were pruned at rung 1,
+    run 3 at rung 2, run 4 finished: the rung history a lone refill is judged against."""
+    policy = SuccessiveHalving("minimize", min_chunks=1, reduction_factor=eta)
+    table = {1: [5.0, 4.0, 3.0, 2.0], 2: [4.0, 3.0, 2.0, 1.0],
+             3: [2.0, 1.5, 1.0, 0.5], 4: [1.0, 0.8, 0.6, 0.4]}
+    decisions, _ = lockstep(policy, table)
+    assert sorted((d.run_id, d.rung) for d in decisions) == [(1, 1), (2, 1), (3, 2)]
+    return policy
+
+
+def _lone(policy, rid, values):
+    """A refill asked alone (its own bracket), trained chunk after chunk; its decisions."""
+    policy.add_run(rid, bracket=f"t{rid}")
+    out = []
+    for chunk, v in enumerate(values, 1):
+        if not policy.members[rid].live:
+            break
+        policy.report(rid, chunk, v)
+        if chunk == len(values):
+            policy.set_state(rid, live=False, finished=True)
+        out += policy.decide()
+    return out
+
+
+def test_a_lone_late_run_worse_than_the_rung_history_is_pruned():
+    policy = _history_policy()
+    # rung 1 history: 5, 4, 2, 1 and the refill's 3.0 -> rank 3 of 5, keep ceil(5/2) = 3: goes on;
+    # rung 2 history (runs 1, 2 stopped at rung 1): 1.5, 0.8 and its 2.5 -> rank 3 of 3, keep 2
+    [d] = _lone(policy, 5, [3.0, 2.5, 0.1, 0.1])
+    assert (d.run_id, d.rung, d.rank, d.of) == (5, 2, 3, 3)
+    assert d.reason == "pruned at chunk 2 (rank 3 of 3)"
+    assert policy.members[5].chunks == 2 and policy.is_pruned(5)
+
+
+def test_a_lone_late_run_better_than_the_rung_history_continues():
+    policy = _history_policy()
+    assert _lone(policy, 5, [0.9, 0.7, 0.5, 0.3]) == []
+    assert policy.members[5].finished and not policy.is_pruned(5)
+    # the old rule (a bracket of one keeps ceil(1/2) = 1) never pruned even the worst refill
+    [d] = _lone(policy, 6, [9.0, 9.0, 9.0, 9.0])
+    assert (d.run_id, d.rung, d.rank, d.of) == (6, 1, 6, 6)
+
+
+def test_brackets_of_runs_started_together_stay_synchronous():
+    # two runs in one bracket with eta=2 are ranked against each other only, whatever the history
+    policy = _history_policy()
+    for rid in (5, 6):
+        policy.add_run(rid, bracket="t5")
+    policy.report(5, 1, 0.01)
+    assert policy.decide() == []            # waits for run 6: lockstep
+    policy.report(6, 1, 0.02)               # better than all the history, but worse than run 5
+    [d] = policy.decide()
+    assert (d.run_id, d.rank, d.of) == (6, 2, 2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tables(min_runs=2, max_runs=6, max_chunks=4), st.lists(values_st, min_size=4, max_size=4),
+       st.integers(2, 3), st.sampled_from(["sha", "hyperband"]))
+def test_lone_run_decisions_are_a_function_of_the_values_seen(table, late, eta, name):
+    table = {rid: (vals * 4)[:4] for rid, vals in table.items()}
+
+    def play(via_json):
+        policy = make_policy(name, "minimize", 1, eta, max_chunks=4)
+        decisions, _ = lockstep(policy, table)
+        if via_json:           # a restart between the study's start and the refill
+            fresh = make_policy(name, "minimize", 1, eta, max_chunks=4)
+            fresh.load_json(json.loads(json.dumps(policy.to_json())))
+            policy = fresh
+        return decisions + _lone(policy, 99, late), policy
+
+    (a, pa), (b, pb) = play(False), play(True)
+    assert a == b and pa.to_json() == pb.to_json()
+    late_ds = [d for d in a if d.run_id == 99]
+    # the rule itself, recomputed from the values: rank among every value recorded at that rung
+    for rung in range(1, len(late) + 1):
+        if late_ds and rung > late_ds[0].rung:
+            break
+        history = sorted([(v[rung - 1], rid) for rid, v in table.items()
+                          if rung in pa.members[rid].values] + [(late[rung - 1], 99)])
+        rank = history.index((late[rung - 1], 99)) + 1
+        first = pa.rungs(pa.members[99].bracket)
+        judged_here = rung in first and rung < len(late)   # a run that finished is not stopped
+        pruned_here = bool(late_ds) and late_ds[0].rung == rung
+        assert pruned_here == (judged_here and rank > math.ceil(len(history) / eta))
+        if pruned_here:
+            assert (late_ds[0].rank, late_ds[0].of) == (rank, len(history))

@@ -10,6 +10,11 @@ suggest it). Rules shared by every policy here:
 - Decisions are *synchronous*: a bracket (a group of runs compared together) decides at rung k
   only once every live member has reached rung k. With the fair lockstep scheduler this costs
   nothing: the slowest member is always the next to train.
+- Exception (``sha``/``hyperband``): a bracket with fewer runs than ``reduction_factor`` cannot
+  be halved within itself (RFOptuna asks a refill alone when one slot frees). Such a run is judged
+  at rung k against every value any run recorded at rung k so far (asynchronous successive
+  halving, as Optuna's SuccessiveHalvingPruner): it goes on only within the best
+  ``ceil(n / reduction_factor)`` of those ``n`` values, itself included.
 - Only live runs are judged. A run the user stopped leaves its bracket's waiting set (it is not
   counted as pruned) and rejoins it if resumed; a run that passed a rung while outside (resumed
   late, or a warm clone that inherited its parent's progress) is simply not ranked at that rung.
@@ -129,6 +134,7 @@ class RungPolicy:
         for m in self.members.values():
             brackets.setdefault(m.bracket, []).append(m)
         for bracket, members in brackets.items():
+            alone = self._too_small(members)
             for rung in self.rungs(bracket):
                 if rung in self.decided[bracket]:
                     continue
@@ -137,17 +143,47 @@ class RungPolicy:
                     break          # wait: the bracket moves in lockstep
                 ranked = sorted((m for m in judged if rung in m.values), key=self._sort_key(rung))
                 self.decided[bracket].add(rung)
+                if alone:
+                    out += self._judge_against_history(rung, ranked)
+                    continue
                 if len(ranked) < 2:
                     continue
                 for m, rank in self.losers(bracket, rung, ranked):
                     if not m.live:
                         continue   # finished runs compete for places but are never stopped
-                    d = Decision(m.run_id, rung, rank, len(ranked),
-                                 f"pruned at chunk {rung} (rank {rank} of {len(ranked)})")
-                    m.pruned = d
-                    m.live = False
-                    out.append(d)
+                    out.append(self._prune(m, rung, rank, len(ranked)))
         return out
+
+    def _prune(self, m: _Member, rung: int, rank: int, of: int) -> Decision:
+        d = Decision(m.run_id, rung, rank, of, f"pruned at chunk {rung} (rank {rank} of {of})")
+        m.pruned = d
+        m.live = False
+        return d
+
+    # -- brackets too small to rank: asynchronous judgement ---------------------------------------
+    def _too_small(self, members: list[_Member]) -> bool:
+        """A bracket that cannot be ranked within itself (e.g. one trial RFOptuna asked alone to
+        fill a freed slot): its runs are judged against the study's rung history instead."""
+        return False
+
+    def _judge_against_history(self, rung: int, ranked: list[_Member]) -> list[Decision]:
+        """Judge each live run of ``ranked`` at ``rung`` against every value recorded there by any
+        run of the study (pruned, stopped and finished ones included, itself too), as Optuna's
+        asynchronous SuccessiveHalvingPruner does. The history is the members' saved values, so
+        a resumed study judges the same way; a rung is judged once, when the run reaches it."""
+        history = sorted((m for m in self.members.values() if rung in m.values),
+                         key=self._sort_key(rung))
+        out = []
+        for m in ranked:
+            if not m.live:
+                continue
+            rank = history.index(m) + 1
+            if self._loses_in_history(rung, m, rank, history):
+                out.append(self._prune(m, rung, rank, len(history)))
+        return out
+
+    def _loses_in_history(self, rung: int, m: _Member, rank: int, history: list[_Member]) -> bool:
+        raise NotImplementedError
 
     # -- persistence (JSON) ---------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -195,6 +231,13 @@ class SuccessiveHalving(RungPolicy):
     def losers(self, bracket, rung, ranked):
         keep = math.ceil(len(ranked) / self.reduction_factor)
         return [(m, i + 1) for i, m in enumerate(ranked) if i >= keep]
+
+    def _too_small(self, members):
+        # fewer runs than reduction_factor keep all of themselves (ceil(n / eta) = n for n = 1)
+        return len(members) < self.reduction_factor
+
+    def _loses_in_history(self, rung, m, rank, history):
+        return rank > math.ceil(len(history) / self.reduction_factor)
 
 
 class Hyperband(SuccessiveHalving):
