@@ -699,3 +699,29 @@ def test_suggest_mode_without_a_pruner_is_refused_at_construction():
         with pytest.raises(ConfigError, match="RFOptuna: pruner_mode='suggest' needs a pruner"):
             RFOptuna(space, "SFT", n_initial=2, budget=2, pruner=None, pruner_mode="suggest")
     assert grid(pruner="sha", pruner_mode="suggest").pruning.mode == "suggest"
+
+
+def test_rfoptuna_refills_asked_alone_are_pruned_against_the_rung_history(data, tmp_path):
+    """n_initial=2 frees one slot at a time, so each refill is asked alone, in a bracket of one.
+    A bracket of one keeps ceil(1/2) = 1: it used to train every chunk, however bad. Now it is
+    ranked at each rung against every value the study recorded there (asynchronous SHA)."""
+    import re
+
+    exp, runs, trials = run_optuna(tmp_path / "a", data, seed=5, n_initial=2, budget=6)
+    bracket = {t.user_attrs["run_id"]: t.user_attrs.get("bracket") for t in trials}
+    refills = [r for r in runs if r[0] > 2]
+    assert len(refills) == 4
+    assert len({bracket[r[0]] for r in refills}) == 4, "each refill alone in its bracket"
+    losses = eval_table(exp)
+    pruned_refills = [r for r in refills if r[3] and r[3].startswith("pruned")]
+    assert pruned_refills, "a refill worse than the rung history was pruned"
+    assert any(r[1] == "completed" for r in refills), "a good refill trains to the end"
+    for rid, status, _knobs, reason in pruned_refills:
+        chunk, rank, of = map(int, re.fullmatch(r"pruned at chunk (\d+) \(rank (\d+) of (\d+)\)",
+                                                reason).groups())
+        assert status == "stopped" and of > 1 and max(losses[rid]) == chunk
+        # the history it met: every earlier run's value at that chunk, its own included
+        history = sorted((losses[r][chunk], r) for r in losses if r <= rid and chunk in losses[r])
+        assert len(history) == of
+        assert history.index((losses[rid][chunk], rid)) + 1 == rank > math.ceil(of / 2)
+    exp.end()
