@@ -10,11 +10,12 @@ suggest it). Rules shared by every policy here:
 - Decisions are *synchronous*: a bracket (a group of runs compared together) decides at rung k
   only once every live member has reached rung k. With the fair lockstep scheduler this costs
   nothing: the slowest member is always the next to train.
-- Exception (``sha``/``hyperband``): a bracket with fewer runs than ``reduction_factor`` cannot
-  be halved within itself (RFOptuna asks a refill alone when one slot frees). Such a run is judged
-  at rung k against every value any run recorded at rung k so far (asynchronous successive
-  halving, as Optuna's SuccessiveHalvingPruner): it goes on only within the best
-  ``ceil(n / reduction_factor)`` of those ``n`` values, itself included.
+- Exception: a bracket too small to rank within itself (RFOptuna asks a refill alone when one
+  slot frees): fewer runs than ``reduction_factor`` for ``sha``/``hyperband``, one run for
+  ``median``. Such a run is judged at rung k against every value any run recorded at rung k so far
+  (asynchronous successive halving, as Optuna's SuccessiveHalvingPruner): it goes on only within
+  the best ``ceil(n / reduction_factor)`` of those ``n`` values, itself included (``median``:
+  only if not worse than their median, once there are three).
 - Only live runs are judged. A run the user stopped leaves its bracket's waiting set (it is not
   counted as pruned) and rejoins it if resumed; a run that passed a rung while outside (resumed
   late, or a warm clone that inherited its parent's progress) is simply not ranked at that rung.
@@ -272,6 +273,19 @@ class MedianRule(RungPolicy):
 
     def rungs(self, bracket):
         return list(range(self.min_chunks, self._max_chunks(bracket) + 1))
+
+    def _too_small(self, members):
+        # alone, a run is the best of its bracket and the rule below never stops the best
+        return len(members) < 2
+
+    def _loses_in_history(self, rung, m, rank, history):
+        v = m.values[rung]
+        values = sorted(x.values[rung] for x in history if not math.isnan(x.values[rung]))
+        if len(values) < 3:
+            return False
+        n = len(values)
+        median = values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
+        return math.isnan(v) or (v > median if self.direction == "minimize" else v < median)
 
     def losers(self, bracket, rung, ranked):
         values = sorted(m.values[rung] for m in self.members.values()
