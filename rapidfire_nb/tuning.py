@@ -861,9 +861,10 @@ class _OptunaTuner:
             trial = self.study.ask()
             leaf = suggest(self.group._tree(), trial)
             new_id = max(set(engine.runs) | exp._reserved_ids | set(self.trial_of)) + 1
-            if driver.policy is not None and driver.policy.name != "hyperband":
-                # the runs asked at one boundary form one bracket
-                bracket = bracket if bracket is not None else f"t{number}"
+            if driver.policy is not None:
+                # the runs asked at one boundary form one bracket (hyperband: dealt one of its
+                # grace periods, so a refill does not join a bracket that judged its rungs already)
+                bracket = bracket if bracket is not None else driver.policy.new_bracket(f"t{number}")
                 driver.bracket_of_new[new_id] = self.brackets[new_id] = bracket
                 trial.set_user_attr("bracket", bracket)
             trial.set_user_attr("run_id", new_id)

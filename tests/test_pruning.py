@@ -274,3 +274,16 @@ def test_median_judges_a_lone_late_run_against_the_median_of_the_rung_history():
     [d] = _lone(policy, 4, [2.5, 0.0])            # median of 1, 2, 2.5, 3 is 2.25
     assert (d.run_id, d.rung, d.rank, d.of) == (4, 1, 3, 4)
     assert _lone(policy, 5, [1.5, 0.0]) == []     # median of 1, 1.5, 2, 2.5, 3 is 2
+
+
+def test_a_hyperband_refill_gets_its_own_bracket_with_a_grace_period_and_the_history():
+    policy = Hyperband("minimize", min_chunks=1, reduction_factor=2, max_chunks=8)   # 3 brackets
+    lockstep(policy, {1: [1.0] * 4, 2: [2.0] * 4, 3: [3.0] * 4, 4: [4.0] * 4})
+    bracket = policy.new_bracket("t4")
+    assert bracket == "hb1:t4" and policy.rungs(bracket) == []     # 4 runs added: hb(4 % 3)
+    policy.add_run(5, bracket=bracket)
+    policy.report(5, 1, 9.0)
+    assert policy.decide() == []            # hb1's first rung is 2 chunks: grace period
+    policy.report(5, 2, 9.0)
+    [d] = policy.decide()
+    assert (d.run_id, d.rung) == (5, 2) and d.rank == d.of

@@ -94,6 +94,10 @@ class RungPolicy:
     def _default_bracket(self) -> Any:
         return 0
 
+    def new_bracket(self, tag: str) -> Any:
+        """A fresh bracket named after ``tag``, for runs asked together later (RFOptuna refills)."""
+        return tag
+
     def report(self, run_id: int, chunks: int, value: float | None) -> None:
         """The objective of ``run_id`` after ``chunks`` chunks of its data stream."""
         m = self.members[run_id]
@@ -258,8 +262,11 @@ class Hyperband(SuccessiveHalving):
     def _default_bracket(self):
         return f"hb{self.added % self.n_brackets}"
 
+    def new_bracket(self, tag):
+        return f"{self._default_bracket()}:{tag}"
+
     def _first_rung(self, bracket):
-        s = int(str(bracket)[2:]) if str(bracket).startswith("hb") else 0
+        s = int(str(bracket)[2:].split(":")[0]) if str(bracket).startswith("hb") else 0
         return self.min_chunks * self.reduction_factor ** s
 
 
