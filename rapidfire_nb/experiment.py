@@ -106,8 +106,10 @@ class Experiment:
         num_workers: where chunks train. ``"auto"`` (default): in this kernel when at most one GPU
             is visible; one Ray worker per GPU when there are several, or per GPU of the Ray
             cluster already chosen (``ray.init(address=...)`` or ``RAY_ADDRESS``). ``0``: in this
-            kernel. ``n``: n Ray workers (on CPUs when the cluster has no GPU). Needs
-            ``pip install 'rapidfire-nb[ray]'``; see "More than one GPU" in the README.
+            kernel. ``n``: n Ray workers (on CPUs when the cluster has no GPU). A chosen cluster with
+            at most one GPU trains in this kernel, with a warning: pass ``n`` to use it. Needs Ray:
+            ``pip install -e '.[ray]'`` from the clone, or ``pip install 'ray>=2.60'``; see
+            "More than one GPU" in the README.
     """
 
     def __init__(self, experiment_name: str, experiment_path: str | Path | None = None, *,
