@@ -671,7 +671,9 @@ class Experiment:
         or the given ids), which train on and are not judged again; returns the ids dismissed.
         Each answer is logged as an ``op`` event, like ``apply_suggestions``'s confirms. A marked
         run that ended (completed, failed, deleted) is skipped the same way: logged as refused,
-        not returned; its mark stays in ``get_runs_info()`` as "...; run completed"."""
+        not returned; its mark stays in ``get_runs_info()``'s ``pruning`` column with the run's
+        end, e.g. "...; run completed" or "...; run deleted". A ``stopped`` run is not ended here
+        (unlike for ``apply_suggestions``): it can be resumed, so its mark can still be ignored."""
         self._check_open()
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("dismiss_suggestions needs a config group with pruner_mode='suggest'")

@@ -184,6 +184,14 @@ def _make_rfoptuna():
         ``eval_`` prefix (``"rougeL"`` and ``"eval_rougeL"`` are the same). Deterministic for
         ``seed``.
 
+        ``granularity``: ``"chunk"`` (default, a rung is a number of chunks done) or ``"epoch"``
+        (a rung is a number of epochs done). ``pruner_mode="suggest"`` (needs a pruner) only
+        marks the trials the pruner would stop (see ``Experiment.apply_suggestions``); a slot is
+        refilled only once a mark is confirmed. ``reduction_factor`` (default 2): sha/hyperband
+        keep the best ``ceil(n / reduction_factor)`` trials at each rung. ``min_chunks`` (default
+        1): no trial is judged before that many rungs; sha/hyperband rungs are ``min_chunks *
+        reduction_factor**i``. The pruner ranks on the (first) ``objective``.
+
         Example::
 
             RFOptuna(RFModelConfig(model_name="m", training_args=RFSFTConfig(
