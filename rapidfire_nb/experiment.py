@@ -739,6 +739,11 @@ class Experiment:
                 row["pruning"] = self.automl.reason_for(run["run_id"])
             rows.append(row)
         df = pd.DataFrame(rows)
+        # text columns keep None for "nothing to say": pandas would turn a partly filled one into
+        # a string column with NaN, so `error` (all None) and `pruning` would disagree
+        for col in ("error", "pruning", "worker"):
+            if col in df:
+                df[col] = pd.Series([row[col] for row in rows], index=df.index, dtype=object)
         # run ids are integers; a column with missing parents would otherwise read 1.0, 2.0
         df["parent_run_id"] = df["parent_run_id"].astype("Int64")
         return df
