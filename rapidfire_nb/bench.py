@@ -765,7 +765,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=None,
                     help="train 8 runs three ways: in the kernel, on 1 Ray worker and on N; report "
                          "wall times and the per-chunk actor hop (needs Ray: pip install -e "
-                         "'.[ray]'; several minutes on a CPU, each way trains all 8 runs)")
+                         "'.[ray]'; with the cpu preset and --repeats 1, about 6 minutes on a busy 2-core "
+                         "machine, most of it Ray start-up and the 1-worker side)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     ap.add_argument("--output", default=None, help="also write the JSON report to this file")
     return ap
