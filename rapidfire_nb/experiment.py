@@ -404,8 +404,8 @@ class Experiment:
                                   f"the experiment has a run {rid}; pass the same config group")
             else:
                 spec = specs[rid - 1]
-        elif parent_id in engine.runs:
-            spec = automl.apply_changes(engine.runs[parent_id].spec, info.get("changes") or {})
+        elif (parent := engine.snapshot().get(parent_id)) is not None:
+            spec = automl.apply_changes(parent.spec, info.get("changes") or {})
         else:
             raise RapidFireError(f"cannot restore run {rid}: its parent run {parent_id} is missing "
                                  f"from {self.store.events_path}")
