@@ -29,10 +29,10 @@ from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.lock import FolderLock
 from rapidfire_nb.engine.precheck import check_before_training, check_target_modules
 from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
+from rapidfire_nb.engine.fsio import atomic_write_json
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import (
     ExperimentStore,
-    atomic_write_json,
     check_experiment_meta,
     failed_by_the_disk,
     read_json,

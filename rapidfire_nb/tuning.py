@@ -31,7 +31,8 @@ from rapidfire_nb._automl_space import Choice, Const, Node, Record, Span, canoni
 from rapidfire_nb.engine import pruning as P
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.state import get_run
-from rapidfire_nb.engine.store import atomic_write_json, read_json
+from rapidfire_nb.engine.fsio import atomic_write_json
+from rapidfire_nb.engine.store import read_json
 from rapidfire_nb.errors import ConfigError, OpRefused
 
 SAMPLERS = ("tpe", "cmaes", "random")
