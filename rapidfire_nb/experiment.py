@@ -29,10 +29,10 @@ from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.lock import FolderLock
 from rapidfire_nb.engine.precheck import check_before_training, check_target_modules
 from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
+from rapidfire_nb.engine.fsio import atomic_write_json
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import (
     ExperimentStore,
-    atomic_write_json,
     check_experiment_meta,
     failed_by_the_disk,
     read_json,
@@ -406,8 +406,8 @@ class Experiment:
                                   f"the experiment has a run {rid}; pass the same config group")
             else:
                 spec = specs[rid - 1]
-        elif parent_id in engine.runs:
-            spec = automl.apply_changes(engine.runs[parent_id].spec, info.get("changes") or {})
+        elif (parent := engine.snapshot().get(parent_id)) is not None:
+            spec = automl.apply_changes(parent.spec, info.get("changes") or {})
         else:
             raise RapidFireError(f"cannot restore run {rid}: its parent run {parent_id} is missing "
                                  f"from {self.store.events_path}")
