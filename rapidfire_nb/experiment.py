@@ -29,10 +29,10 @@ from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.lock import FolderLock
 from rapidfire_nb.engine.precheck import check_before_training, check_target_modules
 from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
+from rapidfire_nb.engine.fsio import atomic_write_json
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import (
     ExperimentStore,
-    atomic_write_json,
     check_experiment_meta,
     failed_by_the_disk,
     read_json,
@@ -106,8 +106,10 @@ class Experiment:
         num_workers: where chunks train. ``"auto"`` (default): in this kernel when at most one GPU
             is visible; one Ray worker per GPU when there are several, or per GPU of the Ray
             cluster already chosen (``ray.init(address=...)`` or ``RAY_ADDRESS``). ``0``: in this
-            kernel. ``n``: n Ray workers (on CPUs when the cluster has no GPU). Needs
-            ``pip install 'rapidfire-nb[ray]'``; see "More than one GPU" in the README.
+            kernel. ``n``: n Ray workers (on CPUs when the cluster has no GPU). A chosen cluster with
+            at most one GPU trains in this kernel, with a warning: pass ``n`` to use it. Needs Ray:
+            ``pip install -e '.[ray]'`` from the clone, or ``pip install 'ray>=2.60'``; see
+            "More than one GPU" in the README.
     """
 
     def __init__(self, experiment_name: str, experiment_path: str | Path | None = None, *,
@@ -404,8 +406,8 @@ class Experiment:
                                   f"the experiment has a run {rid}; pass the same config group")
             else:
                 spec = specs[rid - 1]
-        elif parent_id in engine.runs:
-            spec = automl.apply_changes(engine.runs[parent_id].spec, info.get("changes") or {})
+        elif (parent := engine.snapshot().get(parent_id)) is not None:
+            spec = automl.apply_changes(parent.spec, info.get("changes") or {})
         else:
             raise RapidFireError(f"cannot restore run {rid}: its parent run {parent_id} is missing "
                                  f"from {self.store.events_path}")
@@ -669,7 +671,9 @@ class Experiment:
         or the given ids), which train on and are not judged again; returns the ids dismissed.
         Each answer is logged as an ``op`` event, like ``apply_suggestions``'s confirms. A marked
         run that ended (completed, failed, deleted) is skipped the same way: logged as refused,
-        not returned; its mark stays in ``get_runs_info()`` as "...; run completed"."""
+        not returned; its mark stays in ``get_runs_info()``'s ``pruning`` column with the run's
+        end, e.g. "...; run completed" or "...; run deleted". A ``stopped`` run is not ended here
+        (unlike for ``apply_suggestions``): it can be resumed, so its mark can still be ignored."""
         self._check_open()
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("dismiss_suggestions needs a config group with pruner_mode='suggest'")
@@ -735,6 +739,11 @@ class Experiment:
                 row["pruning"] = self.automl.reason_for(run["run_id"])
             rows.append(row)
         df = pd.DataFrame(rows)
+        # text columns keep None for "nothing to say": pandas would turn a partly filled one into
+        # a string column with NaN, so `error` (all None) and `pruning` would disagree
+        for col in ("error", "pruning", "worker"):
+            if col in df:
+                df[col] = pd.Series([row[col] for row in rows], index=df.index, dtype=object)
         # run ids are integers; a column with missing parents would otherwise read 1.0, 2.0
         df["parent_run_id"] = df["parent_run_id"].astype("Int64")
         return df

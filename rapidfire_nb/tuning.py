@@ -30,7 +30,9 @@ from typing import Any
 from rapidfire_nb.automl._space import Choice, Const, Node, Record, Span, canonical
 from rapidfire_nb.engine import pruning as P
 from rapidfire_nb.engine import runs as R
-from rapidfire_nb.engine.store import atomic_write_json, read_json
+from rapidfire_nb.engine.state import get_run
+from rapidfire_nb.engine.fsio import atomic_write_json
+from rapidfire_nb.engine.store import read_json
 from rapidfire_nb.errors import ConfigError, OpRefused
 
 SAMPLERS = ("tpe", "cmaes", "random")
@@ -183,6 +185,14 @@ def _make_rfoptuna():
         ``List`` or ``Range`` axis. ``objective`` may name a metric with or without TRL's
         ``eval_`` prefix (``"rougeL"`` and ``"eval_rougeL"`` are the same). Deterministic for
         ``seed``.
+
+        ``granularity``: ``"chunk"`` (default, a rung is a number of chunks done) or ``"epoch"``
+        (a rung is a number of epochs done). ``pruner_mode="suggest"`` (needs a pruner) only
+        marks the trials the pruner would stop (see ``Experiment.apply_suggestions``); a slot is
+        refilled only once a mark is confirmed. ``reduction_factor`` (default 2): sha/hyperband
+        keep the best ``ceil(n / reduction_factor)`` trials at each rung. ``min_chunks`` (default
+        1): no trial is judged before that many rungs; sha/hyperband rungs are ``min_chunks *
+        reduction_factor**i``. The pruner ranks on the (first) ``objective``.
 
         Example::
 
@@ -420,11 +430,19 @@ class ChunkAutoML:
         return out
 
     def last_logged(self, run_id: int, metric: str):
-        value = None
-        for ev in self.exp.events.since(0):
-            if ev["type"] == "metric" and ev["split"] == "eval" and ev["run_id"] == run_id:
-                value = _metric_value(ev["metrics"], metric) if _metric_value(ev["metrics"], metric) is not None else value
-        return value
+        """The run's last logged eval value of ``metric`` (a restored run has no live metrics),
+        read from the Experiment's folded run table (engine/state.py): no rescan of the log.
+        A NaN is folded to None there; both mean "no usable value" to the caller (a FAIL)."""
+        def last(table):
+            run = get_run(table, run_id)
+            series = run["series"]["eval"] if run is not None else {}
+            for key in (metric, f"eval_{metric}"):
+                if series.get(key, {}).get("y"):
+                    return series[key]["y"][-1]
+            return None
+
+        value = self.exp._state().read(last)
+        return None if value is None else float(value)
 
     def attach(self, engine, resumed: bool) -> None:
         self.engine = engine
@@ -649,14 +667,15 @@ class ChunkAutoML:
         from rapidfire_nb.engine.queued import project
 
         engine = self.engine
-        with engine.lock:
+        with engine.atomically():
             wanted = self._wanted(run_ids)
+            runs = engine.snapshot()
             done = []
             for rid in wanted:
                 d = self.suggestions.pop(rid)
                 # as the queued ops will leave it: a stop or delete already asked for wins
                 status = project(engine, rid).status
-                if status in R.ACTIVE and not is_done(engine.runs[rid]):
+                if status in R.ACTIVE and not is_done(runs[rid]):
                     self.pruned[rid] = d
                     self._answer(CONFIRM, rid, True, d.reason)
                     engine.submit(Op("stop", rid, reason=d.reason))
@@ -673,7 +692,7 @@ class ChunkAutoML:
         ``apply_suggestions``, a named run that ended (completed, failed, deleted, queued ops
         included) is skipped with its answer logged as refused; a stopped run can be resumed,
         so its mark can be ignored."""
-        with self.engine.lock:
+        with self.engine.atomically():
             done = []
             for rid in self._wanted(run_ids):
                 if _ended(project_rec(self.engine, rid)):
@@ -766,7 +785,7 @@ class _OptunaTuner:
             if rid is None and not t.state.is_finished():
                 # killed between study.ask() and naming the trial's run: name it now, as the
                 # uninterrupted session did next (the restore adds the run)
-                rid = max(set(self.trial_of) | set(engine.runs)) + 1
+                rid = max(set(self.trial_of) | set(engine.run_ids())) + 1
                 self.optuna.trial.Trial(self.study, t._trial_id).set_user_attr("run_id", rid)
             if rid is not None:
                 self.trial_of[rid] = t.number
@@ -860,7 +879,7 @@ class _OptunaTuner:
             self.study.sampler = make_sampler(self.group.sampler, self.group.seed, number)
             trial = self.study.ask()
             leaf = suggest(self.group._tree(), trial)
-            new_id = max(set(engine.runs) | exp._reserved_ids | set(self.trial_of)) + 1
+            new_id = max(set(engine.run_ids()) | exp._reserved_ids | set(self.trial_of)) + 1
             if driver.policy is not None:
                 # the runs asked at one boundary form one bracket (hyperband: dealt one of its
                 # grace periods, so a refill does not join a bracket that judged its rungs already)
@@ -893,7 +912,7 @@ class _OptunaTuner:
         self._restored = True
         changed = False
         for rid, number in sorted(self.trial_of.items()):
-            if rid in self.engine.runs or rid not in self.specs:
+            if rid in self.engine.run_ids() or rid not in self.specs:
                 continue
             if self._trials()[number].state.is_finished():
                 continue

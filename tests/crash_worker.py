@@ -99,7 +99,9 @@ def install_pause(root: Path, spec: str) -> None:
     suffix = {"state": ".state.safetensors.tmp-", "runs": ".runs.json.tmp-"}[file]
     count = {"writes": 0}
     if phase == "mid":
-        plain = store._plain_write
+        from rapidfire_nb.engine import fsio
+
+        plain = fsio._plain_write
 
         def write(f, data):
             if suffix in os.path.basename(f.name):
@@ -111,7 +113,7 @@ def install_pause(root: Path, spec: str) -> None:
                     _pause_here(root, f"{spec} {f.name}")
             plain(f, data)
 
-        store._plain_write = write
+        fsio._plain_write = write
     elif phase == "renamed":
         assert file == "state", "the 'renamed' phase is for checkpoints"
         save = store.ExperimentStore.save_checkpoint

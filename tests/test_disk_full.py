@@ -20,7 +20,7 @@ import torch
 import crash_worker as W
 from rapidfire_nb import Experiment
 from rapidfire_nb.demo_data import tiny_create_model
-from rapidfire_nb.engine import store as store_mod
+from rapidfire_nb.engine import fsio as fsio_mod
 from rapidfire_nb.engine.events import EventLog, read_events
 
 
@@ -68,7 +68,7 @@ class InjectedDisk:
         self.root = where
         where.mkdir()
         self.full = False
-        real_os_write, real_plain = os.write, store_mod._plain_write
+        real_os_write, real_plain = os.write, fsio_mod._plain_write
 
         def os_write(fd, data):
             if self.full and os.readlink(f"/proc/self/fd/{fd}").startswith(str(where)):
@@ -84,7 +84,7 @@ class InjectedDisk:
             return real_plain(f, data)
 
         monkeypatch.setattr(os, "write", os_write)
-        monkeypatch.setattr(store_mod, "_plain_write", plain_write)
+        monkeypatch.setattr(fsio_mod, "_plain_write", plain_write)
 
     def fill(self) -> None:
         self.full = True

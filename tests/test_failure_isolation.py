@@ -27,7 +27,7 @@ from rapidfire_nb.automl import (
     RFSFTConfig,
 )
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
-from rapidfire_nb.engine import store as store_mod
+from rapidfire_nb.engine import fsio as fsio_mod
 from rapidfire_nb.engine.events import EventLog
 
 LORA = RFLoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
@@ -200,7 +200,7 @@ class DiskFull:
 
     def __init__(self, run_id: int, nth: int):
         self.marker = f"run_{run_id}/.state.safetensors.tmp-"
-        self.nth, self.calls, self.plain = nth, 0, store_mod._plain_write
+        self.nth, self.calls, self.plain = nth, 0, fsio_mod._plain_write
 
     def __call__(self, f, data):
         if self.marker in f.name:
@@ -214,7 +214,7 @@ class DiskFull:
 def test_checkpoint_write_failure_keeps_previous_checkpoint_and_resume_continues(tmp_path, monkeypatch):
     train, evald = W.make_data()
     disk_full = DiskFull(run_id=2, nth=2)
-    monkeypatch.setattr(store_mod, "_plain_write", disk_full)
+    monkeypatch.setattr(fsio_mod, "_plain_write", disk_full)
     exp = Experiment(W.NAME, experiment_path=tmp_path, tracking=[])
     exp.run_fit(W.make_group(), tiny_create_model, train, evald, **W.RUN_FIT_KW)
     assert disk_full.calls == 2

@@ -88,3 +88,22 @@ def test_properties(spec, worker, allow_move, barrier):
     own_free = [r for r in free if home.get(r.run_id) == worker]
     if home.get(rid) == worker:
         assert chosen.progress == min(r.progress for r in own_free)   # fair within the worker
+
+
+def test_auto_on_a_chosen_cluster_with_under_two_gpus_warns_and_says_how_to_use_it():
+    # the decision resolve_num_workers("auto") takes once the chosen cluster's GPUs are counted
+    import warnings
+
+    import pytest
+
+    from rapidfire_nb.automl.policy import RapidFireConfigWarning
+    from rapidfire_nb.engine.workers import cluster_auto_workers
+
+    for gpus in (0, 1):
+        with pytest.warns(RapidFireConfigWarning, match=r"num_workers=n") as rec:
+            assert cluster_auto_workers(gpus) == 0
+        assert f"has {gpus} GPU(s)" in str(rec[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cluster_auto_workers(2) == 2
+        assert cluster_auto_workers(8) == 8

@@ -157,6 +157,10 @@ def test_a_pruned_run_deleted_later_is_not_said_to_be_resumed(data, tmp_path):
     info = exp.get_runs_info().set_index("run_id")
     pruned = [int(r) for r in info.index if info.loc[r, "status"] == "stopped"]
     assert pruned
+    # one missing-value marker for text columns: None, as in `error`, not NaN for unjudged runs
+    kept = [int(r) for r in info.index if info.loc[r, "status"] == "completed"]
+    assert kept and all(info.loc[r, "pruning"] is None for r in kept)
+    assert all(info.loc[r, "error"] is None for r in info.index)
     exp.delete(pruned[0])
     exp.wait()
     info = exp.get_runs_info().set_index("run_id")

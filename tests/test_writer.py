@@ -72,6 +72,7 @@ import pytest  # noqa: E402
 from rapidfire_nb import Experiment  # noqa: E402
 from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig  # noqa: E402
 from rapidfire_nb.demo_data import tiny_create_model  # noqa: E402
+from rapidfire_nb.engine import fsio as fsio_mod  # noqa: E402
 from rapidfire_nb.engine import store as store_mod  # noqa: E402
 from rapidfire_nb.errors import RapidFireError  # noqa: E402
 
@@ -100,7 +101,7 @@ def test_runs_json_never_claims_a_chunk_whose_checkpoint_is_not_on_disk(tiny_dat
     train, evald = tiny_data
     held_back: list[int] = []     # runs.json behind the live record: a chunk was in flight
     violations: list[str] = []
-    real_write = store_mod.atomic_write_json
+    real_write = fsio_mod.atomic_write_json
     holder: list = []
 
     def write_json(path, obj):

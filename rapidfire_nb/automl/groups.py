@@ -78,6 +78,16 @@ class RFGridSearch(_SearchGroup):
         # [{'training_args.learning_rate': 0.001, 'training_args.num_train_epochs': 1}, ... 4 runs]
 
     A ``Range`` anywhere is a ConfigError naming the knob (use ``RFRandomSearch``).
+
+    Pruning (optional): ``pruner`` (``"sha"``, ``"median"``, ``"hyperband"``; default None, no
+    pruning) stops weak runs at chunk boundaries, as ``stopped`` with a reason such as ``pruned at
+    chunk 2 (rank 3 of 4)``, where 2 counts the chunks the run has done across epochs.
+    ``pruner_mode="suggest"`` only marks them (see ``Experiment.apply_suggestions`` /
+    ``Experiment.dismiss_suggestions``). ``reduction_factor`` (default 2): sha/hyperband keep the
+    best ``ceil(n / reduction_factor)`` runs at each rung. ``min_chunks`` (default 1): no run is
+    judged before it has done that many chunks; sha/hyperband rungs are ``min_chunks *
+    reduction_factor**i``. ``objective`` (default ``"minimize:eval_loss"``): the eval metric the
+    pruner ranks on, ``"minimize:..."`` or ``"maximize:..."``.
     """
 
     _name = "RFGridSearch"
@@ -108,6 +118,16 @@ class RFRandomSearch(_SearchGroup):
         group = RFRandomSearch(RFModelConfig(model_name="m",
                                              training_args=RFSFTConfig(learning_rate=Range(1e-5, 1e-3, log=True))),
                                trainer_type="SFT", num_runs=8, seed=0)
+
+    Pruning (optional): ``pruner`` (``"sha"``, ``"median"``, ``"hyperband"``; default None, no
+    pruning) stops weak runs at chunk boundaries, as ``stopped`` with a reason such as ``pruned at
+    chunk 2 (rank 3 of 4)``, where 2 counts the chunks the run has done across epochs.
+    ``pruner_mode="suggest"`` only marks them (see ``Experiment.apply_suggestions`` /
+    ``Experiment.dismiss_suggestions``). ``reduction_factor`` (default 2): sha/hyperband keep the
+    best ``ceil(n / reduction_factor)`` runs at each rung. ``min_chunks`` (default 1): no run is
+    judged before it has done that many chunks; sha/hyperband rungs are ``min_chunks *
+    reduction_factor**i``. ``objective`` (default ``"minimize:eval_loss"``): the eval metric the
+    pruner ranks on, ``"minimize:..."`` or ``"maximize:..."``.
     """
 
     _name = "RFRandomSearch"

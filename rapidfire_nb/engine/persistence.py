@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 
 from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.engine.fsio import atomic_write_json
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.store import (
     ExperimentStore,
-    atomic_write_json,
     durable_write_failure,
 )
 from rapidfire_nb.engine.writer import CheckpointWriter

@@ -269,19 +269,13 @@ def status_table(exp):
 def _last_chunk_positions(exp) -> dict[int, tuple[int | None, int | None, int | None]]:
     """run_id -> (epoch, chunk, num_chunks) of its last ``chunk_done`` event: the position of that
     chunk in the run's data stream, which is what the panel shows. A warm clone reads its parent's
-    stream from where the parent was, so its count of chunks done says nothing about this."""
-    out: dict[int, list] = {}
-    events = getattr(exp, "events", None)
-    if events is None:
+    stream from where the parent was, so its count of chunks done says nothing about this.
+    Read from the Experiment's folded run table (engine/state.py), not by rescanning the log."""
+    if getattr(exp, "events", None) is None or not hasattr(exp, "_state"):
         return {}
-    for ev in events.since(0):
-        kind = ev.get("type")
-        if kind == "run_created":
-            out.setdefault(ev["run_id"], [None, None, None])[2] = ev.get("num_chunks")
-        elif kind == "chunk_done":
-            pos = out.setdefault(ev["run_id"], [None, None, None])
-            pos[0], pos[1] = ev.get("epoch"), ev.get("chunk")
-    return {rid: tuple(pos) for rid, pos in out.items()}
+    return exp._state().read(lambda table: {
+        run["run_id"]: (run["last_epoch"], run["last_chunk"], run["num_chunks"])
+        for run in table["runs"].values()})
 
 
 def _chunk_text(epoch: int | None, chunk: int | None, num_chunks: int | None, status: str = "",

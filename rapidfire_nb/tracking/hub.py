@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 import warnings
@@ -22,6 +21,7 @@ from typing import Any
 from collections.abc import Iterable
 
 from ..engine.events import EventLog
+from ..engine.fsio import atomic_write_json
 from ..engine.state import get_run, metric_x, new_table, reduce
 from .base import RunState, Tracker, TrackerContext, metric_tag, numeric, run_params
 
@@ -224,7 +224,7 @@ class _Worker:
         last = batch[-1]["seq"]
         if last > self.persisted_seq:
             tracker.flush()
-            _write_state(self.state_path, {"last_seq": last, "state": tracker.state})
+            atomic_write_json(self.state_path, {"last_seq": last, "state": tracker.state})
             self.persisted_seq = last
         with self._cond:
             self.seen_seq = last
@@ -317,21 +317,3 @@ def _read_state(path: Path) -> dict:
         # written atomically, so a broken file means someone else touched it: start over
         # rather than refuse to track
         return {}
-
-
-def _write_state(path: Path, data: dict) -> None:
-    """Write-then-rename so a crash leaves the old or the new state, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, default=repr)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -22,8 +22,8 @@ import sys
 
 from rapidfire_nb.errors import ConfigError
 
-RAY_MISSING = ("Ray is not installed; workers need it: pip install 'rapidfire-nb[ray]' "
-               "(or pip install ray)")
+RAY_MISSING = ("Ray is not installed; workers need it: pip install -e '.[ray]' from the clone "
+               "(or pip install 'ray>=2.60')")
 
 
 def check_num_workers(num_workers) -> None:
@@ -51,11 +51,28 @@ def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
+def cluster_auto_workers(gpus: int) -> int:
+    """``"auto"`` on a Ray cluster the user chose: one worker per cluster GPU when there are two or
+    more. With fewer, training stays in this kernel, which the user who just connected to a cluster
+    does not expect, so it is said, with the way to train on the cluster anyway."""
+    if gpus >= 2:
+        return gpus
+    import warnings
+
+    from rapidfire_nb.automl.policy import RapidFireConfigWarning
+
+    warnings.warn(f"num_workers='auto': the Ray cluster chosen (ray.init or RAY_ADDRESS) has {gpus} "
+                  "GPU(s), fewer than 2, so training runs in this kernel, not on the cluster; pass "
+                  "Experiment(..., num_workers=n) to train on n Ray workers of the cluster",
+                  RapidFireConfigWarning, stacklevel=4)
+    return 0
+
+
 def resolve_num_workers(num_workers) -> int:
     """How many Ray workers to start; 0 means the in-kernel engine (no Ray).
 
     ``"auto"``: with a Ray cluster chosen by the user (``ray.init`` or ``RAY_ADDRESS``), one worker
-    per GPU of that cluster (the in-kernel engine if it has at most one GPU); otherwise one worker
+    per GPU of that cluster (the in-kernel engine, with a warning, if it has at most one GPU); otherwise one worker
     per visible GPU when there are two or more, else 0. Explicit ``n``: n workers."""
     check_num_workers(num_workers)
     if num_workers != "auto":
@@ -67,8 +84,7 @@ def resolve_num_workers(num_workers) -> int:
             raise ConfigError(f"RAY_ADDRESS is set: {RAY_MISSING}")
         from rapidfire_nb.engine.workers.pool import connect
 
-        gpus = int(connect().cluster_resources().get("GPU", 0))
-        return gpus if gpus >= 2 else 0
+        return cluster_auto_workers(int(connect().cluster_resources().get("GPU", 0)))
     try:
         import torch
 
