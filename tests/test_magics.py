@@ -27,6 +27,8 @@ def shell():
     cfg = Config()
     cfg.HistoryManager.enabled = False  # no sqlite history file from tests
     ip = InteractiveShell.instance(config=cfg)
+    # every test may run alone (-k): the magic is loaded here, not by an earlier test
+    ip.run_line_magic("load_ext", "rapidfire")
     yield ip
     InteractiveShell.clear_instance()
 
