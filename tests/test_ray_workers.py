@@ -404,3 +404,78 @@ def test_a_pruned_grid_on_workers_prunes_as_in_the_kernel(ray_session, data, tmp
     assert_identical(exp, ref, [rid for rid, (st, _) in got.items() if st == "completed"])
     exp.end()
     ref.end()
+
+
+def automl_story(exp):
+    """What AutoML decided and in which order the engine booked chunks: every run's status,
+    chunks done and pruning note, and the sequence of chunk_done / run_created / stop events."""
+    info = exp.get_runs_info().set_index("run_id")
+    runs = {int(rid): (info.loc[rid, "status"], int(info.loc[rid, "chunks_done"]),
+                       info.loc[rid, "pruning"] if isinstance(info.loc[rid, "pruning"], str) else None)
+            for rid in info.index}
+    order = [(e["type"], e["run_id"], e.get("epoch"), e.get("chunk"), e.get("reason"))
+             for e in exp.events.since(0)
+             if e["type"] in ("chunk_done", "run_created")
+             or (e["type"] == "run_status" and e["status"] == "stopped")]
+    return runs, order
+
+
+@pytest.mark.parametrize("pruner", ["median", "hyperband"])
+def test_median_and_hyperband_grids_on_workers_decide_as_in_the_kernel(ray_session, data, tmp_path, pruner):
+    """The AutoML hook sees the chunks in the kernel's order (replies that come back early wait for
+    their turn): the same chunk sequence, the same pruning decisions, the survivors bit-identical."""
+    train, evald = data
+
+    def group():
+        return RFGridSearch(config(List([3e-2, 1e-6, 1e-2, 3e-3])), trainer_type="SFT", pruner=pruner)
+
+    exp = Experiment(f"{pruner}-workers", experiment_path=tmp_path, num_workers=2)
+    try:
+        exp.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, seed=9)
+    finally:
+        exp.end()   # a failure here must not leave the next test without free "GPUs"
+    ref = kernel_reference(f"{pruner}-kernel", tmp_path, group(), tiny_create_model, train, evald,
+                           num_chunks=4, seed=9)
+    (got, got_order), (want, want_order) = automl_story(exp), automl_story(ref)
+    assert got == want
+    assert got_order == want_order
+    assert any(note and note.startswith("pruned") for _, _, note in got.values()), "it pruned"
+    assert {c["worker"] for c in events(exp, "chunk_done")} == {"w0", "w1"}
+    assert_identical(exp, ref, [rid for rid, (st, _, _) in got.items() if st == "completed"])
+    ref.end()
+
+
+def test_rfoptuna_on_workers_asks_the_same_trials_and_prunes_as_in_the_kernel(ray_session, data, tmp_path):
+    """RFOptuna refills a freed slot at the boundary where it frees: the kernel's booking order
+    decides which trials the study has seen when it asks the next one, and the history a refill
+    asked alone is judged against (median rule). Workers book in that order too."""
+    from rapidfire_nb.automl import Range, RFOptuna
+
+    train, evald = data
+
+    def group():
+        cfg = RFModelConfig(
+            model_name="tiny", model_kwargs={"hidden_size": 32},
+            peft_config=RFLoraConfig(r=List([4, 8]), target_modules=["q_proj", "v_proj"]),
+            training_args=RFSFTConfig(learning_rate=Range(1e-6, 5e-2, log=True),
+                                      per_device_train_batch_size=8, num_train_epochs=1,
+                                      max_length=64, bf16=False))
+        return RFOptuna(cfg, trainer_type="SFT", n_initial=3, budget=6, pruner="median", seed=5)
+
+    g_exp, g_ref = group(), group()
+    exp = Experiment("optuna-workers", experiment_path=tmp_path, num_workers=2)
+    try:
+        exp.run_fit(g_exp, tiny_create_model, train, evald, num_chunks=4, seed=3)
+    finally:
+        exp.end()
+    ref = kernel_reference("optuna-kernel", tmp_path, g_ref, tiny_create_model, train, evald,
+                           num_chunks=4, seed=3)
+    (got, got_order), (want, want_order) = automl_story(exp), automl_story(ref)
+    assert len(got) == 6
+    assert got == want
+    assert got_order == want_order
+    trials = lambda g: [(t.user_attrs["run_id"], t.state.name, t.params, t.intermediate_values,  # noqa: E731
+                         t.user_attrs.get("bracket")) for t in g._study.trials]
+    assert trials(g_exp) == trials(g_ref)
+    assert_identical(exp, ref, [rid for rid, (st, _, _) in got.items() if st == "completed"])
+    ref.end()

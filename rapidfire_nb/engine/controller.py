@@ -450,10 +450,13 @@ class Engine:
                         # only this thread submits writes: the writer stays idle while ops apply;
                         # an op queued meanwhile waits for the next turn (flush, then apply)
                         self._apply_ops()
-                    views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE,
-                                     busy=writer.pending(r.run_id)) for r in self.runs.values()]
-                    choice = self.scheduler.choose(views, self.device_name, self.executor.on_device)
-                    if choice is None:
+                    choice = self.fair_choice()
+                    if choice is not None and writer.pending(choice):
+                        # its last chunk's checkpoint first: skipping to another run here would
+                        # make the training order (and AutoML's decisions) depend on the writer's
+                        # speed; the Ray workers book chunks in this same order (workers/engine.py)
+                        flush = True
+                    elif choice is None:
                         if writer.busy():
                             flush = True           # a finishing run's checkpoint is in flight
                         elif self.ops.empty():
@@ -480,6 +483,16 @@ class Engine:
                 self._train_chunk(rec)
             except Exception as exc:  # failure isolation: this run fails, the others go on
                 self._fail(rec, exc)
+
+    def fair_choice(self, last: int | None = None) -> int | None:
+        """Under the lock: the run the fair policy trains next on this device, whatever the
+        checkpoint writer is doing (a finished run whose last write is pending is not a choice).
+        ``last``: the run trained last, for the tie-break (default: the one on the device)."""
+        views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE
+                         and not (0 < r.total_steps <= r.completed_steps))
+                 for r in self.runs.values()]
+        return self.scheduler.choose(views, self.device_name,
+                                     self.executor.on_device if last is None else last)
 
     def _train_chunk(self, rec: RunRecord) -> None:
         result = self.executor.train_chunk(rec)

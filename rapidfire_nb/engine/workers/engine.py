@@ -60,6 +60,7 @@ class Flight:
     chunk: int
     sent: float
     moved: bool
+    arrived: float = 0.0   # when its reply was in the controller's hands
 
 
 class RemoteChunkExecutor(ChunkExecutor):
@@ -73,6 +74,9 @@ class RemoteChunkExecutor(ChunkExecutor):
         self.inflight: dict[int, Flight] = {}
         self.start: dict[int, dict] = {}          # warm clones' starting weights (shipped on arrival)
         self._collected: dict[int, tuple] = {}    # run -> (result, error) for Engine._train_chunk
+        # replies back but not booked yet (with AutoML: booked in the kernel's order); their
+        # flights stay in ``inflight`` until booked, so ops on those runs still wait for them
+        self.arrived: dict[int, tuple[Flight, dict]] = {}
         self._boundary: dict[int, dict] = {}      # run -> weights of a chunk whose write is pending
         self.write_pending = lambda run_id: False   # set by the engine (its writer)
         self.moves = 0
@@ -135,11 +139,22 @@ class RemoteChunkExecutor(ChunkExecutor):
         self.inflight[rid] = Flight(rid, slot, ref, rec.epoch, rec.chunk, time.perf_counter(),
                                     moved=record is not None)
 
+    def waiting(self) -> bool:
+        """True while a worker trains a chunk whose reply has not come back."""
+        return any(rid not in self.arrived for rid in self.inflight)
+
+    def arrive(self, flight: Flight, reply: dict) -> None:
+        """A reply came back: the worker is free; the engine books the reply in its turn."""
+        if flight.slot.busy_with == flight.run_id:
+            flight.slot.busy_with = None
+        self.arrived[flight.run_id] = (flight, reply)
+
     def collect(self, timeout: float) -> list[tuple[Flight, dict | None, BaseException | None]]:
         """Wait up to ``timeout`` for chunks in flight; (flight, reply, error) of each one back."""
         ray = self.pool.ray
-        by_ref = {f.ref: f for f in self.inflight.values()}
+        by_ref = {f.ref: f for rid, f in self.inflight.items() if rid not in self.arrived}
         if not by_ref:
+            time.sleep(0.005)   # only replies waiting for their turn: nothing to wait on here
             return []
         if not ray.is_initialized():   # ray.shutdown() under us: every worker is gone
             gone = RuntimeError("the Ray session ended (ray.shutdown())")
@@ -148,7 +163,9 @@ class RemoteChunkExecutor(ChunkExecutor):
         if ready:
             ready, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
         out = []
+        now = time.perf_counter()
         for ref in ready:
+            by_ref[ref].arrived = now
             try:
                 out.append((by_ref[ref], ray.get(ref), None))
             except Exception as exc:
@@ -158,8 +175,11 @@ class RemoteChunkExecutor(ChunkExecutor):
     def book(self, flight: Flight, reply: dict) -> None:
         """A reply came back (under the engine lock): keep it for ``train_chunk``."""
         self.inflight.pop(flight.run_id, None)
-        flight.slot.busy_with = None
-        round_trip = time.perf_counter() - flight.sent
+        self.arrived.pop(flight.run_id, None)
+        if flight.slot.busy_with == flight.run_id:
+            flight.slot.busy_with = None
+        # until it came back, not until its turn to be booked (waiting is not the hop's cost)
+        round_trip = (flight.arrived or time.perf_counter()) - flight.sent
         if not reply["ok"]:
             self.home.pop(flight.run_id, None)   # the worker freed the run already
             self._collected[flight.run_id] = (None, reply["error"])
@@ -178,7 +198,9 @@ class RemoteChunkExecutor(ChunkExecutor):
     def drop(self, flight: Flight) -> None:
         """A reply nobody wants (its run was deleted meanwhile)."""
         self.inflight.pop(flight.run_id, None)
-        flight.slot.busy_with = None
+        self.arrived.pop(flight.run_id, None)
+        if flight.slot.busy_with == flight.run_id:
+            flight.slot.busy_with = None
 
     def lose(self, slot: WorkerSlot) -> list[int]:
         """A worker died: forget what it held and trained; the runs it held, sorted."""
@@ -187,7 +209,8 @@ class RemoteChunkExecutor(ChunkExecutor):
         held = sorted(rid for rid, s in self.home.items() if s is slot)
         for rid in held:
             del self.home[rid]
-        for rid in [rid for rid, f in self.inflight.items() if f.slot is slot]:
+        # a reply already back stays: its chunk is in the controller's hands
+        for rid in [rid for rid, f in self.inflight.items() if f.slot is slot and rid not in self.arrived]:
             del self.inflight[rid]
         return held
 
@@ -205,6 +228,7 @@ class WorkerEngine(Engine):
         self.pool = pool
         self.remote.write_pending = self.persistence.writer.pending
         self._held_ops: list = []
+        self._last_booked: int | None = None
 
     @property
     def inflight(self) -> dict[int, Flight]:
@@ -285,6 +309,8 @@ class WorkerEngine(Engine):
                             return
                         else:
                             continue
+                    elif not self.remote.waiting() and writer.busy() and self._reply_due() is None:
+                        flush = True   # the reply due next waits for its run's checkpoint write
             if flush:
                 self.persistence.flush()   # outside the lock: the writer's follow-ups take it
                 with self.lock:
@@ -294,29 +320,62 @@ class WorkerEngine(Engine):
                         return
                 if not self.inflight:
                     continue
-            for flight, reply, exc in self.remote.collect(_POLL_S):
-                boundary = True
-                with self.lock:
-                    rec = self.runs.get(flight.run_id)
-                    if exc is not None:
-                        self._lost_or_failed(flight, rec, exc)
-                        continue
-                    if rec is None or rec.status == R.DELETED:
-                        # deleted while its chunk trained: dropped, as its checkpoints were
-                        self.remote.drop(flight)
-                        continue
-                    self.remote.book(flight, reply)
-                try:
-                    self._train_chunk(rec)   # books the result: counters, checkpoint, events
-                except Exception as exc:     # failure isolation: this run fails, the others go on
-                    self._fail(rec, exc)
+            with self.lock:
+                due = self._next_reply()
+            if due is None:
+                for flight, reply, exc in self.remote.collect(_POLL_S):
+                    with self.lock:
+                        if exc is None:
+                            self.remote.arrive(flight, reply)
+                        else:
+                            boundary = True
+                            self._lost_or_failed(flight, self.runs.get(flight.run_id), exc)
+                continue
+            flight, reply = due
+            boundary = True
+            with self.lock:
+                rec = self.runs.get(flight.run_id)
+                if rec is None or rec.status == R.DELETED:
+                    # deleted while its chunk trained: dropped, as its checkpoints were
+                    self.remote.drop(flight)
+                    continue
+                self.remote.book(flight, reply)
+                self._last_booked = flight.run_id
+            try:
+                self._train_chunk(rec)   # books the result: counters, checkpoint, events
+            except Exception as exc:     # failure isolation: this run fails, the others go on
+                self._fail(rec, exc)
+
+    def _next_reply(self) -> tuple[Flight, dict] | None:
+        """Under the lock: the reply to book now (``_reply_due``), taken out of ``remote.arrived``."""
+        rid = self._reply_due()
+        return None if rid is None else self.remote.arrived.pop(rid)
+
+    def _reply_due(self) -> int | None:
+        """Under the lock: the run whose reply is to be booked now, or None.
+
+        Without AutoML, replies are booked as they come back. With a boundary hook (pruners,
+        RFOptuna) what the hook decides depends on the order in which it sees chunks, so replies
+        are booked in the order the kernel's engine trains chunks (``Engine.fair_choice``, the run
+        booked last breaking ties as the run on the device does there); a reply that comes back
+        early waits for its turn. The hook then sees the same sequence of states as in the kernel
+        and decides the same. With no live worker, or while draining, nothing more is
+        dispatched: whatever came back is booked as it is."""
+        arrived = self.remote.arrived
+        if not arrived:
+            return None
+        if self.boundary_hook is None or self._draining or not self.pool.live():
+            return next(iter(arrived))
+        rid = self.fair_choice(last=self._last_booked)
+        return rid if rid in arrived else None
 
     # -- dispatch -------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         """Under the lock: give every idle worker the chunk the policy picks for it."""
         live = self.pool.live()
         if not live:
-            self._no_worker_left()
+            if not self.remote.arrived:   # replies back are booked first
+                self._no_worker_left()
             return
         writer = self.persistence.writer
         for allow_move in (False, True):
