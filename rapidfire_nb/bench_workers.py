@@ -10,11 +10,20 @@ chunks and steps) from a fresh copy of the same base, and reports:
 * ``hop_ms``        per chunk, the actor round trip less the time inside the worker (arguments and
                     result through Ray's object store, scheduling, the controller noticing); and
                     ``hop_frac``: the sum of hops over the sum of the workers' chunk times;
+* ``hop_call_ms`` / ``hop_back_ms`` / ``hop_get_ms``: the hop's parts (medians): the call reaching
+                    the worker, the reply reaching the controller (pickling the snapshot, noticing),
+                    ``ray.get`` (transfer, unpickling);
+* ``idle_frac``     per worker, the gaps between a reply coming back and its next chunk being sent,
+                    over the workers' chunk time: what the controller's own work costs the workers;
 * ``moves``         runs that changed worker (each costs a trainer build and a checkpoint shipped).
 
 Ray is started once, locally (or the cluster ``RAY_ADDRESS`` names), before anything is timed.
 Each worker's torch uses as many threads as the CPUs it claims (all of them for 1 worker, half
 each for 2 on this machine); the kernel side uses this process's torch threads (``--threads``).
+Compare sides at equal thread counts only: on a CPU, and above all on a machine busy with other
+work (load average above its cores), two or more OpenMP threads per process can collapse (threads
+spin waiting for a preempted sibling; measured here: the same 8 steps 10-15x slower), whichever
+side is unlucky. Each side records the load average when it started and its torch threads.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ def run_side(p, group, pristine, tok, train, evald, workdir: str, num_workers: i
     exp = Experiment(f"bench-w{num_workers}-{int(time.time() * 1000)}", experiment_path=workdir,
                      tracking=[], num_workers=num_workers)
     try:
+        load = os.getloadavg()[0]
         t0 = time.time()
         exp.run_fit(group, lambda cfg: (model, tok), train, evald, num_chunks=p.num_chunks,
                     seed=42, block=True)
@@ -49,7 +59,7 @@ def run_side(p, group, pristine, tok, train, evald, workdir: str, num_workers: i
         evs = exp.events.since(0)
         chunks = [e for e in evs if e["type"] == "chunk_done"]
         ready = next((e["time"] for e in evs if e["type"] == "workers"), t0)
-        out = {"workers": num_workers, "wall_s": end - t0, "startup_s": ready - t0,
+        out = {"workers": num_workers, "load_avg_at_start": load, "wall_s": end - t0, "startup_s": ready - t0,
                "train_wall_s": end - ready, "chunks": len(chunks),
                "train_s": sum(c["train_s"] for c in chunks),
                "eval_s": sum(c["eval_s"] for c in chunks),
@@ -64,7 +74,16 @@ def run_side(p, group, pristine, tok, train, evald, workdir: str, num_workers: i
             out["hop_ms_median"] = 1000 * statistics.median(h["hop_s"] for h in hops)
             out["hop_ms_max"] = 1000 * max(h["hop_s"] for h in hops)
             out["chunk_ms_median"] = 1000 * statistics.median(h["worker_s"] for h in hops)
-            out["hop_frac"] = sum(h["hop_s"] for h in hops) / sum(h["worker_s"] for h in hops)
+            busy = sum(h["worker_s"] for h in hops)
+            out["hop_frac"] = sum(h["hop_s"] for h in hops) / busy
+            for part in ("hop_call_s", "hop_back_s", "hop_get_s"):
+                if all(part in h for h in hops):
+                    out[part.replace("_s", "_ms")] = 1000 * statistics.median(h[part] for h in hops)
+            idle = 0.0
+            for w in {h["worker"] for h in hops}:
+                mine = sorted((h for h in hops if h["worker"] == w), key=lambda h: h["sent"])
+                idle += sum(max(0.0, b["sent"] - a["arrived"]) for a, b in zip(mine, mine[1:]))
+            out["idle_frac"] = idle / busy
             (workers,) = [e for e in evs if e["type"] == "workers"]
             out["torch_threads"] = {w["worker"]: w["torch_threads"] for w in workers["workers"]}
         else:
@@ -117,8 +136,11 @@ def run_workers_bench(p, workers: int, repeats: int = 1, log=print) -> dict:
         mine = [s for s in report["sides"] if s["workers"] == n]
         key = "kernel" if n == 0 else f"workers_{n}"
         med[key] = {k: statistics.median(s[k] for s in mine)
-                    for k in ("wall_s", "train_wall_s", "startup_s", "hop_ms_median", "hop_frac")
+                    for k in ("wall_s", "train_wall_s", "startup_s", "hop_ms_median", "hop_frac",
+                              "hop_call_ms", "hop_back_ms", "hop_get_ms", "idle_frac",
+                              "load_avg_at_start")
                     if k in mine[0]}
+        med[key]["torch_threads"] = mine[0]["torch_threads"]
     report["median"] = med
     return report
 
@@ -138,6 +160,20 @@ def format_workers_report(r: dict) -> str:
     for key, m in med.items():
         if key != "kernel":
             lines.append(f"  {key}: {kern / m['train_wall_s']:.2f}x the kernel engine's speed after start-up")
+    for key, m in med.items():
+        if "hop_call_ms" in m:
+            lines.append(f"  {key} hop parts (median ms): call {m['hop_call_ms']:.1f}, back "
+                         f"{m['hop_back_ms']:.1f}, get {m['hop_get_ms']:.1f}; workers idle between "
+                         f"chunks {100 * m['idle_frac']:.2f} % of chunk time")
+    lines.append("  torch threads: " + "; ".join(
+        f"{key} {sorted(m['torch_threads'].values())} (load {m['load_avg_at_start']:.1f} at its start)"
+        for key, m in med.items()))
+    if any(m["load_avg_at_start"] > r["cpu_count"] for m in med.values()):
+        lines.append(f"  note: the load average exceeded the {r['cpu_count']} CPUs during the bench: "
+                     "sides with 2+ torch threads per process may have collapsed from "
+                     "oversubscription (OpenMP threads spinning on preempted siblings); compare "
+                     "wall times only at equal thread counts on an idle machine, or rerun with "
+                     "--threads 1 (the kernel and every worker then use one torch thread)")
     lines.append("  hop: actor round trip less the time inside the worker, per chunk (median); "
                  "hop %: all hops over all chunk time (target < 2 %)")
     return "\n".join(lines)
@@ -151,6 +187,8 @@ def workers_main(args, preset) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+        # the workers too: sides compare at equal thread counts (see the module docstring)
+        os.environ["RAPIDFIRE_WORKER_THREADS"] = str(args.threads)
     log = (lambda *a, **k: print(*a, file=sys.stderr, flush=True)) if args.json else \
         (lambda *a, **k: print(*a, flush=True))
     log(f"rapidfire bench --workers {args.workers}: {p.n_configs} runs in the kernel, on 1 worker"

@@ -151,7 +151,8 @@ def kill_when_in_flight(exp, run_id, chunks_done=1):
     while time.monotonic() < deadline:
         with eng.lock:
             flight = eng.inflight.get(run_id)
-            if flight is not None and eng.runs[run_id].chunks_done >= chunks_done:
+            if (flight is not None and run_id not in eng.remote.arrived
+                    and eng.runs[run_id].chunks_done >= chunks_done):
                 ray.kill(flight.slot.actor, no_restart=True)
                 return flight.slot
         time.sleep(0.002)
@@ -266,38 +267,81 @@ def test_a_worker_killed_mid_chunk_loses_nothing(ray_session, tmp_path, three_da
     assert 1 in lost["runs"]
     info = exp.get_runs_info()
     assert list(info.status) == ["completed"] * 3
+    assert lost["replacement"].startswith("a replacement worker starts")
     survivor = ({"w0", "w1"} - {victim.name}).pop()
-    # chunks started after the loss trained on the survivor (a chunk that came back before the
-    # kill may be logged after the worker_lost event: its checkpoint is written first)
+    # chunks started after the loss trained on the survivor, or on the replacement w2 once it
+    # was up (a chunk that came back before the kill may be logged after the worker_lost event:
+    # its checkpoint is written first)
     after = [c for c in events(exp, "chunk_done") if c["start"] > lost["time"]]
-    assert after and {c["worker"] for c in after} == {survivor}
-    # chunk 1 of run 1 was logged once, by the survivor, which got run 1's checkpoint
+    assert after and {c["worker"] for c in after} <= {survivor, "w2"}
+    # chunk 1 of run 1 was logged once, by another worker, which got run 1's checkpoint
     ones = events(exp, "chunk_done", run_id=1, chunk=1)
-    assert len(ones) == 1 and ones[0]["worker"] == survivor and ones[0]["moved"]
+    assert len(ones) == 1 and ones[0]["worker"] in (survivor, "w2") and ones[0]["moved"]
     assert_identical(exp, three_ref, [1, 2, 3])
     exp.end()
 
 
-def test_losing_every_worker_stops_the_runs_and_resume_starts_new_workers(ray_session, tmp_path,
-                                                                         three_data, three_ref):
+def test_a_lost_worker_is_replaced_while_training_goes_on(ray_session, tmp_path, three_data, three_ref):
+    """The only worker is killed mid-chunk: a replacement (w1) starts at once, without a resume,
+    takes every run from its checkpoint, and the runs end bit-identical to the kernel's."""
     train, evald = three_data
-    exp = Experiment("all-lost", experiment_path=tmp_path, num_workers=1)
-    exp.run_fit(three_runs(), tiny_create_model, train, evald, num_chunks=3, seed=3, block=False)
-    kill_when_in_flight(exp, 1)
-    assert exp.wait(timeout=600)
-    info = exp.get_runs_info().set_index("run_id")
-    assert set(info.status) == {"stopped"}
-    stops = events(exp, "run_status", status="stopped")
-    assert len(stops) == 3 and all("every Ray worker was lost" in e["reason"] for e in stops)
-    for rid in (1, 2, 3):
-        exp.resume(rid)
-    assert exp.wait(timeout=600)
-    assert list(exp.get_runs_info().status) == ["completed"] * 3
-    first, second = events(exp, "workers")
-    assert [w["worker"] for w in first["workers"]] == ["w0"]
-    assert [w["worker"] for w in second["workers"]] == ["w1"]
-    assert_identical(exp, three_ref, [1, 2, 3])
-    exp.end()
+    exp = Experiment("replaced", experiment_path=tmp_path, num_workers=1)
+    try:
+        exp.run_fit(three_runs(), tiny_create_model, train, evald, num_chunks=3, seed=3, block=False)
+        kill_when_in_flight(exp, 1)
+        assert exp.wait(timeout=600)
+        assert list(exp.get_runs_info().status) == ["completed"] * 3
+        (lost,) = events(exp, "worker_lost")
+        assert lost["worker"] == "w0" and lost["workers_left"] == 0
+        assert lost["replacement"].startswith("a replacement worker starts")
+        first, second = events(exp, "workers")
+        assert [w["worker"] for w in first["workers"]] == ["w0"]
+        assert [w["worker"] for w in second["workers"]] == ["w1"]
+        assert second["seq"] > lost["seq"]
+        after = [c for c in events(exp, "chunk_done") if c["seq"] > second["seq"]]
+        assert after and {c["worker"] for c in after} == {"w1"}
+        assert not events(exp, "run_status", status="stopped")
+        assert_identical(exp, three_ref, [1, 2, 3])
+    finally:
+        exp.end()
+
+
+def test_workers_dying_at_start_up_are_replaced_a_bounded_number_of_times(ray_session, tmp_path, data):
+    """A create_model the workers cannot unpickle (its module exists only on the driver's path):
+    every worker dies while starting. Replacements stop after MAX_FAILED_STARTS deaths in a row,
+    and the runs are stopped with a reason naming the error; a resume tries once more, bounded."""
+    from rapidfire_nb.engine.workers.engine import MAX_FAILED_STARTS
+
+    train, evald = data
+    (tmp_path / "rf_driver_only_models.py").write_text(
+        "from rapidfire_nb.demo_data import tiny_create_model\n\n\n"
+        "def create(cfg):\n    return tiny_create_model(cfg)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import rf_driver_only_models
+        exp = Experiment("doomed", experiment_path=tmp_path / "exp", num_workers=2)
+        try:
+            exp.run_fit(RFGridSearch(config(List([LR_A, LR_B])), trainer_type="SFT"),
+                        rf_driver_only_models.create, train, evald, num_chunks=2, seed=3)
+            info = exp.get_runs_info()
+            assert list(info.status) == ["stopped", "stopped"]
+            lost = events(exp, "worker_lost")
+            assert MAX_FAILED_STARTS <= len(lost) <= 2 + MAX_FAILED_STARTS
+            assert all("rf_driver_only_models" in e["reason"] for e in lost)
+            assert any(f"not replaced: {MAX_FAILED_STARTS} workers in a row died before training a chunk"
+                       in (e["replacement"] or "") for e in lost)
+            assert not events(exp, "chunk_done")
+            for e in events(exp, "run_status", status="stopped"):
+                assert "died before training a chunk" in e["reason"] and "rf_driver_only_models" in e["reason"]
+            exp.resume(1)   # the user asks again: one more bounded round of starts
+            assert exp.wait(timeout=600)
+            assert exp.get_runs_info().set_index("run_id").loc[1, "status"] == "stopped"
+            assert len(events(exp, "worker_lost")) <= 2 * (2 + MAX_FAILED_STARTS)
+        finally:
+            exp.end()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("rf_driver_only_models", None)
 
 
 def test_end_without_waiting_then_resume_with_workers(ray_session, data, tmp_path, four_ref):

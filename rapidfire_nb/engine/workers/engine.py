@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import queue
+import re
 import time
 import traceback
 from dataclasses import dataclass
@@ -40,11 +41,23 @@ from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.scheduler import RunView
 from rapidfire_nb.engine.workers.policy import choose_for_worker
 from rapidfire_nb.engine.workers.pool import RayWorkerPool, WorkerSlot
-from rapidfire_nb.engine.workers.worker import COUNTERS
+from rapidfire_nb.engine.workers.worker import COUNTERS, pack_tensors, unpack_tensors
 from rapidfire_nb.errors import RapidFireError
 
 _PLACEMENT_S = 300.0   # how long a new worker may take to start (imports, a node to come up)
+# replacements of dead workers stop after this many workers in a row died before training a
+# chunk (a create_model the workers cannot unpickle, a GPU that fails at once): no endless loop
+MAX_FAILED_STARTS = 3
 _POLL_S = 0.1          # how long the loop waits for a chunk before looking at the op queue again
+
+
+def _root_cause(exc: BaseException) -> str:
+    """One line for a stop reason: Ray wraps a worker's own error (its traceback as text) in an
+    ActorDiedError; the last ``SomeError: message`` line of that text is what went wrong."""
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    errors = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ", ln)]
+    line = errors[-1] if errors else (lines[0] if lines else "")
+    return f"{type(exc).__name__}: {line}"[:300]
 
 
 class WorkerTrainingError(RapidFireError):
@@ -60,7 +73,10 @@ class Flight:
     chunk: int
     sent: float
     moved: bool
-    arrived: float = 0.0   # when its reply was in the controller's hands
+    arrived: float = 0.0   # when the controller saw the reply ready (perf_counter)
+    sent_wall: float = 0.0  # time.time() at dispatch, against the worker's own clock readings
+    noticed_wall: float = 0.0
+    got_s: float = 0.0      # ray.get of the reply: transfer and unpickling of the snapshot
 
 
 class RemoteChunkExecutor(ChunkExecutor):
@@ -133,11 +149,12 @@ class RemoteChunkExecutor(ChunkExecutor):
             record = copy.copy(rec)
             record.last_metrics = {}
         counters = {k: getattr(rec, k) for k in COUNTERS}
-        ref = slot.actor.train_chunk.remote(rid, counters, record, checkpoint, start)
+        ref = slot.actor.train_chunk.remote(rid, counters, record, pack_tensors(checkpoint),
+                                            pack_tensors(start))
         slot.busy_with, slot.last = rid, rid
         self.home[rid] = slot
         self.inflight[rid] = Flight(rid, slot, ref, rec.epoch, rec.chunk, time.perf_counter(),
-                                    moved=record is not None)
+                                    moved=record is not None, sent_wall=time.time())
 
     def waiting(self) -> bool:
         """True while a worker trains a chunk whose reply has not come back."""
@@ -163,13 +180,18 @@ class RemoteChunkExecutor(ChunkExecutor):
         if ready:
             ready, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
         out = []
-        now = time.perf_counter()
+        now, now_wall = time.perf_counter(), time.time()
         for ref in ready:
-            by_ref[ref].arrived = now
+            flight = by_ref[ref]
+            flight.arrived, flight.noticed_wall = now, now_wall
             try:
-                out.append((by_ref[ref], ray.get(ref), None))
+                reply = ray.get(ref)
+                if reply.get("ok"):
+                    reply["result"].state = unpack_tensors(reply["result"].state)
+                flight.got_s = time.perf_counter() - now
+                out.append((flight, reply, None))
             except Exception as exc:
-                out.append((by_ref[ref], None, exc))
+                out.append((flight, None, exc))
         return out
 
     def book(self, flight: Flight, reply: dict) -> None:
@@ -185,15 +207,27 @@ class RemoteChunkExecutor(ChunkExecutor):
             self._collected[flight.run_id] = (None, reply["error"])
             return
         result: ChunkResult = reply["result"]
+        flight.slot.chunks += 1
         event = result.chunk_event
-        event["hop_s"] = max(0.0, round_trip - reply["worker_s"])
+        event["hop_s"] = max(0.0, round_trip + flight.got_s - reply["worker_s"])
         event["moved"] = flight.moved
+        parts = {}
+        if "started" in reply:
+            # where the hop goes (wall clocks: across machines their skew moves time between
+            # the first two parts, never their sum): the call reaching the worker (arguments,
+            # scheduling), the reply reaching the controller (pickling the snapshot into the
+            # object store, the controller noticing), and ray.get (transfer, unpickling)
+            parts = {"hop_call_s": max(0.0, reply["started"] - flight.sent_wall),
+                     "hop_back_s": max(0.0, flight.noticed_wall - reply["returned"]),
+                     "hop_get_s": flight.got_s}
+            event.update(parts)
         self._boundary[flight.run_id] = result.state["trainer"]["weights"]
         self._collected[flight.run_id] = (result, None)
         self.hops.append({"run_id": flight.run_id, "worker": flight.slot.name,
                           "round_trip_s": round_trip, "worker_s": reply["worker_s"],
                           "hop_s": event["hop_s"], "train_s": event.get("train_s", 0.0),
-                          "moved": flight.moved})
+                          "moved": flight.moved, "sent": flight.sent, "arrived": flight.arrived,
+                          **parts})
 
     def drop(self, flight: Flight) -> None:
         """A reply nobody wants (its run was deleted meanwhile)."""
@@ -229,6 +263,12 @@ class WorkerEngine(Engine):
         self.remote.write_pending = self.persistence.writer.pending
         self._held_ops: list = []
         self._last_booked: int | None = None
+        self.placement_s = _PLACEMENT_S
+        self._starting: dict = {}         # describe() ref -> replacement worker not yet up
+        self._owed = 0                    # dead workers to replace once the cluster has room
+        self._owed_since = 0.0
+        self._failed_starts = 0           # workers in a row lost before training a chunk
+        self._not_replaced: str | None = None   # why replacements stopped, for the stop reason
 
     @property
     def inflight(self) -> dict[int, Flight]:
@@ -256,6 +296,9 @@ class WorkerEngine(Engine):
         """At each loop start: replace dead workers, learn where each one runs, log it."""
         ray = self.pool.ray
         with self.lock:
+            # a loop (re)starts: a user's resume asks to try again after replacements gave up
+            self._owed, self._failed_starts, self._not_replaced = 0, 0, None
+            self._starting.clear()
             self.pool.top_up()
             slots = [s for s in self.pool.live() if not s.info]
         if not slots:
@@ -279,11 +322,50 @@ class WorkerEngine(Engine):
         self.events.append("workers", workers=[{"worker": s.name, **s.info} for s in slots if s.info],
                            resources=dict(self.pool.resources))
 
+    def _replace_workers(self) -> None:
+        """Under the lock, every loop turn: start replacements owed for dead workers when the
+        cluster has room, and take in those that came up (or died starting). Never blocks."""
+        ray = self.pool.ray
+        if self._starting:
+            refs = list(self._starting)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            up = []
+            for ref in ready:
+                slot = self._starting.pop(ref)
+                if not slot.alive:      # killed meanwhile (end())
+                    continue
+                try:
+                    slot.info = ray.get(ref)
+                    up.append(slot)
+                except Exception as exc:   # its constructor failed
+                    self._worker_lost(slot, exc, None)
+            for ref, slot in list(self._starting.items()):
+                if time.monotonic() - slot.created > self.placement_s:
+                    del self._starting[ref]
+                    self.pool.kill(slot)
+                    self._worker_lost(slot, TimeoutError(
+                        f"replacement worker {slot.name} was not up on the Ray cluster within "
+                        f"{self.placement_s:.0f} s (it asks for {self.pool.resources})"), None)
+            if up:
+                self.events.append("workers", workers=[{"worker": s.name, **s.info} for s in up],
+                                   resources=dict(self.pool.resources))
+        while self._owed and not self._draining:
+            if not self.pool.resources_free():
+                if time.monotonic() - self._owed_since > self.placement_s:
+                    self._not_replaced = (f"the Ray cluster had no room for a replacement worker "
+                                          f"within {self.placement_s:.0f} s")
+                    self._owed = 0
+                break
+            slot = self.pool.add_worker()
+            self._starting[slot.actor.describe.remote()] = slot
+            self._owed -= 1
+            self._owed_since = time.monotonic()
+
     def _loop(self) -> None:
         self._describe_workers()
         boundary = True    # the AutoML hook runs at chunk boundaries, not at every poll
         while True:
-            flush = False
+            flush = pause = False
             with self.lock:
                 if boundary and self.boundary_hook is not None and not self._draining:
                     try:
@@ -304,13 +386,19 @@ class WorkerEngine(Engine):
                     if not self.inflight:
                         if writer.busy():
                             flush = True
-                        elif not self.ops_pending():
+                        elif self.ops_pending():
+                            continue
+                        elif (self._starting or self._owed) and any(
+                                r.status in R.ACTIVE for r in self.runs.values()):
+                            pause = True   # every worker died: their replacements are starting
+                        else:
                             self._leaving = True
                             return
-                        else:
-                            continue
                     elif not self.remote.waiting() and writer.busy() and self._reply_due() is None:
                         flush = True   # the reply due next waits for its run's checkpoint write
+            if pause:
+                time.sleep(_POLL_S)
+                continue
             if flush:
                 self.persistence.flush()   # outside the lock: the writer's follow-ups take it
                 with self.lock:
@@ -341,6 +429,8 @@ class WorkerEngine(Engine):
                     continue
                 self.remote.book(flight, reply)
                 self._last_booked = flight.run_id
+                if reply.get("ok"):
+                    self._failed_starts = 0   # a worker trained a chunk: starts work again
             try:
                 self._train_chunk(rec)   # books the result: counters, checkpoint, events
             except Exception as exc:     # failure isolation: this run fails, the others go on
@@ -372,10 +462,11 @@ class WorkerEngine(Engine):
     # -- dispatch -------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         """Under the lock: give every idle worker the chunk the policy picks for it."""
-        live = self.pool.live()
+        self._replace_workers()
+        live = [s for s in self.pool.live() if s.info]
         if not live:
-            if not self.remote.arrived:   # replies back are booked first
-                self._no_worker_left()
+            if not self.remote.arrived and not self._starting and not self._owed:
+                self._no_worker_left()   # replies back are booked first; replacements awaited
             return
         writer = self.persistence.writer
         for allow_move in (False, True):
@@ -398,10 +489,12 @@ class WorkerEngine(Engine):
                     self._set_status(rec, R.RUNNING)
 
     def _no_worker_left(self) -> None:
+        why = f" ({self._not_replaced})" if self._not_replaced else ""
         for rec in self.runs.values():
             if rec.status in R.ACTIVE:
                 self._set_status(rec, R.STOPPED, reason="every Ray worker was lost (see the "
-                                 "worker_lost events); resume the run to continue it on new workers")
+                                 f"worker_lost events){why}; resume the run to continue it on new "
+                                 "workers")
 
     # -- deaths and failures --------------------------------------------------------------------
     def _lost_or_failed(self, flight: Flight, rec: RunRecord | None, exc: BaseException) -> None:
@@ -418,9 +511,25 @@ class WorkerEngine(Engine):
         lost = None
         if flight is not None:
             lost = {"run_id": flight.run_id, "epoch": flight.epoch, "chunk": flight.chunk}
+        reason = f"{type(exc).__name__}: {exc}"[:2000]
+        if slot.chunks == 0:
+            self._failed_starts += 1
+        if self._failed_starts >= MAX_FAILED_STARTS:
+            self._not_replaced = (f"not replaced: {self._failed_starts} workers in a row died before "
+                                  f"training a chunk; the last one: {_root_cause(exc)}")
+            self._owed = 0
+            replacement = self._not_replaced
+        elif self._draining or self.closed:
+            replacement = None
+        else:
+            if not self._owed:
+                self._owed_since = time.monotonic()
+            self._owed += 1
+            replacement = "a replacement worker starts as soon as the Ray cluster has room"
         self.events.append("worker_lost", worker=slot.name, node=slot.info.get("node"),
-                           reason=f"{type(exc).__name__}: {exc}"[:2000], runs=held, chunk_lost=lost,
-                           workers_left=len(self.pool.live()))
+                           reason=reason, runs=held, chunk_lost=lost,
+                           workers_left=len([s for s in self.pool.live() if s.info]),
+                           replacement=replacement)
 
     # -- ops ------------------------------------------------------------------------------------
     def _apply_ops(self) -> None:

@@ -5,7 +5,8 @@ Where the workers run:
   that cluster, across its machines;
 - otherwise a local Ray started here (no dashboard, worker output kept out of the notebook).
 Each worker claims one GPU (``num_gpus=1``) when the cluster has GPUs, else it trains on CPUs;
-CPUs are shared out evenly and each worker's torch uses as many threads as it claimed CPUs.
+CPUs are shared out evenly and each worker's torch uses as many threads as it claimed CPUs
+(at most ``RAPIDFIRE_WORKER_THREADS`` when that is set: ``rapidfire bench --threads`` sets it).
 
 A worker's death (a killed actor, out of memory, a lost node) shows as ``RayActorError`` on the
 chunk it was training: ``WorkerEngine`` then forgets what the worker held and continues its runs
@@ -47,6 +48,8 @@ class WorkerSlot:
     info: dict = field(default_factory=dict)   # node, pid, device, torch threads (once known)
     busy_with: int | None = None               # run id of the chunk in flight
     last: int | None = None                    # the run it trained last
+    chunks: int = 0                            # chunks it trained that were booked
+    created: float = field(default_factory=time.monotonic)
 
 
 class RayWorkerPool:
@@ -121,8 +124,12 @@ class RayWorkerPool:
             num_gpus=self.resources["num_gpus"], num_cpus=self.resources["num_cpus"],
             max_restarts=0, max_task_retries=0, name=None)
         num_chunks, seed, build_args, build_lora, offload = self._rest
+        threads = max(1, self.resources["num_cpus"])
+        cap = os.environ.get("RAPIDFIRE_WORKER_THREADS", "")
+        if cap.isdigit() and int(cap) > 0:
+            threads = min(threads, int(cap))
         actor = cls.remote(name, *self._refs, num_chunks, seed, build_args, build_lora, offload,
-                           max(1, self.resources["num_cpus"]))
+                           threads)
         slot = WorkerSlot(index=index, name=name, actor=actor)
         self.slots.append(slot)
         return slot
@@ -138,7 +145,18 @@ class RayWorkerPool:
         return [s for s in self.slots if s.alive]
 
     def idle(self) -> list[WorkerSlot]:
-        return [s for s in self.slots if s.alive and s.busy_with is None]
+        """Live workers that are up (described) and train nothing now."""
+        return [s for s in self.slots if s.alive and s.info and s.busy_with is None]
+
+    def resources_free(self, count: int = 1) -> bool:
+        """True when the cluster has room for ``count`` more workers now."""
+        free = self.ray.available_resources()
+        return (free.get("GPU", 0) >= count * self.resources["num_gpus"]
+                and free.get("CPU", 0) >= count * self.resources["num_cpus"])
+
+    def add_worker(self) -> WorkerSlot:
+        """One more actor (a replacement); it is up once its ``describe`` answers."""
+        return self._add_worker()
 
     def release(self, slot: WorkerSlot, run_id: int) -> None:
         """Ask a worker to drop a run (ordered after the chunk it may be training; no wait)."""

@@ -33,6 +33,59 @@ COUNTERS = ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done", 
             "steps_per_epoch", "step_offset")
 
 
+class PackedTensor:
+    """A CPU tensor as a numpy array, for the trip through Ray's object store.
+
+    Pickling a torch tensor goes through ``torch.save`` of its storage, about 0.1 ms per tensor
+    each way; a chunk's snapshot holds hundreds (adapter weights, two Adam moments each), which
+    measured 8 ms to pickle and 7 ms to unpickle for the bench's 0.8 MB LoRA state on a busy
+    2-core machine. A numpy array travels as one out-of-band buffer (1 ms and 0.2 ms). Bit-exact:
+    dtypes numpy lacks (bfloat16) travel as same-width integers."""
+
+    __slots__ = ("array", "dtype")
+
+    def __init__(self, array, dtype: str):
+        self.array, self.dtype = array, dtype
+
+    def __reduce__(self):
+        return (PackedTensor, (self.array, self.dtype))
+
+
+def pack_tensors(obj):
+    """``obj`` (dicts, lists, tuples) with every torch tensor replaced by a PackedTensor."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu()
+        dtype = str(t.dtype).replace("torch.", "")
+        try:
+            return PackedTensor(t.numpy(), dtype)
+        except TypeError:   # no numpy dtype (bfloat16, float8): its bits as integers
+            ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+            return PackedTensor(t.contiguous().view(ints).numpy(), dtype)
+    if isinstance(obj, dict):
+        return {k: pack_tensors(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(pack_tensors(v) for v in obj)
+    return obj
+
+
+def unpack_tensors(obj):
+    """The inverse of ``pack_tensors``: owned, writable CPU tensors (the arrays Ray hands back
+    may be read-only views of its object store)."""
+    import torch
+
+    if isinstance(obj, PackedTensor):
+        t = torch.from_numpy(obj.array.copy())
+        dtype = getattr(torch, obj.dtype)
+        return t if t.dtype == dtype else t.view(dtype)
+    if isinstance(obj, dict):
+        return {k: unpack_tensors(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(unpack_tensors(v) for v in obj)
+    return obj
+
+
 class _ShippedStore(ExperimentStore):
     """The worker's store: a private scratch folder (TRL's output dirs), and as checkpoints the
     ones the controller shipped with the chunk request, never files: the experiment folder lives
@@ -103,6 +156,7 @@ class ChunkWorker:
         training error comes back as ``{"ok": False, "error": traceback}``, the run's trainer
         already freed here (failure isolation: the worker goes on with the other runs)."""
         t0 = time.perf_counter()
+        started = time.time()   # wall clock: the controller splits the hop with it
         try:
             if record is not None:
                 old = self.runs.get(run_id)
@@ -110,9 +164,9 @@ class ChunkWorker:
                     self.executor.release(old)
                 self.runs[run_id] = record
                 if checkpoint is not None:
-                    self.store.shipped[run_id] = checkpoint
+                    self.store.shipped[run_id] = unpack_tensors(checkpoint)
                 if start_weights is not None:
-                    self.executor.set_start_weights(run_id, start_weights)
+                    self.executor.set_start_weights(run_id, unpack_tensors(start_weights))
             rec = self.runs.get(run_id)
             if rec is None:
                 raise RuntimeError(f"worker {self.name} holds no run {run_id} and got no state for it")
@@ -121,7 +175,9 @@ class ChunkWorker:
             with routed_to(self._log):   # TRL/transformers warnings go to the worker's log
                 result = self.executor.train_chunk(rec)
             result.chunk_event["worker"] = self.name
-            return {"ok": True, "result": result, "worker_s": time.perf_counter() - t0}
+            result.state = pack_tensors(result.state)   # unpacked by the controller's book()
+            return {"ok": True, "result": result, "worker_s": time.perf_counter() - t0,
+                    "started": started, "returned": time.time()}
         except Exception as exc:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             self.release(run_id)
