@@ -76,6 +76,7 @@ def run_side(p, group, pristine, tok, train, evald, workdir: str, num_workers: i
             out["chunk_ms_median"] = 1000 * statistics.median(h["worker_s"] for h in hops)
             busy = sum(h["worker_s"] for h in hops)
             out["hop_frac"] = sum(h["hop_s"] for h in hops) / busy
+            out["hop_frac_median"] = statistics.median(h["hop_s"] / h["worker_s"] for h in hops)
             for part in ("hop_call_s", "hop_back_s", "hop_get_s"):
                 if all(part in h for h in hops):
                     out[part.replace("_s", "_ms")] = 1000 * statistics.median(h[part] for h in hops)
@@ -84,6 +85,14 @@ def run_side(p, group, pristine, tok, train, evald, workdir: str, num_workers: i
                 mine = sorted((h for h in hops if h["worker"] == w), key=lambda h: h["sent"])
                 idle += sum(max(0.0, b["sent"] - a["arrived"]) for a, b in zip(mine, mine[1:]))
             out["idle_frac"] = idle / busy
+            # per chunk, in the order sent: where a long hop comes from (first chunk of a worker,
+            # a move, a busy moment of the machine)
+            t_first = min(h["sent"] for h in hops)
+            out["hops"] = [{"worker": h["worker"], "run_id": h["run_id"], "moved": h["moved"],
+                            "sent_s": round(h["sent"] - t_first, 3),
+                            **{k: round(1000 * h[k], 2) for k in
+                               ("hop_s", "worker_s", "hop_call_s", "hop_back_s", "hop_get_s") if k in h}}
+                           for h in sorted(hops, key=lambda h: h["sent"])]
             (workers,) = [e for e in evs if e["type"] == "workers"]
             out["torch_threads"] = {w["worker"]: w["torch_threads"] for w in workers["workers"]}
         else:
@@ -136,7 +145,7 @@ def run_workers_bench(p, workers: int, repeats: int = 1, log=print) -> dict:
         mine = [s for s in report["sides"] if s["workers"] == n]
         key = "kernel" if n == 0 else f"workers_{n}"
         med[key] = {k: statistics.median(s[k] for s in mine)
-                    for k in ("wall_s", "train_wall_s", "startup_s", "hop_ms_median", "hop_frac",
+                    for k in ("wall_s", "train_wall_s", "startup_s", "hop_ms_median", "hop_frac", "hop_frac_median",
                               "hop_call_ms", "hop_back_ms", "hop_get_ms", "idle_frac",
                               "load_avg_at_start")
                     if k in mine[0]}
@@ -163,7 +172,8 @@ def format_workers_report(r: dict) -> str:
     for key, m in med.items():
         if "hop_call_ms" in m:
             lines.append(f"  {key} hop parts (median ms): call {m['hop_call_ms']:.1f}, back "
-                         f"{m['hop_back_ms']:.1f}, get {m['hop_get_ms']:.1f}; workers idle between "
+                         f"{m['hop_back_ms']:.1f}, get {m['hop_get_ms']:.1f}; per chunk (median) "
+                         f"{100 * m['hop_frac_median']:.2f} % of its time; workers idle between "
                          f"chunks {100 * m['idle_frac']:.2f} % of chunk time")
     lines.append("  torch threads: " + "; ".join(
         f"{key} {sorted(m['torch_threads'].values())} (load {m['load_avg_at_start']:.1f} at its start)"

@@ -49,6 +49,7 @@ _PLACEMENT_S = 300.0   # how long a new worker may take to start (imports, a nod
 # chunk (a create_model the workers cannot unpickle, a GPU that fails at once): no endless loop
 MAX_FAILED_STARTS = 3
 _POLL_S = 0.1          # how long the loop waits for a chunk before looking at the op queue again
+_WRITE_POLL_S = 0.005  # ... and before looking whether the checkpoint writer is done
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -409,9 +410,13 @@ class WorkerEngine(Engine):
                 if not self.inflight:
                     continue
             with self.lock:
-                due = self._next_reply()
+                writing = self.persistence.writer.busy()
+                # booking a reply while the previous checkpoint is still being written would wait
+                # for that write here, deaf to the workers: while they train, book once it is done
+                due = self._next_reply() if not (writing and self.remote.waiting()) else None
             if due is None:
-                for flight, reply, exc in self.remote.collect(_POLL_S):
+                wait = _WRITE_POLL_S if writing and self.remote.arrived else _POLL_S
+                for flight, reply, exc in self.remote.collect(wait):
                     with self.lock:
                         if exc is None:
                             self.remote.arrive(flight, reply)
