@@ -178,7 +178,8 @@ def format_workers_report(r: dict) -> str:
     lines.append("  torch threads: " + "; ".join(
         f"{key} {sorted(m['torch_threads'].values())} (load {m['load_avg_at_start']:.1f} at its start)"
         for key, m in med.items()))
-    if any(m["load_avg_at_start"] > r["cpu_count"] for m in med.values()):
+    if any(m["load_avg_at_start"] > r["cpu_count"] and max(m["torch_threads"].values()) > 1
+           for m in med.values()):
         lines.append(f"  note: the load average exceeded the {r['cpu_count']} CPUs during the bench: "
                      "sides with 2+ torch threads per process may have collapsed from "
                      "oversubscription (OpenMP threads spinning on preempted siblings); compare "
