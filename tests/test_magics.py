@@ -433,3 +433,46 @@ def test_progress_before_any_chunk_uses_the_panels_words():
     assert M._chunk_text(None, None, 4, "running", True, 3) == "warm start from run 3 · first chunk next"
     assert M._chunk_text(None, None, 4, "stopped") == "no chunk trained"
     assert M._chunk_text(1, 0, 4, "completed") == "epoch 2 · chunk 1/4"
+
+
+@pytest.mark.slow
+def test_status_names_the_run_each_live_worker_trains(shell, capsys, tmp_path, tiny_data):
+    """A real local Ray (two CPU "GPUs", ~45 s here): while chunks are in flight, status names the
+    run each worker trains now (the live engine's word, not in the log yet); at the end, the run
+    each one trained last."""
+    import os
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    e = None
+    try:
+        train, evald = tiny_data
+        e = Experiment("magics_ray", experiment_path=tmp_path, num_workers=2)
+        e.run_fit(group(), tiny_create_model, train.select(range(16)), evald, num_chunks=2, seed=3,
+                  block=False)
+        seen_training = set()
+        deadline = time.monotonic() + 300
+        while e.engine.busy() and time.monotonic() < deadline:
+            out, err, _ = run(shell, capsys, "status")
+            assert err == ""
+            seen_training |= {ln.split()[0] for ln in out.splitlines() if "training run" in ln}
+            time.sleep(0.05)
+        assert e.wait(timeout=300)
+        assert seen_training, "no status call saw a chunk in flight"
+        out, err, _ = run(shell, capsys, "status")
+        lines = out.splitlines()
+        assert lines[0] == "workers: 2"
+        last = {ev["worker"]: ev for ev in e.events.since(0) if ev["type"] == "chunk_done"}
+        assert sorted(last) == ["w0", "w1"]
+        for ln in lines[1:3]:
+            ev = last[ln.split()[0]]
+            assert (f"last trained run {ev['run_id']} (epoch {ev['epoch'] + 1} · chunk {ev['chunk'] + 1}/2)"
+                    in ln) and "training" not in ln
+    finally:
+        if e is not None:
+            e.end()
+        ray.shutdown()
