@@ -335,6 +335,24 @@ export function hitTest(rects: Rect[], g: Geometry, x: number, y: number): Rect 
   return best;
 }
 
+/**
+ * Hover text off the blocks: a lane's label names the worker (or device); the hatched part of a
+ * lost worker's lane says when and why it was lost.
+ */
+export function laneHover(model: TimelineModel, g: Geometry, x: number, y: number): string | null {
+  const i = Math.floor((y - g.top) / g.laneH);
+  const lane = model.lanes[i];
+  if (!lane || y < g.top) return null;
+  const lostText = (s: LostSpan) => `worker ${lane.key} lost at ${s.from.toFixed(2)} s` +
+    `${s.to !== null ? ` (a later session's ${lane.key} trained from ${s.to.toFixed(2)} s)` : ""}` +
+    `${s.reason ? `: ${s.reason.trim().split("\n").filter((l) => l.trim()).slice(-1)[0] ?? ""}` : ""}`;
+  if (x < g.gutter) return [lane.title, ...lane.lost.map(lostText)].join("; ");
+  for (const s of lane.lost) {
+    if (x >= xOf(g, s.from) && (s.to === null || x <= xOf(g, s.to))) return lostText(s);
+  }
+  return null;
+}
+
 /** Minimum ms between redraws while open: a canvas redraw is cheap, but the layout is O(chunks). */
 export function timelineInterval(runs: number): number {
   return Math.max(1000, Math.min(5000, 100 * runs));
@@ -379,7 +397,7 @@ export function createTimelineView(): TimelineView {
   let timer: ReturnType<typeof setTimeout> | undefined;
   let userToggled = false;
   let autoOpening = false;
-  let drawn: { rects: Rect[]; g: Geometry } | null = null;
+  let drawn: { model: TimelineModel; rects: Rect[]; g: Geometry } | null = null;
   const inspection: TimelineInspection = { lanes: [], blocks: [], rects: [], draws: 0 };
   (wrap as unknown as { rfTimeline: TimelineInspection }).rfTimeline = inspection;
 
@@ -415,7 +433,7 @@ export function createTimelineView(): TimelineView {
     summary.textContent = timelineSummary(model);
     const g = geometry(model, width);
     const rects = layoutRects(model, g);
-    drawn = { rects, g };
+    drawn = { model, rects, g };
     paint(canvas, model, g, rects);
     inspection.lanes = model.lanes.map((l) => ({ key: l.key, label: l.label, title: l.title, lost: l.lost }));
     inspection.blocks = model.blocks.map((b) => ({
@@ -440,12 +458,14 @@ export function createTimelineView(): TimelineView {
   canvas.addEventListener("mousemove", (e) => {
     if (!drawn) return;
     const box = canvas.getBoundingClientRect();
-    const hit = hitTest(drawn.rects, drawn.g, e.clientX - box.left, e.clientY - box.top);
-    if (!hit) {
+    const x = e.clientX - box.left;
+    const y = e.clientY - box.top;
+    const text = hitTest(drawn.rects, drawn.g, x, y)?.title ?? laneHover(drawn.model, drawn.g, x, y);
+    if (text === null) {
       tip.style.display = "none";
       return;
     }
-    tip.textContent = hit.title;
+    tip.textContent = text;
     tip.style.display = "";
     const left = Math.min(e.clientX - box.left + 12, Math.max(0, drawn.g.width - tip.offsetWidth - 4));
     tip.style.left = `${left}px`;

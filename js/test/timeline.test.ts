@@ -7,7 +7,7 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { createState, ingest, type PanelState, type WireEvent } from "../src/state";
 import {
-  foldedSummary, geometry, hitTest, layoutRects, MAX_GROUP_PX, MIN_BLOCK_PX, niceTicks, timelineModel,
+  foldedSummary, geometry, hitTest, laneHover, layoutRects, MAX_GROUP_PX, MIN_BLOCK_PX, niceTicks, timelineModel,
   timelineSummary, xOf,
 } from "../src/timeline";
 
@@ -158,6 +158,19 @@ describe("timeline pixels", () => {
     expect(hitTest(rects, g, r.x + r.w / 2, y)).toBe(r);
     expect(hitTest(rects, g, 5, y)).toBeNull();
     expect(hitTest(rects, g, r.x + r.w / 2, g.top + model.lanes.length * g.laneH + 5)).toBeNull();
+  });
+
+  it("names the lane under the label and the lost worker over its hatched part", () => {
+    const g = geometry(model, 1000);
+    const at = model.lanes[1].lost[0].from;
+    const mid = (lane: number) => g.top + lane * g.laneH + g.laneH / 2;
+    expect(laneHover(model, g, 10, mid(0))).toBe("worker w0 (w0:cpu, node 192.0.2.2)");
+    const lost = `worker w1 lost at ${at.toFixed(2)} s: The actor is dead because it was killed by \`ray.kill\`.`;
+    expect(laneHover(model, g, 10, mid(1))).toBe(`worker w1 (w1:cpu, node 192.0.2.2); ${lost}`);
+    expect(laneHover(model, g, xOf(g, at) + 20, mid(1))).toBe(lost);
+    expect(laneHover(model, g, xOf(g, at) - 20, mid(1))).toBeNull();
+    expect(laneHover(model, g, xOf(g, at) + 20, mid(0))).toBeNull();
+    expect(laneHover(model, g, 10, mid(2))).toBeNull();
   });
 
   it("merges thin chunks, covering every chunk once and keeping the lost one apart", () => {

@@ -157,6 +157,11 @@ def test_chunk_timeline_one_lane_per_worker_and_the_lost_one(browser):
         assert f"run {r['run']} · epoch 1 · chunk " in tip.inner_text() and f"worker {r['lane']}" in tip.inner_text()
         page.mouse.move(box["x"] + 2, box["y"] + box["height"] - 2)
         tip.wait_for(state="hidden")
+        # the hatched end of w1's lane says when and why it was lost
+        w1 = next(r for r in tl["rects"] if r["lane"] == "w1")
+        page.mouse.move(box["x"] + box["width"] - 20, box["y"] + w1["y"] + w1["h"] / 2)
+        tip.wait_for(state="visible")
+        assert tip.inner_text().startswith("worker w1 lost at ") and "ray.kill" in tip.inner_text()
         _conftest.OUTPUT.mkdir(parents=True, exist_ok=True)
         page.locator(TIMELINE).screenshot(path=str(_conftest.OUTPUT / "workers_timeline.png"))
 
