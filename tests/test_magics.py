@@ -452,7 +452,8 @@ def test_status_names_the_run_each_live_worker_trains(shell, capsys, tmp_path, t
     try:
         train, evald = tiny_data
         e = Experiment("magics_ray", experiment_path=tmp_path, num_workers=2)
-        e.run_fit(group(), tiny_create_model, train.select(range(16)), evald, num_chunks=2, seed=3,
+        # 32 samples: two optimizer steps a chunk, so a chunk stays in flight long enough to be seen
+        e.run_fit(group(), tiny_create_model, train.select(range(32)), evald, num_chunks=2, seed=3,
                   block=False)
         seen_training = set()
         deadline = time.monotonic() + 300
