@@ -83,9 +83,12 @@ export function timelineModel(state: PanelState): TimelineModel {
     if (run === null || start === null || end === null) continue;
     rows.push({ row, run, start, end: Math.max(start, end) });
   }
-  const lossTimes = state.lostWorkers.map((l) => l.time).filter((t): t is number => t !== null);
-  const starts = rows.map((r) => r.start);
-  const origin = starts.length ? Math.min(...starts) : lossTimes.length ? Math.min(...lossTimes) : null;
+  // a loop, not Math.min(...): a long experiment has more chunks than a call has arguments
+  let origin: number | null = null;
+  for (const r of rows) if (origin === null || r.start < origin) origin = r.start;
+  if (origin === null) {
+    for (const l of state.lostWorkers) if (l.time !== null && (origin === null || l.time < origin)) origin = l.time;
+  }
   const byWorker = state.workers.length > 0 || rows.some((r) => typeof r.row.worker === "string");
   const lanes: Lane[] = [];
   const laneOf = new Map<string, number>();
@@ -161,8 +164,9 @@ export function timelineModel(state: PanelState): TimelineModel {
   // A later session may name a new worker like the lost one: its lane is lost only until then.
   for (const [i, l] of lanes.entries()) {
     for (const s of l.lost) {
-      const next = blocks.filter((b) => b.lane === i && !b.lost && b.t0 >= s.from).map((b) => b.t0);
-      if (next.length) s.to = Math.min(...next);
+      for (const b of blocks) {
+        if (b.lane === i && !b.lost && b.t0 >= s.from && (s.to === null || b.t0 < s.to)) s.to = b.t0;
+      }
     }
   }
   return { origin, span, lanes, blocks, byWorker };

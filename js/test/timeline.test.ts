@@ -217,6 +217,16 @@ describe("timeline pixels", () => {
     expect(wide).toHaveLength(576);
   });
 
+  it("lays out more chunks than a function call takes arguments", () => {
+    const s = folded(readLog("sft_basic"));
+    const row = s.timeline[0];
+    s.timeline = Array.from({ length: 300_000 }, (_, i) => ({ ...row, start: 5000 - i * 0.01, end: 5000 - i * 0.01 + 0.005 }));
+    const huge = timelineModel(s);
+    expect(huge.origin).toBeCloseTo(5000 - 299_999 * 0.01, 6);
+    const rects = layoutRects(huge, geometry(huge, 1000));
+    expect(rects.length).toBeLessThan(1000);
+  });
+
   it("picks round ticks", () => {
     expect(niceTicks(1.8, 4)).toEqual([0, 0.5, 1, 1.5]);
     expect(niceTicks(10.6, 5)).toEqual([0, 5, 10]);
