@@ -407,8 +407,9 @@ class WorkerEngine(Engine):
                         self._settle_writes()
                         self._apply_ops()
                         return
-                if not self.inflight:
-                    continue
+                # back to the top: ops that waited for this flush are applied before any other
+                # reply is booked (a pruner's stop lands where the kernel puts it)
+                continue
             with self.lock:
                 writing = self.persistence.writer.busy()
                 # booking a reply while the previous checkpoint is still being written would wait
