@@ -107,3 +107,19 @@ def test_auto_on_a_chosen_cluster_with_under_two_gpus_warns_and_says_how_to_use_
         warnings.simplefilter("error")
         assert cluster_auto_workers(2) == 2
         assert cluster_auto_workers(8) == 8
+
+
+def test_chunk_times_from_a_skewed_worker_clock_land_on_the_controllers():
+    """A chunk's start/end are read on its worker's clock; the controller saw it dispatched at 100
+    and back at 103. Same clock: untouched. A worker 60 s ahead or 5 s behind: moved by the least
+    amount into the window, its duration kept."""
+    from rapidfire_nb.engine.workers.engine import on_controller_clock
+
+    assert on_controller_clock(100.5, 102.5, 100.0, 103.0) == 0.0
+    for skew in (60.0, -5.0):
+        s, e = 100.5 + skew, 102.5 + skew
+        shift = on_controller_clock(s, e, 100.0, 103.0)
+        assert 100.0 <= s + shift and e + shift <= 103.0
+        assert abs(shift + skew) <= 3.0       # off by at most the round trip
+    # a chunk longer than the window (clocks running at other rates): starts at the dispatch
+    assert on_controller_clock(50.0, 54.0, 100.0, 103.0) == 50.0

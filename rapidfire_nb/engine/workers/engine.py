@@ -52,6 +52,23 @@ _POLL_S = 0.1          # how long the loop waits for a chunk before looking at t
 _WRITE_POLL_S = 0.005  # ... and before looking whether the checkpoint writer is done
 
 
+def on_controller_clock(start: float, end: float, lo: float, hi: float) -> float:
+    """The shift that puts a chunk's [start, end], read on its worker's clock, on the controller's.
+
+    The chunk ran between the controller's dispatch (``lo``) and the moment it saw the reply
+    (``hi``), both on the controller's clock; a worker on another node may have a clock that is off
+    by more than that. Shifting by the least amount that brings the chunk inside [lo, hi] leaves
+    a worker with the same clock alone (0.0) and otherwise errs by at most the hop, so the
+    timeline places chunks and the controller's own events (worker_lost) consistently."""
+    if end - start >= hi - lo:
+        return lo - start
+    if start < lo:
+        return lo - start
+    if end > hi:
+        return hi - end
+    return 0.0
+
+
 def _root_cause(exc: BaseException) -> str:
     """One line for a stop reason: Ray wraps a worker's own error (its traceback as text) in an
     ActorDiedError; the last ``SomeError: message`` line of that text is what went wrong."""
@@ -210,6 +227,11 @@ class RemoteChunkExecutor(ChunkExecutor):
         result: ChunkResult = reply["result"]
         flight.slot.chunks += 1
         event = result.chunk_event
+        if flight.sent_wall and flight.noticed_wall and "start" in event and "end" in event:
+            shift = on_controller_clock(event["start"], event["end"], flight.sent_wall,
+                                        flight.noticed_wall)
+            event["start"] += shift
+            event["end"] += shift
         event["hop_s"] = max(0.0, round_trip + flight.got_s - reply["worker_s"])
         event["moved"] = flight.moved
         parts = {}
