@@ -78,8 +78,9 @@ export function niceTicks(min: number, max: number, maxTicks: number): { ticks: 
 export function fmtTick(v: number, step: number): string {
   if (v === 0) return "0";
   const abs = Math.abs(v);
+  // By the step, not the value, so one axis reads "4k 6k 8k 10k" rather than "4000 6000 8000 10k".
   if (abs >= 1e6 && step >= 1e5) return `${Number((v / 1e6).toPrecision(6))}M`;
-  if (abs >= 1e4 && step >= 1e3) return `${Number((v / 1e3).toPrecision(6))}k`;
+  if (step >= 1e3) return `${Number((v / 1e3).toPrecision(6))}k`;
   if (step < 1e-4 || abs >= 1e7) return v.toExponential(Math.max(0, Math.min(3, Math.round(-Math.log10(step) + Math.log10(abs)))));
   const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
   return v.toFixed(Math.min(decimals, 8));

@@ -60,6 +60,8 @@ describe("axis ticks", () => {
     expect(fmtTick(20000, 10000)).toBe("20k");
     expect(fmtTick(15000, 5000)).toBe("15k");
     expect(fmtTick(2500, 500)).toBe("2500");
+    expect(fmtTick(4000, 2000)).toBe("4k");
+    expect(fmtTick(500000, 1e5)).toBe("500k");
     expect(fmtTick(2e6, 5e5)).toBe("2M");
     expect(fmtTick(0.25, 0.05)).toBe("0.25");
     expect(fmtTick(0.3, 0.05)).toBe("0.30");
