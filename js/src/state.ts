@@ -960,9 +960,10 @@ export interface TraceSpec {
 }
 
 /**
- * Points a chart draws in all: what an update costs is one SVG redraw of every trace, so the cost
- * follows the total (measured in Chromium: ~20 ms at 4 runs x 600 points, ~58 ms at 48 x 600).
- * Each trace gets an equal share, between MIN and MAX_TRACE_POINTS (LTTB above it).
+ * Points a chart draws in all: each canvas pass and each hover lookup walks every drawn point, so
+ * the total is bounded whatever the runs log (a chart is a few hundred pixels wide: more points
+ * than that per curve do not show). Each trace gets an equal share, between MIN and
+ * MAX_TRACE_POINTS (LTTB above it).
  */
 export const POINT_BUDGET = 9600;
 export const MIN_TRACE_POINTS = 200;
@@ -1094,7 +1095,7 @@ export function planChart(state: PanelState, book: ChartBook): ChartPlan {
         book.drawn.set(run.id, s.x.length);
       } else if (book.sampled.has(run.id) && !newPointsShow(s, drawn, book)) {
         // Leave the trace as drawn: the picture would move by less than one bucket (about a
-        // pixel), and not touching Plotly is what keeps an update cheap at 48 runs.
+        // pixel), and an update that redraws nothing is the cheapest one at 48 runs.
       } else {
         const t = spec(run);
         plan.replace.indices.push(idx);
