@@ -164,7 +164,7 @@ CHART_DATA = """(el) => {
 }"""
 
 # The page position of a chart's data point, from the scales of its last draw.
-POINT_PX = """([el, split, x, y]) => {
+POINT_PX = """(el, [split, x, y]) => {
   const gd = el.querySelector(`[data-testid=rf-chart-${split}]`);
   const v = gd.rfInspect().view;
   const box = gd.querySelector('canvas').getBoundingClientRect();
