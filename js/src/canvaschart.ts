@@ -360,7 +360,13 @@ export class CanvasChart {
     yTicks.ticks.forEach((t, i) => ctx.fillText(yText[i], box.left - 4, toPx(scales, ext.x[0], t)[1]));
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
-    for (const t of xTicks.ticks) ctx.fillText(fmtTick(t, xTicks.step), toPx(scales, t, ext.y[0])[0], box.top + box.height + 4);
+    for (const t of xTicks.ticks) {
+      // The last label of a zoomed axis can sit at the right edge: keep it whole inside the canvas.
+      const text = fmtTick(t, xTicks.step);
+      const half = ctx.measureText(text).width / 2;
+      const px = Math.min(this.width - half - 1, Math.max(half + 1, toPx(scales, t, ext.y[0])[0]));
+      ctx.fillText(text, px, box.top + box.height + 4);
+    }
     ctx.fillText(this.opts.xLabel, box.left + box.width / 2, box.top + box.height + 6 + FONT_PX + 2);
     ctx.save();
     ctx.translate(2 + FONT_PX / 2, box.top + box.height / 2);
