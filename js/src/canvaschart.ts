@@ -242,6 +242,8 @@ export interface ChartInspection {
   rungs: RungMark[];
   view: { x: Range; y: Range; plot: PlotBox; zoomed: boolean } | null;
   draws: number;
+  /** The text colour of the last draw: the theme's, read from the page's CSS. */
+  fg: string;
 }
 
 export class CanvasChart {
@@ -258,6 +260,12 @@ export class CanvasChart {
   private width = 0;
   private height = 0;
   private draws = 0;
+  /**
+   * The theme's text colour and font, read once and again when the theme may have changed: a
+   * getComputedStyle in every draw would force a style pass over the whole notebook page.
+   */
+  private theme: { fg: string; family: string } | null = null;
+  private themeObserver: MutationObserver | null = null;
   private drag: { x: number; y: number } | null = null;
   private hoverRun: number | null = null;
   private hoverFrame = 0;
@@ -277,6 +285,20 @@ export class CanvasChart {
     this.sel.style.display = "none";
     host.append(this.canvas, this.sel, this.tip);
     this.listen();
+    // JupyterLab marks a theme switch on <body> (data-jp-theme-name, data-jp-theme-light), VS Code
+    // with body classes; either way the colours are read again and the chart redrawn.
+    if (typeof MutationObserver === "function") {
+      this.themeObserver = new MutationObserver(() => {
+        // Body classes also change for other reasons (a drag's cursor): redraw only on a new colour.
+        const style = getComputedStyle(this.host);
+        if (this.theme !== null && style.color === this.theme.fg && style.fontFamily === this.theme.family) return;
+        this.theme = null;
+        if (this.draws > 0) this.draw();
+      });
+      for (const target of [document.documentElement, document.body]) {
+        if (target) this.themeObserver.observe(target, { attributes: true, attributeFilter: ["class", "data-jp-theme-name", "data-jp-theme-light"] });
+      }
+    }
     (host as unknown as { rfInspect: () => ChartInspection }).rfInspect = () => this.inspect();
   }
 
@@ -299,6 +321,7 @@ export class CanvasChart {
     if (w === this.width && h === this.height) return false;
     this.width = w;
     this.height = h;
+    this.theme = null;
     const dpr = window.devicePixelRatio || 1;
     this.canvas.width = Math.max(1, Math.round(w * dpr));
     this.canvas.height = Math.max(1, Math.round(h * dpr));
@@ -320,9 +343,11 @@ export class CanvasChart {
       this.scales = null;
       return;
     }
-    const style = getComputedStyle(this.host);
-    const fg = style.color || "#1f2328";
-    const family = style.fontFamily || "sans-serif";
+    if (this.theme === null) {
+      const style = getComputedStyle(this.host);
+      this.theme = { fg: style.color || "#1f2328", family: style.fontFamily || "sans-serif" };
+    }
+    const { fg, family } = this.theme;
     ctx.font = `${FONT_PX}px ${family}`;
     const yTicks = niceTicks(ext.y[0], ext.y[1], Math.max(2, Math.floor(this.height / 40)));
     const yText = yTicks.ticks.map((t) => fmtTick(t, yTicks.step));
@@ -445,6 +470,7 @@ export class CanvasChart {
       rungs: this.rungs.map((r) => ({ ...r })),
       view: s === null ? null : { x: [...s.x], y: [...s.y], plot: { ...s.box }, zoomed: this.xZoom !== null || this.yZoom !== null },
       draws: this.draws,
+      fg: this.theme?.fg ?? "",
     };
   }
 
@@ -583,6 +609,7 @@ export class CanvasChart {
   destroy(): void {
     for (const f of this.off) f();
     this.off.length = 0;
+    this.themeObserver?.disconnect();
     if (this.hoverFrame) cancelAnimationFrame(this.hoverFrame);
     delete (this.host as unknown as { rfInspect?: unknown }).rfInspect;
     this.canvas.width = 0;

@@ -423,6 +423,19 @@ def test_panel_at_48_runs_and_10000_steps(lab, browser):
         page.mouse.move(5, 5)
         _wait(lambda: not tip.is_visible(), 10, "the hover label to go", page)
         panel.screenshot(path=str(OUTPUT / "scale_48_panel.png"))
+
+        # JupyterLab's dark theme, switched as JupyterLab does it: its stylesheet (served by the lab),
+        # then the theme attributes on <body>. The charts redraw with the theme's text colour.
+        light_fg = panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-train]').rfInspect().fg")
+        page.add_style_tag(url=f"{lab.url}/lab/api/themes/@jupyterlab/theme-dark-extension/index.css?token={lab.token}")
+        dark_fg = panel.evaluate("(el) => getComputedStyle(el.querySelector('[data-testid=rf-chart-train]')).color")
+        assert dark_fg != light_fg, (light_fg, dark_fg)
+        page.evaluate("() => { document.body.dataset.jpThemeName = 'JupyterLab Dark'; document.body.dataset.jpThemeLight = 'false'; }")
+        _wait(lambda: panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-train]').rfInspect().fg") == dark_fg
+              and panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-eval]').rfInspect().fg") == dark_fg,
+              10, "the charts redrawn in the dark theme's text colour", page)
+        panel.locator("[data-testid=rf-chart-train]").scroll_into_view_if_needed()
+        page.screenshot(path=str(OUTPUT / "scale_48_dark.png"))
         assert errors == [], errors
     finally:
         (OUTPUT / "scale_timings.json").write_text(json.dumps(results, indent=1))
