@@ -26,6 +26,7 @@ from browser_wait import waiter
 import json
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -424,10 +425,14 @@ def test_panel_at_48_runs_and_10000_steps(lab, browser):
         _wait(lambda: not tip.is_visible(), 10, "the hover label to go", page)
         panel.screenshot(path=str(OUTPUT / "scale_48_panel.png"))
 
-        # JupyterLab's dark theme, switched as JupyterLab does it: its stylesheet (served by the lab),
-        # then the theme attributes on <body>. The charts redraw with the theme's text colour.
+        # JupyterLab's dark theme, switched as JupyterLab does it: its stylesheet (the one installed
+        # with the lab), then the theme attributes on <body>. The charts redraw in its text colour.
         light_fg = panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-train]').rfInspect().fg")
-        page.add_style_tag(url=f"{lab.url}/lab/api/themes/@jupyterlab/theme-dark-extension/index.css?token={lab.token}")
+        dark_css = Path(sys.prefix) / "share" / "jupyter" / "lab" / "themes" / "@jupyterlab" / "theme-dark-extension" / "index.css"
+        assert dark_css.is_file(), f"JupyterLab's dark theme is not installed at {dark_css}"
+        # after the light theme's <link>, which JupyterLab puts at the end of <body>
+        page.evaluate("(css) => { const s = document.createElement('style'); s.textContent = css; document.body.append(s); }",
+                      dark_css.read_text(encoding="utf-8"))
         dark_fg = panel.evaluate("(el) => getComputedStyle(el.querySelector('[data-testid=rf-chart-train]')).color")
         assert dark_fg != light_fg, (light_fg, dark_fg)
         page.evaluate("() => { document.body.dataset.jpThemeName = 'JupyterLab Dark'; document.body.dataset.jpThemeLight = 'false'; }")
