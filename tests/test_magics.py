@@ -7,7 +7,10 @@ no run created, no event logged, no code run.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -16,6 +19,8 @@ from traitlets.config import Config
 from rapidfire_nb import Experiment
 from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 from rapidfire_nb.demo_data import tiny_create_model
+from rapidfire_nb.engine.events import read_events
+from rapidfire_nb.engine.state import fold
 from rapidfire_nb.notebook import magics as M
 
 LR1, LR2 = 1e-3, 2e-2
@@ -114,6 +119,68 @@ def test_help_lists_every_command(shell, capsys):
             assert cmd in out
 
 
+# -- Ray workers in status (a real recorded log: tests/fixtures/events/ray_workers.jsonl) -----------
+
+RAY_LOG = Path(__file__).parent / "fixtures" / "events" / "ray_workers.jsonl"
+W1_LOST = ("LOST: ActorDiedError: The actor is dead because it was killed by `ray.kill`; runs 1, 2 continue "
+           "on the other workers; run 1's chunk 2 (epoch 1) is trained again")
+
+
+def test_status_lists_the_ray_workers_of_the_experiment(shell, capsys, tmp_path):
+    # the recorded experiment's folder as the engine left it: its event log and experiment.json
+    folder = tmp_path / "ray_workers"
+    folder.mkdir()
+    shutil.copyfile(RAY_LOG, folder / "events.jsonl")
+    (folder / "experiment.json").write_text(json.dumps({"name": "ray_workers", "version": "0"}))
+    e = Experiment("ray_workers", experiment_path=tmp_path, resume=True)
+    try:
+        out, err, _ = run(shell, capsys, "status")
+        assert err == ""
+        lines = out.splitlines()
+        assert lines[:3] == [
+            "workers: 2 (1 lost)",
+            "  w0  node 192.0.2.2  w0:cpu  last trained run 3 (epoch 1 · chunk 3/3)",
+            f"  w1  node 192.0.2.2  w1:cpu  {W1_LOST}; last trained run 2 (epoch 1 · chunk 2/3)",
+        ]
+        # resumed, run_fit not called yet: the run table waits for the engine, the log has the runs
+        assert lines[3:] == ["experiment 'ray_workers' has 3 run(s) in its log; call exp.run_fit(...) "
+                             "with the original arguments to continue them"]
+    finally:
+        e.end()   # no longer current: the module's experiment below becomes the current one
+
+
+def test_worker_lines_before_the_loss_and_with_chunks_in_flight():
+    events = read_events(RAY_LOG)
+    lost_at = next(ev["seq"] for ev in events if ev["type"] == "worker_lost")
+    before = fold([ev for ev in events if ev["seq"] < lost_at])
+    assert M.worker_lines(before, {"w0": 1, "w1": 3}) == [
+        "workers: 2",
+        "  w0  node 192.0.2.2  w0:cpu  training run 1; last trained run 1 (epoch 1 · chunk 1/3)",
+        "  w1  node 192.0.2.2  w1:cpu  training run 3; last trained run 2 (epoch 1 · chunk 2/3)",
+    ]
+    # the workers event alone: known workers, nothing trained yet
+    first = next(ev["seq"] for ev in events if ev["type"] == "workers")
+    assert M.worker_lines(fold([ev for ev in events if ev["seq"] <= first]), {"w1": 2}) == [
+        "workers: 2",
+        "  w0  node 192.0.2.2  w0:cpu  no chunk trained yet",
+        "  w1  node 192.0.2.2  w1:cpu  training run 2",
+    ]
+    # a lost worker trains nothing, whatever a stale in-flight map says
+    after = M.worker_lines(fold(events), {"w1": 1})
+    assert after[2] == f"  w1  node 192.0.2.2  w1:cpu  {W1_LOST}; last trained run 2 (epoch 1 · chunk 2/3)"
+
+
+def test_worker_lines_when_no_worker_is_left():
+    table = fold(read_events(RAY_LOG))
+    table["lost_workers"][0]["workers_left"] = 0
+    assert "runs 1, 2 stopped (no worker left)" in M.worker_lines(table)[2]
+    assert "trained again" not in M.worker_lines(table)[2]
+
+
+def test_the_kernel_engine_has_no_worker_lines():
+    assert M.worker_lines(fold(read_events(RAY_LOG.with_name("sft_basic.jsonl")))) == []
+
+
 # -- the commands on a live experiment -----------------------------------------------------------
 
 def test_stop_resume_status_on_a_training_experiment(exp, shell, capsys):
@@ -137,6 +204,7 @@ def test_stop_resume_status_on_a_training_experiment(exp, shell, capsys):
     assert table.loc[1, "eval_loss"] == pytest.approx(float(info.loc[1, "eval_loss"]), abs=1e-4)
     out, err, result = run(shell, capsys, "status")
     assert err == "" and "stopped" in out and "completed" in out
+    assert "workers" not in out   # the in-kernel engine: no worker lines
 
     out, err, _ = run(shell, capsys, "resume 2")
     assert err == "" and "run 2: resumed" in out
@@ -365,3 +433,47 @@ def test_progress_before_any_chunk_uses_the_panels_words():
     assert M._chunk_text(None, None, 4, "running", True, 3) == "warm start from run 3 · first chunk next"
     assert M._chunk_text(None, None, 4, "stopped") == "no chunk trained"
     assert M._chunk_text(1, 0, 4, "completed") == "epoch 2 · chunk 1/4"
+
+
+@pytest.mark.slow
+def test_status_names_the_run_each_live_worker_trains(shell, capsys, tmp_path, tiny_data):
+    """A real local Ray (two CPU "GPUs", ~45 s here): while chunks are in flight, status names the
+    run each worker trains now (the live engine's word, not in the log yet); at the end, the run
+    each one trained last."""
+    import os
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    e = None
+    try:
+        train, evald = tiny_data
+        e = Experiment("magics_ray", experiment_path=tmp_path, num_workers=2)
+        # 32 samples: two optimizer steps a chunk, so a chunk stays in flight long enough to be seen
+        e.run_fit(group(), tiny_create_model, train.select(range(32)), evald, num_chunks=2, seed=3,
+                  block=False)
+        seen_training = set()
+        deadline = time.monotonic() + 300
+        while e.engine.busy() and time.monotonic() < deadline:
+            out, err, _ = run(shell, capsys, "status")
+            assert err == ""
+            seen_training |= {ln.split()[0] for ln in out.splitlines() if "training run" in ln}
+            time.sleep(0.05)
+        assert e.wait(timeout=300)
+        assert seen_training, "no status call saw a chunk in flight"
+        out, err, _ = run(shell, capsys, "status")
+        lines = out.splitlines()
+        assert lines[0] == "workers: 2"
+        last = {ev["worker"]: ev for ev in e.events.since(0) if ev["type"] == "chunk_done"}
+        assert sorted(last) == ["w0", "w1"]
+        for ln in lines[1:3]:
+            ev = last[ln.split()[0]]
+            assert (f"last trained run {ev['run_id']} (epoch {ev['epoch'] + 1} · chunk {ev['chunk'] + 1}/2)"
+                    in ln) and "training" not in ln
+    finally:
+        if e is not None:
+            e.end()
+        ray.shutdown()

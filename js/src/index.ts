@@ -12,7 +12,8 @@ import { Client, type Reply } from "./client";
 import { CSS } from "./style";
 import { CloneSubmitter } from "./cloneform";
 import { suggestedRuns, suggestionOpen } from "./suggest";
-import { hasWorkers, workerCell, workerLostNotices } from "./workers";
+import { createWorkerNotices, hasWorkers, workerCell } from "./workers";
+import { createTimelineView } from "./timeline";
 import { drawSeries, seriesStyles, TIME_COLORS, timeBars, timeSplitInterval } from "./scale";
 import { CanvasChart, type Range, type RungMark } from "./canvaschart";
 import { loadPrefs, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
@@ -202,10 +203,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const hiddenNote = h("span", { class: "rf-note", "data-testid": "rf-hidden-note" });
   filterBox.append(hiddenNote);
   const tableWrap = h("div", { class: "rf-table-wrap" }, [table]);
-  // Ray workers that died: which runs moved on (shown until the panel is rebuilt; the log keeps them).
-  const workerNotices = h("div", { class: "rf-worker-notices", "data-testid": "rf-worker-lost" });
-  workerNotices.style.display = "none";
-  root.append(workerNotices, filterBox, tableWrap);
+  root.append(filterBox, tableWrap);
   // The auto sort waits while the pointer is over the table; leaving it applies the order.
   let pointerInTable = false;
   tableWrap.addEventListener("mouseenter", () => {
@@ -231,6 +229,19 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     if (timeDetails.open) scheduleRender({ time: true });
   });
   root.append(timeDetails);
+
+  // --- Ray workers (issue 19): lost-worker notices above the filters, the chunk timeline ----------
+  // Both live in workers.ts / timeline.ts; renderHeader (run for every applied batch) calls
+  // renderWorkers, and the timeline keeps its own redraw cadence, drawing nothing while folded.
+  const workerNotices = createWorkerNotices();
+  filterBox.before(workerNotices.el);
+  const timeline = createTimelineView();
+  root.append(timeline.details);
+  function renderWorkers(): void {
+    workerNotices.render(state);
+    timeline.update(state);
+  }
+  // --- end of Ray workers ------------------------------------------------------------------------
 
   // --- messages -------------------------------------------------------------------------------
   function say(text: string, kind: "ok" | "error" | "note" = "note"): void {
@@ -302,11 +313,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         return span;
       }),
     );
-    const notices = workerLostNotices(state);
-    if (notices.length !== workerNotices.childElementCount) {
-      workerNotices.replaceChildren(...notices.map((n) => h("div", { class: "rf-error", text: n.text, title: n.title })));
-      workerNotices.style.display = notices.length ? "" : "none";
-    }
+    renderWorkers();
     const asked = suggestedRuns(state);
     if (asked.length) {
       const span = h("span", { class: "rf-count rf-count-suggest", "data-testid": "rf-suggested-count",
@@ -1146,6 +1153,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     disposed = true;
     clearInterval(timer);
     if (timeTimer !== undefined) clearTimeout(timeTimer);
+    timeline.dispose();
     for (const t of deleteArmed.values()) clearTimeout(t);
     m.off("msg:custom", onCustom);
     m.off("change:snapshot", onSnapshot);

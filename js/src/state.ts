@@ -83,6 +83,17 @@ export interface WorkerInfo {
   lost: boolean;
 }
 
+/**
+ * The fields of a trained chunk (a chunk_done event) that Python's table keeps in "timeline"
+ * (engine/state.py TIMELINE_COLUMNS, get_timeline): the panel's chunk timeline draws them.
+ */
+export const TIMELINE_COLUMNS = [
+  "run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s", "swap_s", "setup_s",
+  "snapshot_s", "checkpoint_s", "other_s", "completed_steps", "samples_seen", "worker", "moved", "hop_s",
+] as const;
+/** Values as logged (the reducer copies them unchecked, as Python does); readers check types. */
+export type TimelineRow = Record<(typeof TIMELINE_COLUMNS)[number], unknown>;
+
 /** A `worker_lost` event: the worker died; `runs` continue elsewhere from their checkpoints. */
 export interface WorkerLoss {
   worker: string;
@@ -116,6 +127,8 @@ export interface PanelState {
   /** Ray workers, first seen first (empty for the in-kernel engine). */
   workers: WorkerInfo[];
   lostWorkers: WorkerLoss[];
+  /** One row per chunk_done, in log order (the chunk timeline). */
+  timeline: TimelineRow[];
 }
 
 export interface IngestResult {
@@ -151,6 +164,7 @@ export function createState(): PanelState {
     version: 0,
     workers: [],
     lostWorkers: [],
+    timeline: [],
   };
 }
 
@@ -421,6 +435,9 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
           state.time[key] += v;
         }
       }
+      const row = {} as TimelineRow;
+      for (const c of TIMELINE_COLUMNS) row[c] = ev[c] ?? null;
+      state.timeline.push(row);
       result.timeChanged = true;
       break;
     }
@@ -500,7 +517,7 @@ export const VIEW_RUN_FIELDS = [
 /** Table-level fields the view mirrors. */
 export const VIEW_TABLE_FIELDS = [
   "experiment", "path", "resumed", "ended", "last_seq", "train_metrics", "eval_metrics", "time",
-  "workers", "lost_workers",
+  "workers", "lost_workers", "timeline",
 ] as const;
 
 /**
@@ -523,7 +540,8 @@ export function viewTable(state: PanelState): Record<string, unknown> {
   return {
     experiment: state.experiment, path: state.path, resumed: state.resumed, ended: state.ended,
     last_seq: state.lastSeq, train_metrics: [...state.trainMetrics], eval_metrics: [...state.evalMetrics],
-    time: state.time, workers: state.workers, lost_workers: state.lostWorkers, runs,
+    time: state.time, workers: state.workers, lost_workers: state.lostWorkers,
+    timeline: state.timeline, runs,
   };
 }
 

@@ -92,6 +92,17 @@ export const CSS = `
 .rf-field-error { color: var(--rf-error); font-size: 11px; }
 .rf-error { color: var(--rf-error); white-space: pre-wrap; }
 .rf-worker-notices { margin: 4px 0; font-size: 12px; }
+/* Ray workers (issue 19): the notices' dismiss button and the chunk timeline */
+.rf-notice { display: flex; gap: 6px; align-items: baseline; }
+.rf-panel button.rf-notice-close { padding: 0 5px; line-height: 1.2; color: var(--rf-fg2); background: transparent; border-color: transparent; }
+.rf-panel button.rf-notice-close:hover { border-color: var(--rf-border); color: var(--rf-fg); }
+.rf-timeline { position: relative; width: 100%; margin-top: 4px; }
+.rf-timeline-canvas { display: block; }
+.rf-timeline-tip {
+  position: absolute; z-index: 2; max-width: 420px; padding: 3px 6px; font-size: 11px; pointer-events: none;
+  color: var(--rf-fg); background: var(--rf-bg); border: 1px solid var(--rf-border); border-radius: 3px;
+  box-shadow: 0 1px 4px rgba(0, 0, 0, 0.15);
+}
 .rf-ok { color: #1a7f37; }
 .rf-buttons { display: flex; gap: 6px; margin-top: 6px; align-items: center; }
 .rf-traceback { max-height: 320px; overflow: auto; font-size: 11px; background: var(--rf-bg2); padding: 6px; margin: 0; white-space: pre; }

@@ -52,3 +52,121 @@ export function workerLostNotice(loss: WorkerLoss): string {
 export function workerLostNotices(state: PanelState): { text: string; title: string }[] {
   return state.lostWorkers.map((loss) => ({ text: workerLostNotice(loss), title: loss.reason ?? "" }));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Dismissing a notice: hidden in this experiment's panel views (the log and the run table keep the
+// loss), remembered per experiment like the view settings (viewprefs.ts): in localStorage when the
+// front end allows it, and in this module's memory, which outlives one view within a page.
+
+/** The small part of the Web Storage API used here (a test passes a Map-backed one). */
+export interface NoticeStore {
+  getItem(key: string): string | null;
+  setItem(key: string, value: string): void;
+}
+
+const DISMISS_PREFIX = "rapidfire-panel-dismissed:";
+const memory = new Map<string, string>();
+
+/** One key per experiment folder (the name alone when no path is known). */
+export function dismissKey(path: string | null, name: string | null): string | null {
+  const id = path || name;
+  return id ? DISMISS_PREFIX + id : null;
+}
+
+/** A loss's identity: the worker and the time it was lost (a later session may reuse the name). */
+export function noticeId(loss: WorkerLoss, index: number): string {
+  return `${loss.worker}@${loss.time ?? `#${index}`}`;
+}
+
+function browserStore(): NoticeStore | null {
+  try {
+    const s = globalThis.localStorage;
+    return s && typeof s.getItem === "function" ? s : null;
+  } catch {
+    return null; // access denied (sandboxed iframe, storage disabled)
+  }
+}
+
+/** The dismissed notice ids; anything malformed in the store reads as none dismissed. */
+export function loadDismissed(key: string | null, store: NoticeStore | null = browserStore()): Set<string> {
+  if (key === null) return new Set();
+  let raw: string | null = null;
+  try {
+    raw = store?.getItem(key) ?? null;
+  } catch {
+    raw = null;
+  }
+  raw ??= memory.get(key) ?? null;
+  if (raw === null) return new Set();
+  try {
+    const data: unknown = JSON.parse(raw);
+    return new Set(Array.isArray(data) ? data.filter((v): v is string => typeof v === "string" && v.length <= 200) : []);
+  } catch {
+    return new Set();
+  }
+}
+
+export function saveDismissed(key: string | null, ids: Set<string>, store: NoticeStore | null = browserStore()): void {
+  if (key === null) return;
+  const text = JSON.stringify([...ids]);
+  memory.set(key, text);
+  try {
+    store?.setItem(key, text);
+  } catch {
+    // quota or access denied: the in-page memory still has it
+  }
+}
+
+/** The notices still shown: every loss not dismissed, in the order they happened. */
+export function shownNotices(state: PanelState, dismissed: Set<string>): { id: string; text: string; title: string }[] {
+  return state.lostWorkers
+    .map((loss, i) => ({ id: noticeId(loss, i), text: workerLostNotice(loss), title: loss.reason ?? "" }))
+    .filter((n) => !dismissed.has(n.id));
+}
+
+/** The notice block above the run table: one red line per lost worker, each with a × button. */
+export function createWorkerNotices(): { el: HTMLDivElement; render(state: PanelState): void } {
+  const el = document.createElement("div");
+  el.className = "rf-worker-notices";
+  el.dataset.testid = "rf-worker-lost";
+  el.style.display = "none";
+  let key: string | null = null;
+  let dismissed = new Set<string>();
+  let shownKey = "";
+  let last: PanelState | null = null;
+
+  function render(state: PanelState): void {
+    last = state;
+    const k = dismissKey(state.path, state.experiment);
+    if (k !== key) {
+      key = k;
+      dismissed = loadDismissed(key);
+    }
+    const notices = shownNotices(state, dismissed);
+    const now = notices.map((n) => n.id).join("\n");
+    if (now === shownKey) return;
+    shownKey = now;
+    el.replaceChildren(...notices.map((n) => {
+      const close = document.createElement("button");
+      close.className = "rf-notice-close";
+      close.textContent = "×";
+      close.title = "hide this notice in the panel (the event log and get_runs_info keep it)";
+      close.setAttribute("aria-label", "dismiss");
+      close.addEventListener("click", () => {
+        dismissed.add(n.id);
+        saveDismissed(key, dismissed);
+        if (last) render(last);
+      });
+      const text = document.createElement("span");
+      text.textContent = n.text;
+      const line = document.createElement("div");
+      line.className = "rf-error rf-notice";
+      line.title = n.title;
+      line.dataset.notice = n.id;
+      line.append(text, close);
+      return line;
+    }));
+    el.style.display = notices.length ? "" : "none";
+  }
+  return { el, render };
+}

@@ -6,7 +6,10 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { createState, ingest, type PanelState, type WireEvent } from "../src/state";
-import { hasWorkers, workerCell, workerLostNotice, workerLostNotices } from "../src/workers";
+import {
+  dismissKey, hasWorkers, loadDismissed, noticeId, saveDismissed, shownNotices, workerCell, workerLostNotice,
+  workerLostNotices, type NoticeStore,
+} from "../src/workers";
 
 const FIXTURES = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "tests", "fixtures", "events");
 
@@ -67,5 +70,59 @@ describe("Ray workers in the panel", () => {
       .toBe("worker w1 lost (node n): run 4 continues from its last checkpoint on the other workers");
     expect(workerLostNotice({ worker: "w2", node: "n", reason: null, runs: [], chunk_lost: null, workers_left: 1, time: null }))
       .toBe("worker w2 lost (node n)");
+  });
+});
+
+describe("dismissing a lost-worker notice", () => {
+  const log = readLog("ray_workers");
+
+  function mapStore(): NoticeStore & { data: Map<string, string> } {
+    const data = new Map<string, string>();
+    return { data, getItem: (k) => data.get(k) ?? null, setItem: (k, v) => void data.set(k, v) };
+  }
+
+  it("hides that notice only, and the state keeps the loss", () => {
+    const state = folded(log);
+    const [loss] = state.lostWorkers;
+    const id = noticeId(loss, 0);
+    expect(id).toBe(`w1@${loss.time}`);
+    expect(shownNotices(state, new Set()).map((n) => n.id)).toEqual([id]);
+    expect(shownNotices(state, new Set([id]))).toEqual([]);
+    expect(shownNotices(state, new Set(["w1@0"])).map((n) => n.id)).toEqual([id]);
+    expect(state.lostWorkers).toHaveLength(1);
+  });
+
+  it("is remembered per experiment", () => {
+    const store = mapStore();
+    const a = dismissKey("/x/exp_a", "exp_a");
+    const b = dismissKey("/x/exp_b", "exp_b");
+    expect(a).not.toBe(b);
+    expect(dismissKey(null, "exp_a")).toBe("rapidfire-panel-dismissed:exp_a");
+    expect(dismissKey(null, null)).toBeNull();
+    saveDismissed(a, new Set(["w1@5"]), store);
+    expect([...loadDismissed(a, store)]).toEqual(["w1@5"]);
+    expect([...loadDismissed(b, store)]).toEqual([]);
+    // no key, nothing stored
+    saveDismissed(null, new Set(["w9@1"]), store);
+    expect(store.data.size).toBe(1);
+  });
+
+  it("reads anything malformed in the store as nothing dismissed", () => {
+    const store = mapStore();
+    for (const raw of ["{", "{\"a\": 1}", "[1, null, \"w1@2\"]"]) {
+      store.data.set("k", raw);
+      expect([...loadDismissed("k", store)]).toEqual(raw.includes("w1@2") ? ["w1@2"] : []);
+    }
+    const broken: NoticeStore = {
+      getItem: () => {
+        throw new Error("denied");
+      },
+      setItem: () => {
+        throw new Error("denied");
+      },
+    };
+    // a store that throws: the in-page memory still remembers
+    saveDismissed("rapidfire-panel-dismissed:mem", new Set(["w0@1"]), broken);
+    expect([...loadDismissed("rapidfire-panel-dismissed:mem", broken)]).toEqual(["w0@1"]);
   });
 });

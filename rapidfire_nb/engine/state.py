@@ -64,7 +64,7 @@ SCHEMA_PATH = Path(__file__).with_name("events_schema.json")
 TIME_KEYS = ("train", "eval", "swap", "other")
 TIMELINE_COLUMNS = ("run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s",
                     "swap_s", "setup_s", "snapshot_s", "checkpoint_s", "other_s",
-                    "completed_steps", "samples_seen", "worker")
+                    "completed_steps", "samples_seen", "worker", "moved", "hop_s")
 _PRUNED = re.compile(r"\bpruned\b", re.IGNORECASE)
 _LOWER_IS_BETTER = re.compile(r"loss|perplexity|ppl|error|wer|cer|mse|mae|rmse")
 

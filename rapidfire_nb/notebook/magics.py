@@ -1,7 +1,7 @@
 """The ``%rapidfire`` line magic: steer the kernel's current experiment from a cell.
 
     %load_ext rapidfire
-    %rapidfire status                       # compact table of runs
+    %rapidfire status                       # compact table of runs (and the Ray workers, if any)
     %rapidfire stop 2
     %rapidfire resume 2
     %rapidfire confirm 3     (pruner_mode="suggest": or ignore 3)
@@ -32,7 +32,8 @@ USAGE = """\
 %rapidfire <command> [arguments]   (acts on the kernel's current Experiment)
 
   panel                         show the live control panel
-  status                        compact table of the runs
+  status                        compact table of the runs; with Ray workers (num_workers)
+                                also each worker, its node and device, the run it trains
   stop ID                       stop a run at its next chunk boundary (its checkpoint stays)
   resume ID                     resume a stopped run from its checkpoint
   delete ID                     remove a run for good (its metrics stay, marked deleted)
@@ -292,6 +293,81 @@ def _chunk_text(epoch: int | None, chunk: int | None, num_chunks: int | None, st
     return f"epoch {int(epoch) + 1} · chunk {int(chunk) + 1}{of}"
 
 
+def worker_lines(table: dict, now: dict[str, int] | None = None) -> list[str]:
+    """What ``status`` says about the Ray workers (``Experiment(num_workers=...)``), from the folded
+    run table (engine/state.py): one line per worker with its node and device, the run it trains
+    now (``now``: worker -> run id, from the live engine) or trained last, and why a lost one was
+    lost. No lines for the in-kernel engine."""
+    workers = table.get("workers") or []
+    if not workers:
+        return []
+    now = now or {}
+    runs = {r["run_id"]: r for r in table["runs"].values()}
+    last: dict[str, dict] = {}
+    for row in table["timeline"]:
+        if isinstance(row.get("worker"), str):
+            last[row["worker"]] = row
+    losses: dict[str, dict] = {}
+    for loss in table.get("lost_workers") or []:
+        losses[loss["worker"]] = loss
+    lost = sum(1 for w in workers if w["lost"])
+    head = f"workers: {len(workers)}" + (f" ({lost} lost)" if lost else "")
+    cells = []
+    for w in workers:
+        name = w["worker"]
+        what = []
+        if name in now and not w["lost"]:
+            what.append(f"training run {now[name]}")
+        row = last.get(name)
+        if row is not None:
+            run = runs.get(row["run_id"], {})
+            where = _chunk_text(row.get("epoch"), row.get("chunk"), run.get("num_chunks"))
+            what.append(f"last trained run {row['run_id']} ({where})")
+        elif name not in now:
+            what.append("no chunk trained yet")
+        if w["lost"]:
+            loss = losses.get(name, {})
+            # the panel's notice in short (js/src/workers.ts workerLostNotice)
+            moved, left, chunk = loss.get("runs") or [], loss.get("workers_left"), loss.get("chunk_lost")
+            gone = ["LOST" + (f": {_reason_text(loss['reason'])}" if loss.get("reason") else "")]
+            if moved:
+                ids = f"run{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))}"
+                gone.append(f"{ids} stopped (no worker left)" if left == 0 else
+                            f"{ids} continue{'' if len(moved) > 1 else 's'} on the other workers")
+            if chunk and left != 0:
+                gone.append(f"run {chunk['run_id']}'s chunk {chunk['chunk'] + 1} (epoch {chunk['epoch'] + 1}) "
+                            "is trained again")
+            what[:0] = gone
+        node = f"node {w['node']}" if w.get("node") else "node ?"
+        cells.append((name, node, w.get("device") or "?", "; ".join(what)))
+    widths = [max(len(c[i]) for c in cells) for i in range(3)]
+    return [head] + ["  " + "  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3] for c in cells]
+
+
+def _reason_text(reason: str) -> str:
+    """A Ray error in one line: its type and its last line ("ActorDiedError: ... killed by ...")."""
+    lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    kind, _, _ = lines[0].partition(":")
+    text = (lines[-1] if len(lines) == 1 or " " in kind else f"{kind}: {lines[-1]}").rstrip(".")
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _training_now(exp) -> dict[str, int]:
+    """worker -> run id of the chunk in flight there, from a live Ray worker engine (else {})."""
+    engine = getattr(exp, "engine", None)
+    lock = getattr(engine, "lock", None)
+    if engine is None or lock is None or not hasattr(engine, "inflight"):
+        return {}
+    if not lock.acquire(timeout=1.0):   # the engine is busy: say what the log says
+        return {}
+    try:
+        return {f.slot.name: rid for rid, f in engine.inflight.items()}
+    finally:
+        lock.release()
+
+
 def _isna(value: Any) -> bool:
     import pandas as pd
 
@@ -355,8 +431,18 @@ class RapidFireMagics(Magics):
         _no_args("status", args)
         exp = _experiment()
         table = status_table(exp)
+        logged = 0
+        if getattr(exp, "events", None) is not None and hasattr(exp, "_state"):
+            lines, logged = exp._state().read(lambda t: (worker_lines(t, _training_now(exp)), len(t["runs"])))
+            if lines:
+                print("\n".join(lines))
         if len(table) == 0:
-            print(f"experiment {exp.name!r} has no runs yet (call exp.run_fit(...))")
+            if logged and getattr(exp, "engine", None) is None:
+                # resume=True before run_fit: the log knows the runs, the engine is not started
+                print(f"experiment {exp.name!r} has {logged} run(s) in its log; call exp.run_fit(...) "
+                      "with the original arguments to continue them")
+            else:
+                print(f"experiment {exp.name!r} has no runs yet (call exp.run_fit(...))")
             return None
         return table
 

@@ -52,8 +52,9 @@ def _open(browser, events: list[dict]):
     errors: list[str] = []
     page.on("pageerror", lambda err: errors.append(str(err)))
     html = PAGE % (json.dumps(wired), PROTOCOL_VERSION)
-    page.route(f"{ORIGIN}/index.html", lambda r: r.fulfill(body=html, content_type="text/html"))
-    page.route(f"{ORIGIN}/panel.js", lambda r: r.fulfill(path=str(BUNDLE), content_type="text/javascript"))
+    # on the context: a second page of it (a later view of the same experiment) gets them too
+    context.route(f"{ORIGIN}/index.html", lambda r: r.fulfill(body=html, content_type="text/html"))
+    context.route(f"{ORIGIN}/panel.js", lambda r: r.fulfill(path=str(BUNDLE), content_type="text/javascript"))
     page.goto(f"{ORIGIN}/index.html")
     return context, page, errors
 
@@ -82,7 +83,7 @@ def test_worker_column_and_lost_worker_notice(browser):
     try:
         notice = page.locator('[data-testid="rf-worker-lost"]')
         notice.wait_for(state="visible")
-        assert notice.inner_text() == ("worker w1 lost (node 192.0.2.2): runs 1, 2 continue from their last "
+        assert notice.locator(".rf-notice span").inner_text() == ("worker w1 lost (node 192.0.2.2): runs 1, 2 continue from their last "
                                        "checkpoints on the other workers; run 1's chunk 2 (epoch 1) is trained again")
         page.wait_for_function(
             "[...document.querySelectorAll('[data-testid=rf-worker]')].every(td => td.textContent === 'w0')")
@@ -102,6 +103,109 @@ def test_no_worker_column_in_the_kernel_engine(browser):
         assert "progress" in heads and "worker" not in heads
         assert page.locator('[data-testid="rf-worker"]').count() == 0
         assert page.locator('[data-testid="rf-worker-lost"]').is_hidden()
+    finally:
+        context.close()
+    assert errors == []
+
+
+# -- the chunk timeline and the notice's dismiss button ------------------------------------------
+
+TIMELINE = '[data-testid="rf-timeline"]'
+
+
+def _timeline(page, draws: int = 1) -> dict:
+    """What the canvas drew (the view's read-only inspection hook), once it has drawn."""
+    page.wait_for_function(f"(document.querySelector('{TIMELINE}')?.rfTimeline?.draws ?? 0) >= {draws}")
+    return page.eval_on_selector(TIMELINE, "el => JSON.parse(JSON.stringify(el.rfTimeline))")
+
+
+def test_chunk_timeline_one_lane_per_worker_and_the_lost_one(browser):
+    events = read_events(FIXTURES / "ray_workers.jsonl")
+    done = [e for e in events if e["type"] == "chunk_done"]
+    (loss,) = [e for e in events if e["type"] == "worker_lost"]
+    origin = min(e["start"] for e in done)
+    context, page, errors = _open(browser, events)
+    try:
+        # a Ray experiment opens the section by itself once its workers are known
+        page.wait_for_function(f"document.querySelector('{TIMELINE}').closest('details').open")
+        page.wait_for_function("document.querySelectorAll('[data-testid=rf-worker]').length === 3")
+        tl = _timeline(page)
+        assert [(ln["key"], ln["title"]) for ln in tl["lanes"]] == [
+            ("w0", "worker w0 (w0:cpu, node 192.0.2.2)"), ("w1", "worker w1 (w1:cpu, node 192.0.2.2)")]
+        assert tl["lanes"][0]["lost"] == []
+        assert [(s["from"], s["to"]) for s in tl["lanes"][1]["lost"]] == [(loss["time"] - origin, None)]
+        trained = [b for b in tl["blocks"] if not b["lost"]]
+        assert [(b["lane"], b["run"], b["epoch"], b["chunk"], b["moved"]) for b in trained] == \
+            [(e["worker"], e["run_id"], e["epoch"], e["chunk"], e["moved"]) for e in done]
+        for b, e in zip(trained, done):
+            assert abs(b["t0"] - (e["start"] - origin)) < 1e-6 and abs(b["t1"] - (e["end"] - origin)) < 1e-6
+        (lost,) = [b for b in tl["blocks"] if b["lost"]]
+        c = loss["chunk_lost"]
+        assert (lost["lane"], lost["run"], lost["epoch"], lost["chunk"]) == ("w1", c["run_id"], c["epoch"], c["chunk"])
+        # at this width every chunk is a rectangle of its own, in its lane's row
+        assert len(tl["rects"]) == len(tl["blocks"]) and all(r["blocks"] == 1 for r in tl["rects"])
+        summary = page.locator(f"details:has({TIMELINE}) > summary").inner_text()
+        assert summary.startswith("chunk timeline: 9 chunks on 2 workers (1 lost)")
+        # hovering a block names its run, chunk and worker
+        box = page.locator(f"{TIMELINE} canvas").bounding_box()
+        r = max(tl["rects"], key=lambda r: r["w"])
+        page.mouse.move(box["x"] + r["x"] + r["w"] / 2, box["y"] + r["y"] + r["h"] / 2)
+        tip = page.locator(".rf-timeline-tip")
+        tip.wait_for(state="visible")
+        block = next(b for b in tl["blocks"] if b["lane"] == r["lane"] and b["run"] == r["run"])
+        assert tip.inner_text() == block["title"]
+        assert f"run {r['run']} · epoch 1 · chunk " in tip.inner_text() and f"worker {r['lane']}" in tip.inner_text()
+        page.mouse.move(box["x"] + 2, box["y"] + box["height"] - 2)
+        tip.wait_for(state="hidden")
+        # the hatched end of w1's lane says when and why it was lost
+        w1 = next(r for r in tl["rects"] if r["lane"] == "w1")
+        page.mouse.move(box["x"] + box["width"] - 20, box["y"] + w1["y"] + w1["h"] / 2)
+        tip.wait_for(state="visible")
+        assert tip.inner_text().startswith("worker w1 lost at ") and "ray.kill" in tip.inner_text()
+        _conftest.OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.locator(TIMELINE).screenshot(path=str(_conftest.OUTPUT / "workers_timeline.png"))
+
+        # the notice's x hides it in this view; the log, the column and the timeline keep the loss
+        notice = page.locator('[data-testid="rf-worker-lost"]')
+        notice.wait_for(state="visible")
+        page.locator('[data-testid="rf-worker-lost"] button.rf-notice-close').click()
+        notice.wait_for(state="hidden")
+        assert page.locator('[data-testid="rf-worker-lost"] .rf-notice').count() == 0
+        assert _timeline(page)["lanes"][1]["lost"] != []
+        page.screenshot(path=str(_conftest.OUTPUT / "workers_dismissed.png"), full_page=True)
+        # a panel view of the same experiment opened later remembers the dismissal
+        again = context.new_page()
+        again.on("pageerror", lambda err: errors.append(str(err)))
+        again.goto(f"{ORIGIN}/index.html")
+        again.wait_for_function("document.querySelectorAll('[data-testid=rf-worker]').length === 3")
+        _timeline(again)
+        assert again.locator('[data-testid="rf-worker-lost"]').is_hidden()
+    finally:
+        context.close()
+    assert errors == []
+
+
+def test_kernel_engine_timeline_has_one_device_lane(browser):
+    events = read_events(FIXTURES / "sft_basic.jsonl")
+    done = [e for e in events if e["type"] == "chunk_done"]
+    context, page, errors = _open(browser, events)
+    try:
+        page.wait_for_selector('[data-testid="rf-runs"] tbody tr[data-run-id]')
+        summary = page.locator(f"details:has({TIMELINE}) > summary")
+        page.wait_for_function(
+            f"document.querySelector('{TIMELINE}').closest('details').querySelector('summary').textContent"
+            f" === 'chunk timeline: {len(done)} chunks'")
+        # folded (no workers): nothing drawn until the user opens it
+        assert page.eval_on_selector(TIMELINE, "el => el.rfTimeline.draws") == 0
+        summary.click()
+        tl = _timeline(page)
+        assert [(ln["key"], ln["title"]) for ln in tl["lanes"]] == [("cpu", "device cpu")]
+        assert [(b["run"], b["chunk"]) for b in tl["blocks"]] == [(e["run_id"], e["chunk"]) for e in done]
+        text = summary.inner_text()
+        assert text.startswith(f"chunk timeline: {len(done)} chunks on cpu · ")
+        assert not any("worker" in b["title"] or "moved" in b["title"] for b in tl["blocks"]) and "worker" not in text
+        _conftest.OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.locator(TIMELINE).screenshot(path=str(_conftest.OUTPUT / "kernel_timeline.png"))
     finally:
         context.close()
     assert errors == []

@@ -1,0 +1,242 @@
+// The chunk timeline's layout on the recorded logs Python's reducer is tested with
+// (tests/fixtures/events/*.jsonl): lanes per Ray worker or per device, one block per chunk_done,
+// the lost worker and its chunk in flight, the time scale and the coalescing of thin blocks.
+import { readFileSync, readdirSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it } from "vitest";
+import { createState, ingest, type PanelState, type WireEvent } from "../src/state";
+import {
+  foldedSummary, geometry, hitTest, laneHover, layoutRects, MAX_GROUP_PX, MIN_BLOCK_PX, niceTicks, timelineModel,
+  timelineSummary, xOf,
+} from "../src/timeline";
+
+const FIXTURES = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "tests", "fixtures", "events");
+const NAMES = readdirSync(FIXTURES).filter((f) => f.endsWith(".jsonl")).map((f) => f.slice(0, -".jsonl".length)).sort();
+
+function readLog(name: string): WireEvent[] {
+  return readFileSync(join(FIXTURES, `${name}.jsonl`), "utf8")
+    .split("\n")
+    .filter((line) => line.trim() !== "")
+    .map((line) => JSON.parse(line.replace(/(?<=[:[,]\s*)-?(NaN|Infinity)(?=\s*[,}\]])/g, "null")));
+}
+
+function folded(events: WireEvent[]): PanelState {
+  const state = createState();
+  ingest(state, events);
+  return state;
+}
+
+const chunkDone = (log: WireEvent[]) => log.filter((e) => e.type === "chunk_done");
+
+describe("chunk timeline on the recorded Ray log", () => {
+  const log = readLog("ray_workers");
+  const loss = log.find((e) => e.type === "worker_lost")!;
+  const done = chunkDone(log);
+  const origin = Math.min(...done.map((e) => e.start as number));
+
+  it("has one lane per worker and one block per chunk_done, from its start to its end", () => {
+    const model = timelineModel(folded(log));
+    expect(model.byWorker).toBe(true);
+    expect(model.origin).toBe(origin);
+    expect(model.lanes.map((l) => l.key)).toEqual(["w0", "w1"]);
+    expect(model.lanes[0].title).toBe("worker w0 (w0:cpu, node 192.0.2.2)");
+    const trained = model.blocks.filter((b) => !b.lost);
+    expect(trained.map((b) => [model.lanes[b.lane].key, b.run, b.epoch, b.chunk, b.moved])).toEqual(
+      done.map((e) => [e.worker, e.run_id, e.epoch, e.chunk, e.moved]));
+    trained.forEach((b, i) => {
+      expect(b.t0).toBeCloseTo((done[i].start as number) - origin, 9);
+      expect(b.t1).toBeCloseTo((done[i].end as number) - origin, 9);
+      expect(b.title).toContain(`run ${done[i].run_id} · epoch 1 · chunk ${(done[i].chunk as number) + 1}/3`);
+      expect(b.title).toContain(`worker ${done[i].worker}`);
+      expect(b.title.includes("moved")).toBe(done[i].moved === true);
+    });
+    // where a moved run came from: its previous chunk's worker (run 1's chunk 2 was lost on w1)
+    const title = (run: number, chunk: number) => trained.find((b) => b.run === run && b.chunk === chunk)!.title;
+    expect(title(2, 0)).toContain("moved here with its first chunk");
+    expect(title(3, 1)).toContain("moved here from w1");
+    expect(title(1, 1)).toContain("moved back here from its checkpoint");
+    expect(title(2, 1)).not.toContain("moved");
+    expect(model.span).toBeCloseTo(Math.max(...done.map((e) => e.end as number), loss.time as number) - origin, 9);
+  });
+
+  it("marks the lost worker's lane from the loss on, and the chunk it lost", () => {
+    const model = timelineModel(folded(log));
+    const at = (loss.time as number) - origin;
+    const [w0, w1] = model.lanes;
+    expect(w0.lost).toEqual([]);
+    expect(w1.lost).toEqual([{ from: at, to: null, reason: loss.reason }]);
+    const lost = model.blocks.filter((b) => b.lost);
+    expect(lost).toHaveLength(1);
+    const [b] = lost;
+    const c = loss.chunk_lost as { run_id: number; epoch: number; chunk: number };
+    expect([model.lanes[b.lane].key, b.run, b.epoch, b.chunk]).toEqual(["w1", c.run_id, c.epoch, c.chunk]);
+    // it started after w1's last logged chunk and after run 1's own previous chunk
+    const bound = Math.max(...done.filter((e) => (e.end as number) <= (loss.time as number)
+      && (e.worker === "w1" || e.run_id === c.run_id)).map((e) => e.end as number)) - origin;
+    expect(b.t0).toBeCloseTo(bound, 9);
+    expect(b.t1).toBeCloseTo(at, 9);
+    expect(b.t0).toBeLessThan(b.t1);
+    expect(b.title).toContain("lost with worker w1");
+    expect(b.title).toContain("trained again on another worker");
+    expect(timelineSummary(model)).toMatch(/^chunk timeline: 9 chunks on 2 workers \(1 lost\) · \d/);
+    expect(foldedSummary(folded(log))).toBe("chunk timeline: 9 chunks on 2 workers (1 lost)");
+  });
+
+  it("shows no loss before the worker_lost event", () => {
+    const model = timelineModel(folded(log.filter((e) => e.seq < loss.seq)));
+    expect(model.lanes.map((l) => [l.key, l.lost.length])).toEqual([["w0", 0], ["w1", 0]]);
+    expect(model.blocks.some((b) => b.lost)).toBe(false);
+    // the workers event alone: both lanes, no blocks, no time yet
+    const early = timelineModel(folded(log.filter((e) => e.seq <= log.find((x) => x.type === "workers")!.seq)));
+    expect(early.lanes.map((l) => l.key)).toEqual(["w0", "w1"]);
+    expect(early.origin).toBeNull();
+    expect(timelineSummary(early)).toBe("chunk timeline (after the first chunk)");
+  });
+
+  it("ends a lost span where a later session's worker of that name trains again", () => {
+    // the same log resumed: a second session whose w1 trains again one minute later
+    const last = log[log.length - 1].seq;
+    const later = done.filter((e) => e.worker === "w1").map((e, i) => ({
+      ...e, seq: last + 1 + i, start: (e.start as number) + 60, end: (e.end as number) + 60, time: (e.time as number) + 60,
+    }));
+    const model = timelineModel(folded([...log, ...later]));
+    const [span] = model.lanes[1].lost;
+    expect(span.to).toBeCloseTo((later[0].start as number) - origin, 9);
+  });
+});
+
+describe("chunk timeline of the in-kernel engine", () => {
+  it("has one lane for the device and no worker wording", () => {
+    const log = readLog("sft_basic");
+    const model = timelineModel(folded(log));
+    expect(model.byWorker).toBe(false);
+    expect(model.lanes.map((l) => [l.key, l.title])).toEqual([["cpu", "device cpu"]]);
+    expect(model.blocks).toHaveLength(chunkDone(log).length);
+    for (const b of model.blocks) {
+      expect(b.title).not.toMatch(/worker|moved/);
+      expect(b.title).toContain("on cpu");
+    }
+    expect(timelineSummary(model)).toMatch(/^chunk timeline: 4 chunks on cpu · /);
+    expect(foldedSummary(folded(log))).toBe("chunk timeline: 4 chunks");
+  });
+
+  it.each(NAMES)("%s: a block per chunk_done, in order, on the time axis from the first chunk", (name) => {
+    const log = readLog(name);
+    const done = chunkDone(log);
+    const model = timelineModel(folded(log));
+    const trained = model.blocks.filter((b) => !b.lost);
+    expect(trained.map((b) => [b.run, b.epoch, b.chunk])).toEqual(done.map((e) => [e.run_id, e.epoch, e.chunk]));
+    expect(Math.min(...trained.map((b) => b.t0))).toBe(0);
+    for (const b of model.blocks) expect(b.t1).toBeGreaterThanOrEqual(b.t0);
+    const lanes = new Set(done.map((e) => (typeof e.worker === "string" ? e.worker : e.device)));
+    for (const l of lanes) expect(model.lanes.map((x) => x.key)).toContain(l);
+    if (name !== "ray_workers") expect(model.byWorker).toBe(false);
+  });
+});
+
+describe("timeline pixels", () => {
+  const state = folded(readLog("ray_workers"));
+  const model = timelineModel(state);
+
+  it("draws each chunk of the Ray log as its own rectangle at panel width", () => {
+    const g = geometry(model, 1000);
+    const rects = layoutRects(model, g);
+    expect(rects).toHaveLength(model.blocks.length);
+    for (const r of rects) {
+      const b = model.blocks[r.blocks[0]];
+      expect(r.x).toBeCloseTo(xOf(g, b.t0), 9);
+      expect(r.run).toBe(b.run);
+      expect(r.lost).toBe(b.lost);
+    }
+    // the axis starts at the gutter and the last chunk ends inside the canvas
+    expect(xOf(g, 0)).toBe(g.gutter);
+    expect(xOf(g, model.span)).toBeLessThan(g.width);
+    // a point inside a rectangle hits it; the gutter hits nothing
+    const r = rects.find((x) => x.w > 10)!;
+    const y = g.top + r.lane * g.laneH + g.laneH / 2;
+    expect(hitTest(rects, g, r.x + r.w / 2, y)).toBe(r);
+    expect(hitTest(rects, g, 5, y)).toBeNull();
+    expect(hitTest(rects, g, r.x + r.w / 2, g.top + model.lanes.length * g.laneH + 5)).toBeNull();
+  });
+
+  it("names the lane under the label and the lost worker over its hatched part", () => {
+    const g = geometry(model, 1000);
+    const at = model.lanes[1].lost[0].from;
+    const mid = (lane: number) => g.top + lane * g.laneH + g.laneH / 2;
+    expect(laneHover(model, g, 10, mid(0))).toBe("worker w0 (w0:cpu, node 192.0.2.2)");
+    const lost = `worker w1 lost at ${at.toFixed(2)} s: The actor is dead because it was killed by \`ray.kill\`.`;
+    expect(laneHover(model, g, 10, mid(1))).toBe(`worker w1 (w1:cpu, node 192.0.2.2); ${lost}`);
+    expect(laneHover(model, g, xOf(g, at) + 20, mid(1))).toBe(lost);
+    expect(laneHover(model, g, xOf(g, at) - 20, mid(1))).toBeNull();
+    expect(laneHover(model, g, xOf(g, at) + 20, mid(0))).toBeNull();
+    expect(laneHover(model, g, 10, mid(2))).toBeNull();
+  });
+
+  it("merges thin chunks, covering every chunk once and keeping the lost one apart", () => {
+    const g = geometry(model, 110); // 38 px for 1.8 s: most chunks are under MIN_BLOCK_PX
+    const rects = layoutRects(model, g);
+    expect(rects.length).toBeLessThan(model.blocks.length);
+    const covered = rects.flatMap((r) => r.blocks).sort((a, b) => a - b);
+    expect(covered).toEqual(model.blocks.map((_, i) => i));
+    for (const r of rects) {
+      if (r.blocks.length > 1) {
+        expect(r.w).toBeLessThanOrEqual(MAX_GROUP_PX + 1e-9);
+        expect(r.lost).toBe(false);
+        expect(r.title).toMatch(/^\d+ short chunks/);
+        for (const i of r.blocks) expect(model.blocks[i].lane).toBe(r.lane);
+      }
+    }
+    const lost = rects.filter((r) => r.lost);
+    expect(lost).toHaveLength(1);
+    expect(lost[0].blocks).toHaveLength(1);
+    expect(lost[0].w).toBeGreaterThanOrEqual(MIN_BLOCK_PX);
+  });
+
+  it("stays bounded with 48 runs and hundreds of chunks", () => {
+    // the recorded kernel-engine chunks, replayed as 48 runs x 12 chunks one after the other
+    const base = chunkDone(readLog("sft_basic"))[0];
+    const events: WireEvent[] = [];
+    let seq = 1;
+    let t = 1000;
+    for (let c = 0; c < 12; c++) {
+      for (let run = 1; run <= 48; run++) {
+        const d = 0.2 + (run % 5) * 0.1;
+        events.push({ ...base, seq: seq++, run_id: run, epoch: 0, chunk: c, start: t, end: t + d, time: t + d });
+        t += d + 0.01;
+      }
+    }
+    const big = timelineModel(folded(events));
+    expect(big.blocks).toHaveLength(576);
+    expect(big.lanes).toHaveLength(1);
+    const g = geometry(big, 900);
+    const rects = layoutRects(big, g);
+    expect(rects.length).toBeLessThanOrEqual((g.width - g.gutter) / 1.5);
+    expect(rects.flatMap((r) => r.blocks)).toHaveLength(576);
+    const wide = layoutRects(big, geometry(big, 6000));
+    expect(wide).toHaveLength(576);
+  });
+
+  it("lays out more chunks than a function call takes arguments", () => {
+    const s = folded(readLog("sft_basic"));
+    const row = s.timeline[0];
+    s.timeline = Array.from({ length: 300_000 }, (_, i) => ({ ...row, start: 5000 - i * 0.01, end: 5000 - i * 0.01 + 0.005 }));
+    const huge = timelineModel(s);
+    expect(huge.origin).toBeCloseTo(5000 - 299_999 * 0.01, 6);
+    const rects = layoutRects(huge, geometry(huge, 1000));
+    expect(rects.length).toBeLessThan(1000);
+  });
+
+  it("picks round ticks", () => {
+    expect(niceTicks(1.8, 4)).toEqual([0, 0.5, 1, 1.5]);
+    expect(niceTicks(10.6, 5)).toEqual([0, 5, 10]);
+    expect(niceTicks(100, 10)).toEqual([0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]);
+    expect(niceTicks(0, 5)).toEqual([0]);
+  });
+
+  it("gives many lanes thinner rows instead of a tall canvas", () => {
+    expect(geometry(model, 800).laneH).toBe(20);
+    const many = { ...model, lanes: Array.from({ length: 32 }, (_, i) => ({ key: `w${i}`, label: `w${i}`, title: "", lost: [] })) };
+    expect(geometry(many, 800).laneH).toBe(10);
+  });
+});
