@@ -205,6 +205,17 @@ export function dragZoom(
   };
 }
 
+/**
+ * Points no line passes through: finite, with no finite neighbour. A run with one eval so far (or
+ * a point between gaps) would otherwise draw nothing where eval markers are off.
+ */
+export function isolatedPoints(y: readonly (number | null)[]): number[] {
+  const ok = (i: number) => i >= 0 && i < y.length && y[i] !== null && Number.isFinite(y[i] as number);
+  const out: number[] = [];
+  for (let i = 0; i < y.length; i++) if (ok(i) && !ok(i - 1) && !ok(i + 1)) out.push(i);
+  return out;
+}
+
 /** Canvas dash pattern for a Plotly dash name, scaled with the line width as Plotly does. */
 export function dashArray(dash: Dash, width: number): number[] {
   const w = Math.max(1, width);
@@ -434,16 +445,18 @@ export class CanvasChart {
         pen = true;
       }
       ctx.stroke();
-      if (s.markers) {
+      const dots = s.markers ? null : isolatedPoints(s.y);
+      if (s.markers || dots!.length) {
         ctx.setLineDash([]);
         ctx.beginPath();
-        for (let i = 0; i < s.x.length; i++) {
+        const r = s.markers ? 2 : Math.max(1.5, s.width);
+        for (const i of dots ?? s.x.keys()) {
           const y = s.y[i];
           if (y === null || !Number.isFinite(y)) continue;
           const px = box.left + (s.x[i] - xr[0]) * kx;
           const py = bottom - (y - yr[0]) * ky;
-          ctx.moveTo(px + 2, py);
-          ctx.arc(px, py, 2, 0, 2 * Math.PI);
+          ctx.moveTo(px + r, py);
+          ctx.arc(px, py, r, 0, 2 * Math.PI);
         }
         ctx.fill();
       }

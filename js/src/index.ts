@@ -276,10 +276,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         if (what.header) renderHeader();
         if (what.charts) renderCharts();
         if (what.table) renderTable();
-        // The time split (a bar row per run) rebuilds its own DOM: never in the same frame as the
-        // curves' redraw and the table, so one frame pays for one of them.
-        if (what.time && (what.charts || what.table)) setTimeout(() => scheduleRender({ time: true }), 0);
-        else if (what.time) renderTimeSplit();
+        // In the same frame as the curves and the table: the bars are a few divs a run, rebuilt at
+        // most every timeSplitInterval. (Deferring it to a frame without chart or table work, as
+        // for Plotly, starved it while events streamed in.)
+        if (what.time) renderTimeSplit();
       } catch (err) {
         say(`panel render error: ${String(err)}`, "error");
       }

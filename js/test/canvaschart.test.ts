@@ -8,6 +8,7 @@ import {
   fmtHover,
   fmtTick,
   fromPx,
+  isolatedPoints,
   nearestPoint,
   niceTicks,
   toPx,
@@ -168,6 +169,13 @@ describe("drag zoom", () => {
     expect(all.x.length).toBe(200);
     expect(all.x[0]).toBe(8);
     expect(all.x[199]).toBe(80000);
+  });
+
+  it("finds the points no line passes through (a run's only eval, a point between gaps)", () => {
+    expect(isolatedPoints([5])).toEqual([0]);
+    expect(isolatedPoints([5, 6])).toEqual([]);
+    expect(isolatedPoints([1, null, 3, null, null, 4, 5, NaN, 6])).toEqual([0, 2, 8]);
+    expect(isolatedPoints([])).toEqual([]);
   });
 
   it("uses the dash styles that tell runs sharing a colour apart, scaled with the width", () => {

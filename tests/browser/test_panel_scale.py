@@ -468,6 +468,21 @@ exp = Experiment("real-48", experiment_path="experiments")
 exp.run_fit(RFGridSearch(config, trainer_type="SFT"), tiny_create_model, train, evals, num_chunks=1)
 """
 
+# The alpha of the eval canvas where a shown run's only point was drawn (null: no such run).
+EVAL_DOT = """(el) => {
+    const gd = el.querySelector('[data-testid=rf-chart-eval]');
+    const c = gd.rfInspect();
+    const v = c.view;
+    const s = c.series.find((t) => t.shown && t.x.length === 1 && t.y[0] !== null);
+    if (!s || !v) return null;
+    const canvas = gd.querySelector('canvas');
+    const k = canvas.width / canvas.clientWidth;
+    const px = v.plot.left + (s.x[0] - v.x[0]) / (v.x[1] - v.x[0]) * v.plot.width;
+    const py = v.plot.top + v.plot.height - (s.y[0] - v.y[0]) / (v.y[1] - v.y[0]) * v.plot.height;
+    const a = canvas.getContext('2d').getImageData(Math.round(px * k), Math.round(py * k), 1, 1).data;
+    return {run: s.runId, x: s.x[0], y: s.y[0], alpha: a[3]};
+}"""
+
 REACH_STOPS = """async (el) => {
     const out = [];
     for (const tr of el.querySelectorAll('[data-testid=rf-runs] tbody tr[data-run-id]')) {
@@ -555,6 +570,15 @@ def test_panel_with_48_real_tiny_model_runs(lab, browser):
         for r in range(1, 21):
             v = int(drawn[r]["color"][1:], 16)
             assert f"rgb({v >> 16}, {(v >> 8) & 255}, {v & 255})" == swatches[str(r)], r
+        # Each run has one eval point so far and past 12 runs eval markers are off: the point is
+        # still drawn (a dot, as no line passes through it); the canvas is opaque there.
+        page.mouse.move(5, 5)
+        time.sleep(0.3)
+        probe = panel.evaluate(EVAL_DOT)
+        assert probe is not None and probe["alpha"] >= 200, probe
+        # The time split keeps up while events stream in (bars for all runs + each trained run).
+        _wait(lambda: panel.locator("[data-testid=rf-time-split] .rf-time-row").count() >= 21, 40,
+              "the time split's bars for 20 trained runs", page)
         timings = panel.evaluate(TIMINGS)
         work = sorted(t["workMs"] for t in timings)
         results["real_48"] = {
