@@ -717,15 +717,17 @@ export function defaultMetric(names: Set<string>, preferred: string): string | n
 }
 
 /**
- * Run colours: tab10, then colours picked greedily for the largest CIELAB distance to those already
- * chosen (light ones left out: they vanish on a white background). Any two of the 24 are at least
- * ΔE76 27 apart (js/test/colors.test.ts checks it). Runs past 24 reuse the colours with a dash style,
- * so 96 runs have distinct (colour, dash) pairs; hovering and pinning tell the rest apart.
+ * Run colours: tab10 (less its dark brown), then colours picked greedily for the largest CIEDE2000
+ * distance to the others among those readable on both a white page and JupyterLab's dark one: at
+ * least 2:1 contrast against white and 3:1 against #212121 (the near-black and light colours of
+ * the first palette vanished on one of the two). Any two of the 24 are at least ΔE76 26 apart
+ * (js/test/scale.test.ts checks both). Runs past 24 reuse the colours with a dash style, so 96 runs
+ * have distinct (colour, dash) pairs; hovering and pinning tell the rest apart.
  */
 export const PALETTE = [
-  "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-  "#bcbd22", "#17becf", "#000000", "#000075", "#f032e6", "#005a32", "#a6761d", "#f99379",
-  "#dcbeff", "#c2b280", "#7a0177", "#e7298a", "#393b79", "#b3446c", "#800000", "#e6ab02",
+  "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#87c3a5", "#e377c2", "#7f7f7f",
+  "#bcbd22", "#17becf", "#007878", "#3c784b", "#f032e6", "#7896ff", "#a6761d", "#f99379",
+  "#a5694b", "#c2b280", "#b4b4d2", "#e7298a", "#697800", "#b3446c", "#4b5aff", "#e6ab02",
 ];
 export type Dash = "solid" | "dash" | "dot" | "dashdot";
 const DASHES: Dash[] = ["solid", "dash", "dot", "dashdot"];
