@@ -967,6 +967,17 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     // Folded: nothing to draw until it opens. Times change with every chunk and a row per run is
     // rebuilt, so the interval grows with the runs shown (2 s up to 8 runs, 12 s at 48).
     const every = timeSplitInterval(state.runs.size);
+    if (timeDetails.open && needsPull(state)) {
+      // Still catching up on the log (a panel shown late): draw once caught up, rather than a
+      // partial split that the cadence would then hold for `every`.
+      if (timeTimer === undefined) {
+        timeTimer = setTimeout(() => {
+          timeTimer = undefined;
+          scheduleRender({ time: true });
+        }, 500);
+      }
+      return;
+    }
     if (timeDetails.open && now - lastTimeDraw < every) {
       if (timeTimer === undefined) {
         timeTimer = setTimeout(() => {
