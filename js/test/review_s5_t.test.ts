@@ -7,7 +7,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { createState, ingest, type PanelState, type WireEvent } from "../src/state";
-import { foldedSummary, geometry, laneHover, timelineModel, timelineSummary, xOf } from "../src/timeline";
+import { foldedSummary, geometry, laneHover, layoutRects, timelineModel, timelineSummary, xOf } from "../src/timeline";
 import { workerCell } from "../src/workers";
 
 const FIXTURES = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "tests", "fixtures", "events");
@@ -120,5 +120,19 @@ describe("review s5_t: hover wording (F8)", () => {
     const first = new Map<number, string>();
     for (const b of model.blocks) if (!b.lost && !first.has(b.run)) first.set(b.run, b.title);
     for (const title of first.values()) expect(title).not.toContain("moved");
+  });
+});
+
+describe("review s5_t: a resumed experiment's time axis (F13)", () => {
+  it("resumed a day later, each session's chunks are still drawn one rectangle each at 1200 px", () => {
+    const day = 86400;
+    const later = copyLog().map((e) => ({
+      ...e, time: (e.time as number) + day,
+      ...(e.type === "chunk_done" ? { start: (e.start as number) + day, end: (e.end as number) + day } : {}),
+    }));
+    const model = timelineModel(fold([...copyLog(), ...later]));
+    const rects = layoutRects(model, geometry(model, 1200));
+    // one session alone: 10 rectangles, one per block; two sessions a day apart: 6 slivers of 1-3 px
+    expect(rects.filter((r) => r.blocks.length > 1)).toEqual([]);
   });
 });
