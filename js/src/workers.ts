@@ -150,7 +150,7 @@ export function createWorkerNotices(): { el: HTMLDivElement; render(state: Panel
       const close = document.createElement("button");
       close.className = "rf-notice-close";
       close.textContent = "×";
-      close.title = "hide this notice in the panel (the event log and get_runs_info keep it)";
+      close.title = "hide this notice in this experiment's panels (the event log, the timeline and %rapidfire status keep it)";
       close.setAttribute("aria-label", "dismiss");
       close.addEventListener("click", () => {
         dismissed.add(n.id);
