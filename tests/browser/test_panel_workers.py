@@ -179,8 +179,10 @@ def test_chunk_timeline_one_lane_per_worker_and_the_lost_one(browser):
         title = button.get_attribute("title") or ""
         assert "get_runs_info" not in title and "%rapidfire status" in title, title
         button.click()
-        notice.wait_for(state="hidden")
-        assert page.locator('[data-testid="rf-worker-lost"] .rf-notice').count() == 0
+        page.locator('[data-testid="rf-worker-lost"] .rf-notice').wait_for(state="detached")
+        # what is hidden can be shown again: "1 worker notice hidden · show"
+        hidden = page.locator('[data-testid="rf-worker-lost"] .rf-notice-hidden')
+        assert hidden.inner_text() == "1 worker notice hidden · show"
         assert _timeline(page)["lanes"][1]["lost"] != []
         page.screenshot(path=str(_conftest.OUTPUT / "workers_dismissed.png"), full_page=True)
         # a panel view of the same experiment opened later remembers the dismissal
@@ -189,7 +191,15 @@ def test_chunk_timeline_one_lane_per_worker_and_the_lost_one(browser):
         again.goto(f"{ORIGIN}/index.html")
         again.wait_for_function("document.querySelectorAll('[data-testid=rf-worker]').length === 3")
         _timeline(again)
-        assert again.locator('[data-testid="rf-worker-lost"]').is_hidden()
+        assert again.locator('[data-testid="rf-worker-lost"] .rf-notice').count() == 0
+        again.locator('[data-testid="rf-worker-lost"] button.rf-notice-show').click()
+        again.locator('[data-testid="rf-worker-lost"] .rf-notice').wait_for(state="visible")
+        assert again.locator('[data-testid="rf-worker-lost"] .rf-notice-hidden').count() == 0
+        # and stays shown in a view opened after that
+        third = context.new_page()
+        third.on("pageerror", lambda err: errors.append(str(err)))
+        third.goto(f"{ORIGIN}/index.html")
+        third.locator('[data-testid="rf-worker-lost"] .rf-notice').wait_for(state="visible")
     finally:
         context.close()
     assert errors == []
