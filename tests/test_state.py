@@ -291,6 +291,7 @@ def test_get_timeline_moved_can_filter_the_kernel_engines_timeline(tmp_path):
         tl = e.get_timeline()
         assert len(tl) == 4
         assert len(tl[tl.moved]) == 0     # None there raised: Cannot mask with non-boolean array
+        assert tl.hop_s.dtype == float and tl.hop_s.isna().all()
     finally:
         e.end()
 
