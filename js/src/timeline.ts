@@ -195,7 +195,7 @@ export function timelineModel(state: PanelState): TimelineModel {
   const spans: { lane: number; span: LostSpan }[] = [];
   for (const loss of state.lostWorkers) {
     const li = lane(loss.worker);
-    let at: number | null = loss.time === null ? null : loss.time - origin;
+    const at: number | null = loss.time === null ? null : loss.time - origin;
     const c = loss.chunk_lost;
     if (at !== null) {
       span = Math.max(span, at);
