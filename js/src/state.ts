@@ -103,6 +103,8 @@ export interface WorkerLoss {
   chunk_lost: { run_id: number; epoch: number; chunk: number } | null;
   workers_left: number | null;
   time: number | null;
+  /** When a later `workers` event listed that name again (a resumed session's new worker); null: lost to the end. */
+  until: number | null;
 }
 
 export interface PanelState {
@@ -427,6 +429,8 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
         run.epoch = int(ev.epoch);
         run.chunk = int(ev.chunk);
       }
+      // The engine logs moved=true for a run's very first chunk too: that one started there.
+      const moved = ev.moved === true && run.worker !== null;
       if (typeof ev.worker === "string") run.worker = ev.worker;
       for (const key of ["train", "eval", "swap", "other"] as const) {
         const v = num(ev[`${key}_s`]);
@@ -437,6 +441,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       }
       const row = {} as TimelineRow;
       for (const c of TIMELINE_COLUMNS) row[c] = ev[c] ?? null;
+      row.moved = moved;
       state.timeline.push(row);
       result.timeChanged = true;
       break;
@@ -469,6 +474,14 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
         const row = workerRow(state, rec.worker as string);
         if (typeof rec.node === "string") row.node = rec.node;
         if (typeof rec.device === "string") row.device = rec.device;
+        if (row.lost) {
+          // A resumed experiment's new pool reuses w0, w1...: listed means live again; the loss
+          // stays in lostWorkers, ended here (by log order, not by comparing clocks).
+          row.lost = false;
+          for (const loss of state.lostWorkers) {
+            if (loss.worker === row.worker && loss.until === null) loss.until = num(ev.time) ?? loss.time ?? 0;
+          }
+        }
       }
       break;
     }
@@ -488,6 +501,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
         chunk_lost: chunkLost,
         workers_left: isInt(ev.workers_left) ? ev.workers_left : null,
         time: num(ev.time),
+        until: null,
       });
       break;
     }

@@ -96,6 +96,7 @@ export const CSS = `
 .rf-notice { display: flex; gap: 6px; align-items: baseline; }
 .rf-panel button.rf-notice-close { padding: 0 5px; line-height: 1.2; color: var(--rf-fg2); background: transparent; border-color: transparent; }
 .rf-panel button.rf-notice-close:hover { border-color: var(--rf-border); color: var(--rf-fg); }
+.rf-panel button.rf-notice-show { border: none; background: none; padding: 0; color: var(--rf-fg2); text-decoration: underline; cursor: pointer; font: inherit; }
 .rf-timeline { position: relative; width: 100%; margin-top: 4px; }
 .rf-timeline-canvas { display: block; }
 .rf-timeline-tip {
