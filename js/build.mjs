@@ -1,4 +1,4 @@
-// Bundles src/index.ts (and plotly.js-basic) into one ESM file, rapidfire_nb/static/panel.js,
+// Bundles src/index.ts (and its imports) into one ESM file, rapidfire_nb/static/panel.js,
 // which the Python Panel widget serves as its anywidget `_esm`. The bundle is committed, so that
 // `pip install` of a clone or a git URL needs no Node.js; `npm run check-bundle` (run by the
 // README's test command, i.e. by CI) rebuilds it in memory and fails when the committed file

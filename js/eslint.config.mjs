@@ -11,7 +11,7 @@ export default tseslint.config(
     files: ["src/**/*.ts", "test/**/*.ts"],
     rules: {
       // an unused argument named _x is deliberate (a callback's signature)
-      // plotly's untyped event payloads are the one place `any` enters; say so, do not fail
+      // `any` is a warning: say so, do not fail
       "@typescript-eslint/no-explicit-any": "warn",
       "@typescript-eslint/no-unused-vars": ["error", { argsIgnorePattern: "^_", varsIgnorePattern: "^_" }],
     },

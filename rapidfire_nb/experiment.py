@@ -767,13 +767,20 @@ class Experiment:
                                      "metric", "value", "deleted"])
 
     def get_timeline(self):
-        """One row per trained chunk: run_id, epoch, chunk, device, start, end and the time split."""
+        """One row per trained chunk: run_id, epoch, chunk, device, start, end, the time split,
+        completed_steps, samples_seen, and on Ray workers: worker, moved (the run came there from
+        another worker or its checkpoint with that chunk; False for a run's first chunk and in the
+        kernel) and hop_s (the Ray round trip beyond the chunk; NaN in the kernel)."""
         import pandas as pd
 
         from rapidfire_nb.engine.state import TIMELINE_COLUMNS
 
         rows = self._state().read(lambda t: [dict(row) for row in t["timeline"]])
-        return pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
+        frame = pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
+        # None (kernel engine, old logs) would make these object columns that cannot filter or sum
+        frame["moved"] = frame["moved"].astype(bool)
+        frame["hop_s"] = pd.to_numeric(frame["hop_s"], errors="coerce").astype(float)
+        return frame
 
     def time_split(self) -> dict:
         """Seconds spent training, evaluating, swapping and on everything else (engine-measured)."""

@@ -7,6 +7,7 @@ no run created, no event logged, no code run.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import time
@@ -138,13 +139,15 @@ def test_status_lists_the_ray_workers_of_the_experiment(shell, capsys, tmp_path)
         assert err == ""
         lines = out.splitlines()
         assert lines[:3] == [
-            "workers: 2 (1 lost)",
+            # resumed, run_fit not called: no engine runs these workers now
+            "workers of the last session (not running now): 2 (1 lost)",
             "  w0  node 192.0.2.2  w0:cpu  last trained run 3 (epoch 1 · chunk 3/3)",
             f"  w1  node 192.0.2.2  w1:cpu  {W1_LOST}; last trained run 2 (epoch 1 · chunk 2/3)",
         ]
-        # resumed, run_fit not called yet: the run table waits for the engine, the log has the runs
-        assert lines[3:] == ["experiment 'ray_workers' has 3 run(s) in its log; call exp.run_fit(...) "
-                             "with the original arguments to continue them"]
+        # resumed, run_fit not called yet: the run table waits for the engine, the log has the runs,
+        # all completed (the log ends with experiment_end): nothing to continue
+        assert lines[3:] == ["experiment 'ray_workers' has 3 run(s) in its log, none left to train "
+                             "(3 completed); exp.get_results() and exp.get_runs_info() read them"]
     finally:
         e.end()   # no longer current: the module's experiment below becomes the current one
 
@@ -477,3 +480,89 @@ def test_status_names_the_run_each_live_worker_trains(shell, capsys, tmp_path, t
         if e is not None:
             e.end()
         ray.shutdown()
+
+
+# -- resumed, damaged and deleted versions of the recorded Ray experiment (a review, session 5) ------
+
+def _experiment_from(log: Path, root: Path, name: str = "ray_workers") -> Experiment:
+    folder = root / name
+    folder.mkdir()
+    shutil.copyfile(log, folder / "events.jsonl")
+    (folder / "experiment.json").write_text(json.dumps({"name": name, "version": "0"}))
+    return Experiment(name, experiment_path=root, resume=True)
+
+
+def _resumed_events() -> list[dict]:
+    """The log, then a second session (resume=True in a new kernel): its new pool names the workers
+    w0, w1 again (pool.py _add_worker), and the new w1 trains run 3."""
+    events = read_events(RAY_LOG)
+    last = events[-1]
+    workers = copy.deepcopy(next(e for e in events if e["type"] == "workers"))
+    chunk = copy.deepcopy([e for e in events if e["type"] == "chunk_done"][-1])
+    seq, t = last["seq"], last["time"]
+    workers.update(seq=seq + 2, time=t + 55)
+    chunk.update(seq=seq + 3, worker="w1", device="w1:cpu", start=t + 56, end=t + 57, time=t + 57)
+    return events + [{"seq": seq + 1, "time": t + 50, "type": "experiment", "name": "ray_workers",
+                      "path": events[0]["path"], "resumed": True}, workers, chunk]
+
+
+def test_status_does_not_call_a_later_sessions_worker_of_the_same_name_lost():
+    lines = M.worker_lines(fold(_resumed_events()), {"w1": 3})
+    (w1,) = [ln for ln in lines if ln.strip().startswith("w1 ")]
+    assert "LOST" not in w1, w1
+    assert "training run 3" in w1, w1
+    assert lines[0] == "workers: 2", lines[0]
+    # not running: the header says these are the last session's workers, and nothing trains
+    idle = M.worker_lines(fold(_resumed_events()), {"w1": 3}, live=False)
+    assert idle[0] == "workers of the last session (not running now): 2"
+    assert not any("training run" in ln for ln in idle)
+
+
+def test_status_survives_a_chunk_done_with_a_malformed_epoch():
+    events = read_events(RAY_LOG)
+    for e in events:
+        if e["type"] == "chunk_done" and e["worker"] == "w0":
+            e["epoch"] = "x"
+    # the reducer skips malformed fields ("never raised"); status must not raise on them either
+    lines = M.worker_lines(fold(events))
+    assert lines[0] == "workers: 2 (1 lost)"
+    assert lines[1] == "  w0  node 192.0.2.2  w0:cpu  last trained run 3"
+
+
+def test_status_without_epoch_and_chunk_says_only_the_run_last_trained():
+    events = read_events(RAY_LOG)
+    for e in events:
+        if e["type"] == "chunk_done":
+            e.pop("epoch")
+            e.pop("chunk")
+    lines = M.worker_lines(fold(events))
+    assert not any("(no chunk trained)" in ln for ln in lines), lines
+    assert lines[2].endswith("; last trained run 2"), lines
+
+
+def test_status_with_a_blank_ray_reason_has_no_empty_lost_text():
+    events = read_events(RAY_LOG)
+    for e in events:
+        if e["type"] == "worker_lost":
+            e["reason"] = "\n  \n"
+    lines = M.worker_lines(fold(events))
+    assert not any("LOST: ;" in ln or ln.rstrip().endswith("LOST:") for ln in lines), lines
+    assert "LOST; runs 1, 2 continue" in lines[2]
+
+
+def test_status_does_not_repeat_the_error_type_of_a_ray_task_error():
+    assert M._reason_text("RayTaskError(ValueError): ray::ChunkWorker.train_chunk()\n"
+                          "  File \"x.py\", line 1\nValueError: boom") == "RayTaskError(ValueError): boom"
+    assert M._reason_text("ActorDiedError: The actor died\nmore\nit was killed.") == "ActorDiedError: it was killed"
+
+
+def test_status_says_the_experiment_folder_is_gone(shell, capsys, tmp_path):
+    e = _experiment_from(RAY_LOG, tmp_path)
+    try:
+        shutil.rmtree(tmp_path / "ray_workers")
+        out, err, _ = run(shell, capsys, "status")
+        text = out + err
+        assert "run_fit" not in text, text        # nothing to continue: the checkpoints are gone
+        assert "'ray_workers'" in err and "no longer exists (deleted?)" in err, text
+    finally:
+        e.end()

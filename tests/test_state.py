@@ -100,7 +100,7 @@ def test_ray_workers_table_names_each_runs_worker_and_the_lost_one():
     (event,) = [e for e in events if e["type"] == "worker_lost"]
     assert lost == {"worker": "w1", "node": event["node"], "reason": event["reason"], "runs": [1, 2],
                     "chunk_lost": {"run_id": 1, "epoch": 0, "chunk": 1}, "workers_left": 1,
-                    "time": event["time"]}
+                    "time": event["time"], "until": None}
     assert "ray.kill" in lost["reason"]
     # each run's worker is the one of its last chunk_done, not of its first
     for run in table["runs"].values():
@@ -135,7 +135,7 @@ def test_worker_events_from_a_damaged_or_partial_log():
     assert table["workers"] == [{"worker": "w0", "node": "n1", "device": None, "lost": False},
                                 {"worker": "w3", "node": None, "device": None, "lost": True}]
     assert table["lost_workers"] == [{"worker": "w3", "node": None, "reason": "boom", "runs": [1, 3],
-                                      "chunk_lost": None, "workers_left": 1, "time": 2.0}]
+                                      "chunk_lost": None, "workers_left": 1, "time": 2.0, "until": None}]
 
 
 def test_every_metric_point_is_at_samples_seen():
@@ -241,3 +241,57 @@ def test_the_reducer_pulls_in_no_torch_and_no_engine_machinery():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_workers_event_listing_a_lost_worker_again_makes_it_live():
+    """A resumed experiment's new pool names its workers w0, w1 again: the later `workers` event
+    marks w1 live; the loss stays in lost_workers, ended (by log order) at that event's time."""
+    events = events_of("ray_workers")
+    last = events[-1]
+    listing = {**next(e for e in events if e["type"] == "workers"), "seq": last["seq"] + 1, "time": last["time"] + 5}
+    table = S.fold(events + [listing])
+    assert [(w["worker"], w["lost"]) for w in table["workers"]] == [("w0", False), ("w1", False)]
+    (lost,) = table["lost_workers"]
+    assert lost["worker"] == "w1" and lost["until"] == listing["time"]
+    # a later loss of the new w1 is a second entry, open again
+    again = {**next(e for e in events if e["type"] == "worker_lost"), "seq": last["seq"] + 2, "time": last["time"] + 9}
+    table = S.fold(events + [listing, again])
+    assert table["workers"][1]["lost"] is True
+    assert [(x["time"], x["until"]) for x in table["lost_workers"]] == [
+        (lost["time"], listing["time"]), (again["time"], None)]
+
+
+def test_moved_is_false_for_a_runs_first_chunk_and_in_the_kernel_engine():
+    """The engine logs moved=True when a run arrives on a worker, its very first chunk included;
+    get_timeline's `moved` means it came from another worker (or its checkpoint), so a run's first
+    chunk says False, and the kernel engine (no moved field) says False too: tl[tl.moved] works."""
+    events = events_of("ray_workers")
+    rows = S.fold(events)["timeline"]
+    first = {}
+    for e in events:
+        if e["type"] == "chunk_done":
+            first.setdefault(e["run_id"], e["seq"])
+    done = [e for e in events if e["type"] == "chunk_done"]
+    assert [r["moved"] for r in rows] == [e["moved"] and first[e["run_id"]] != e["seq"] for e in done]
+    assert sum(r["moved"] for r in rows) == 3       # run 3 w1->w0, run 1 after the loss, run 2 w1->w0
+    assert sum(e["moved"] for e in done) == 6       # what the engine logged
+    kernel = S.fold(events_of("sft_basic"))["timeline"]
+    assert kernel and all(r["moved"] is False for r in kernel)
+
+
+def test_get_timeline_moved_can_filter_the_kernel_engines_timeline(tmp_path):
+    from rapidfire_nb import Experiment
+
+    folder = tmp_path / "sft_basic"
+    folder.mkdir()
+    (folder / "events.jsonl").write_text((FIXTURES / "sft_basic.jsonl").read_text())
+    (folder / "experiment.json").write_text(json.dumps({"name": "sft_basic", "version": "0"}))
+    e = Experiment("sft_basic", experiment_path=tmp_path, resume=True)
+    try:
+        tl = e.get_timeline()
+        assert len(tl) == 4
+        assert len(tl[tl.moved]) == 0     # None there raised: Cannot mask with non-boolean array
+        assert tl.hop_s.dtype == float and tl.hop_s.isna().all()
+    finally:
+        e.end()
+

@@ -112,6 +112,6 @@ def test_clone_installs_without_node(tmp_path):
 
     assert digest == hashlib.sha256(BUNDLE.read_bytes()).hexdigest(), "the installed bundle is not the committed one"
     installed = Path(bundle).read_text(encoding="utf-8")
-    assert "extendTraces" in installed and "rf-panel" in installed  # the real view, plotly inside
+    assert "rfInspect" in installed and "rf-panel" in installed  # the real view, its canvas charts inside
     record = next(Path(purelib).glob("rapidfire_nb-*.dist-info/RECORD")).read_text()
     assert "rapidfire_nb/static/panel.js" in record and "node_modules" not in record

@@ -3,10 +3,10 @@
  *
  * Works the same in JupyterLab, Notebook 7, VS Code and Colab because it uses only the plain
  * anywidget model API (`model.get/on/off/send`). The state lives in ./state.ts (tested alone);
- * this file turns state changes into DOM updates and Plotly calls: each chart keeps its own copy
- * of its figure, changes it in place, and hands a frame's changes to Plotly in one `react`.
+ * this file turns state changes into DOM updates and canvas draws: each chart keeps its own copy
+ * of its traces, changes them in place, and draws a frame's changes in one canvas pass
+ * (./canvaschart.ts).
  */
-import Plotly from "plotly.js-basic-dist-min";
 import type { AnyModel, RenderProps } from "@anywidget/types";
 import { Client, type Reply } from "./client";
 import { CSS } from "./style";
@@ -14,7 +14,8 @@ import { CloneSubmitter } from "./cloneform";
 import { suggestedRuns, suggestionOpen } from "./suggest";
 import { createWorkerNotices, hasWorkers, workerCell } from "./workers";
 import { createTimelineView } from "./timeline";
-import { evalMarkers, timeSplitInterval } from "./scale";
+import { drawSeries, seriesStyles, TIME_COLORS, timeBars, timeSplitInterval } from "./scale";
+import { CanvasChart, type Range, type RungMark } from "./canvaschart";
 import { loadPrefs, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
 import {
   applySnapshot,
@@ -73,8 +74,6 @@ const OP_WORDS: Record<SimpleOp, string> = {
 };
 
 const PULL_INTERVAL_MS = 1000;
-/** Pixels above the time split's bars for its legend (one line of 10 px labels). */
-const TIME_LEGEND_PX = 24;
 /** Pull anyway when no push arrived for this long (Colab drops background-thread pushes). */
 const PUSH_SILENCE_MS = 2500;
 
@@ -93,59 +92,25 @@ function h<K extends keyof HTMLElementTagNameMap>(
   return el;
 }
 
-function themeLayout(root: HTMLElement): Record<string, unknown> {
-  const color = getComputedStyle(root).color || "#1f2328";
-  return {
-    paper_bgcolor: "rgba(0,0,0,0)",
-    plot_bgcolor: "rgba(0,0,0,0)",
-    font: { color, size: 11 },
-    // No legend: with dozens of runs it would take the chart's space. Hovering a curve names its
-    // run, the table's colour swatches are the key, and hovering a row highlights its curves.
-    margin: { l: 48, r: 8, t: 8, b: 36 },
-    showlegend: false,
-    hovermode: "closest",
-    // From zero: a chart whose runs have one point each still gets a readable axis (0..x).
-    xaxis: { gridcolor: "rgba(128,128,128,0.2)", zeroline: false, rangemode: "tozero" },
-    yaxis: { gridcolor: "rgba(128,128,128,0.2)", zeroline: false },
-  };
-}
-
-function toPlotlyTrace(t: TraceSpec, split: "train" | "eval", xLabel: string, metric: string): Record<string, unknown> {
-  return {
-    // plotly.js-basic has no scattergl; bounded point counts (LTTB) keep SVG lines fast instead.
-    type: "scatter",
-    // Train curves have a point per step: markers would be thousands of SVG nodes. Eval curves
-    // have one point per chunk, and the markers show where the evaluations are.
-    mode: evalMarkers(split, 0, false),
-    name: t.name,
-    x: t.x,
-    y: t.y,
-    opacity: t.faded ? 0.35 : 1,
-    line: { color: t.color, width: 1.5, dash: t.dash },
-    marker: { color: t.color, size: 4 },
-    hovertemplate: `${t.name}<br>${xLabel} %{x}<br>${metric} %{y:.5g}<extra></extra>`,
-    meta: { runId: t.runId },
-  };
-}
-
 interface Chart {
   book: ChartBook;
   div: HTMLDivElement;
   waiting: HTMLDivElement;
   select: HTMLSelectElement;
   xLabel: string;
-  queue: Promise<unknown>;
+  plot: CanvasChart;
   options: string[];
   /** The metric shown until the user picks another (when some run logs it). */
   preferred: string;
-  /** The visibility/opacity/width last applied to the traces (skip identical restyles). */
+  /** The emphasis last applied to the traces (skip identical redraws). */
   emphasisKey: string;
-  /** The pruning rungs last drawn as annotations (skip identical relayouts). */
+  /** The pruning rungs last drawn (skip identical redraws). */
   rungKey: string;
-  listening: boolean;
-  /** What Plotly is to show: this chart's traces and layout, changed in place between flushes. */
-  fig: { data: Record<string, unknown>[]; layout: Record<string, unknown> };
-  /** `fig` changed since Plotly last got it. */
+  /** What the canvas is to show, one trace per run in `book.order`, changed in place between draws. */
+  traces: TraceSpec[];
+  styles: ReturnType<typeof seriesStyles>;
+  rungs: RungMark[];
+  /** Changed since the canvas last drew. */
   dirty: boolean;
 }
 
@@ -153,13 +118,13 @@ interface Chart {
 interface UpdateTiming {
   events: number;
   runs: number;
-  /** ingest (state) + render (DOM and Plotly) work, excluding the wait for an animation frame. */
+  /** ingest (state) + render (DOM and canvas) work, excluding the wait for an animation frame. */
   workMs: number;
   ingestMs: number;
   renderMs: number;
   /** From the message's arrival to the charts being drawn, the frame wait included. */
   wallMs: number;
-  /** The Plotly calls this update made ("train:replace", "eval:emphasis", ...): each redraws. */
+  /** What this update changed in the charts ("train:extend", "eval:emphasis", "train:draw", ...). */
   calls: string[];
 }
 
@@ -190,9 +155,21 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const head = h("div", { class: "rf-chart-head", title: "drag to zoom, double-click to zoom out" },
       [label, select, `vs ${xLabel}`]);
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
+    const plot = new CanvasChart(div, {
+      xLabel,
+      // A zoomed range redraws at full resolution inside it (planChart resets on a new range).
+      onZoom: (range: Range | null) => {
+        chart.book.range = range;
+        chart.dirty = true;
+        scheduleRender({ charts: true });
+      },
+      onHover: (id: number | null) => {
+        for (const [rid, row] of rows) row.tr.classList.toggle("rf-hot", rid === id);
+      },
+    });
     const chart: Chart = {
-      book: createChartBook(split, null), div, waiting, select, xLabel, queue: Promise.resolve(), options: [], preferred,
-      emphasisKey: "", rungKey: "", listening: false, fig: { data: [], layout: {} }, dirty: false,
+      book: createChartBook(split, null), div, waiting, select, xLabel, plot, options: [], preferred,
+      emphasisKey: "", rungKey: "", traces: [], styles: [], rungs: [], dirty: false,
     };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
@@ -274,7 +251,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
 
   // --- rendering, coalesced into one animation frame --------------------------------------------
   let pendingRender = { charts: false, table: false, time: false, header: false };
-  // The Plotly calls of the frame being rendered, for the update timings (each is a redraw).
+  // What the frame being rendered changed in the charts, for the update timings.
   let callLog: string[] = [];
   const noteCall = (what: string) => callLog.push(what);
   let renderScheduled = false;
@@ -299,22 +276,21 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         if (what.header) renderHeader();
         if (what.charts) renderCharts();
         if (what.table) renderTable();
-        // The time split is a Plotly redraw of its own (a bar per run): never in the same frame
-        // as the curves' redraw, so one frame pays for one of them.
-        if (what.time && (what.charts || what.table)) setTimeout(() => scheduleRender({ time: true }), 0);
-        else if (what.time) renderTimeSplit();
+        // In the same frame as the curves and the table: the bars are a few divs a run, rebuilt at
+        // most every timeSplitInterval. (Deferring it to a frame without chart or table work, as
+        // for Plotly, starved it while events streamed in.)
+        if (what.time) renderTimeSplit();
       } catch (err) {
         say(`panel render error: ${String(err)}`, "error");
       }
       if (update !== null) {
+        // The canvas draws synchronously: when render returns, the charts are drawn.
         const u = update;
         update = null;
-        void Promise.all(charts.map((c) => c.queue)).then(() => {
-          const end = performance.now();
-          recordTiming({
-            events: u.events, runs: state.runs.size, ingestMs: u.ingestMs, renderMs: end - renderStart,
-            workMs: u.ingestMs + (end - renderStart), wallMs: end - u.start, calls: frameCalls,
-          });
+        const end = performance.now();
+        recordTiming({
+          events: u.events, runs: state.runs.size, ingestMs: u.ingestMs, renderMs: end - renderStart,
+          workMs: u.ingestMs + (end - renderStart), wallMs: end - u.start, calls: frameCalls,
         });
       }
     };
@@ -369,98 +345,58 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   }
 
   /**
-   * Apply a plan to the chart's own copy of its figure (no Plotly call here). Every change of a
-   * frame (new points, new traces, names, emphasis, rungs) then reaches Plotly as one `react`
-   * (flushChart): each Plotly call redraws the whole plot, and at 48 runs one redraw costs tens of
-   * milliseconds, so the calls, not the points, are what an update must keep few.
+   * Apply a plan to the chart's own copy of its traces (no drawing here). Every change of a frame
+   * (new points, new traces, names, emphasis, rungs) then reaches the canvas as one draw
+   * (flushChart).
    */
   function applyPlan(chart: Chart, plan: ChartPlan): void {
-    const metric = chart.book.metric ?? "";
     const split = chart.book.split;
-    const trace = (t: TraceSpec) => toPlotlyTrace(t, split, chart.xLabel, metric);
-    const fig = chart.fig;
     if (plan.reset || plan.add.length) chart.emphasisKey = "";
     if (plan.reset) {
-      const base = themeLayout(root);
-      fig.layout = {
-        ...base,
-        xaxis: { ...(base.xaxis as object), title: { text: chart.xLabel, font: { size: 11 } } },
-        yaxis: { ...(base.yaxis as object), title: { text: metric, font: { size: 11 } } },
-        uirevision: metric,
-      };
-      fig.data = plan.traces.map(trace);
+      chart.traces = plan.traces;
       chart.rungKey = "";
       chart.dirty = true;
       noteCall(`${split}:reset`);
       return;
     }
     if (plan.add.length) {
-      fig.data.push(...plan.add.map(trace));
+      chart.traces.push(...plan.add);
       noteCall(`${split}:add`);
     }
     plan.replace.indices.forEach((idx, k) => {
-      fig.data[idx] = { ...fig.data[idx], x: plan.replace.x[k], y: plan.replace.y[k] };
+      chart.traces[idx] = { ...chart.traces[idx], x: plan.replace.x[k], y: plan.replace.y[k] };
     });
     if (plan.replace.indices.length) noteCall(`${split}:replace`);
     plan.extend.indices.forEach((idx, k) => {
-      const old = fig.data[idx] as { x: number[]; y: (number | null)[] };
-      // New arrays: react sees a changed trace by its arrays' identity.
-      fig.data[idx] = { ...fig.data[idx], x: old.x.concat(plan.extend.x[k]), y: old.y.concat(plan.extend.y[k]) };
+      // The trace's arrays are its own copies (drawnPoints slices), so they grow in place.
+      const t = chart.traces[idx];
+      for (const v of plan.extend.x[k]) t.x.push(v);
+      for (const v of plan.extend.y[k]) t.y.push(v);
     });
     if (plan.extend.indices.length) noteCall(`${split}:extend`);
     plan.restyle.indices.forEach((idx, k) => {
-      // Fading itself is applied with the emphasis, which knows about hover and pins.
-      fig.data[idx] = { ...fig.data[idx], name: plan.restyle.name[k] };
+      chart.traces[idx] = { ...chart.traces[idx], name: plan.restyle.name[k], faded: plan.restyle.faded[k] };
       chart.emphasisKey = "";
     });
     chart.dirty = chart.dirty || !planIsEmpty(plan);
   }
 
-  /** Hand the frame's changes of one chart to Plotly in one call (see applyPlan). */
+  /** Draw the frame's changes of one chart in one canvas pass (see applyPlan). */
   function flushChart(chart: Chart): void {
     if (!chart.dirty) return;
     chart.dirty = false;
-    const { data, layout } = chart.fig;
-    // No toolbar: it floats over the top right of the plot and hides points there; drag zooms and a
-    // double-click zooms out without it.
-    // showTips: false - plotly's "Double-click to zoom back out" notice lands over JupyterLab's
-    // toolbar; the chart head's tooltip says how zoom works.
-    const config = { displaylogo: false, responsive: true, displayModeBar: false, showTips: false };
-    noteCall(`${chart.book.split}:react`);
-    chart.queue = chart.queue
-      .then(() => Plotly.react(chart.div, [...data], layout, config))
-      .then(() => listen(chart))
-      .catch((err) => {
-        // Whatever failed, the next render redraws this chart from the state.
-        chart.book.drawnMetric = null;
-        chart.emphasisKey = "";
-        chart.rungKey = "";
-        say(`chart error: ${String(err)}`, "error");
-      });
-  }
-
-  /** Zoom follows plotly's relayout events: a range redraws at full resolution inside it. */
-  function listen(chart: Chart): void {
-    const div = chart.div as unknown as { on?: (ev: string, fn: (d: any) => void) => void };
-    if (chart.listening || typeof div.on !== "function") return;
-    chart.listening = true;
-    div.on("plotly_relayout", (ev: Record<string, unknown>) => {
-      let range: [number, number] | null | undefined;
-      const r0 = ev["xaxis.range[0]"], r1 = ev["xaxis.range[1]"], r = ev["xaxis.range"];
-      if (typeof r0 === "number" && typeof r1 === "number") range = [r0, r1];
-      else if (Array.isArray(r) && typeof r[0] === "number" && typeof r[1] === "number") range = [r[0], r[1]];
-      else if (ev["xaxis.autorange"] === true) range = null;
-      if (range === undefined) return;
-      chart.book.range = range;
-      scheduleRender({ charts: true });
-    });
-    div.on("plotly_hover", (d: { points?: { curveNumber: number }[] }) => {
-      const id = chart.book.order[d.points?.[0]?.curveNumber ?? -1];
-      for (const [rid, row] of rows) row.tr.classList.toggle("rf-hot", rid === id);
-    });
-    div.on("plotly_unhover", () => {
-      for (const row of rows.values()) row.tr.classList.remove("rf-hot");
-    });
+    noteCall(`${chart.book.split}:draw`);
+    try {
+      chart.plot.setXZoom(chart.book.drawnRange);
+      chart.plot.setData(drawSeries(chart.traces, chart.styles), chart.rungs, chart.book.drawnMetric ?? "");
+      chart.plot.draw();
+    } catch (err) {
+      // Whatever failed, the next render redraws this chart from the state.
+      chart.book.drawnMetric = null;
+      chart.emphasisKey = "";
+      chart.rungKey = "";
+      say(`chart error: ${String(err)}`, "error");
+    }
   }
 
   // --- emphasis: hover a row to highlight its curves, click to pin, swatch to hide, filters ------
@@ -471,42 +407,23 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
 
   function emphasize(chart: Chart): void {
     const order = chart.book.order;
-    if (chart.book.drawnMetric === null || order.length === 0) return;
+    if (chart.book.drawnMetric === null) return;
     const focus = new Set(pinned);
     if (hoverRun !== null) focus.add(hoverRun);
-    const visible: boolean[] = [];
-    const opacity: number[] = [];
-    const width: number[] = [];
-    for (const id of order) {
-      const run = state.runs.get(id);
-      visible.push(!!run && runShown(run, hide) && !hiddenRuns.has(id));
-      const faded = run ? isCollapsible(run) : false;
-      if (focus.size > 0) {
-        opacity.push(focus.has(id) ? 1 : 0.12);
-        width.push(focus.has(id) ? 3 : 1.5);
-      } else {
-        opacity.push(faded ? 0.35 : 1);
-        width.push(1.5);
-      }
-    }
     // Eval markers (one per chunk) of dozens of runs pile into a solid band: past a few runs only
     // the hovered or pinned runs show theirs; the curves still answer hover at every point.
-    const shown = visible.filter(Boolean).length;
-    const mode = order.map((id) => evalMarkers(chart.book.split, shown, focus.has(id)));
-    const key = JSON.stringify([visible, opacity, width, mode]);
+    const styles = seriesStyles(state, order, chart.book.split, focus, hiddenRuns, hide);
+    const key = JSON.stringify(styles);
     if (key === chart.emphasisKey) return;
     chart.emphasisKey = key;
+    chart.styles = styles;
     noteCall(`${chart.book.split}:emphasis`);
-    chart.fig.data = chart.fig.data.map((t, i) => {
-      const line = t.line as Record<string, unknown>;
-      return { ...t, visible: visible[i], opacity: opacity[i], mode: mode[i], line: { ...line, width: width[i] } };
-    });
     chart.dirty = true;
   }
 
   /**
-   * Mark where each shown pruned run was cut: an "x" at its last eval point, the pruner's reason on
-   * hover. Annotations, not traces, so trace indices stay one per run for the plans above.
+   * Mark where each shown pruned run was cut: a cross at its last eval point, the pruner's reason
+   * on hover.
    */
   function markRungs(chart: Chart): void {
     if (chart.book.drawnMetric === null) return;
@@ -517,12 +434,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const key = JSON.stringify(rungs);
     if (key === chart.rungKey) return;
     chart.rungKey = key;
+    chart.rungs = rungs;
     noteCall(`${chart.book.split}:rungs`);
-    const annotations = rungs.map((r) => ({
-      x: r.x, y: r.y, xref: "x", yref: "y", text: "\u2715", showarrow: false,
-      font: { color: r.color, size: 14 }, hovertext: r.text, name: `rung ${r.runId}`,
-    }));
-    chart.fig.layout = { ...chart.fig.layout, annotations };
     chart.dirty = true;
   }
 
@@ -1051,9 +964,20 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   let timeTimer: ReturnType<typeof setTimeout> | undefined;
   function renderTimeSplit(): void {
     const now = Date.now();
-    // Folded: nothing to draw until it opens. At 48 runs a redraw is a few tens of ms, so the
-    // interval grows with the runs shown (2 s up to 8 runs, 12 s at 48).
+    // Folded: nothing to draw until it opens. Times change with every chunk and a row per run is
+    // rebuilt, so the interval grows with the runs shown (2 s up to 8 runs, 12 s at 48).
     const every = timeSplitInterval(state.runs.size);
+    if (timeDetails.open && needsPull(state)) {
+      // Still catching up on the log (a panel shown late): draw once caught up, rather than a
+      // partial split that the cadence would then hold for `every`.
+      if (timeTimer === undefined) {
+        timeTimer = setTimeout(() => {
+          timeTimer = undefined;
+          scheduleRender({ time: true });
+        }, 500);
+      }
+      return;
+    }
     if (timeDetails.open && now - lastTimeDraw < every) {
       if (timeTimer === undefined) {
         timeTimer = setTimeout(() => {
@@ -1074,45 +998,42 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       `engine time ${fmtSeconds(fig.total)}: train ${pct(fig.values.train[0])} · eval ${pct(fig.values.eval[0])} · ` +
       `swap ${pct(fig.values.swap[0])} · other ${pct(fig.values.other[0])} (overhead ${(fig.overhead * 100).toFixed(1)}%)`;
     if (!timeDetails.open) return;
-    const colors = { train: "#1a7f37", eval: "#0b61a4", swap: "#b58900", other: "#8a8a8a" };
-    const rowsRev = [...fig.rows].reverse();
-    // Each run's label carries its chart colour, so the time split reads with the same key.
-    const tickText = rowsRev.map((r) => {
-      const id = Number(r.replace(/^run /, ""));
-      return Number.isInteger(id) && r.startsWith("run ") ? `<span style="color:${runColor(id)}">${runKey(id).glyph}</span> ${r}` : r;
-    });
-    const data = fig.categories.map((c) => ({
-      type: "bar",
-      orientation: "h",
-      name: c,
-      y: rowsRev,
-      x: [...fig.values[c]].reverse(),
-      marker: { color: colors[c] },
-      hovertemplate: `%{y} ${c}: %{x:.2f} s<extra></extra>`,
+    noteCall("time:render");
+    // Stacked bars on one seconds scale, as plain DOM: a bar row per run is a handful of divs, and
+    // each run's label carries its chart colour and dash glyph, so it reads with the same key.
+    const legend = h("div", { class: "rf-time-legend" }, fig.categories.map((c) => {
+      const key = h("span", { class: "rf-time-key" });
+      key.style.background = TIME_COLORS[c];
+      return h("span", {}, [key, c]);
     }));
-    const base = themeLayout(root);
-    // 22 px a row for a few runs; thinner rows (12 px at least) at 48 runs rather than a chart a
+    // 22 px a row for a few runs; thinner rows (12 px at least) at 48 runs rather than a block a
     // screen tall.
     const rowPx = Math.max(12, Math.min(22, 500 / fig.rows.length));
-    const layout = {
-      ...base,
-      barmode: "stack",
-      height: TIME_LEGEND_PX + 66 + rowPx * fig.rows.length,
-      // The legend gets its own strip above the bars (a fixed pixel margin, anchored at the plot's
-      // top edge): a paper-fraction offset covered the bars with one or two runs and left a gap
-      // at 48.
-      margin: { l: 70, r: 8, t: TIME_LEGEND_PX, b: 30 },
-      legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", font: { size: 10 } },
-      showlegend: true,
-      xaxis: { ...(base.xaxis as object), title: { text: "seconds", font: { size: 11 } } },
-      yaxis: {
-        ...(base.yaxis as object), tickmode: "array", tickvals: rowsRev, ticktext: tickText,
-        // Labels a pixel shorter than their row, so thin rows at 48 runs do not touch.
-        tickfont: { size: Math.min(11, rowPx - 2) },
-      },
-    };
-    noteCall("time:react");
-    void Plotly.react(timeDiv, data, layout, { displaylogo: false, displayModeBar: false, showTips: false, responsive: true });
+    const rowsEl = timeBars(fig).map((bar) => {
+      const label = h("span", { class: "rf-time-label" });
+      if (bar.runId !== null) {
+        const glyph = h("span", { text: runKey(bar.runId).glyph });
+        glyph.style.color = runColor(bar.runId);
+        label.append(glyph, ` ${bar.label}`);
+      } else {
+        label.textContent = bar.label;
+      }
+      const fill = h("span", { class: "rf-time-fill" }, bar.segments.filter((g) => g.seconds > 0).map((g) => {
+        const seg = h("span", { title: `${bar.label} ${g.category}: ${g.seconds.toFixed(2)} s` });
+        seg.style.width = `${g.pct}%`;
+        seg.style.background = TIME_COLORS[g.category];
+        return seg;
+      }));
+      fill.style.width = `${bar.widthPct}%`;
+      const row = h("div", {
+        class: "rf-time-row",
+        title: `${bar.label}: ${bar.segments.map((g) => `${g.category} ${g.seconds.toFixed(2)} s`).join(" · ")}`,
+      }, [label, h("span", { class: "rf-time-track" }, [fill]), h("span", { class: "rf-time-total", text: fmtSeconds(bar.total) })]);
+      row.style.height = `${rowPx}px`;
+      row.style.fontSize = `${Math.min(11, rowPx - 2)}px`;
+      return row;
+    });
+    timeDiv.replaceChildren(legend, ...rowsEl);
   }
 
   // --- protocol: push, pull, snapshot -----------------------------------------------------------
@@ -1226,11 +1147,15 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     if (needsPull(state) || now - lastPushAt > PUSH_SILENCE_MS) requestPull();
   }, PULL_INTERVAL_MS);
 
-  // Plotly's `responsive` only follows window resizes; notebook panes resize on their own.
+  // Notebook panes resize on their own, not only with the window.
   const resizeObserver =
     typeof ResizeObserver === "function"
-      ? new ResizeObserver(() => {
-          for (const c of charts) if (c.div.offsetWidth > 0 && c.book.drawnMetric !== null) void Plotly.Plots.resize(c.div);
+      ? new ResizeObserver((entries) => {
+          for (const e of entries) {
+            const c = charts.find((ch) => ch.div === e.target);
+            const box = e.contentRect;
+            if (c && box.width > 0 && c.plot.resize(box.width, box.height)) c.plot.draw();
+          }
         })
       : null;
   for (const c of charts) resizeObserver?.observe(c.div);
@@ -1245,8 +1170,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     m.off("change:snapshot", onSnapshot);
     resizeObserver?.disconnect();
     client.dispose();
-    for (const c of charts) Plotly.purge(c.div);
-    Plotly.purge(timeDiv);
+    for (const c of charts) c.plot.destroy();
+    timeDiv.replaceChildren();
     el.replaceChildren();
   };
 }

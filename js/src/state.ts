@@ -103,6 +103,8 @@ export interface WorkerLoss {
   chunk_lost: { run_id: number; epoch: number; chunk: number } | null;
   workers_left: number | null;
   time: number | null;
+  /** When a later `workers` event listed that name again (a resumed session's new worker); null: lost to the end. */
+  until: number | null;
 }
 
 export interface PanelState {
@@ -427,6 +429,8 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
         run.epoch = int(ev.epoch);
         run.chunk = int(ev.chunk);
       }
+      // The engine logs moved=true for a run's very first chunk too: that one started there.
+      const moved = ev.moved === true && run.worker !== null;
       if (typeof ev.worker === "string") run.worker = ev.worker;
       for (const key of ["train", "eval", "swap", "other"] as const) {
         const v = num(ev[`${key}_s`]);
@@ -437,6 +441,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       }
       const row = {} as TimelineRow;
       for (const c of TIMELINE_COLUMNS) row[c] = ev[c] ?? null;
+      row.moved = moved;
       state.timeline.push(row);
       result.timeChanged = true;
       break;
@@ -469,6 +474,14 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
         const row = workerRow(state, rec.worker as string);
         if (typeof rec.node === "string") row.node = rec.node;
         if (typeof rec.device === "string") row.device = rec.device;
+        if (row.lost) {
+          // A resumed experiment's new pool reuses w0, w1...: listed means live again; the loss
+          // stays in lostWorkers, ended here (by log order, not by comparing clocks).
+          row.lost = false;
+          for (const loss of state.lostWorkers) {
+            if (loss.worker === row.worker && loss.until === null) loss.until = num(ev.time) ?? loss.time ?? 0;
+          }
+        }
       }
       break;
     }
@@ -488,6 +501,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
         chunk_lost: chunkLost,
         workers_left: isInt(ev.workers_left) ? ev.workers_left : null,
         time: num(ev.time),
+        until: null,
       });
       break;
     }
@@ -717,15 +731,17 @@ export function defaultMetric(names: Set<string>, preferred: string): string | n
 }
 
 /**
- * Run colours: tab10, then colours picked greedily for the largest CIELAB distance to those already
- * chosen (light ones left out: they vanish on a white background). Any two of the 24 are at least
- * ΔE76 27 apart (js/test/colors.test.ts checks it). Runs past 24 reuse the colours with a dash style,
- * so 96 runs have distinct (colour, dash) pairs; hovering and pinning tell the rest apart.
+ * Run colours: tab10 (less its dark brown), then colours picked greedily for the largest CIEDE2000
+ * distance to the others among those readable on both a white page and JupyterLab's dark one: at
+ * least 2:1 contrast against white and 3:1 against #212121 (the near-black and light colours of
+ * the first palette vanished on one of the two). Any two of the 24 are at least ΔE76 26 apart
+ * (js/test/scale.test.ts checks both). Runs past 24 reuse the colours with a dash style, so 96 runs
+ * have distinct (colour, dash) pairs; hovering and pinning tell the rest apart.
  */
 export const PALETTE = [
-  "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-  "#bcbd22", "#17becf", "#000000", "#000075", "#f032e6", "#005a32", "#a6761d", "#f99379",
-  "#dcbeff", "#c2b280", "#7a0177", "#e7298a", "#393b79", "#b3446c", "#800000", "#e6ab02",
+  "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#87c3a5", "#e377c2", "#7f7f7f",
+  "#bcbd22", "#17becf", "#007878", "#3c784b", "#f032e6", "#7896ff", "#a6761d", "#f99379",
+  "#a5694b", "#c2b280", "#b4b4d2", "#e7298a", "#697800", "#b3446c", "#4b5aff", "#e6ab02",
 ];
 export type Dash = "solid" | "dash" | "dot" | "dashdot";
 const DASHES: Dash[] = ["solid", "dash", "dot", "dashdot"];
@@ -978,9 +994,10 @@ export interface TraceSpec {
 }
 
 /**
- * Points a chart draws in all: what an update costs is one SVG redraw of every trace, so the cost
- * follows the total (measured in Chromium: ~20 ms at 4 runs x 600 points, ~58 ms at 48 x 600).
- * Each trace gets an equal share, between MIN and MAX_TRACE_POINTS (LTTB above it).
+ * Points a chart draws in all: each canvas pass and each hover lookup walks every drawn point, so
+ * the total is bounded whatever the runs log (a chart is a few hundred pixels wide: more points
+ * than that per curve do not show). Each trace gets an equal share, between MIN and
+ * MAX_TRACE_POINTS (LTTB above it).
  */
 export const POINT_BUDGET = 9600;
 export const MIN_TRACE_POINTS = 200;
@@ -1112,7 +1129,7 @@ export function planChart(state: PanelState, book: ChartBook): ChartPlan {
         book.drawn.set(run.id, s.x.length);
       } else if (book.sampled.has(run.id) && !newPointsShow(s, drawn, book)) {
         // Leave the trace as drawn: the picture would move by less than one bucket (about a
-        // pixel), and not touching Plotly is what keeps an update cheap at 48 runs.
+        // pixel), and an update that redraws nothing is the cheapest one at 48 runs.
       } else {
         const t = spec(run);
         plan.replace.indices.push(idx);

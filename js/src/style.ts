@@ -29,7 +29,14 @@ export const CSS = `
 .rf-chart { flex: 1 1 360px; min-width: 300px; border: 1px solid var(--rf-border); border-radius: 4px; padding: 4px; }
 .rf-chart-head { display: flex; gap: 6px; align-items: center; font-size: 12px; color: var(--rf-fg2); }
 .rf-chart-body { position: relative; }
-.rf-chart-plot { width: 100%; height: 260px; }
+.rf-chart-plot { width: 100%; height: 260px; position: relative; cursor: crosshair; user-select: none; }
+.rf-chart-plot > canvas { position: absolute; left: 0; top: 0; }
+.rf-tip {
+  position: absolute; z-index: 2; pointer-events: none; padding: 2px 6px; font-size: 11px; line-height: 1.35;
+  white-space: nowrap; color: var(--rf-fg); background: var(--rf-bg); border: 2px solid; border-radius: 3px;
+  box-shadow: 0 1px 3px rgba(0,0,0,0.25);
+}
+.rf-zoombox { position: absolute; pointer-events: none; background: rgba(128,128,128,0.18); border: 1px dashed var(--rf-fg2); }
 .rf-chart-waiting {
   position: absolute; inset: 0; display: flex; align-items: center; justify-content: center;
   padding: 0 24px; text-align: center; color: var(--rf-fg2); font-size: 12px;
@@ -89,6 +96,7 @@ export const CSS = `
 .rf-notice { display: flex; gap: 6px; align-items: baseline; }
 .rf-panel button.rf-notice-close { padding: 0 5px; line-height: 1.2; color: var(--rf-fg2); background: transparent; border-color: transparent; }
 .rf-panel button.rf-notice-close:hover { border-color: var(--rf-border); color: var(--rf-fg); }
+.rf-panel button.rf-notice-show { border: none; background: none; padding: 0; color: var(--rf-fg2); text-decoration: underline; cursor: pointer; font: inherit; }
 .rf-timeline { position: relative; width: 100%; margin-top: 4px; }
 .rf-timeline-canvas { display: block; }
 .rf-timeline-tip {
@@ -99,7 +107,15 @@ export const CSS = `
 .rf-ok { color: #1a7f37; }
 .rf-buttons { display: flex; gap: 6px; margin-top: 6px; align-items: center; }
 .rf-traceback { max-height: 320px; overflow: auto; font-size: 11px; background: var(--rf-bg2); padding: 6px; margin: 0; white-space: pre; }
-.rf-time-plot { width: 100%; }
+.rf-time-plot { width: 100%; padding: 4px 0; }
+.rf-time-legend { display: flex; gap: 12px; font-size: 10px; color: var(--rf-fg2); margin-bottom: 4px; }
+.rf-time-key { display: inline-block; width: 10px; height: 10px; margin-right: 3px; vertical-align: -1px; border-radius: 2px; }
+.rf-time-row { display: flex; align-items: center; gap: 6px; }
+.rf-time-label { flex: 0 0 70px; text-align: right; white-space: nowrap; overflow: hidden; color: var(--rf-fg2); }
+.rf-time-track { flex: 1 1 auto; height: 70%; min-width: 0; }
+.rf-time-fill { display: flex; height: 100%; min-width: 1px; }
+.rf-time-fill > span { display: block; height: 100%; }
+.rf-time-total { flex: 0 0 56px; color: var(--rf-fg2); font-variant-numeric: tabular-nums; white-space: nowrap; }
 .rf-messages { margin-top: 4px; font-size: 11px; min-height: 1em; }
 .rf-panel details > summary { cursor: pointer; color: var(--rf-fg2); margin-top: 8px; }
 `;

@@ -8,10 +8,13 @@
 import { fmtSeconds, runColor, runDash, type PanelState, type TimelineRow } from "./state";
 
 export interface LostSpan {
-  /** Seconds from the experiment's first chunk. */
+  /** Axis seconds (see TimelineModel.breaks) where the worker was lost. */
   from: number;
-  /** Where a later session's worker of the same name trained again; null: lost to the end. */
+  /** Axis seconds where a later `workers` event listed that name again (a resumed session's new
+   * worker, by log order, not by comparing clocks); null: lost to the end. */
   to: number | null;
+  /** Seconds from the origin of the loss, for the text; null: its time is not logged. */
+  at: number | null;
   reason: string | null;
 }
 
@@ -28,26 +31,45 @@ export interface Block {
   run: number;
   epoch: number | null;
   chunk: number | null;
-  /** Seconds from the experiment's first chunk. */
+  /** Axis seconds: seconds from the origin, less the idle gaps the axis skips (TimelineModel.breaks). */
   t0: number;
   t1: number;
-  /** The run arrived on this worker with this chunk (its checkpoint travelled there). */
+  /** The run arrived on this worker with this chunk from another one (its checkpoint travelled there). */
   moved: boolean;
   /** The chunk in flight when its worker died: its start is not logged, t0 is a lower bound. */
   lost: boolean;
   title: string;
 }
 
+/** An idle stretch the axis leaves out (between two sessions of a resumed experiment, say). */
+export interface AxisBreak {
+  /** Axis seconds where the break is drawn; it takes BREAK_SHARE of the busy span there. */
+  at: number;
+  shown: number;
+  /** Seconds from the origin where the idle stretch starts, and how long it is. */
+  real: number;
+  skipped: number;
+}
+
 export interface TimelineModel {
-  /** Epoch seconds of the first chunk's start (null before any chunk or loss). */
+  /** Epoch seconds of the first chunk's start or loss (null before any). */
   origin: number | null;
-  /** Seconds from the origin to the last chunk's end (or loss). */
+  /** Axis seconds from the origin to the last chunk's end (or loss). */
   span: number;
   lanes: Lane[];
   blocks: Block[];
   /** Lanes are Ray workers (else devices of the in-kernel engine). */
   byWorker: boolean;
+  /** chunk_done rows without a usable run id, start or end: counted, not drawn. */
+  untimed: number;
+  breaks: AxisBreak[];
 }
+
+/** Idle gaps longer than this many median chunks (and at least IDLE_MIN_S) are cut from the axis. */
+export const IDLE_CHUNKS = 20;
+export const IDLE_MIN_S = 60;
+/** The width a cut gap keeps, as a share of the busy time shown. */
+export const BREAK_SHARE = 0.03;
 
 function finite(v: unknown): number | null {
   return typeof v === "number" && Number.isFinite(v) ? v : null;
@@ -67,28 +89,42 @@ function dur(s: number): string {
   return s < 1 ? `${(s * 1000).toFixed(0)} ms` : s < 10 ? `${s.toFixed(2)} s` : fmtSeconds(s);
 }
 
+/** Long idle stretches in hours: "24.0 h". */
+function idle(s: number): string {
+  return s >= 7200 ? `${(s / 3600).toFixed(1)} h` : fmtSeconds(s);
+}
+
 function chunkWords(state: PanelState, run: number, epoch: number | null, chunk: number | null): string {
   if (epoch === null || chunk === null) return `run ${run}`;
   const n = state.runs.get(run)?.numChunks ?? null;
   return `run ${run} · epoch ${epoch + 1} · chunk ${chunk + 1}${n !== null ? `/${n}` : ""}`;
 }
 
+/** Last non-blank line of a Ray error, or null when there is none. */
+export function reasonLine(reason: string | null): string | null {
+  const lines = (reason ?? "").split("\n").map((l) => l.trim()).filter((l) => l);
+  return lines.length ? lines[lines.length - 1] : null;
+}
+
 /** Lanes, blocks and the time origin from the folded state (state.timeline, workers, losses). */
 export function timelineModel(state: PanelState): TimelineModel {
   const rows: { row: TimelineRow; run: number; start: number; end: number }[] = [];
+  let untimed = 0;
   for (const row of state.timeline) {
     const run = intOf(row.run_id);
     const start = finite(row.start);
     const end = finite(row.end);
-    if (run === null || start === null || end === null) continue;
+    if (run === null || start === null || end === null) {
+      untimed++;
+      continue;
+    }
     rows.push({ row, run, start, end: Math.max(start, end) });
   }
-  // a loop, not Math.min(...): a long experiment has more chunks than a call has arguments
+  // A loop, not Math.min(...): a long experiment has more chunks than a call has arguments. A
+  // worker lost in its constructor is lost before the first chunk: the origin is the earlier.
   let origin: number | null = null;
   for (const r of rows) if (origin === null || r.start < origin) origin = r.start;
-  if (origin === null) {
-    for (const l of state.lostWorkers) if (l.time !== null && (origin === null || l.time < origin)) origin = l.time;
-  }
+  for (const l of state.lostWorkers) if (l.time !== null && (origin === null || l.time < origin)) origin = l.time;
   const byWorker = state.workers.length > 0 || rows.some((r) => typeof r.row.worker === "string");
   const lanes: Lane[] = [];
   const laneOf = new Map<string, number>();
@@ -108,8 +144,20 @@ export function timelineModel(state: PanelState): TimelineModel {
     return i;
   };
   for (const w of state.workers) lane(w.worker);
-  if (origin === null) return { origin, span: 0, lanes, blocks: [], byWorker };
+  if (origin === null) {
+    // losses without times only: the lanes still say lost
+    for (const loss of state.lostWorkers) {
+      if (loss.until === null) lanes[lane(loss.worker)].lost.push({ from: 0, to: null, at: null, reason: loss.reason });
+    }
+    return { origin, span: 0, lanes, blocks: [], byWorker, untimed, breaks: [] };
+  }
 
+  // the chunk each loss lost: the re-trained one says so
+  const relost = new Map<string, string>();
+  for (const loss of state.lostWorkers) {
+    const c = loss.chunk_lost;
+    if (c !== null) relost.set(`${c.run_id}/${c.epoch}/${c.chunk}`, loss.worker);
+  }
   const blocks: Block[] = [];
   const lastLane = new Map<number, number>();
   let span = 0;
@@ -120,6 +168,7 @@ export function timelineModel(state: PanelState): TimelineModel {
     const li = lane(laneKey(row));
     const epoch = intOf(row.epoch);
     const chunk = intOf(row.chunk);
+    // the reducers already say false for a run's first chunk (the engine logs it moved)
     const moved = row.moved === true;
     const hop = finite(row.hop_s);
     const where = typeof row.worker === "string"
@@ -129,61 +178,116 @@ export function timelineModel(state: PanelState): TimelineModel {
       `${dur(t1 - t0)} (${t0.toFixed(2)}–${t1.toFixed(2)} s)`];
     const before = lastLane.get(run);
     lastLane.set(run, li);
-    if (moved) {
+    const gone = relost.get(`${run}/${epoch}/${chunk}`);
+    if (gone !== undefined && gone !== lanes[li].key) {
+      parts.push(`trained again here after ${gone} was lost (from its checkpoint)`);
+    } else if (moved) {
       // the engine sends a run's checkpoint with the chunk that brings it to a worker
-      parts.push(before === undefined ? "moved here with its first chunk"
-        : before !== li ? `moved here from ${lanes[before].key}` : "moved back here from its checkpoint");
+      parts.push(before === undefined || before === li ? "moved here from its checkpoint"
+        : `moved here from ${lanes[before].key}`);
+    } else if (before === undefined && typeof row.worker === "string") {
+      parts.push("started here");
     }
-    if (hop !== null) parts.push(`hop ${dur(hop)}`);
+    if (hop !== null) parts.push(`hop ${dur(hop)}: Ray round trip beyond the chunk`);
     blocks.push({ lane: li, run, epoch, chunk, t0, t1, moved, lost: false, title: parts.join(" · ") });
   }
 
+  const spans: { lane: number; span: LostSpan }[] = [];
   for (const loss of state.lostWorkers) {
-    if (loss.time === null) continue;
     const li = lane(loss.worker);
-    const at = loss.time - origin;
-    span = Math.max(span, at);
-    // A worker trains one chunk at a time: its chunk in flight started after its last chunk
-    // before the loss ended, and after the run's own previous chunk.
+    const at: number | null = loss.time === null ? null : loss.time - origin;
     const c = loss.chunk_lost;
-    let after = 0;
-    for (const b of blocks) {
-      if (b.t1 > at) continue;
-      if (b.lane === li || (c !== null && b.run === c.run_id)) after = Math.max(after, b.t1);
-    }
-    if (c !== null) {
-      const again = loss.workers_left === 0 ? "its run stopped at its last checkpoint" : "trained again on another worker";
-      blocks.push({
-        lane: li, run: c.run_id, epoch: c.epoch, chunk: c.chunk, t0: after, t1: at, moved: false, lost: true,
-        title: `${chunkWords(state, c.run_id, c.epoch, c.chunk)} · lost with worker ${loss.worker} at ${at.toFixed(2)} s ` +
-          `(started after ${after.toFixed(2)} s; a chunk is logged when it ends) · ${again}`,
-      });
-    }
-    lanes[li].lost.push({ from: at, to: null, reason: loss.reason });
-  }
-  // A later session may name a new worker like the lost one: its lane is lost only until then.
-  for (const [i, l] of lanes.entries()) {
-    for (const s of l.lost) {
+    if (at !== null) {
+      span = Math.max(span, at);
+      // A worker trains one chunk at a time: its chunk in flight started after its last chunk
+      // before the loss ended, and after the run's own previous chunk.
+      let after = 0;
       for (const b of blocks) {
-        if (b.lane === i && !b.lost && b.t0 >= s.from && (s.to === null || b.t0 < s.to)) s.to = b.t0;
+        if (b.t1 > at) continue;
+        if (b.lane === li || (c !== null && b.run === c.run_id)) after = Math.max(after, b.t1);
+      }
+      if (c !== null) {
+        const again = loss.workers_left === 0 ? "its run stopped at its last checkpoint" : "trained again on another worker";
+        blocks.push({
+          lane: li, run: c.run_id, epoch: c.epoch, chunk: c.chunk, t0: after, t1: at, moved: false, lost: true,
+          title: `${chunkWords(state, c.run_id, c.epoch, c.chunk)} · lost with worker ${loss.worker} at ${at.toFixed(2)} s ` +
+            `(started after ${after.toFixed(2)} s; a chunk is logged when it ends) · ${again}`,
+        });
       }
     }
+    // no time logged: lost after the lane's last chunk (the text says the time is unknown)
+    let from = at;
+    if (from === null) {
+      from = 0;
+      for (const b of blocks) if (b.lane === li && !b.lost) from = Math.max(from, b.t1);
+    }
+    const to = loss.until === null ? null : Math.max(from, loss.until - origin);
+    const lostSpan: LostSpan = { from, to, at, reason: loss.reason };
+    lanes[li].lost.push(lostSpan);
+    spans.push({ lane: li, span: lostSpan });
   }
-  return { origin, span, lanes, blocks, byWorker };
+
+  // Cut long idle stretches (a resume a day later) from the axis, so each session stays readable.
+  const marks: [number, number][] = blocks.map((b) => [b.t0, b.t1]);
+  for (const { span: s } of spans) {
+    marks.push([s.from, s.from]);
+    if (s.to !== null) marks.push([s.to, s.to]);
+  }
+  marks.sort((a, b) => a[0] - b[0]);
+  const durations = blocks.filter((b) => !b.lost).map((b) => b.t1 - b.t0).sort((a, b) => a - b);
+  const median = durations.length ? durations[Math.floor(durations.length / 2)] : 1;
+  const threshold = Math.max(IDLE_MIN_S, IDLE_CHUNKS * median);
+  const gaps: [number, number][] = [];
+  let covered = marks.length ? marks[0][0] : 0;
+  for (const [a, b] of marks) {
+    if (a - covered > threshold) gaps.push([covered, a]);
+    covered = Math.max(covered, b);
+  }
+  const breaks: AxisBreak[] = [];
+  if (gaps.length) {
+    const busy = span - gaps.reduce((sum, [a, b]) => sum + (b - a), 0);
+    const shown = Math.max(median, BREAK_SHARE * Math.max(busy, 1));
+    let cut = 0;
+    for (const [a, b] of gaps) {
+      breaks.push({ at: a - cut, shown, real: a, skipped: b - a });
+      cut += b - a - shown;
+    }
+    const axis = (t: number): number => {
+      let out = t;
+      for (const k of breaks) {
+        if (t >= k.real + k.skipped) out -= k.skipped - k.shown;
+        else if (t > k.real) return out - (t - k.real) + ((t - k.real) / k.skipped) * k.shown;
+      }
+      return out;
+    };
+    for (const b of blocks) {
+      b.t0 = axis(b.t0);
+      b.t1 = axis(b.t1);
+    }
+    for (const { span: s } of spans) {
+      s.from = axis(s.from);
+      if (s.to !== null) s.to = axis(s.to);
+    }
+    span = axis(span);
+  }
+  return { origin, span, lanes, blocks, byWorker, untimed, breaks };
 }
 
 /** The collapsed section's one-line summary. */
 export function timelineSummary(model: TimelineModel): string {
-  const chunks = model.blocks.filter((b) => !b.lost).length;
-  if (model.origin === null) return "chunk timeline (after the first chunk)";
+  const chunks = model.blocks.filter((b) => !b.lost).length + model.untimed;
+  const untimed = model.untimed ? ` (${model.untimed} without times, not drawn)` : "";
+  const lost = model.lanes.filter((l) => l.lost.some((s) => s.to === null)).length;
+  if (model.origin === null && !lost) return "chunk timeline (after the first chunk)";
   const of = (n: number, word: string) => `${n} ${word}${n === 1 ? "" : "s"}`;
+  const skipped = model.breaks.reduce((sum, k) => sum + k.skipped - k.shown, 0);
+  const length = `${fmtSeconds(model.span)}${skipped ? ` busy (${idle(skipped)} idle not drawn)` : ""}`;
   if (model.byWorker) {
-    const lost = model.lanes.filter((l) => l.lost.some((s) => s.to === null)).length;
-    return `chunk timeline: ${of(chunks, "chunk")} on ${of(model.lanes.length, "worker")}` +
-      `${lost ? ` (${lost} lost)` : ""} · ${fmtSeconds(model.span)}`;
+    return `chunk timeline: ${of(chunks, "chunk")}${untimed} on ${of(model.lanes.length, "worker")}` +
+      `${lost ? ` (${lost} lost)` : ""} · ${length}`;
   }
   const where = model.lanes.length === 1 ? model.lanes[0].label : of(model.lanes.length, "device");
-  return `chunk timeline: ${of(chunks, "chunk")} on ${where} · ${fmtSeconds(model.span)}`;
+  return `chunk timeline: ${of(chunks, "chunk")}${untimed} on ${where} · ${length}`;
 }
 
 /** The summary while folded: counts the state keeps, no pass over the chunks. */
@@ -319,7 +423,7 @@ function merged(model: TimelineModel, lane: number, ids: number[], x: number, w:
   return {
     lane, x, w, run: runs[0][0], blocks: ids, lost: false,
     title: `${ids.length} short chunks (${t0.toFixed(2)}–${t1.toFixed(2)} s) of run${runs.length > 1 ? "s" : ""} ${names}; ` +
-      "widen the panel or zoom the page for single chunks",
+      "widen the panel (or zoom the page out) for single chunks",
   };
 }
 
@@ -347,14 +451,59 @@ export function laneHover(model: TimelineModel, g: Geometry, x: number, y: numbe
   const i = Math.floor((y - g.top) / g.laneH);
   const lane = model.lanes[i];
   if (!lane || y < g.top) return null;
-  const lostText = (s: LostSpan) => `worker ${lane.key} lost at ${s.from.toFixed(2)} s` +
-    `${s.to !== null ? ` (a later session's ${lane.key} trained from ${s.to.toFixed(2)} s)` : ""}` +
-    `${s.reason ? `: ${s.reason.trim().split("\n").filter((l) => l.trim()).slice(-1)[0] ?? ""}` : ""}`;
+  const lostText = (s: LostSpan) => {
+    const why = reasonLine(s.reason);
+    const when = s.at !== null ? (s.at < 0.005 && s.from === 0 ? "before its first chunk" : `at ${s.at.toFixed(2)} s`)
+      : "(its time is not logged)";
+    return `worker ${lane.key} lost ${when}` +
+      `${s.to !== null ? ` (a later session listed a new ${lane.key}; it is live again)` : ""}${why ? `: ${why}` : ""}`;
+  };
   if (x < g.gutter) return [lane.title, ...lane.lost.map(lostText)].join("; ");
   for (const s of lane.lost) {
     if (x >= xOf(g, s.from) && (s.to === null || x <= xOf(g, s.to))) return lostText(s);
   }
   return null;
+}
+
+/** Hover text over an axis break: how long the idle stretch the axis leaves out is. */
+export function breakHover(model: TimelineModel, g: Geometry, x: number): string | null {
+  for (const k of model.breaks) {
+    if (x >= xOf(g, k.at) - 2 && x <= xOf(g, k.at + k.shown) + 2) {
+      return `no chunk for ${idle(k.skipped)} (from ${k.real.toFixed(2)} s; a later session, say): the axis leaves it out`;
+    }
+  }
+  return null;
+}
+
+/** Axis ticks: round times in s, min or h within each stretch between breaks, as axis seconds with labels. */
+export function axisTicks(model: TimelineModel, g: Geometry): { t: number; label: string }[] {
+  const total = g.seconds;
+  const unit = total >= 7200 ? 3600 : total >= 600 ? 60 : 1;
+  const name = unit === 3600 ? "h" : unit === 60 ? "min" : "s";
+  const perPx = total / Math.max(1, g.width - g.gutter - 8);
+  // stretches between breaks: [axis start, axis end, real minus axis]
+  const parts: [number, number, number][] = [];
+  let a = 0;
+  let shift = 0;
+  for (const k of model.breaks) {
+    parts.push([a, k.at, shift]);
+    a = k.at + k.shown;
+    shift = k.real + k.skipped - a;
+  }
+  parts.push([a, total, shift]);
+  const out: { t: number; label: string }[] = [];
+  for (const [from, to, off] of parts) {
+    const count = Math.max(1, Math.floor((to - from) / perPx / 80));
+    const raw = (to - from) / unit / count;
+    if (!(raw > 0)) continue;
+    const pow = 10 ** Math.floor(Math.log10(raw));
+    const step = ([1, 2, 5, 10].map((m) => m * pow).find((v) => v >= raw) ?? 10 * pow) * unit;
+    for (let i = Math.ceil((from + off) / step - 1e-9); i * step <= to + off + 1e-9; i++) {
+      const real = i * step;
+      out.push({ t: real - off, label: `${Number((real / unit).toPrecision(12))} ${name}` });
+    }
+  }
+  return out;
 }
 
 /** Minimum ms between redraws while open: a canvas redraw is cheap, but the layout is O(chunks). */
@@ -428,10 +577,16 @@ export function createTimelineView(): TimelineView {
     draw();
   }
 
-  function draw(): void {
+  let drawnKey = "";
+  function draw(force = false): void {
     if (!state || !details.open) return;
     const width = wrap.clientWidth;
     if (width <= 0) return; // not laid out yet: the resize observer calls back
+    // every pull reply reaches update(); with no new chunk, loss or worker the picture is the same
+    const key = [width, state.timeline.length, state.lostWorkers.length, state.workers.length,
+      state.workers.filter((w) => w.lost).length, state.runs.size].join("/");
+    if (!force && key === drawnKey) return;
+    drawnKey = key;
     lastDraw = Date.now();
     const model = timelineModel(state);
     summary.textContent = timelineSummary(model);
@@ -456,7 +611,7 @@ export function createTimelineView(): TimelineView {
     else userToggled = true;
     if (details.open) {
       lastDraw = 0;
-      draw();
+      draw(true);
     }
   });
   canvas.addEventListener("mousemove", (e) => {
@@ -464,7 +619,8 @@ export function createTimelineView(): TimelineView {
     const box = canvas.getBoundingClientRect();
     const x = e.clientX - box.left;
     const y = e.clientY - box.top;
-    const text = hitTest(drawn.rects, drawn.g, x, y)?.title ?? laneHover(drawn.model, drawn.g, x, y);
+    const text = hitTest(drawn.rects, drawn.g, x, y)?.title ?? laneHover(drawn.model, drawn.g, x, y)
+      ?? (y >= drawn.g.top ? breakHover(drawn.model, drawn.g, x) : null);
     if (text === null) {
       tip.style.display = "none";
       return;
@@ -483,7 +639,7 @@ export function createTimelineView(): TimelineView {
     ? new ResizeObserver(() => {
         if (wrap.clientWidth !== lastWidth && details.open) {
           lastWidth = wrap.clientWidth;
-          draw();
+          draw(true);
         }
       })
     : null;
@@ -519,10 +675,10 @@ function paint(canvas: HTMLCanvasElement, model: TimelineModel, g: Geometry, rec
   const error = cssVar(canvas, "--rf-error", "#c62828");
   const bottom = g.top + model.lanes.length * g.laneH;
   const right = xOf(g, g.seconds);
-  const ticks = niceTicks(g.seconds, Math.max(2, Math.floor((g.width - g.gutter) / 80)));
+  const ticks = axisTicks(model, g);
   ctx.strokeStyle = grid;
   ctx.lineWidth = 1;
-  for (const t of ticks) {
+  for (const { t } of ticks) {
     const x = Math.round(xOf(g, t)) + 0.5;
     ctx.beginPath();
     ctx.moveTo(x, g.top);
@@ -586,6 +742,13 @@ function paint(canvas: HTMLCanvasElement, model: TimelineModel, g: Geometry, rec
       ctx.strokeStyle = color;
       ctx.lineWidth = 1;
       ctx.strokeRect(r.x + 0.5, y + 0.5, Math.max(0, r.w - 1), h - 1);
+    } else if (r.w >= 3) {
+      // a thin edge in the text colour: a palette colour close to the page background stays visible
+      ctx.strokeStyle = fg2;
+      ctx.globalAlpha = 0.6;
+      ctx.lineWidth = 1;
+      ctx.strokeRect(r.x + 0.5, y + 0.5, Math.max(0, r.w - 1), h - 1);
+      ctx.globalAlpha = 1;
     }
     // a moved run: a dark notch at the start of the chunk that brought it here
     if (r.blocks.length === 1 && model.blocks[r.blocks[0]].moved && r.w >= 4) {
@@ -598,8 +761,24 @@ function paint(canvas: HTMLCanvasElement, model: TimelineModel, g: Geometry, rec
   ctx.font = "10px sans-serif";
   ctx.textBaseline = "top";
   ctx.textAlign = "center";
-  for (const t of ticks) ctx.fillText(`${t} s`, xOf(g, t), bottom + 4);
+  for (const { t, label } of ticks) ctx.fillText(label, xOf(g, t), bottom + 4);
+  // a cut idle stretch: two slashes across the lanes and how long it was
+  for (const k of model.breaks) {
+    const x0 = xOf(g, k.at);
+    const x1 = Math.max(x0 + 4, xOf(g, k.at + k.shown));
+    ctx.clearRect(x0, g.top, x1 - x0, bottom - g.top);
+    ctx.strokeStyle = fg2;
+    ctx.lineWidth = 1;
+    for (const x of [x0, x1]) {
+      ctx.beginPath();
+      ctx.moveTo(x - 2, bottom + 2);
+      ctx.lineTo(x + 2, g.top - 2);
+      ctx.stroke();
+    }
+    ctx.fillText(`+${idle(k.skipped)}`, (x0 + x1) / 2, bottom + 16);
+  }
   ctx.textAlign = "right";
-  ctx.fillText("seconds from the first chunk", right, bottom + 16);
+  ctx.fillText(model.breaks.length ? "time from the first chunk (idle stretches cut)" : "seconds from the first chunk",
+    right, bottom + 16);
   ctx.textAlign = "left";
 }

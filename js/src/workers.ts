@@ -143,14 +143,16 @@ export function createWorkerNotices(): { el: HTMLDivElement; render(state: Panel
       dismissed = loadDismissed(key);
     }
     const notices = shownNotices(state, dismissed);
-    const now = notices.map((n) => n.id).join("\n");
+    // this experiment's hidden ones: an accidental × must not lose a notice for good
+    const hidden = state.lostWorkers.map((loss, i) => noticeId(loss, i)).filter((id) => dismissed.has(id));
+    const now = `${notices.map((n) => n.id).join("\n")}|${hidden.length}`;
     if (now === shownKey) return;
     shownKey = now;
-    el.replaceChildren(...notices.map((n) => {
+    const lines = notices.map((n) => {
       const close = document.createElement("button");
       close.className = "rf-notice-close";
       close.textContent = "×";
-      close.title = "hide this notice in the panel (the event log and get_runs_info keep it)";
+      close.title = "hide this notice in this experiment's panels (the event log, the timeline and %rapidfire status keep it)";
       close.setAttribute("aria-label", "dismiss");
       close.addEventListener("click", () => {
         dismissed.add(n.id);
@@ -165,8 +167,24 @@ export function createWorkerNotices(): { el: HTMLDivElement; render(state: Panel
       line.dataset.notice = n.id;
       line.append(text, close);
       return line;
-    }));
-    el.style.display = notices.length ? "" : "none";
+    });
+    if (hidden.length) {
+      const show = document.createElement("button");
+      show.className = "rf-notice-show";
+      show.textContent = "show";
+      show.title = "show the hidden worker notices again in this experiment's panels";
+      show.addEventListener("click", () => {
+        for (const id of hidden) dismissed.delete(id);
+        saveDismissed(key, dismissed);
+        if (last) render(last);
+      });
+      const note = document.createElement("div");
+      note.className = "rf-note rf-notice-hidden";
+      note.append(`${hidden.length} worker notice${hidden.length === 1 ? "" : "s"} hidden · `, show);
+      lines.push(note);
+    }
+    el.replaceChildren(...lines);
+    el.style.display = lines.length ? "" : "none";
   }
   return { el, render };
 }

@@ -62,6 +62,29 @@ describe("run colours", () => {
     expect(runColor(11)).not.toBe(runColor(1));
   });
 
+  it("keeps every run colour readable on a white page and on JupyterLab's dark backgrounds", () => {
+    // WCAG relative luminance and contrast ratio.
+    const lum = (hex: string) => {
+      const n = parseInt(hex.slice(1), 16);
+      const [r, g, b] = [(n >> 16) & 255, (n >> 8) & 255, n & 255].map((v) => {
+        const u = v / 255;
+        return u <= 0.04045 ? u / 12.92 : ((u + 0.055) / 1.055) ** 2.4;
+      });
+      return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    };
+    const contrast = (a: string, b: string) => {
+      const [hi, lo] = [lum(a), lum(b)].sort((x, y) => y - x);
+      return (hi + 0.05) / (lo + 0.05);
+    };
+    expect(PALETTE.length).toBe(24);
+    for (const c of PALETTE) {
+      expect(contrast(c, "#ffffff"), `${c} on white`).toBeGreaterThanOrEqual(2);
+      // --jp-layout-color0 / color1 of JupyterLab Dark
+      expect(contrast(c, "#111111"), `${c} on #111111`).toBeGreaterThanOrEqual(3);
+      expect(contrast(c, "#212121"), `${c} on #212121`).toBeGreaterThanOrEqual(3);
+    }
+  });
+
   it("tells runs that share a colour apart by dash style, for up to 96 runs", () => {
     expect(runColor(25)).toBe(runColor(1));
     expect(runDash(1)).toBe("solid");

@@ -6,8 +6,9 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { createState, ingest, type PanelState, type WireEvent } from "../src/state";
+import { workerCell } from "../src/workers";
 import {
-  foldedSummary, geometry, hitTest, laneHover, layoutRects, MAX_GROUP_PX, MIN_BLOCK_PX, niceTicks, timelineModel,
+  axisTicks, breakHover, foldedSummary, geometry, hitTest, laneHover, layoutRects, MAX_GROUP_PX, MIN_BLOCK_PX, niceTicks, timelineModel,
   timelineSummary, xOf,
 } from "../src/timeline";
 
@@ -42,21 +43,31 @@ describe("chunk timeline on the recorded Ray log", () => {
     expect(model.lanes.map((l) => l.key)).toEqual(["w0", "w1"]);
     expect(model.lanes[0].title).toBe("worker w0 (w0:cpu, node 192.0.2.2)");
     const trained = model.blocks.filter((b) => !b.lost);
+    // the engine logs moved=true on a run's first chunk too; that one started there (not a move)
+    const seen = new Set<unknown>();
+    const moved = done.map((e) => {
+      const first = !seen.has(e.run_id);
+      seen.add(e.run_id);
+      return e.moved === true && !first;
+    });
     expect(trained.map((b) => [model.lanes[b.lane].key, b.run, b.epoch, b.chunk, b.moved])).toEqual(
-      done.map((e) => [e.worker, e.run_id, e.epoch, e.chunk, e.moved]));
+      done.map((e, i) => [e.worker, e.run_id, e.epoch, e.chunk, moved[i]]));
+    expect(moved.filter(Boolean)).toHaveLength(3); // run 3 w1->w0, run 1 after the loss, run 2 w1->w0
     trained.forEach((b, i) => {
       expect(b.t0).toBeCloseTo((done[i].start as number) - origin, 9);
       expect(b.t1).toBeCloseTo((done[i].end as number) - origin, 9);
       expect(b.title).toContain(`run ${done[i].run_id} · epoch 1 · chunk ${(done[i].chunk as number) + 1}/3`);
       expect(b.title).toContain(`worker ${done[i].worker}`);
-      expect(b.title.includes("moved")).toBe(done[i].moved === true);
+      expect(b.title.includes("moved") || b.title.includes("trained again here")).toBe(moved[i]);
+      expect(b.title).toContain("Ray round trip beyond the chunk");
     });
     // where a moved run came from: its previous chunk's worker (run 1's chunk 2 was lost on w1)
     const title = (run: number, chunk: number) => trained.find((b) => b.run === run && b.chunk === chunk)!.title;
-    expect(title(2, 0)).toContain("moved here with its first chunk");
+    expect(title(2, 0)).toContain("started here");
+    expect(title(2, 0)).not.toContain("moved");
     expect(title(3, 1)).toContain("moved here from w1");
-    expect(title(1, 1)).toContain("moved back here from its checkpoint");
-    expect(title(2, 1)).not.toContain("moved");
+    expect(title(1, 1)).toContain("trained again here after w1 was lost (from its checkpoint)");
+    expect(title(2, 1)).not.toMatch(/moved|started here/);
     expect(model.span).toBeCloseTo(Math.max(...done.map((e) => e.end as number), loss.time as number) - origin, 9);
   });
 
@@ -65,7 +76,7 @@ describe("chunk timeline on the recorded Ray log", () => {
     const at = (loss.time as number) - origin;
     const [w0, w1] = model.lanes;
     expect(w0.lost).toEqual([]);
-    expect(w1.lost).toEqual([{ from: at, to: null, reason: loss.reason }]);
+    expect(w1.lost).toEqual([{ from: at, to: null, at, reason: loss.reason }]);
     const lost = model.blocks.filter((b) => b.lost);
     expect(lost).toHaveLength(1);
     const [b] = lost;
@@ -94,15 +105,21 @@ describe("chunk timeline on the recorded Ray log", () => {
     expect(timelineSummary(early)).toBe("chunk timeline (after the first chunk)");
   });
 
-  it("ends a lost span where a later session's worker of that name trains again", () => {
-    // the same log resumed: a second session whose w1 trains again one minute later
+  it("ends a lost span where a later session's workers event lists that name again", () => {
+    // the same log resumed: a second session's pool lists w0, w1 again, and its w1 trains
     const last = log[log.length - 1].seq;
+    const workers = log.find((e) => e.type === "workers")!;
+    const listed = { ...workers, seq: last + 1, time: (log[log.length - 1].time as number) + 50 };
     const later = done.filter((e) => e.worker === "w1").map((e, i) => ({
-      ...e, seq: last + 1 + i, start: (e.start as number) + 60, end: (e.end as number) + 60, time: (e.time as number) + 60,
+      ...e, seq: last + 2 + i, start: (e.start as number) + 60, end: (e.end as number) + 60, time: (e.time as number) + 60,
     }));
-    const model = timelineModel(folded([...log, ...later]));
+    const model = timelineModel(folded([...log, listed, ...later]));
     const [span] = model.lanes[1].lost;
-    expect(span.to).toBeCloseTo((later[0].start as number) - origin, 9);
+    expect(span.to).toBeCloseTo((listed.time as number) - origin, 9);
+    expect(timelineSummary(model)).not.toContain("lost");
+    // only the listing ends it: chunks of w1 alone (no workers event) leave it lost
+    const unlisted = timelineModel(folded([...log, ...later.map((e) => ({ ...e, seq: e.seq - 1 }))]));
+    expect(unlisted.lanes[1].lost[0].to).toBeNull();
   });
 });
 
@@ -238,5 +255,147 @@ describe("timeline pixels", () => {
     expect(geometry(model, 800).laneH).toBe(20);
     const many = { ...model, lanes: Array.from({ length: 32 }, (_, i) => ({ key: `w${i}`, label: `w${i}`, title: "", lost: [] })) };
     expect(geometry(many, 800).laneH).toBe(10);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Resumed, damaged and multi-node versions of the recorded Ray log (a review's findings, session 5).
+
+const LOG: WireEvent[] = readLog("ray_workers");
+
+const copyLog = (): WireEvent[] => JSON.parse(JSON.stringify(LOG));
+
+/** Folds events after renumbering their seqs 1..n (the reducer applies them in seq order). */
+function foldRenumbered(events: WireEvent[]): PanelState {
+  const state = createState();
+  ingest(state, events.map((e, i) => ({ ...e, seq: i + 1 })));
+  return state;
+}
+
+/** The log, then a second session (resume=True in a new kernel): a new pool names its workers
+ * w0, w1 again, and the new w1 trains run 3 one minute later. */
+function resumedLog(): WireEvent[] {
+  const log = copyLog();
+  const end = log[log.length - 1].time as number;
+  const workers = log.find((e) => e.type === "workers")!;
+  const chunk = log.filter((e) => e.type === "chunk_done").pop()!;
+  return [
+    ...log,
+    { seq: 0, type: "experiment", time: end + 50, name: "ray_workers", path: "/p", resumed: true },
+    { ...workers, time: end + 55 },
+    { ...chunk, worker: "w1", device: "w1:cpu", start: end + 56, end: end + 57, time: end + 57 },
+  ];
+}
+
+describe("a resumed experiment reuses worker names", () => {
+  it("a worker listed again by a later session is not 'lost' in the folded summary or the worker cell", () => {
+    const state = foldRenumbered(resumedLog());
+    const model = timelineModel(state);
+    // the open timeline already knows the new w1 trains (its lost span ended) ...
+    expect(timelineSummary(model)).not.toContain("lost");
+    // ... but the folded summary and the run table's worker cell still call it lost
+    expect(foldedSummary(state)).not.toContain("lost");
+    expect(workerCell(state, state.runs.get(3)!).title).not.toContain("since lost");
+  });
+});
+
+describe("chunk times on the worker's clock, the loss on the controller's", () => {
+  it("a worker node whose clock runs 2 s ahead still shows as lost, with no 'later session'", () => {
+    const log = copyLog();
+    for (const e of log) {
+      if (e.type === "chunk_done" && e.worker === "w1") {
+        e.start = (e.start as number) + 2;
+        e.end = (e.end as number) + 2;
+      }
+    }
+    const model = timelineModel(foldRenumbered(log));
+    const w1 = model.lanes.find((l) => l.key === "w1")!;
+    expect(w1.lost).toHaveLength(1);
+    expect(w1.lost[0].to).toBeNull(); // no later session exists in this log
+    expect(timelineSummary(model)).toContain("(1 lost)");
+    const g = geometry(model, 1000);
+    const hover = laneHover(model, g, 10, g.top + model.lanes.indexOf(w1) * g.laneH + g.laneH / 2) ?? "";
+    expect(hover).not.toContain("later session");
+  });
+});
+
+describe("damaged or unusual Ray logs", () => {
+  it("a worker lost in its constructor, before the first chunk, is not lost at a negative time ", () => {
+    const log = copyLog();
+    const at = log.findIndex((e) => e.type === "workers");
+    log.splice(at, 0, {
+      seq: 0, type: "worker_lost", time: (log[at].time as number) - 1, worker: "w2", node: null,
+      reason: "TimeoutError: worker w2 was not placed on the Ray cluster within 300 s", runs: [], chunk_lost: null,
+      workers_left: 2,
+    });
+    const model = timelineModel(foldRenumbered(log));
+    const w2 = model.lanes.find((l) => l.key === "w2")!;
+    expect(w2.lost[0].from).toBeGreaterThanOrEqual(0);
+    const g = geometry(model, 1000);
+    const hover = laneHover(model, g, 10, g.top + model.lanes.indexOf(w2) * g.laneH + g.laneH / 2) ?? "";
+    expect(hover).not.toMatch(/lost at -/);
+  });
+
+  it("the folded and the open summary count the same chunks when some chunk_done lack start/end ", () => {
+    const log = copyLog();
+    for (const e of log) if (e.type === "chunk_done" && e.run_id === 3) { delete e.start; delete e.end; }
+    const state = foldRenumbered(log);
+    const count = (s: string) => Number(/(\d+) chunks?/.exec(s)?.[1]);
+    expect(count(foldedSummary(state))).toBe(count(timelineSummary(timelineModel(state))));
+  });
+
+  it("the folded and the open summary agree a worker was lost when its worker_lost has no time ", () => {
+    const log = copyLog();
+    for (const e of log) if (e.type === "worker_lost") delete e.time;
+    const state = foldRenumbered(log);
+    expect(foldedSummary(state)).toContain("(1 lost)");
+    expect(timelineSummary(timelineModel(state))).toContain("(1 lost)");
+  });
+
+  it("a blank Ray reason does not leave a dangling colon in the lost lane's hover ", () => {
+    const log = copyLog();
+    for (const e of log) if (e.type === "worker_lost") e.reason = "\n  \n";
+    const model = timelineModel(foldRenumbered(log));
+    const g = geometry(model, 1000);
+    const w1 = model.lanes.findIndex((l) => l.key === "w1");
+    const hover = laneHover(model, g, xOf(g, model.lanes[w1].lost[0].from) + 30, g.top + w1 * g.laneH + g.laneH / 2);
+    expect(hover).not.toMatch(/:\s*$/);
+  });
+});
+
+describe("hover wording", () => {
+  it("a run's very first chunk is not called a move", () => {
+    const model = timelineModel(foldRenumbered(copyLog()));
+    const first = new Map<number, string>();
+    for (const b of model.blocks) if (!b.lost && !first.has(b.run)) first.set(b.run, b.title);
+    for (const title of first.values()) expect(title).not.toContain("moved");
+  });
+});
+
+describe("a resumed experiment's time axis", () => {
+  it("resumed a day later, each session's chunks are still drawn one rectangle each at 1200 px", () => {
+    const day = 86400;
+    const later = copyLog().map((e) => ({
+      ...e, time: (e.time as number) + day,
+      ...(e.type === "chunk_done" ? { start: (e.start as number) + day, end: (e.end as number) + day } : {}),
+    }));
+    const model = timelineModel(foldRenumbered([...copyLog(), ...later]));
+    const rects = layoutRects(model, geometry(model, 1200));
+    // one session alone: 10 rectangles, one per block; two sessions a day apart: 6 slivers of 1-3 px
+    expect(rects.filter((r) => r.blocks.length > 1)).toEqual([]);
+    // the day between the sessions is one break, said in the summary, the hover and the ticks
+    expect(model.breaks).toHaveLength(1);
+    expect(model.breaks[0].skipped).toBeGreaterThan(day - 60);
+    expect(timelineSummary(model)).toMatch(/busy \(2\d\.\d h idle not drawn\)/);
+    const g = geometry(model, 1200);
+    expect(breakHover(model, g, xOf(g, model.breaks[0].at + model.breaks[0].shown / 2))).toMatch(/^no chunk for 2\d\.\d h/);
+    const ticks = axisTicks(model, g);
+    const seconds = ticks.map((t) => Number.parseFloat(t.label));
+    expect(seconds.some((v) => v > day)).toBe(true); // the second session's ticks read its real time
+    for (const t of ticks) expect(t.t).toBeGreaterThanOrEqual(0);
+    // no break within one session: the ticks are the round seconds from the first chunk
+    const one = timelineModel(foldRenumbered(copyLog()));
+    expect(one.breaks).toEqual([]);
+    expect(axisTicks(one, geometry(one, 1200)).map((t) => t.label).slice(0, 3)).toEqual(["0 s", "0.2 s", "0.4 s"]);
   });
 });

@@ -64,11 +64,11 @@ describe("Ray workers in the panel", () => {
   it("says the runs stopped when no worker is left", () => {
     expect(workerLostNotice({
       worker: "w0", node: null, reason: "boom", runs: [3], chunk_lost: { run_id: 3, epoch: 0, chunk: 0 },
-      workers_left: 0, time: 1,
+      workers_left: 0, time: 1, until: null,
     })).toBe("worker w0 lost: no worker left: run 3 stopped at its last checkpoint; resume it to start new workers");
-    expect(workerLostNotice({ worker: "w1", node: "n", reason: null, runs: [4], chunk_lost: null, workers_left: 2, time: null }))
+    expect(workerLostNotice({ worker: "w1", node: "n", reason: null, runs: [4], chunk_lost: null, workers_left: 2, time: null, until: null }))
       .toBe("worker w1 lost (node n): run 4 continues from its last checkpoint on the other workers");
-    expect(workerLostNotice({ worker: "w2", node: "n", reason: null, runs: [], chunk_lost: null, workers_left: 1, time: null }))
+    expect(workerLostNotice({ worker: "w2", node: "n", reason: null, runs: [], chunk_lost: null, workers_left: 1, time: null, until: null }))
       .toBe("worker w2 lost (node n)");
   });
 });

@@ -33,7 +33,9 @@ Table::
                                        # chunk, metrics (finite numbers or None)
      "workers": [{worker, node, device, lost}],   # Ray workers (num_workers), first seen first;
                                                   # empty for the in-kernel engine
-     "lost_workers": [{worker, node, reason, runs, chunk_lost, workers_left, time}]}
+     "lost_workers": [{worker, node, reason, runs, chunk_lost, workers_left, time, until}]}
+                 # until: time of the later `workers` event that listed that name again (a resumed
+                 # experiment's new pool reuses w0, w1...), else None: lost to the end
 
 Run (see ``new_run``): status, reason, error (the last failure's traceback; cleared when the run
 goes pending/running again), has_error, pruned, its spec (trainer_type, config, knobs, changes,
@@ -297,6 +299,9 @@ def _chunk_done(table: dict, run: dict, ev: dict, seq: Any) -> None:
             run["next_epoch"], run["next_chunk"] = epoch + 1, 0
         else:
             run["next_epoch"], run["next_chunk"] = epoch, chunk + 1
+    # The engine logs moved=True whenever a run is new to the worker, its very first chunk too:
+    # that one started there, it did not move (nothing trained before, no checkpoint travelled).
+    moved = ev.get("moved") is True and run["worker"] is not None
     if isinstance(ev.get("worker"), str):
         run["worker"] = ev["worker"]
     for key in TIME_KEYS:
@@ -304,7 +309,9 @@ def _chunk_done(table: dict, run: dict, ev: dict, seq: Any) -> None:
         if v is not None and v > 0:
             run["time"][key] += v
             table["time"][key] += v
-    table["timeline"].append({c: ev.get(c) for c in TIMELINE_COLUMNS})
+    row = {c: ev.get(c) for c in TIMELINE_COLUMNS}
+    row["moved"] = moved
+    table["timeline"].append(row)
 
 
 def _worker_row(table: dict, name: str) -> dict:
@@ -326,6 +333,15 @@ def _workers(table: dict, ev: dict) -> None:
         for key in ("node", "device"):
             if isinstance(info.get(key), str):
                 row[key] = info[key]
+        if row["lost"]:
+            # a resumed experiment's new pool names its workers w0, w1... again: listed means
+            # live; the loss stays in lost_workers, ended here (log order, not the clocks)
+            row["lost"] = False
+            for loss in table["lost_workers"]:
+                if loss["worker"] == row["worker"] and loss["until"] is None:
+                    loss["until"] = _num(ev.get("time"))
+                    if loss["until"] is None:
+                        loss["until"] = loss["time"] if loss["time"] is not None else 0.0
 
 
 def _worker_lost(table: dict, ev: dict) -> None:
@@ -344,7 +360,7 @@ def _worker_lost(table: dict, ev: dict) -> None:
         "worker": name, "node": node, "reason": _str(ev.get("reason")), "runs": runs,
         "chunk_lost": chunk_lost,
         "workers_left": ev["workers_left"] if _is_int(ev.get("workers_left")) else None,
-        "time": _num(ev.get("time"))})
+        "time": _num(ev.get("time")), "until": None})
 
 
 # -- the schema --------------------------------------------------------------------------------

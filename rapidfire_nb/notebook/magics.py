@@ -22,6 +22,7 @@ import difflib
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
@@ -293,15 +294,20 @@ def _chunk_text(epoch: int | None, chunk: int | None, num_chunks: int | None, st
     return f"epoch {int(epoch) + 1} · chunk {int(chunk) + 1}{of}"
 
 
-def worker_lines(table: dict, now: dict[str, int] | None = None) -> list[str]:
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def worker_lines(table: dict, now: dict[str, int] | None = None, live: bool = True) -> list[str]:
     """What ``status`` says about the Ray workers (``Experiment(num_workers=...)``), from the folded
     run table (engine/state.py): one line per worker with its node and device, the run it trains
     now (``now``: worker -> run id, from the live engine) or trained last, and why a lost one was
-    lost. No lines for the in-kernel engine."""
+    lost. ``live=False`` (no engine running: resumed before run_fit, or ended): the workers are the
+    last session's, and the header says so. No lines for the in-kernel engine."""
     workers = table.get("workers") or []
     if not workers:
         return []
-    now = now or {}
+    now = now if live and now else {}
     runs = {r["run_id"]: r for r in table["runs"].values()}
     last: dict[str, dict] = {}
     for row in table["timeline"]:
@@ -311,7 +317,8 @@ def worker_lines(table: dict, now: dict[str, int] | None = None) -> list[str]:
     for loss in table.get("lost_workers") or []:
         losses[loss["worker"]] = loss
     lost = sum(1 for w in workers if w["lost"])
-    head = f"workers: {len(workers)}" + (f" ({lost} lost)" if lost else "")
+    head = (f"workers: {len(workers)}" if live else f"workers of the last session (not running now): {len(workers)}"
+            ) + (f" ({lost} lost)" if lost else "")
     cells = []
     for w in workers:
         name = w["worker"]
@@ -321,15 +328,19 @@ def worker_lines(table: dict, now: dict[str, int] | None = None) -> list[str]:
         row = last.get(name)
         if row is not None:
             run = runs.get(row["run_id"], {})
-            where = _chunk_text(row.get("epoch"), row.get("chunk"), run.get("num_chunks"))
-            what.append(f"last trained run {row['run_id']} ({where})")
+            epoch, chunk = row.get("epoch"), row.get("chunk")
+            # the rows are copied from the log as they are: a damaged epoch/chunk is left out
+            where = (f" ({_chunk_text(epoch, chunk, run.get('num_chunks'))})" if _int(epoch) and _int(chunk)
+                     else "")
+            what.append(f"last trained run {row['run_id']}{where}")
         elif name not in now:
             what.append("no chunk trained yet")
         if w["lost"]:
             loss = losses.get(name, {})
             # the panel's notice in short (js/src/workers.ts workerLostNotice)
             moved, left, chunk = loss.get("runs") or [], loss.get("workers_left"), loss.get("chunk_lost")
-            gone = ["LOST" + (f": {_reason_text(loss['reason'])}" if loss.get("reason") else "")]
+            why = _reason_text(loss.get("reason") or "")
+            gone = ["LOST" + (f": {why}" if why else "")]
             if moved:
                 ids = f"run{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))}"
                 gone.append(f"{ids} stopped (no worker left)" if left == 0 else
@@ -350,7 +361,14 @@ def _reason_text(reason: str) -> str:
     if not lines:
         return ""
     kind, _, _ = lines[0].partition(":")
-    text = (lines[-1] if len(lines) == 1 or " " in kind else f"{kind}: {lines[-1]}").rstrip(".")
+    last = lines[-1]
+    if len(lines) > 1 and " " not in kind:
+        # RayTaskError(ValueError) ... ValueError: boom -> RayTaskError(ValueError): boom
+        inner, sep, rest = last.partition(":")
+        if sep and " " not in inner and (inner == kind or kind.endswith(f"({inner})")):
+            last = rest.strip()
+        last = f"{kind}: {last}"
+    text = last.rstrip(".")
     return text if len(text) <= 100 else text[:97] + "..."
 
 
@@ -430,17 +448,37 @@ class RapidFireMagics(Magics):
     def _cmd_status(self, args):
         _no_args("status", args)
         exp = _experiment()
+        store = getattr(exp, "store", None)
+        events_path = getattr(store, "events_path", None)
+        if isinstance(events_path, Path) and not events_path.exists():
+            # the folder (or its log) was removed under the live Experiment: what memory holds is stale
+            where = getattr(exp, "path", events_path.parent)
+            print(f"experiment {exp.name!r}: its folder {where} no longer exists (deleted?) or lost its "
+                  "events.jsonl; nothing to show or continue", file=sys.stderr)
+            return None
         table = status_table(exp)
-        logged = 0
+        statuses: list[str] = []
         if getattr(exp, "events", None) is not None and hasattr(exp, "_state"):
-            lines, logged = exp._state().read(lambda t: (worker_lines(t, _training_now(exp)), len(t["runs"])))
+            # ask the engine first, then read the table: never hold the table's lock while waiting
+            # for the engine's (its loop holds that one while an AutoML hook reads the table)
+            now = _training_now(exp)
+            engine = getattr(exp, "engine", None)
+            lines, statuses = exp._state().read(lambda t: (
+                worker_lines(t, now, live=engine is not None and not t.get("ended")),
+                [str(r.get("status")) for r in t["runs"].values()]))
             if lines:
                 print("\n".join(lines))
         if len(table) == 0:
-            if logged and getattr(exp, "engine", None) is None:
+            if statuses and getattr(exp, "engine", None) is None:
                 # resume=True before run_fit: the log knows the runs, the engine is not started
-                print(f"experiment {exp.name!r} has {logged} run(s) in its log; call exp.run_fit(...) "
-                      "with the original arguments to continue them")
+                open_ = sum(1 for st in statuses if st in ("pending", "running", "stopped"))
+                counts = ", ".join(f"{statuses.count(st)} {st}" for st in dict.fromkeys(statuses))
+                if open_:
+                    print(f"experiment {exp.name!r} has {len(statuses)} run(s) in its log ({counts}); call "
+                          "exp.run_fit(...) with the original arguments to continue them")
+                else:
+                    print(f"experiment {exp.name!r} has {len(statuses)} run(s) in its log, none left to "
+                          f"train ({counts}); exp.get_results() and exp.get_runs_info() read them")
             else:
                 print(f"experiment {exp.name!r} has no runs yet (call exp.run_fit(...))")
             return None

@@ -1,8 +1,8 @@
 """The in-notebook control panel: one anywidget over an Experiment's event log.
 
 ``Panel(exp)`` (or ``panel_for(exp)``, which reuses a live one) is what an Experiment displays as.
-Its view is the ESM bundle ``rapidfire_nb/static/panel.js``, built from ``js/`` (TypeScript +
-plotly.js) by ``npm run build`` there and committed, so installing needs no Node.js.
+Its view is the ESM bundle ``rapidfire_nb/static/panel.js``, built from ``js/`` (TypeScript, its
+charts drawn on a 2D canvas) by ``npm run build`` there and committed, so installing needs no Node.js.
 
 How state reaches the view (the wire format is in ``_panel_protocol``):
 

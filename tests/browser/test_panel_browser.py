@@ -74,12 +74,13 @@ def _all_done(root: Path) -> bool:
 
 
 def _trace_points(page, chart: str) -> dict[str, int]:
-    """Points per trace (by trace name) in one of the panel's Plotly charts."""
+    """Points per curve (by run name) that one of the panel's charts drew last (its canvas's
+    inspection hook, js/src/canvaschart.ts)."""
     return page.evaluate(
         """(chart) => {
             const div = document.querySelector(`[data-testid=rf-chart-${chart}]`);
             const out = {};
-            for (const t of (div && div.data) || []) out[t.name] = (t.x || []).length;
+            for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[t.name] = t.x.length;
             return out;
         }""",
         chart,
@@ -202,7 +203,7 @@ def test_panel_in_jupyterlab(lab, page):
             """() => {
                 const div = document.querySelectorAll('[data-testid=rf-chart-train]')[1];
                 const out = {};
-                for (const t of (div && div.data) || []) out[t.name] = (t.x || []).length;
+                for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[t.name] = t.x.length;
                 return out;
             }""")
 

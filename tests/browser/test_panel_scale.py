@@ -26,6 +26,7 @@ from browser_wait import waiter
 import json
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -143,18 +144,33 @@ MEASURE = f"for _ in range({UPDATES}):\n    src.step_all()\n    time.sleep(0.8)\
 # The panel element's own record of update costs (js/src/index.ts, UpdateTiming).
 TIMINGS = "(el) => el.rfTimings.slice()"
 
+# What the train chart's canvas drew last (js/src/canvaschart.ts, rfInspect: a copy of the series
+# handed to the draw, and the scales it used). No legend: nothing in the chart is a legend, and the
+# chart body holds only the canvas, the zoom box and the hover label.
 CHART_DATA = """(el) => {
   const gd = el.querySelector('[data-testid=rf-chart-train]');
+  const c = gd.rfInspect();
   return {
-    legend: gd.querySelector('g.legend') !== null,
-    range: gd.layout && gd.layout.xaxis ? gd.layout.xaxis.range : null,
-    autorange: gd.layout && gd.layout.xaxis ? gd.layout.xaxis.autorange : null,
-    traces: (gd.data || []).map((t) => ({
-      run: t.meta && t.meta.runId, color: t.line.color, dash: t.line.dash, n: t.x.length,
-      x: t.meta && t.meta.runId === 1 ? Array.from(t.x) : null,
-      opacity: t.opacity, visible: t.visible, type: t.type, mode: t.mode,
+    legend: gd.querySelector('[class*=legend]') !== null || el.querySelector('.rf-charts [class*=legend]') !== null,
+    children: [...gd.children].map((n) => n.className),
+    range: c.view && c.view.zoomed ? c.view.x : null,
+    autorange: c.view ? !c.view.zoomed : null,
+    draws: c.draws,
+    traces: c.series.map((t) => ({
+      run: t.runId, name: t.name, color: t.color, dash: t.dash, n: t.x.length,
+      x: t.runId === 1 ? t.x : null,
+      opacity: t.opacity, visible: t.shown, markers: t.markers, width: t.width,
     })),
   };
+}"""
+
+# The page position of a chart's data point, from the scales of its last draw.
+POINT_PX = """(el, [split, x, y]) => {
+  const gd = el.querySelector(`[data-testid=rf-chart-${split}]`);
+  const v = gd.rfInspect().view;
+  const box = gd.querySelector('canvas').getBoundingClientRect();
+  return [box.left + v.plot.left + (x - v.x[0]) / (v.x[1] - v.x[0]) * v.plot.width,
+          box.top + v.plot.top + v.plot.height - (y - v.y[0]) / (v.y[1] - v.y[0]) * v.plot.height];
 }"""
 
 
@@ -262,13 +278,14 @@ def test_panel_at_48_runs_and_10000_steps(lab, browser):
         panel.scroll_into_view_if_needed()
         chart = panel.evaluate(CHART_DATA)
         assert not chart["legend"], "no legend block at 48 runs"
+        assert chart["children"] == ["rf-canvas", "rf-zoombox", "rf-tip"], chart["children"]
         by_run = {t["run"]: t for t in chart["traces"]}
         assert set(by_run) == set(range(1, 49)), sorted(by_run)
         long_run = by_run[1]
         # Its share of the budget, set while runs arrived (it moves only when off by a quarter).
         assert long_run["n"] <= 1.25 * POINT_BUDGET / 48, f"the 10,000-step run draws {long_run['n']} points"
         assert sum(t["n"] for t in chart["traces"]) <= 1.25 * POINT_BUDGET
-        assert long_run["mode"] == "lines"
+        assert long_run["markers"] is False
         # the state holds every step (the view's table counts them)
         assert f"step {10000 + UPDATES}/" in panel.locator('tr[data-run-id="1"]').text_content()
 
@@ -308,12 +325,18 @@ def test_panel_at_48_runs_and_10000_steps(lab, browser):
         assert row45.locator("[data-testid=rf-status]").text_content() == "pruned"
         assert row45.locator("[data-testid=rf-status]").get_attribute("title") == "pruned at chunk 2 (below the median)"
         assert "pruned at chunk 2 (below the median)" in row45.locator(".rf-row-note").text_content()
-        rung_js = """(el) => ((el.querySelector('[data-testid=rf-chart-eval]').layout || {}).annotations || [])
-            .map((a) => ({x: a.x, text: a.text, hover: a.hovertext}))"""
+        rung_js = """(el) => el.querySelector('[data-testid=rf-chart-eval]').rfInspect().rungs"""
         _wait(lambda: len(panel.evaluate(rung_js)) == 3, 10, "the eval chart's three rungs", page)
-        rungs = {a["hover"]: a for a in panel.evaluate(rung_js)}
+        rungs = {a["text"]: a for a in panel.evaluate(rung_js)}
         assert set(rungs) == {f"run {r}: pruned at chunk 2 (below the median)" for r in (45, 46, 47)}, rungs
-        assert all(a["x"] == 8 * 2000 and a["text"] == "\u2715" for a in rungs.values()), rungs
+        assert all(a["x"] == 8 * 2000 for a in rungs.values()), rungs
+        # A real hover on run 46's cross names the pruner's reason.
+        rung46 = rungs["run 46: pruned at chunk 2 (below the median)"]
+        panel.locator("[data-testid=rf-chart-eval]").scroll_into_view_if_needed()
+        page.mouse.move(*panel.evaluate(POINT_PX, ["eval", rung46["x"], rung46["y"]]))
+        eval_tip = panel.locator("[data-testid=rf-chart-eval] [data-testid=rf-tooltip]")
+        _wait(lambda: eval_tip.is_visible() and eval_tip.text_content() == rung46["text"], 10, "the rung's hover text", page)
+        page.mouse.move(5, 5)
 
         # Every Stop button can be reached: scrolled to, it is the element under the pointer.
         reach = panel.evaluate("""async (el) => {
@@ -361,7 +384,9 @@ def test_panel_at_48_runs_and_10000_steps(lab, browser):
         # Zoom: a drag over a narrow x range redraws the 10,000-step run at full resolution there.
         train = panel.locator("[data-testid=rf-chart-train]")
         train.scroll_into_view_if_needed()
-        drag = train.locator("rect.nsewdrag").first.bounding_box()
+        canvas = train.locator("canvas").first.bounding_box()
+        plot = panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-train]').rfInspect().view.plot")
+        drag = {"x": canvas["x"] + plot["left"], "y": canvas["y"] + plot["top"], "width": plot["width"], "height": plot["height"]}
         y = drag["y"] + drag["height"] / 2
         page.mouse.move(drag["x"] + drag["width"] * 0.50, y)
         page.mouse.down()
@@ -382,10 +407,40 @@ def test_panel_at_48_runs_and_10000_steps(lab, browser):
         lo, hi, inside = _wait(zoomed, 15, "full-resolution points inside the zoomed range", page)
         results["zoom_48"] = {"range": [lo, hi], "points_inside": len(inside)}
         page.screenshot(path=str(OUTPUT / "scale_48_zoom.png"))
-        train.locator("rect.nsewdrag").first.dblclick()
-        _wait(lambda: next(t["n"] for t in panel.evaluate(CHART_DATA)["traces"] if t["run"] == 1) <= 1.25 * POINT_BUDGET / 48,
-              15, "the zoomed-out curve downsampled again", page)
+        train.locator("canvas").first.dblclick(position={"x": plot["left"] + plot["width"] / 2, "y": plot["top"] + plot["height"] / 2})
+        _wait(lambda: next(t["n"] for t in panel.evaluate(CHART_DATA)["traces"] if t["run"] == 1) <= 1.25 * POINT_BUDGET / 48
+              and panel.evaluate(CHART_DATA)["autorange"] is True, 15, "the zoomed-out curve downsampled again", page)
+
+        # A real hover over a drawn point of the 10,000-step run (past 16k samples it is alone):
+        # the hover label names the run with the point's x and value, and its table row lights up.
+        full = panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-train]').rfInspect().series.find((s) => s.runId === 1)")
+        k = next(i for i, x in enumerate(full["x"]) if x >= 60_000)
+        page.mouse.move(*panel.evaluate(POINT_PX, ["train", full["x"][k], full["y"][k]]))
+        tip = train.locator("[data-testid=rf-tooltip]")
+        _wait(lambda: tip.is_visible() and (tip.text_content() or "").startswith("run 1samples seen"), 10, "the hover label of run 1", page)
+        assert f"samples seen {full['x'][k]}" in tip.text_content(), tip.text_content()
+        assert panel.locator('tr[data-run-id="1"]').get_attribute("class") and "rf-hot" in panel.locator('tr[data-run-id="1"]').get_attribute("class")
+        page.screenshot(path=str(OUTPUT / "scale_48_hover_curve.png"))
+        page.mouse.move(5, 5)
+        _wait(lambda: not tip.is_visible(), 10, "the hover label to go", page)
         panel.screenshot(path=str(OUTPUT / "scale_48_panel.png"))
+
+        # JupyterLab's dark theme, switched as JupyterLab does it: its stylesheet (the one installed
+        # with the lab), then the theme attributes on <body>. The charts redraw in its text colour.
+        light_fg = panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-train]').rfInspect().fg")
+        dark_css = Path(sys.prefix) / "share" / "jupyter" / "lab" / "themes" / "@jupyterlab" / "theme-dark-extension" / "index.css"
+        assert dark_css.is_file(), f"JupyterLab's dark theme is not installed at {dark_css}"
+        # after the light theme's <link>, which JupyterLab puts at the end of <body>
+        page.evaluate("(css) => { const s = document.createElement('style'); s.textContent = css; document.body.append(s); }",
+                      dark_css.read_text(encoding="utf-8"))
+        dark_fg = panel.evaluate("(el) => getComputedStyle(el.querySelector('[data-testid=rf-chart-train]')).color")
+        assert dark_fg != light_fg, (light_fg, dark_fg)
+        page.evaluate("() => { document.body.dataset.jpThemeName = 'JupyterLab Dark'; document.body.dataset.jpThemeLight = 'false'; }")
+        _wait(lambda: panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-train]').rfInspect().fg") == dark_fg
+              and panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-eval]').rfInspect().fg") == dark_fg,
+              10, "the charts redrawn in the dark theme's text colour", page)
+        panel.locator("[data-testid=rf-chart-train]").scroll_into_view_if_needed()
+        page.screenshot(path=str(OUTPUT / "scale_48_dark.png"))
         assert errors == [], errors
     finally:
         (OUTPUT / "scale_timings.json").write_text(json.dumps(results, indent=1))
@@ -412,6 +467,21 @@ config = RFModelConfig(
 exp = Experiment("real-48", experiment_path="experiments")
 exp.run_fit(RFGridSearch(config, trainer_type="SFT"), tiny_create_model, train, evals, num_chunks=1)
 """
+
+# The alpha of the eval canvas where a shown run's only point was drawn (null: no such run).
+EVAL_DOT = """(el) => {
+    const gd = el.querySelector('[data-testid=rf-chart-eval]');
+    const c = gd.rfInspect();
+    const v = c.view;
+    const s = c.series.find((t) => t.shown && t.x.length === 1 && t.y[0] !== null);
+    if (!s || !v) return null;
+    const canvas = gd.querySelector('canvas');
+    const k = canvas.width / canvas.clientWidth;
+    const px = v.plot.left + (s.x[0] - v.x[0]) / (v.x[1] - v.x[0]) * v.plot.width;
+    const py = v.plot.top + v.plot.height - (s.y[0] - v.y[0]) / (v.y[1] - v.y[0]) * v.plot.height;
+    const a = canvas.getContext('2d').getImageData(Math.round(px * k), Math.round(py * k), 1, 1).data;
+    return {run: s.runId, x: s.x[0], y: s.y[0], alpha: a[3]};
+}"""
 
 REACH_STOPS = """async (el) => {
     const out = [];
@@ -500,6 +570,15 @@ def test_panel_with_48_real_tiny_model_runs(lab, browser):
         for r in range(1, 21):
             v = int(drawn[r]["color"][1:], 16)
             assert f"rgb({v >> 16}, {(v >> 8) & 255}, {v & 255})" == swatches[str(r)], r
+        # Each run has one eval point so far and past 12 runs eval markers are off: the point is
+        # still drawn (a dot, as no line passes through it); the canvas is opaque there.
+        page.mouse.move(5, 5)
+        time.sleep(0.3)
+        probe = panel.evaluate(EVAL_DOT)
+        assert probe is not None and probe["alpha"] >= 200, probe
+        # The time split keeps up while events stream in (bars for all runs + each trained run).
+        _wait(lambda: panel.locator("[data-testid=rf-time-split] .rf-time-row").count() >= 21, 40,
+              "the time split's bars for 20 trained runs", page)
         timings = panel.evaluate(TIMINGS)
         work = sorted(t["workMs"] for t in timings)
         results["real_48"] = {

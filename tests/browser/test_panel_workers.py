@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 from rapidfire_nb.engine.events import read_events
@@ -135,8 +136,13 @@ def test_chunk_timeline_one_lane_per_worker_and_the_lost_one(browser):
         assert tl["lanes"][0]["lost"] == []
         assert [(s["from"], s["to"]) for s in tl["lanes"][1]["lost"]] == [(loss["time"] - origin, None)]
         trained = [b for b in tl["blocks"] if not b["lost"]]
+        # a run's first chunk started where it is (the engine logs it moved): not a move
+        firsts = {}
+        for e in done:
+            firsts.setdefault(e["run_id"], e["seq"])
         assert [(b["lane"], b["run"], b["epoch"], b["chunk"], b["moved"]) for b in trained] == \
-            [(e["worker"], e["run_id"], e["epoch"], e["chunk"], e["moved"]) for e in done]
+            [(e["worker"], e["run_id"], e["epoch"], e["chunk"], e["moved"] and firsts[e["run_id"]] != e["seq"])
+             for e in done]
         for b, e in zip(trained, done):
             assert abs(b["t0"] - (e["start"] - origin)) < 1e-6 and abs(b["t1"] - (e["end"] - origin)) < 1e-6
         (lost,) = [b for b in tl["blocks"] if b["lost"]]
@@ -168,9 +174,15 @@ def test_chunk_timeline_one_lane_per_worker_and_the_lost_one(browser):
         # the notice's x hides it in this view; the log, the column and the timeline keep the loss
         notice = page.locator('[data-testid="rf-worker-lost"]')
         notice.wait_for(state="visible")
-        page.locator('[data-testid="rf-worker-lost"] button.rf-notice-close').click()
-        notice.wait_for(state="hidden")
-        assert page.locator('[data-testid="rf-worker-lost"] .rf-notice').count() == 0
+        button = page.locator('[data-testid="rf-worker-lost"] button.rf-notice-close')
+        # get_runs_info has a worker column, not the loss: the log and %rapidfire status keep it
+        title = button.get_attribute("title") or ""
+        assert "get_runs_info" not in title and "%rapidfire status" in title, title
+        button.click()
+        page.locator('[data-testid="rf-worker-lost"] .rf-notice').wait_for(state="detached")
+        # what is hidden can be shown again: "1 worker notice hidden · show"
+        hidden = page.locator('[data-testid="rf-worker-lost"] .rf-notice-hidden')
+        assert hidden.inner_text() == "1 worker notice hidden · show"
         assert _timeline(page)["lanes"][1]["lost"] != []
         page.screenshot(path=str(_conftest.OUTPUT / "workers_dismissed.png"), full_page=True)
         # a panel view of the same experiment opened later remembers the dismissal
@@ -179,7 +191,15 @@ def test_chunk_timeline_one_lane_per_worker_and_the_lost_one(browser):
         again.goto(f"{ORIGIN}/index.html")
         again.wait_for_function("document.querySelectorAll('[data-testid=rf-worker]').length === 3")
         _timeline(again)
-        assert again.locator('[data-testid="rf-worker-lost"]').is_hidden()
+        assert again.locator('[data-testid="rf-worker-lost"] .rf-notice').count() == 0
+        again.locator('[data-testid="rf-worker-lost"] button.rf-notice-show').click()
+        again.locator('[data-testid="rf-worker-lost"] .rf-notice').wait_for(state="visible")
+        assert again.locator('[data-testid="rf-worker-lost"] .rf-notice-hidden').count() == 0
+        # and stays shown in a view opened after that
+        third = context.new_page()
+        third.on("pageerror", lambda err: errors.append(str(err)))
+        third.goto(f"{ORIGIN}/index.html")
+        third.locator('[data-testid="rf-worker-lost"] .rf-notice').wait_for(state="visible")
     finally:
         context.close()
     assert errors == []
@@ -209,3 +229,22 @@ def test_kernel_engine_timeline_has_one_device_lane(browser):
     finally:
         context.close()
     assert errors == []
+
+
+def test_an_ended_experiment_does_not_redraw_its_timeline_without_news(browser):
+    # every pull reply reaches the timeline; with no new chunk, loss or width it draws nothing
+    context, page, errors = _open(browser, read_events(FIXTURES / "ray_workers.jsonl"))
+    try:
+        _timeline(page)
+        time.sleep(3)
+        before = page.eval_on_selector(TIMELINE, "el => el.rfTimeline.draws")
+        time.sleep(6)
+        after = page.eval_on_selector(TIMELINE, "el => el.rfTimeline.draws")
+        assert after == before, f"{after - before} redraws in 6 s without a new event"
+        # a new width still redraws
+        page.set_viewport_size({"width": 900, "height": 900})
+        page.wait_for_function(f"document.querySelector('{TIMELINE}').rfTimeline.draws > {after}")
+    finally:
+        context.close()
+    assert errors == []
+

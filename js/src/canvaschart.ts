@@ -1,0 +1,632 @@
+/**
+ * The panel's curve charts: one 2D canvas per chart, drawn whole on every change.
+ *
+ * Why not Plotly (or uPlot): Plotly's SVG scatter costs one full pass per trace on every redraw
+ * (supplyDefaults, calcdata, drawData), 50-100 ms at 48 runs on a 2-core machine, whatever the point
+ * count. uPlot draws fast but wants every series on one shared x array; here each run has its own
+ * x values (LTTB keeps different points per run, runs with other batch sizes log at other samples
+ * seen), so joining them would fill a runs x union-of-x table with nulls on every update. A canvas
+ * pass over a few thousand points is a few milliseconds, and hover, zoom, rung marks and emphasis
+ * need nothing a plotting library would add.
+ *
+ * The geometry (ticks, extents, nearest point, drag ranges) is in pure functions below, tested
+ * with vitest; the class only turns them into pixels and mouse handling.
+ */
+import type { Dash } from "./state";
+
+/** One run's curve as drawn: its points and how it is emphasized now. */
+export interface DrawSeries {
+  runId: number;
+  name: string;
+  color: string;
+  dash: Dash;
+  x: number[];
+  y: (number | null)[];
+  /** false: hidden by a filter or its swatch (not drawn, not hovered, not in the y range). */
+  shown: boolean;
+  /** Hovered in the table or pinned: drawn on top, thicker. */
+  focused: boolean;
+  opacity: number;
+  width: number;
+  markers: boolean;
+}
+
+/** A pruning rung: a cross where the pruner cut a run, its reason on hover. */
+export interface RungMark {
+  runId: number;
+  x: number;
+  y: number;
+  color: string;
+  text: string;
+}
+
+export type Range = [number, number];
+
+/** Plot area inside the canvas, in CSS pixels. */
+export interface PlotBox {
+  left: number;
+  top: number;
+  width: number;
+  height: number;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure geometry
+
+/** A tick step of 1, 2 or 5 times a power of ten giving at most `maxTicks` ticks over `span`. */
+export function niceStep(span: number, maxTicks: number): number {
+  if (!(span > 0) || !Number.isFinite(span)) return 1;
+  const raw = span / Math.max(1, maxTicks);
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 5, 10]) if (m * mag >= raw) return m * mag;
+  return 10 * mag;
+}
+
+/** The multiples of a nice step inside [min, max]. */
+export function niceTicks(min: number, max: number, maxTicks: number): { ticks: number[]; step: number } {
+  const step = niceStep(max - min, maxTicks);
+  const ticks: number[] = [];
+  const first = Math.ceil(min / step - 1e-9);
+  for (let k = first; k * step <= max + step * 1e-9 && ticks.length < 1000; k++) {
+    // Rounded to the step's decimals: 0.1 * 3 is 0.30000000000000004.
+    ticks.push(Number((k * step).toPrecision(12)));
+  }
+  return { ticks, step };
+}
+
+/** A tick label: thousands as "20k" (x is samples seen, often tens of thousands), else the step's decimals. */
+export function fmtTick(v: number, step: number): string {
+  if (v === 0) return "0";
+  const abs = Math.abs(v);
+  // By the step, not the value, so one axis reads "4k 6k 8k 10k" rather than "4000 6000 8000 10k".
+  if (abs >= 1e6 && step >= 1e5) return `${Number((v / 1e6).toPrecision(6))}M`;
+  if (step >= 1e3) return `${Number((v / 1e3).toPrecision(6))}k`;
+  if (step < 1e-4 || abs >= 1e7) return v.toExponential(Math.max(0, Math.min(3, Math.round(-Math.log10(step) + Math.log10(abs)))));
+  const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
+  return v.toFixed(Math.min(decimals, 8));
+}
+
+/** A value as hover text: five significant digits, integers whole. */
+export function fmtHover(v: number): string {
+  if (Number.isInteger(v) && Math.abs(v) < 1e15) return String(v);
+  return String(Number(v.toPrecision(5)));
+}
+
+/**
+ * The data ranges to draw: x from zero (a chart whose runs have one point each still gets a
+ * readable axis) to the last point, or the zoomed range; y over the shown points inside that x
+ * range, padded by 5 %, or the zoomed y range. Null when no shown series has a finite point.
+ */
+export function extents(series: readonly DrawSeries[], xZoom: Range | null, yZoom: Range | null): { x: Range; y: Range } | null {
+  let xMin = Infinity;
+  let xMax = -Infinity;
+  let yMin = Infinity;
+  let yMax = -Infinity;
+  for (const s of series) {
+    if (!s.shown) continue;
+    for (let i = 0; i < s.x.length; i++) {
+      const x = s.x[i];
+      const y = s.y[i];
+      if (y === null || !Number.isFinite(y) || !Number.isFinite(x)) continue;
+      if (xZoom !== null && (x < xZoom[0] || x > xZoom[1])) continue;
+      if (x < xMin) xMin = x;
+      if (x > xMax) xMax = x;
+      if (y < yMin) yMin = y;
+      if (y > yMax) yMax = y;
+    }
+  }
+  if (xMin > xMax && xZoom === null) return null;
+  let x: Range;
+  if (xZoom !== null) x = [xZoom[0], xZoom[1]];
+  else {
+    x = [Math.min(0, xMin), Math.max(0, xMax)];
+    if (x[1] === x[0]) x = [x[0], x[0] + 1];
+  }
+  let y: Range;
+  if (yZoom !== null) y = [yZoom[0], yZoom[1]];
+  else if (yMin > yMax) y = [0, 1];
+  else if (yMin === yMax) {
+    const pad = Math.abs(yMin) > 0 ? Math.abs(yMin) * 0.1 : 1;
+    y = [yMin - pad, yMax + pad];
+  } else {
+    const pad = (yMax - yMin) * 0.05;
+    y = [yMin - pad, yMax + pad];
+  }
+  return { x, y };
+}
+
+/** Maps data to CSS pixels inside a plot box (y grows upwards). */
+export interface Scales {
+  x: Range;
+  y: Range;
+  box: PlotBox;
+}
+
+export function toPx(s: Scales, x: number, y: number): [number, number] {
+  const px = s.box.left + ((x - s.x[0]) / (s.x[1] - s.x[0])) * s.box.width;
+  const py = s.box.top + s.box.height - ((y - s.y[0]) / (s.y[1] - s.y[0])) * s.box.height;
+  return [px, py];
+}
+
+export function fromPx(s: Scales, px: number, py: number): [number, number] {
+  const x = s.x[0] + ((px - s.box.left) / s.box.width) * (s.x[1] - s.x[0]);
+  const y = s.y[0] + ((s.box.top + s.box.height - py) / s.box.height) * (s.y[1] - s.y[0]);
+  return [x, y];
+}
+
+/**
+ * The drawn point nearest to the pointer, within `maxDist` pixels, among the shown series; ties
+ * go to the focused series (drawn on top). Null when none is that close.
+ */
+export function nearestPoint(
+  series: readonly DrawSeries[], scales: Scales, px: number, py: number, maxDist: number,
+): { series: number; index: number; dist: number } | null {
+  let best: { series: number; index: number; dist: number } | null = null;
+  const { x: xr, y: yr, box } = scales;
+  const kx = box.width / (xr[1] - xr[0]);
+  const ky = box.height / (yr[1] - yr[0]);
+  const bottom = box.top + box.height;
+  for (let si = 0; si < series.length; si++) {
+    const s = series[si];
+    if (!s.shown) continue;
+    for (let i = 0; i < s.x.length; i++) {
+      const y = s.y[i];
+      if (y === null || !Number.isFinite(y)) continue;
+      const dx = box.left + (s.x[i] - xr[0]) * kx - px;
+      if (dx > maxDist || dx < -maxDist) continue;
+      const dy = bottom - (y - yr[0]) * ky - py;
+      const d = Math.hypot(dx, dy);
+      if (d > maxDist) continue;
+      if (best === null || d < best.dist - 1e-9 || (Math.abs(d - best.dist) <= 1e-9 && s.focused && !series[best.series].focused)) {
+        best = { series: si, index: i, dist: d };
+      }
+    }
+  }
+  return best;
+}
+
+/**
+ * What a drag selects, Plotly-style: a mostly horizontal drag zooms x only (y then fits the points
+ * in range), a mostly vertical one zooms y only, anything else both; a few pixels is a click.
+ */
+export function dragZoom(
+  scales: Scales, x0: number, y0: number, x1: number, y1: number,
+): { x: Range | null; y: Range | null } | null {
+  const dx = Math.abs(x1 - x0);
+  const dy = Math.abs(y1 - y0);
+  if (dx < 5 && dy < 5) return null;
+  const [ax, ay] = fromPx(scales, Math.min(x0, x1), Math.max(y0, y1));
+  const [bx, by] = fromPx(scales, Math.max(x0, x1), Math.min(y0, y1));
+  const xOnly = dy < 8 && dx >= 5;
+  const yOnly = dx < 8 && dy >= 5;
+  return {
+    x: yOnly ? null : [ax, bx],
+    y: xOnly ? null : [ay, by],
+  };
+}
+
+/**
+ * Points no line passes through: finite, with no finite neighbour. A run with one eval so far (or
+ * a point between gaps) would otherwise draw nothing where eval markers are off.
+ */
+export function isolatedPoints(y: readonly (number | null)[]): number[] {
+  const ok = (i: number) => i >= 0 && i < y.length && y[i] !== null && Number.isFinite(y[i] as number);
+  const out: number[] = [];
+  for (let i = 0; i < y.length; i++) if (ok(i) && !ok(i - 1) && !ok(i + 1)) out.push(i);
+  return out;
+}
+
+/** Canvas dash pattern for a Plotly dash name, scaled with the line width as Plotly does. */
+export function dashArray(dash: Dash, width: number): number[] {
+  const w = Math.max(1, width);
+  switch (dash) {
+    case "dash":
+      return [6 * w, 4 * w];
+    case "dot":
+      return [1.5 * w, 2.5 * w];
+    case "dashdot":
+      return [6 * w, 3 * w, 1.5 * w, 3 * w];
+    default:
+      return [];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The chart
+
+export interface CanvasChartOptions {
+  xLabel: string;
+  /** A drag or a double-click changed the x range (null: zoomed out). */
+  onZoom: (x: Range | null) => void;
+  /** The pointer is over a run's curve (null: over none). */
+  onHover: (runId: number | null) => void;
+}
+
+const HOVER_PX = 20;
+const RUNG_HOVER_PX = 9;
+const FONT_PX = 11;
+const MARGIN = { right: 10, top: 8, bottom: 34 };
+
+/** What the browser tests read off the chart element (a copy of what the last draw used). */
+export interface ChartInspection {
+  series: DrawSeries[];
+  rungs: RungMark[];
+  view: { x: Range; y: Range; plot: PlotBox; zoomed: boolean } | null;
+  draws: number;
+  /** The text colour of the last draw: the theme's, read from the page's CSS. */
+  fg: string;
+}
+
+export class CanvasChart {
+  private readonly canvas: HTMLCanvasElement;
+  private readonly ctx: CanvasRenderingContext2D | null;
+  private readonly tip: HTMLDivElement;
+  private readonly sel: HTMLDivElement;
+  private series: DrawSeries[] = [];
+  private rungs: RungMark[] = [];
+  private yLabel = "";
+  private xZoom: Range | null = null;
+  private yZoom: Range | null = null;
+  private scales: Scales | null = null;
+  private width = 0;
+  private height = 0;
+  private draws = 0;
+  /**
+   * The theme's text colour and font, read once and again when the theme may have changed: a
+   * getComputedStyle in every draw would force a style pass over the whole notebook page.
+   */
+  private theme: { fg: string; family: string } | null = null;
+  private themeObserver: MutationObserver | null = null;
+  private drag: { x: number; y: number } | null = null;
+  private hoverRun: number | null = null;
+  private hoverFrame = 0;
+  private lastMove: { x: number; y: number } | null = null;
+  private readonly off: (() => void)[] = [];
+
+  constructor(private readonly host: HTMLElement, private readonly opts: CanvasChartOptions) {
+    this.canvas = document.createElement("canvas");
+    this.canvas.className = "rf-canvas";
+    this.ctx = this.canvas.getContext("2d");
+    this.tip = document.createElement("div");
+    this.tip.className = "rf-tip";
+    this.tip.dataset.testid = "rf-tooltip";
+    this.tip.style.display = "none";
+    this.sel = document.createElement("div");
+    this.sel.className = "rf-zoombox";
+    this.sel.style.display = "none";
+    host.append(this.canvas, this.sel, this.tip);
+    this.listen();
+    // JupyterLab marks a theme switch on <body> (data-jp-theme-name, data-jp-theme-light), VS Code
+    // with body classes; either way the colours are read again and the chart redrawn.
+    if (typeof MutationObserver === "function") {
+      this.themeObserver = new MutationObserver(() => {
+        // Body classes also change for other reasons (a drag's cursor): redraw only on a new colour.
+        const style = getComputedStyle(this.host);
+        if (this.theme !== null && style.color === this.theme.fg && style.fontFamily === this.theme.family) return;
+        this.theme = null;
+        if (this.draws > 0) this.draw();
+      });
+      for (const target of [document.documentElement, document.body]) {
+        if (target) this.themeObserver.observe(target, { attributes: true, attributeFilter: ["class", "data-jp-theme-name", "data-jp-theme-light"] });
+      }
+    }
+    (host as unknown as { rfInspect: () => ChartInspection }).rfInspect = () => this.inspect();
+  }
+
+  /** The x range the user zoomed to (kept across data changes until a double-click). */
+  setXZoom(x: Range | null): void {
+    this.xZoom = x;
+    if (x === null) this.yZoom = null;
+  }
+
+  setData(series: DrawSeries[], rungs: RungMark[], yLabel: string): void {
+    this.series = series;
+    this.rungs = rungs;
+    this.yLabel = yLabel;
+  }
+
+  /** The container's size changed (ResizeObserver) or is read for the first time. */
+  resize(width?: number, height?: number): boolean {
+    const w = Math.round(width ?? this.host.clientWidth);
+    const h = Math.round(height ?? this.host.clientHeight);
+    if (w === this.width && h === this.height) return false;
+    this.width = w;
+    this.height = h;
+    this.theme = null;
+    const dpr = window.devicePixelRatio || 1;
+    this.canvas.width = Math.max(1, Math.round(w * dpr));
+    this.canvas.height = Math.max(1, Math.round(h * dpr));
+    this.canvas.style.width = `${w}px`;
+    this.canvas.style.height = `${h}px`;
+    return true;
+  }
+
+  draw(): void {
+    const ctx = this.ctx;
+    if (this.width === 0) this.resize();
+    this.draws++;
+    if (ctx === null || this.width === 0 || this.height === 0) return;
+    const dpr = window.devicePixelRatio || 1;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, this.width, this.height);
+    const ext = extents(this.series, this.xZoom, this.yZoom);
+    if (ext === null) {
+      this.scales = null;
+      return;
+    }
+    if (this.theme === null) {
+      const style = getComputedStyle(this.host);
+      this.theme = { fg: style.color || "#1f2328", family: style.fontFamily || "sans-serif" };
+    }
+    const { fg, family } = this.theme;
+    ctx.font = `${FONT_PX}px ${family}`;
+    const yTicks = niceTicks(ext.y[0], ext.y[1], Math.max(2, Math.floor(this.height / 40)));
+    const yText = yTicks.ticks.map((t) => fmtTick(t, yTicks.step));
+    const labelW = Math.max(0, ...yText.map((t) => ctx.measureText(t).width));
+    const box: PlotBox = {
+      left: Math.ceil(labelW + 6 + FONT_PX + 8),
+      top: MARGIN.top,
+      width: Math.max(10, this.width - Math.ceil(labelW + 6 + FONT_PX + 8) - MARGIN.right),
+      height: Math.max(10, this.height - MARGIN.top - MARGIN.bottom),
+    };
+    const scales: Scales = { x: ext.x, y: ext.y, box };
+    this.scales = scales;
+    const xTicks = niceTicks(ext.x[0], ext.x[1], Math.max(2, Math.floor(box.width / 70)));
+
+    // Grid and tick labels.
+    ctx.lineWidth = 1;
+    ctx.strokeStyle = "rgba(128,128,128,0.25)";
+    ctx.setLineDash([]);
+    ctx.globalAlpha = 1;
+    ctx.beginPath();
+    for (const t of yTicks.ticks) {
+      const py = Math.round(toPx(scales, ext.x[0], t)[1]) + 0.5;
+      ctx.moveTo(box.left, py);
+      ctx.lineTo(box.left + box.width, py);
+    }
+    for (const t of xTicks.ticks) {
+      const px = Math.round(toPx(scales, t, ext.y[0])[0]) + 0.5;
+      ctx.moveTo(px, box.top);
+      ctx.lineTo(px, box.top + box.height);
+    }
+    ctx.stroke();
+    ctx.fillStyle = fg;
+    ctx.textAlign = "right";
+    ctx.textBaseline = "middle";
+    yTicks.ticks.forEach((t, i) => ctx.fillText(yText[i], box.left - 4, toPx(scales, ext.x[0], t)[1]));
+    ctx.textAlign = "center";
+    ctx.textBaseline = "top";
+    for (const t of xTicks.ticks) {
+      // The last label of a zoomed axis can sit at the right edge: keep it whole inside the canvas.
+      const text = fmtTick(t, xTicks.step);
+      const half = ctx.measureText(text).width / 2;
+      const px = Math.min(this.width - half - 1, Math.max(half + 1, toPx(scales, t, ext.y[0])[0]));
+      ctx.fillText(text, px, box.top + box.height + 4);
+    }
+    ctx.fillText(this.opts.xLabel, box.left + box.width / 2, box.top + box.height + 6 + FONT_PX + 2);
+    ctx.save();
+    ctx.translate(2 + FONT_PX / 2, box.top + box.height / 2);
+    ctx.rotate(-Math.PI / 2);
+    ctx.textBaseline = "middle";
+    ctx.fillText(this.yLabel, 0, 0);
+    ctx.restore();
+
+    // Curves, clipped to the plot (a little wider, so markers at the edges show whole).
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(box.left - 3, box.top - 3, box.width + 6, box.height + 6);
+    ctx.clip();
+    const order = [...this.series.keys()].sort((a, b) => Number(this.series[a].focused) - Number(this.series[b].focused));
+    const { x: xr, y: yr } = scales;
+    const kx = box.width / (xr[1] - xr[0]);
+    const ky = box.height / (yr[1] - yr[0]);
+    const bottom = box.top + box.height;
+    ctx.lineJoin = "round";
+    for (const si of order) {
+      const s = this.series[si];
+      if (!s.shown || s.x.length === 0) continue;
+      ctx.globalAlpha = s.opacity;
+      ctx.strokeStyle = s.color;
+      ctx.fillStyle = s.color;
+      ctx.lineWidth = s.width;
+      ctx.setLineDash(dashArray(s.dash, s.width));
+      ctx.beginPath();
+      let pen = false;
+      for (let i = 0; i < s.x.length; i++) {
+        const y = s.y[i];
+        if (y === null || !Number.isFinite(y)) {
+          pen = false;
+          continue;
+        }
+        const px = box.left + (s.x[i] - xr[0]) * kx;
+        const py = bottom - (y - yr[0]) * ky;
+        if (pen) ctx.lineTo(px, py);
+        else ctx.moveTo(px, py);
+        pen = true;
+      }
+      ctx.stroke();
+      const dots = s.markers ? null : isolatedPoints(s.y);
+      if (s.markers || dots!.length) {
+        ctx.setLineDash([]);
+        ctx.beginPath();
+        const r = s.markers ? 2 : Math.max(1.5, s.width);
+        for (const i of dots ?? s.x.keys()) {
+          const y = s.y[i];
+          if (y === null || !Number.isFinite(y)) continue;
+          const px = box.left + (s.x[i] - xr[0]) * kx;
+          const py = bottom - (y - yr[0]) * ky;
+          ctx.moveTo(px + r, py);
+          ctx.arc(px, py, r, 0, 2 * Math.PI);
+        }
+        ctx.fill();
+      }
+    }
+    ctx.globalAlpha = 1;
+    ctx.setLineDash([]);
+    ctx.font = `14px ${family}`;
+    ctx.textAlign = "center";
+    ctx.textBaseline = "middle";
+    for (const r of this.rungs) {
+      const [px, py] = toPx(scales, r.x, r.y);
+      ctx.fillStyle = r.color;
+      ctx.fillText("\u2715", px, py);
+    }
+    ctx.restore();
+    // The pointer may now be over another curve; a hover showing stale numbers is worse than none.
+    if (this.lastMove !== null && this.drag === null) this.hover(this.lastMove.x, this.lastMove.y);
+  }
+
+  private inspect(): ChartInspection {
+    const s = this.scales;
+    return {
+      series: this.series.map((d) => ({ ...d, x: d.x.slice(), y: d.y.slice() })),
+      rungs: this.rungs.map((r) => ({ ...r })),
+      view: s === null ? null : { x: [...s.x], y: [...s.y], plot: { ...s.box }, zoomed: this.xZoom !== null || this.yZoom !== null },
+      draws: this.draws,
+      fg: this.theme?.fg ?? "",
+    };
+  }
+
+  private local(ev: MouseEvent): [number, number] {
+    const r = this.canvas.getBoundingClientRect();
+    return [ev.clientX - r.left, ev.clientY - r.top];
+  }
+
+  private hover(px: number, py: number): void {
+    const scales = this.scales;
+    const inside = scales !== null && px >= scales.box.left - HOVER_PX && px <= scales.box.left + scales.box.width + HOVER_PX
+      && py >= scales.box.top - HOVER_PX && py <= scales.box.top + scales.box.height + HOVER_PX;
+    let runId: number | null = null;
+    let lines: string[] = [];
+    let color = "";
+    let at: [number, number] = [px, py];
+    if (scales !== null && inside) {
+      let rung: RungMark | null = null;
+      let rungDist = RUNG_HOVER_PX;
+      for (const r of this.rungs) {
+        const [rx, ry] = toPx(scales, r.x, r.y);
+        const d = Math.hypot(rx - px, ry - py);
+        if (d <= rungDist) {
+          rung = r;
+          rungDist = d;
+        }
+      }
+      const hit = rung ? null : nearestPoint(this.series, scales, px, py, HOVER_PX);
+      if (rung) {
+        lines = [rung.text];
+        color = rung.color;
+        runId = rung.runId;
+        at = toPx(scales, rung.x, rung.y);
+      } else if (hit !== null) {
+        const s = this.series[hit.series];
+        const y = s.y[hit.index] as number;
+        lines = [s.name, `${this.opts.xLabel} ${fmtHover(s.x[hit.index])}`, `${this.yLabel} ${fmtHover(y)}`];
+        color = s.color;
+        runId = s.runId;
+        at = toPx(scales, s.x[hit.index], y);
+      }
+    }
+    if (lines.length === 0) {
+      this.tip.style.display = "none";
+    } else {
+      this.tip.replaceChildren(...lines.flatMap((l, i) => (i ? [document.createElement("br"), l] : [l])));
+      this.tip.style.borderColor = color;
+      this.tip.style.display = "";
+      // Beside the point, flipped to its left in the right half so it stays inside the chart.
+      const right = at[0] > this.width / 2;
+      this.tip.style.left = right ? "" : `${Math.round(at[0] + 10)}px`;
+      this.tip.style.right = right ? `${Math.round(this.width - at[0] + 10)}px` : "";
+      this.tip.style.top = `${Math.round(Math.max(0, Math.min(this.height - 48, at[1] - 20)))}px`;
+    }
+    if (runId !== this.hoverRun) {
+      this.hoverRun = runId;
+      this.opts.onHover(runId);
+    }
+  }
+
+  private listen(): void {
+    const on = <K extends keyof HTMLElementEventMap>(t: EventTarget, type: K, fn: (ev: HTMLElementEventMap[K]) => void) => {
+      t.addEventListener(type, fn as EventListener);
+      this.off.push(() => t.removeEventListener(type, fn as EventListener));
+    };
+    on(this.canvas, "mousemove", (ev) => {
+      const [x, y] = this.local(ev);
+      this.lastMove = { x, y };
+      if (this.drag !== null) return;
+      // One nearest-point scan per frame, however fast the pointer moves.
+      if (this.hoverFrame) return;
+      this.hoverFrame = requestAnimationFrame(() => {
+        this.hoverFrame = 0;
+        if (this.lastMove !== null && this.drag === null) this.hover(this.lastMove.x, this.lastMove.y);
+      });
+    });
+    on(this.canvas, "mouseleave", () => {
+      this.lastMove = null;
+      if (this.drag !== null) return;
+      this.tip.style.display = "none";
+      if (this.hoverRun !== null) {
+        this.hoverRun = null;
+        this.opts.onHover(null);
+      }
+    });
+    on(this.canvas, "mousedown", (ev) => {
+      if (ev.button !== 0 || this.scales === null) return;
+      ev.preventDefault();
+      const [x, y] = this.local(ev);
+      this.drag = { x, y };
+      this.tip.style.display = "none";
+    });
+    on(window, "mousemove", (ev) => {
+      if (this.drag === null || this.scales === null) return;
+      const [x, y] = this.local(ev);
+      const b = this.scales.box;
+      const cx = Math.max(b.left, Math.min(b.left + b.width, x));
+      const cy = Math.max(b.top, Math.min(b.top + b.height, y));
+      const dx = Math.abs(cx - this.drag.x);
+      const dy = Math.abs(cy - this.drag.y);
+      // The box shows what a release would zoom to: a full-height band for an x-only drag.
+      const xOnly = dy < 8;
+      const yOnly = dx < 8 && !xOnly;
+      const left = yOnly ? b.left : Math.min(cx, this.drag.x);
+      const top = xOnly ? b.top : Math.min(cy, this.drag.y);
+      Object.assign(this.sel.style, {
+        display: dx < 5 && dy < 5 ? "none" : "",
+        left: `${left}px`, top: `${top}px`,
+        width: `${yOnly ? b.width : dx}px`, height: `${xOnly ? b.height : dy}px`,
+      });
+    });
+    on(window, "mouseup", (ev) => {
+      if (this.drag === null) return;
+      const start = this.drag;
+      this.drag = null;
+      this.sel.style.display = "none";
+      if (this.scales === null) return;
+      const b = this.scales.box;
+      const [x, y] = this.local(ev);
+      const zoom = dragZoom(this.scales, start.x, start.y,
+        Math.max(b.left, Math.min(b.left + b.width, x)), Math.max(b.top, Math.min(b.top + b.height, y)));
+      if (zoom === null) return;
+      const xRange = zoom.x ?? [...this.scales.x] as Range;
+      this.yZoom = zoom.y;
+      this.xZoom = xRange;
+      this.opts.onZoom(xRange);
+    });
+    on(this.canvas, "dblclick", () => {
+      if (this.xZoom === null && this.yZoom === null) return;
+      this.xZoom = null;
+      this.yZoom = null;
+      this.opts.onZoom(null);
+    });
+  }
+
+  destroy(): void {
+    for (const f of this.off) f();
+    this.off.length = 0;
+    this.themeObserver?.disconnect();
+    if (this.hoverFrame) cancelAnimationFrame(this.hoverFrame);
+    delete (this.host as unknown as { rfInspect?: unknown }).rfInspect;
+    this.canvas.width = 0;
+    this.canvas.height = 0;
+    this.host.replaceChildren();
+  }
+}

@@ -1,0 +1,282 @@
+// The canvas charts' geometry and the series they draw: ticks, ranges, hover lookup, drag zoom,
+// emphasis, and the time split's bars.
+import { describe, expect, it } from "vitest";
+import {
+  dashArray,
+  dragZoom,
+  extents,
+  fmtHover,
+  fmtTick,
+  fromPx,
+  isolatedPoints,
+  nearestPoint,
+  niceTicks,
+  toPx,
+  type DrawSeries,
+  type Scales,
+} from "../src/canvaschart";
+import { drawSeries, seriesStyles, timeBars, EVAL_MARKER_RUNS } from "../src/scale";
+import {
+  createChartBook,
+  createState,
+  drawnPoints,
+  ingest,
+  planChart,
+  runColor,
+  runDash,
+  timeSplitFigure,
+  type WireEvent,
+} from "../src/state";
+
+function series(runId: number, x: number[], y: (number | null)[], extra: Partial<DrawSeries> = {}): DrawSeries {
+  return {
+    runId, name: `run ${runId}`, color: runColor(runId), dash: runDash(runId), x, y,
+    shown: true, focused: false, opacity: 1, width: 1.5, markers: false, ...extra,
+  };
+}
+
+const BOX = { left: 50, top: 10, width: 400, height: 200 };
+
+describe("axis ticks", () => {
+  it("picks 1/2/5 steps that cover the range without exceeding the tick count", () => {
+    const t = niceTicks(0, 16096, 6);
+    expect(t.step).toBe(5000);
+    expect(t.ticks).toEqual([0, 5000, 10000, 15000]);
+    const y = niceTicks(0.43, 6.92, 6);
+    expect(y.step).toBe(2);
+    expect(y.ticks).toEqual([2, 4, 6]);
+    const small = niceTicks(0.1, 0.35, 5);
+    expect(small.step).toBe(0.05);
+    // no float noise such as 0.30000000000000004
+    expect(small.ticks).toEqual([0.1, 0.15, 0.2, 0.25, 0.3, 0.35]);
+    for (const [lo, hi, n] of [[0, 1, 4], [-3.2, 7.9, 8], [1e-5, 3e-5, 4], [0, 80096, 10]] as const) {
+      const r = niceTicks(lo, hi, n);
+      expect(r.ticks.length).toBeLessThanOrEqual(n + 1);
+      expect(r.ticks.length).toBeGreaterThanOrEqual(2);
+      expect(r.ticks.every((v) => v >= lo - 1e-12 && v <= hi + 1e-12)).toBe(true);
+    }
+  });
+
+  it("labels thousands of samples as k and keeps the step's decimals", () => {
+    expect(fmtTick(20000, 10000)).toBe("20k");
+    expect(fmtTick(15000, 5000)).toBe("15k");
+    expect(fmtTick(2500, 500)).toBe("2500");
+    expect(fmtTick(4000, 2000)).toBe("4k");
+    expect(fmtTick(500000, 1e5)).toBe("500k");
+    expect(fmtTick(2e6, 5e5)).toBe("2M");
+    expect(fmtTick(0.25, 0.05)).toBe("0.25");
+    expect(fmtTick(0.3, 0.05)).toBe("0.30");
+    expect(fmtTick(4, 2)).toBe("4");
+    expect(fmtTick(0, 0.1)).toBe("0");
+    expect(fmtTick(2e-5, 1e-5)).toBe("2e-5");
+    expect(fmtHover(16096)).toBe("16096");
+    expect(fmtHover(0.123456789)).toBe("0.12346");
+  });
+});
+
+describe("ranges", () => {
+  it("starts x at zero and pads y by 5 % over the shown points only", () => {
+    const ext = extents([
+      series(1, [8, 16, 24], [2, 1, 0]),
+      series(2, [8, 16], [10, 20], { shown: false }),
+      series(3, [8, 40], [null, 1.5]),
+    ], null, null)!;
+    expect(ext.x).toEqual([0, 40]);
+    expect(ext.y[0]).toBeCloseTo(-0.1);
+    expect(ext.y[1]).toBeCloseTo(2.1);
+  });
+
+  it("fits y to the points inside a zoomed x range, and keeps a zoomed y range", () => {
+    const s = [series(1, [0, 10, 20, 30, 40], [9, 5, 4, 3, 0])];
+    const ext = extents(s, [9, 31], null)!;
+    expect(ext.x).toEqual([9, 31]);
+    expect(ext.y[0]).toBeCloseTo(3 - 0.1);
+    expect(ext.y[1]).toBeCloseTo(5 + 0.1);
+    expect(extents(s, [9, 31], [1, 2])!.y).toEqual([1, 2]);
+  });
+
+  it("gives one point a readable range and nothing at all no range", () => {
+    expect(extents([series(1, [8], [0.5])], null, null)).toEqual({ x: [0, 8], y: [0.45, 0.55] });
+    expect(extents([series(1, [], [])], null, null)).toBeNull();
+    expect(extents([series(1, [8], [1], { shown: false })], null, null)).toBeNull();
+  });
+
+  it("maps data to pixels and back", () => {
+    const s: Scales = { x: [0, 100], y: [0, 10], box: BOX };
+    expect(toPx(s, 0, 0)).toEqual([50, 210]);
+    expect(toPx(s, 100, 10)).toEqual([450, 10]);
+    const [x, y] = fromPx(s, ...toPx(s, 37, 2.5));
+    expect(x).toBeCloseTo(37);
+    expect(y).toBeCloseTo(2.5);
+  });
+});
+
+describe("hover lookup", () => {
+  const scales: Scales = { x: [0, 100], y: [0, 10], box: BOX };
+
+  it("names the run whose drawn point is nearest the pointer, within the hover distance", () => {
+    const s = [series(1, [10, 50, 90], [1, 5, 9]), series(2, [10, 50, 90], [2, 6, 8])];
+    const [px, py] = toPx(scales, 50, 5.9);
+    expect(nearestPoint(s, scales, px, py, 20)).toMatchObject({ series: 1, index: 1 });
+    const [qx, qy] = toPx(scales, 90, 9);
+    expect(nearestPoint(s, scales, qx + 3, qy, 20)).toMatchObject({ series: 0, index: 2 });
+    // 30 px from every point: nothing
+    expect(nearestPoint(s, scales, 450, 110, 20)).toBeNull();
+  });
+
+  it("skips hidden runs and gaps, and prefers a focused run on a tie", () => {
+    const a = series(1, [50], [5]);
+    const b = series(2, [50], [5]);
+    const [px, py] = toPx(scales, 50, 5);
+    expect(nearestPoint([a, b], scales, px, py, 20)!.series).toBe(0);
+    expect(nearestPoint([a, { ...b, focused: true }], scales, px, py, 20)!.series).toBe(1);
+    expect(nearestPoint([{ ...a, shown: false }, b], scales, px, py, 20)!.series).toBe(1);
+    expect(nearestPoint([series(3, [50, 60], [null, 5])], scales, px, py, 20)).toBeNull();
+  });
+});
+
+describe("drag zoom", () => {
+  const scales: Scales = { x: [0, 100], y: [0, 10], box: BOX };
+
+  it("zooms x only on a flat drag, y only on a tall one, both on a box; a click is no zoom", () => {
+    const flat = dragZoom(scales, 250, 100, 290, 103)!;
+    expect(flat.y).toBeNull();
+    expect(flat.x![0]).toBeCloseTo(50);
+    expect(flat.x![1]).toBeCloseTo(60);
+    const tall = dragZoom(scales, 250, 30, 252, 110)!;
+    expect(tall.x).toBeNull();
+    expect(tall.y![0]).toBeCloseTo(5);
+    expect(tall.y![1]).toBeCloseTo(9);
+    const box = dragZoom(scales, 290, 110, 250, 30)!;
+    expect(box.x![0]).toBeCloseTo(50);
+    expect(box.x![1]).toBeCloseTo(60);
+    expect(box.y![0]).toBeCloseTo(5);
+    expect(box.y![1]).toBeCloseTo(9);
+    expect(dragZoom(scales, 250, 100, 253, 102)).toBeNull();
+  });
+
+  it("redraws every logged point inside the zoomed range, and downsamples outside a zoom", () => {
+    const x = Array.from({ length: 10000 }, (_, i) => 8 * (i + 1));
+    const y = x.map((v) => Math.sin(v / 500));
+    const zoomed = drawnPoints({ x, y }, [40000, 41600], 1000);
+    expect(zoomed.sampled).toBe(false);
+    // one point beyond each edge, so the line runs to the plot's border
+    expect(zoomed.x[0]).toBe(39992);
+    expect(zoomed.x[zoomed.x.length - 1]).toBe(41608);
+    expect(zoomed.x.length).toBe(203);
+    const all = drawnPoints({ x, y }, null, 200);
+    expect(all.sampled).toBe(true);
+    expect(all.x.length).toBe(200);
+    expect(all.x[0]).toBe(8);
+    expect(all.x[199]).toBe(80000);
+  });
+
+  it("finds the points no line passes through (a run's only eval, a point between gaps)", () => {
+    expect(isolatedPoints([5])).toEqual([0]);
+    expect(isolatedPoints([5, 6])).toEqual([]);
+    expect(isolatedPoints([1, null, 3, null, null, 4, 5, NaN, 6])).toEqual([0, 2, 8]);
+    expect(isolatedPoints([])).toEqual([]);
+  });
+
+  it("uses the dash styles that tell runs sharing a colour apart, scaled with the width", () => {
+    expect(dashArray("solid", 1.5)).toEqual([]);
+    expect(dashArray("dash", 1.5)).toEqual([9, 6]);
+    expect(dashArray("dash", 3)).toEqual([18, 12]);
+    expect(new Set(["dash", "dot", "dashdot"].map((d) => JSON.stringify(dashArray(d as "dash", 1.5)))).size).toBe(3);
+  });
+});
+
+let seq = 0;
+function ev(e: Omit<WireEvent, "seq">): WireEvent {
+  seq += 1;
+  return { seq, ...e } as WireEvent;
+}
+
+function runsWithEval(n: number): ReturnType<typeof createState> {
+  const state = createState();
+  seq = 0;
+  const events: WireEvent[] = [];
+  for (let id = 1; id <= n; id++) {
+    events.push(ev({ type: "run_created", run_id: id, trainer_type: "SFT", knobs: { lr: id }, total_steps: 100, num_chunks: 4 }));
+    events.push(ev({ type: "metric", run_id: id, split: "eval", step: 1, samples_seen: 8, metrics: { eval_loss: id } }));
+    events.push(ev({ type: "metric", run_id: id, split: "train", step: 1, samples_seen: 8, metrics: { loss: id } }));
+  }
+  ingest(state, events);
+  return state;
+}
+
+describe("series emphasis", () => {
+  const none = { stopped: false, pruned: false, deleted: false };
+
+  it("fades every other run while runs are hovered or pinned, and draws those thick", () => {
+    const state = runsWithEval(4);
+    const plain = seriesStyles(state, [1, 2, 3, 4], "train", new Set(), new Set(), none);
+    expect(plain.map((s) => [s.opacity, s.width, s.focused])).toEqual(Array(4).fill([1, 1.5, false]));
+    const focus = seriesStyles(state, [1, 2, 3, 4], "train", new Set([3]), new Set(), none);
+    expect(focus.map((s) => s.opacity)).toEqual([0.12, 0.12, 1, 0.12]);
+    expect(focus.map((s) => s.width)).toEqual([1.5, 1.5, 3, 1.5]);
+    expect(focus[2].focused).toBe(true);
+  });
+
+  it("hides runs by swatch and by status filter, and fades pruned and deleted ones", () => {
+    const state = runsWithEval(4);
+    ingest(state, [
+      ev({ type: "run_status", run_id: 2, status: "stopped", reason: "stopped by user" }),
+      ev({ type: "run_status", run_id: 3, status: "stopped", reason: "pruned at chunk 2" }),
+    ]);
+    const styles = seriesStyles(state, [1, 2, 3, 4], "eval", new Set(), new Set([4]), { ...none, stopped: true });
+    expect(styles.map((s) => s.shown)).toEqual([true, false, true, false]);
+    const shownAll = seriesStyles(state, [1, 2, 3, 4], "eval", new Set(), new Set(), none);
+    expect(shownAll.map((s) => s.opacity)).toEqual([1, 1, 0.35, 1]);
+  });
+
+  it("marks eval points only up to EVAL_MARKER_RUNS shown runs, then only for focused runs", () => {
+    const state = runsWithEval(EVAL_MARKER_RUNS + 1);
+    const ids = [...state.runs.keys()];
+    const many = seriesStyles(state, ids, "eval", new Set([5]), new Set(), none);
+    expect(many.filter((s) => s.markers).length).toBe(1);
+    expect(many[4].markers).toBe(true);
+    // one run hidden: back to EVAL_MARKER_RUNS shown, every curve marks its evaluations
+    const fewer = seriesStyles(state, ids, "eval", new Set(), new Set([1]), none);
+    expect(fewer.filter((s) => s.shown).every((s) => s.markers)).toBe(true);
+    expect(seriesStyles(state, ids.slice(0, 3), "train", new Set([1]), new Set(), none).some((s) => s.markers)).toBe(false);
+  });
+
+  it("draws each planned trace in its run's colour and dash with its emphasis", () => {
+    const state = runsWithEval(30);
+    const book = createChartBook("train", "loss");
+    const plan = planChart(state, book);
+    const styles = seriesStyles(state, book.order, "train", new Set([25]), new Set([2]), none);
+    const drawn = drawSeries(plan.traces, styles);
+    expect(drawn.map((d) => d.runId)).toEqual(book.order);
+    for (const d of drawn) {
+      expect(d.color).toBe(runColor(d.runId));
+      expect(d.dash).toBe(runDash(d.runId));
+      expect(d.x).toEqual([8]);
+      expect(d.y).toEqual([d.runId]);
+    }
+    expect(drawn[1].shown).toBe(false);
+    expect(drawn[24]).toMatchObject({ focused: true, width: 3, opacity: 1, dash: "dash", color: drawn[0].color });
+  });
+});
+
+describe("time split bars", () => {
+  it("stacks train / eval / swap / other per run on one scale, the all-runs row longest", () => {
+    const state = createState();
+    seq = 0;
+    ingest(state, [
+      ev({ type: "run_created", run_id: 1, trainer_type: "SFT", knobs: {}, total_steps: 10, num_chunks: 2 }),
+      ev({ type: "run_created", run_id: 2, trainer_type: "SFT", knobs: {}, total_steps: 10, num_chunks: 2 }),
+      ev({ type: "chunk_done", run_id: 1, chunk: 0, chunks_done: 1, train_s: 3, eval_s: 1, swap_s: 0.5, other_s: 0.5 }),
+      ev({ type: "chunk_done", run_id: 2, chunk: 0, chunks_done: 1, train_s: 4, eval_s: 0, swap_s: 0.5, other_s: 0.5 }),
+    ]);
+    const fig = timeSplitFigure(state);
+    const bars = timeBars(fig);
+    expect(bars.map((b) => [b.label, b.runId, b.total])).toEqual([["all runs", null, 10], ["run 1", 1, 5], ["run 2", 2, 5]]);
+    expect(bars.map((b) => b.widthPct)).toEqual([100, 50, 50]);
+    expect(bars[1].segments.map((g) => [g.category, g.seconds, g.pct])).toEqual([
+      ["train", 3, 60], ["eval", 1, 20], ["swap", 0.5, 10], ["other", 0.5, 10],
+    ]);
+    expect(bars[2].segments.find((g) => g.category === "eval")!.pct).toBe(0);
+  });
+});
