@@ -62,7 +62,7 @@ def test_unpicklable_formatting_func_is_refused_before_any_run(ray_session, data
 
 
 def test_formatting_func_the_workers_cannot_import_is_refused_before_any_run(ray_session, data, tmp_path):
-    """F2/F3: a formatting_func from a module only on the driver's sys.path: each run fails at its
+    """F2: a formatting_func from a module only on the driver's sys.path: each run fails at its
     first chunk with a reason full of Ray's wrapper and ANSI colour codes."""
     train, evald = data
     (tmp_path / "rf_driver_only_fmt.py").write_text(
@@ -121,7 +121,7 @@ def _per_process_create_model(cfg):
 
 
 def test_create_model_that_differs_per_worker_is_not_silently_mixed(ray_session, data, tmp_path):
-    """F4: each worker calls create_model; if it builds different bases, a run that moves between
+    """F3: each worker calls create_model; if it builds different bases, a run that moves between
     workers silently continues its LoRA on another base. Expected: the workers' bases are
     compared (a fingerprint in describe()) and the user is told (ConfigError or a warning)."""
     train, evald = data
