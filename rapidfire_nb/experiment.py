@@ -286,7 +286,7 @@ class Experiment:
         # what needs the base or the data: LoRA targets, the first rows, generation_config
         check_before_training(specs, engine.model_and_tokenizer, train_dataset, eval_dataset, prep_cache)
         if workers:
-            engine.pool.start()   # Ray and the workers; an error here (too few GPUs) changes nothing
+            engine.start_workers(specs)   # Ray, the workers, what they must load; errors change nothing
         self.engine = engine
         self.automl = automl
         if self.resumed:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import queue
-import re
 import time
 import traceback
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from rapidfire_nb.engine.executor import ChunkExecutor, ChunkResult
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.scheduler import RunView
 from rapidfire_nb.engine.workers.policy import choose_for_worker
-from rapidfire_nb.engine.workers.pool import RayWorkerPool, WorkerSlot
+from rapidfire_nb.engine.workers.pool import RayWorkerPool, WorkerSlot, plain, root_line
 from rapidfire_nb.engine.workers.worker import COUNTERS, pack_tensors, unpack_tensors
 from rapidfire_nb.errors import RapidFireError
 
@@ -70,16 +69,17 @@ def on_controller_clock(start: float, end: float, lo: float, hi: float) -> float
 
 
 def _root_cause(exc: BaseException) -> str:
-    """One line for a stop reason: Ray wraps a worker's own error (its traceback as text) in an
-    ActorDiedError; the last ``SomeError: message`` line of that text is what went wrong."""
-    lines = [ln.strip() for ln in str(exc).splitlines()]
-    errors = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ", ln)]
-    line = errors[-1] if errors else (lines[0] if lines else "")
-    return f"{type(exc).__name__}: {line}"[:300]
+    """One plain line for a stop reason (see ``pool.root_line``), after the error's type."""
+    return f"{type(exc).__name__}: {root_line(exc)}"[:300]
 
 
 class WorkerTrainingError(RapidFireError):
-    """A run's chunk raised on its worker; the message carries the worker's traceback."""
+    """A run's chunk raised on its worker: ``reason`` is the kernel's one line ("Type: message"),
+    ``traceback`` the worker's traceback (the run's ``error``, as in the kernel)."""
+
+    def __init__(self, reason: str, tb: str = ""):
+        super().__init__(reason)
+        self.reason, self.traceback = reason, tb or reason
 
 
 @dataclass
@@ -146,7 +146,7 @@ class RemoteChunkExecutor(ChunkExecutor):
         """The result of the chunk of ``rec`` that came back (the loop collected it)."""
         result, error = self._collected.pop(rec.run_id)
         if error is not None:
-            raise WorkerTrainingError(error)
+            raise WorkerTrainingError(*error)
         return result
 
     # -- dispatch -------------------------------------------------------------------------------
@@ -220,9 +220,17 @@ class RemoteChunkExecutor(ChunkExecutor):
             flight.slot.busy_with = None
         # until it came back, not until its turn to be booked (waiting is not the hop's cost)
         round_trip = (flight.arrived or time.perf_counter()) - flight.sent
+        if reply["ok"]:
+            try:   # a base built on this worker for the first time (a replacement's)
+                for key, fp in reply.get("fingerprints", {}).items():
+                    self.pool.note_fingerprint(flight.slot.name, key, fp)
+            except RapidFireError as exc:
+                self.pool.release(flight.slot, flight.run_id)
+                reply = {"ok": False, "reason": f"{type(exc).__name__}: {exc}", "error": str(exc)}
         if not reply["ok"]:
             self.home.pop(flight.run_id, None)   # the worker freed the run already
-            self._collected[flight.run_id] = (None, reply["error"])
+            self._collected[flight.run_id] = (None, (reply.get("reason") or plain(reply["error"]),
+                                                     reply["error"]))
             return
         result: ChunkResult = reply["result"]
         flight.slot.chunks += 1
@@ -298,6 +306,33 @@ class WorkerEngine(Engine):
         return self.remote.inflight
 
     # -- thread ---------------------------------------------------------------------------------
+    def start_workers(self, specs) -> None:
+        """Before any run exists (run_fit's thread): start the workers and check, with one round
+        trip, that each loads every callable the runs need and builds the same base models;
+        a ConfigError naming the field otherwise."""
+        blobs = {}
+        for i, spec in enumerate(specs):
+            where = f"config {i + 1}" if len(specs) > 1 else "the config"
+            for name in ("formatting_func", "compute_metrics"):
+                if getattr(spec, name, None) is not None:
+                    blobs[f"{name} ({where})"] = getattr(spec, name)
+            for j, fn in enumerate(getattr(spec, "reward_funcs", None) or []):
+                blobs[f"reward_funcs[{j}] ({where})"] = fn
+        from rapidfire_nb.engine.workers.pool import dumps_for_workers
+
+        blobs = {k: dumps_for_workers(k, v) for k, v in blobs.items()}
+        for i, spec in enumerate(specs):   # the rest of a config travels with its runs too
+            dumps_for_workers(f"config {i + 1}", spec)
+        need_pristine: dict = {}
+        for spec in specs:
+            need_pristine[spec.base_key()] = need_pristine.get(spec.base_key(), False) or spec.peft_config is None
+        bases, seen = [], set()
+        for spec in specs:
+            if spec.base_key() not in seen:
+                seen.add(spec.base_key())
+                bases.append((spec, need_pristine[spec.base_key()]))
+        self.pool.start(blobs, bases)
+
     def start(self) -> None:
         self.pool.start()   # Ray and the actors: the first time in run_fit's thread, errors show
         super().start()
@@ -373,6 +408,9 @@ class WorkerEngine(Engine):
                 self.events.append("workers", workers=[{"worker": s.name, **s.info} for s in up],
                                    resources=dict(self.pool.resources))
         while self._owed and not self._draining:
+            if not any(r.status in R.ACTIVE for r in self.runs.values()):
+                self._owed = 0   # nothing left to train: no replacement needed
+                break
             if not self.pool.resources_free():
                 if time.monotonic() - self._owed_since > self.placement_s:
                     self._not_replaced = (f"the Ray cluster had no room for a replacement worker "
@@ -415,6 +453,7 @@ class WorkerEngine(Engine):
                                 r.status in R.ACTIVE for r in self.runs.values()):
                             pause = True   # every worker died: their replacements are starting
                         else:
+                            self._drop_replacements()   # nothing left to train: not needed
                             self._leaving = True
                             return
                     elif not self.remote.waiting() and writer.busy() and self._reply_due() is None:
@@ -439,7 +478,12 @@ class WorkerEngine(Engine):
                 due = self._next_reply() if not (writing and self.remote.waiting()) else None
             if due is None:
                 wait = _WRITE_POLL_S if writing and self.remote.arrived else _POLL_S
-                for flight, reply, exc in self.remote.collect(wait):
+                results = self.remote.collect(wait)
+                with self.lock:   # every death seen in this batch counts before any is logged
+                    for flight, _, exc in results:
+                        if exc is not None and self._is_death(exc):
+                            flight.slot.alive = False
+                for flight, reply, exc in results:
                     with self.lock:
                         if exc is None:
                             self.remote.arrive(flight, reply)
@@ -525,8 +569,19 @@ class WorkerEngine(Engine):
                                  "workers")
 
     # -- deaths and failures --------------------------------------------------------------------
+    def _is_death(self, exc: BaseException) -> bool:
+        return self.pool.is_death(exc) or not self.pool.ray.is_initialized()
+
+    def _drop_replacements(self) -> None:
+        """Under the lock, when the loop leaves: replacements still starting are killed (they would
+        hold a GPU until end()), and none is owed any more; a later loop tops up again."""
+        for slot in self._starting.values():
+            self.pool.kill(slot)
+        self._starting.clear()
+        self._owed = 0
+
     def _lost_or_failed(self, flight: Flight, rec: RunRecord | None, exc: BaseException) -> None:
-        if self.pool.is_death(exc) or not self.pool.ray.is_initialized():
+        if self._is_death(exc):
             self._worker_lost(flight.slot, exc, flight)
             return
         # a Ray-level error of this call alone (e.g. an argument that cannot be unpickled there)
@@ -539,7 +594,7 @@ class WorkerEngine(Engine):
         lost = None
         if flight is not None:
             lost = {"run_id": flight.run_id, "epoch": flight.epoch, "chunk": flight.chunk}
-        reason = f"{type(exc).__name__}: {exc}"[:2000]
+        reason = plain(f"{type(exc).__name__}: {exc}")[:2000]
         if slot.chunks == 0:
             self._failed_starts += 1
         if self._failed_starts >= MAX_FAILED_STARTS:
@@ -549,6 +604,8 @@ class WorkerEngine(Engine):
             replacement = self._not_replaced
         elif self._draining or self.closed:
             replacement = None
+        elif not any(r.status in R.ACTIVE for r in self.runs.values()):
+            replacement = "none: no run is left to train"
         else:
             if not self._owed:
                 self._owed_since = time.monotonic()
@@ -581,6 +638,17 @@ class WorkerEngine(Engine):
         for op in ready:
             self.ops.put(op)
         super()._apply_ops()
+
+    def _fail(self, rec: RunRecord, exc: BaseException) -> None:
+        if not isinstance(exc, WorkerTrainingError):
+            if self.pool.ray is not None and isinstance(exc, self.pool.ray.exceptions.RayError):
+                exc = WorkerTrainingError(_root_cause(exc), plain(str(exc)))
+            else:
+                return super()._fail(rec, exc)
+        with self.lock:   # as the kernel: the one line as reason, the traceback as error
+            self._release(rec)
+            if rec.status not in R.TERMINAL:
+                self._set_status(rec, R.FAILED, error=exc.traceback, reason=exc.reason)
 
     def _release(self, rec: RunRecord, collect: bool = True) -> None:
         super()._release(rec, collect=False)   # nothing trains here: no local memory to collect

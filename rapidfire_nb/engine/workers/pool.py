@@ -16,6 +16,7 @@ elsewhere from their last checkpoints.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,35 @@ def connect():
     return ray
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_CALL = re.compile(r"ray::[\w.]+\(\)\s*(\([^)]*\))?\s*")   # ray::ChunkWorker.f() (pid=.., actor_id=..)
+_IDS = re.compile(r",?\s*\b(actor_id|pid|ip|task_id|worker_id|node_id)=[\w.:-]+")
+
+
+def plain(text: str) -> str:
+    """Ray's error text without colour codes, its call wrapper, pids and actor ids."""
+    text = _RAY_CALL.sub("", _ANSI.sub("", text))
+    return _IDS.sub("", text).strip()
+
+
+def load_hint(error: str) -> str:
+    if error.startswith("ModuleNotFoundError") or "No module named" in error:
+        return error + ": define it in the notebook or install it on every node"
+    return error
+
+
+def dumps_for_workers(field: str, value) -> bytes:
+    """``value`` pickled as Ray pickles it (cloudpickle); a ConfigError naming ``field`` if not."""
+    from ray import cloudpickle
+
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:
+        raise ConfigError(f"{field} cannot be sent to the Ray workers: {type(exc).__name__}: "
+                          f"{plain(str(exc)).splitlines()[0] if str(exc) else ''} (what it uses must "
+                          "pickle: no locks, open files or live connections)") from None
+
+
 @dataclass
 class WorkerSlot:
     index: int
@@ -50,6 +80,15 @@ class WorkerSlot:
     last: int | None = None                    # the run it trained last
     chunks: int = 0                            # chunks it trained that were booked
     created: float = field(default_factory=time.monotonic)
+
+
+def root_line(exc: BaseException | str) -> str:
+    """One plain line for a reason: Ray wraps a worker's own error (its traceback as text); the
+    last ``SomeError: message`` line of that text is what went wrong."""
+    lines = [ln.strip() for ln in plain(str(exc)).splitlines()]
+    errors = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ", ln)]
+    line = errors[-1] if errors else (lines[0] if lines else "")
+    return line[:300]
 
 
 class RayWorkerPool:
@@ -66,9 +105,14 @@ class RayWorkerPool:
         self._refs: tuple = ()
         self._next_index = 0
         self.start_s = 0.0
+        self.fingerprints: dict[str, tuple[str, str]] = {}   # base key -> (worker, fingerprint)
 
     # -- start / top up ------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, blobs: dict | None = None, bases: list | None = None) -> None:
+        """Connect, start the workers, and check that they can load what they need: ``blobs``
+        (field -> its ``dumps_for_workers`` bytes: the runs' callables) and ``bases`` ([(spec, need_pristine)], built on
+        every worker and compared). Any problem is a ConfigError naming the field; the workers
+        are then killed again."""
         if self.ray is not None:
             return
         t0 = time.perf_counter()
@@ -86,12 +130,58 @@ class RayWorkerPool:
         self.resources = {"num_gpus": 1 if gpus else 0, "num_cpus": per_cpu}
         self._wait_for_free_resources(ray, gpus, cpus)
         create_model, train, evald, *rest = self._worker_args
+        fields = dict(blobs or {})
+        model_blob = dumps_for_workers("create_model", create_model)
+        bases_blob = dumps_for_workers("the run configs", bases or [])
         # put once: every worker (and every replacement) reads the same objects
-        self._refs = (ray.put(create_model), ray.put(train), ray.put(evald))
+        refs = [ray.put(model_blob)]
+        for what, ds in (("train_dataset", train), ("eval_dataset", evald)):
+            try:
+                refs.append(ray.put(ds))
+            except Exception as exc:
+                raise ConfigError(f"{what} cannot be sent to the Ray workers: "
+                                  f"{type(exc).__name__}: {plain(str(exc))[:300]}") from None
+        self._refs = tuple(refs)
         self._rest = rest
         for _ in range(self.n):
             self._add_worker()
+        try:
+            self._check_loads(fields, bases_blob)
+        except BaseException:
+            self.shutdown()
+            self.slots.clear()
+            raise
         self.start_s = time.perf_counter() - t0
+
+    def _check_loads(self, fields: dict, bases_blob: bytes, timeout_s: float = 300.0) -> None:
+        """One round trip to every new worker: it loads each field and builds each base."""
+        ray = self.ray
+        refs = {s.actor.check_loads.remote(fields, bases_blob): s for s in self.slots}
+        ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        if late:
+            raise ConfigError(f"the Ray workers did not start within {timeout_s:.0f} s (each asks "
+                              f"for {self.resources})")
+        for ref in ready:
+            slot = refs[ref]
+            try:
+                reply = ray.get(ref)
+            except Exception as exc:   # the actor could not start (e.g. a dataset it cannot load)
+                raise ConfigError(f"Ray worker {slot.name} could not start: "
+                                  f"{load_hint(root_line(exc))}") from None
+            for what, error in reply["errors"].items():
+                raise ConfigError(f"{what} cannot be loaded on Ray worker {slot.name}: "
+                                  f"{load_hint(plain(error))}")
+            for key, fp in reply["fingerprints"].items():
+                self.note_fingerprint(slot.name, key, fp)
+
+    def note_fingerprint(self, worker: str, key: str, fp: str) -> None:
+        """Remember a worker's base fingerprint; a ConfigError if it differs from another's."""
+        first = self.fingerprints.setdefault(key, (worker, fp))
+        if first[1] != fp:
+            raise ConfigError(f"create_model built a different model on worker {worker} than on "
+                              f"{first[0]} (base {key!r}: fingerprint {fp} vs {first[1]}); runs move "
+                              "between workers, so create_model must build the same weights in "
+                              "every process (fixed weights or a fixed seed)")
 
     def _wait_for_free_resources(self, ray, gpus: int, cpus: int, patience_s: float = 15.0) -> None:
         """Workers that cannot be placed would wait forever: refuse now if the cluster's GPUs (or

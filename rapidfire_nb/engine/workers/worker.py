@@ -105,11 +105,51 @@ class _ShippedStore(ExperimentStore):
         raise RuntimeError("a worker never writes checkpoints; the controller does")
 
 
+def model_fingerprint(model) -> str:
+    """A cheap fingerprint of a base model as built: parameter and buffer names, shapes, dtypes,
+    and the bytes of about 1024 evenly spaced values of each tensor (exact, device-independent:
+    no float reduction). Two workers whose create_model builds different weights disagree here."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+            flat = t.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 1024)][:1024].contiguous().cpu()
+            h.update(sample.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def load_blob(blob: bytes):
+    from ray import cloudpickle   # what Ray itself pickles with
+
+    return cloudpickle.loads(blob)
+
+
+class _FingerprintingFactory(TrainerFactory):
+    """The kernel's factory, noting each base's fingerprint when it is built (before any adapter
+    goes into it)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fingerprints: dict[str, str] = {}
+
+    def load_base(self, spec, need_pristine: bool):
+        base = super().load_base(spec, need_pristine)
+        key = spec.base_key()
+        if key not in self.fingerprints:
+            self.fingerprints[key] = model_fingerprint(base.model)
+        return base
+
+
 class ChunkWorker:
     """A long-lived worker; the controller calls ``train_chunk``, one call at a time."""
 
-    def __init__(self, name: str, create_model, train_dataset, eval_dataset, num_chunks: int,
-                 seed: int, build_args, build_lora, offload: str = "auto",
+    def __init__(self, name: str, create_model_blob: bytes, train_dataset, eval_dataset,
+                 num_chunks: int, seed: int, build_args, build_lora, offload: str = "auto",
                  torch_threads: int | None = None):
         import peft  # noqa: F401  (imported now, while the worker starts, not in its first chunk)
         import torch
@@ -121,8 +161,16 @@ class ChunkWorker:
         self.root = Path(tempfile.mkdtemp(prefix=f"rapidfire-{name}-"))
         self.store = _ShippedStore(self.root)
         self.runs: dict[int, RunRecord] = {}
-        self.factory = TrainerFactory(self.store, create_model, train_dataset, eval_dataset,
-                                      num_chunks, seed, build_args, build_lora)
+        # create_model comes pickled, so that a worker that cannot load it (a module only on the
+        # driver's path) still starts and says why (check_loads, describe) instead of dying mute
+        self.load_error: str | None = None
+        create_model = None
+        try:
+            create_model = load_blob(create_model_blob)
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+        self.factory = _FingerprintingFactory(self.store, create_model, train_dataset, eval_dataset,
+                                              num_chunks, seed, build_args, build_lora)
         device = "cuda:0" if torch.cuda.is_available() else "cpu"   # Ray sets CUDA_VISIBLE_DEVICES
         self.executor = LocalChunkExecutor(
             self.factory, self.store, f"{name}:{device}", Residency(offload),
@@ -130,8 +178,32 @@ class ChunkWorker:
             progress_of=lambda rid: self.runs[rid].progress)
         self._log = open(self.root / "worker.log", "a", encoding="utf-8")
 
+    def check_loads(self, blobs: dict, bases: list) -> dict:
+        """The controller's check before any run exists: ``blobs`` (field -> cloudpickled value)
+        loaded here, and the ``bases`` ([(spec, need_pristine)], pickled) built here.
+        Returns {"errors": {field: "Type: message"}, "fingerprints": {base_key: fingerprint}}."""
+        errors = {}
+        if self.load_error:
+            errors["create_model"] = self.load_error
+        for field, blob in blobs.items():
+            try:
+                load_blob(blob)
+            except Exception as exc:
+                errors[field] = f"{type(exc).__name__}: {exc}"
+        if not errors:
+            try:
+                for spec, need_pristine in load_blob(bases):
+                    with routed_to(self._log):
+                        self.factory.load_base(spec, need_pristine)
+            except Exception as exc:
+                errors["create_model"] = f"{type(exc).__name__}: {exc}"
+        return {"errors": errors, "fingerprints": dict(self.factory.fingerprints)}
+
     def describe(self) -> dict:
         import torch
+
+        if self.load_error:   # a replacement on a node that cannot load create_model
+            raise RuntimeError(f"create_model cannot be loaded on worker {self.name}: {self.load_error}")
 
         try:
             import ray
@@ -177,7 +249,8 @@ class ChunkWorker:
             result.chunk_event["worker"] = self.name
             result.state = pack_tensors(result.state)   # unpacked by the controller's book()
             return {"ok": True, "result": result, "worker_s": time.perf_counter() - t0,
-                    "started": started, "returned": time.time()}
+                    "started": started, "returned": time.time(),
+                    "fingerprints": dict(self.factory.fingerprints)}
         except Exception as exc:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             self.release(run_id)
