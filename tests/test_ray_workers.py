@@ -15,6 +15,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -29,6 +30,10 @@ from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model  # noqa
 from rapidfire_nb.errors import ConfigError  # noqa: E402
 
 LR_A, LR_B, LR_TINY = 3e-2, 1e-2, 1e-6
+
+# the workers cannot import this module (the Ray workers' sys.path lacks tests/): the callables
+# defined here travel by value, as a notebook's do
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def config(lr, targets=("q_proj", "v_proj"), r=8, **model):
@@ -308,42 +313,246 @@ def test_a_lost_worker_is_replaced_while_training_goes_on(ray_session, tmp_path,
         exp.end()
 
 
-def test_workers_dying_at_start_up_are_replaced_a_bounded_number_of_times(ray_session, tmp_path, data):
-    """A create_model the workers cannot unpickle (its module exists only on the driver's path):
-    every worker dies while starting. Replacements stop after MAX_FAILED_STARTS deaths in a row,
-    and the runs are stopped with a reason naming the error; a resume tries once more, bounded."""
+class _CreateUnloadableOnceMarked:
+    """create_model (tiny_create_model) that a process cannot unpickle once ``marker`` exists:
+    the workers started by run_fit load it, replacements started later cannot."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __call__(self, cfg):
+        return tiny_create_model(cfg)
+
+    def __setstate__(self, state):
+        if os.path.exists(state["marker"]):
+            raise RuntimeError("this process cannot load create_model (marker file)")
+        self.__dict__.update(state)
+
+
+def test_workers_dying_at_start_up_are_replaced_a_bounded_number_of_times(ray_session, tmp_path, three_data):
+    """Replacements that cannot load create_model die while starting: they stop after
+    MAX_FAILED_STARTS deaths in a row, and the runs are stopped with a reason naming the error; a
+    resume tries once more, bounded."""
     from rapidfire_nb.engine.workers.engine import MAX_FAILED_STARTS
 
+    train, evald = three_data
+    marker = tmp_path / "no-more-loads"
+    exp = Experiment("doomed", experiment_path=tmp_path / "exp", num_workers=1)
+    try:
+        exp.run_fit(three_runs(), _CreateUnloadableOnceMarked(marker), train, evald, num_chunks=3,
+                    seed=3, block=False)
+        marker.write_text("")
+        kill_when_in_flight(exp, 1)
+        assert exp.wait(timeout=600)
+        assert list(exp.get_runs_info().status) == ["stopped"] * 3
+        lost = events(exp, "worker_lost")
+        assert 1 + MAX_FAILED_STARTS <= len(lost) <= 2 + MAX_FAILED_STARTS
+        assert all("cannot load create_model" in e["reason"] for e in lost[1:])
+        assert any(f"not replaced: {MAX_FAILED_STARTS} workers in a row died before training a chunk"
+                   in (e["replacement"] or "") for e in lost)
+        for e in events(exp, "run_status", status="stopped"):
+            assert "died before training a chunk" in e["reason"] and "marker file" in e["reason"]
+        exp.resume(1)   # the user asks again: one more bounded round of starts
+        assert exp.wait(timeout=600)
+        assert exp.get_runs_info().set_index("run_id").loc[1, "status"] == "stopped"
+        assert len(events(exp, "worker_lost")) <= 2 * (2 + MAX_FAILED_STARTS)
+    finally:
+        exp.end()
+
+
+_LOCK = threading.Lock()
+
+
+def _fmt_holding_a_lock(row):
+    with _LOCK:   # a closure over a lock: fine in the kernel, cannot be pickled for a worker
+        return {"prompt": row["prompt"], "completion": row["completion"]}
+
+
+def test_a_formatting_func_that_cannot_be_pickled_is_refused_before_any_run(ray_session, data, tmp_path):
+    """Review s5_r F2: the run was created, then failed with Ray's 'Could not serialize the
+    argument RunRecord(...)'. Now a ConfigError names the field and the cause; nothing is created."""
     train, evald = data
-    (tmp_path / "rf_driver_only_models.py").write_text(
+    cfg = config(LR_A)
+    cfg.formatting_func = _fmt_holding_a_lock
+    exp = Experiment("unpicklable", experiment_path=tmp_path, num_workers=2)
+    try:
+        with pytest.raises(ConfigError, match=r"formatting_func .*cannot be sent to the Ray workers: "
+                                              r"TypeError: cannot pickle '_thread.lock'"):
+            exp.run_fit(RFGridSearch(cfg, trainer_type="SFT"), tiny_create_model, train, evald,
+                        num_chunks=2, seed=1)
+        assert not (exp.path / "runs.json").exists() and not events(exp, "run_created")
+    finally:
+        exp.end()
+
+
+@pytest.mark.parametrize("field", ["formatting_func", "create_model"])
+def test_callables_the_workers_cannot_import_are_refused_before_any_run(ray_session, data, tmp_path, field):
+    """Review s5_r F2: a callable from a module only on the driver's sys.path made each run fail
+    at its first chunk (formatting_func: a reason full of Ray's wrapper and ANSI codes) or every
+    worker die starting (create_model). Now: a one-line ConfigError at run_fit, nothing created."""
+    train, evald = data
+    mod = f"rf_driver_only_{field}"
+    (tmp_path / f"{mod}.py").write_text(
         "from rapidfire_nb.demo_data import tiny_create_model\n\n\n"
+        "def fmt(row):\n    return {'prompt': row['prompt'], 'completion': row['completion']}\n\n\n"
         "def create(cfg):\n    return tiny_create_model(cfg)\n")
     sys.path.insert(0, str(tmp_path))
     try:
-        import rf_driver_only_models
-        exp = Experiment("doomed", experiment_path=tmp_path / "exp", num_workers=2)
+        module = __import__(mod)
+        cfg = config(LR_A)
+        create = tiny_create_model
+        if field == "formatting_func":
+            cfg.formatting_func = module.fmt
+        else:
+            create = module.create
+        exp = Experiment("driver-only", experiment_path=tmp_path / "exp", num_workers=2)
         try:
-            exp.run_fit(RFGridSearch(config(List([LR_A, LR_B])), trainer_type="SFT"),
-                        rf_driver_only_models.create, train, evald, num_chunks=2, seed=3)
-            info = exp.get_runs_info()
-            assert list(info.status) == ["stopped", "stopped"]
-            lost = events(exp, "worker_lost")
-            assert MAX_FAILED_STARTS <= len(lost) <= 2 + MAX_FAILED_STARTS
-            assert all("rf_driver_only_models" in e["reason"] for e in lost)
-            assert any(f"not replaced: {MAX_FAILED_STARTS} workers in a row died before training a chunk"
-                       in (e["replacement"] or "") for e in lost)
-            assert not events(exp, "chunk_done")
-            for e in events(exp, "run_status", status="stopped"):
-                assert "died before training a chunk" in e["reason"] and "rf_driver_only_models" in e["reason"]
-            exp.resume(1)   # the user asks again: one more bounded round of starts
-            assert exp.wait(timeout=600)
-            assert exp.get_runs_info().set_index("run_id").loc[1, "status"] == "stopped"
-            assert len(events(exp, "worker_lost")) <= 2 * (2 + MAX_FAILED_STARTS)
+            with pytest.raises(ConfigError) as err:
+                exp.run_fit(RFGridSearch(cfg, trainer_type="SFT"), create, train, evald,
+                            num_chunks=2, seed=1)
+            msg = str(err.value)
+            assert msg.startswith(field) and "cannot be loaded on Ray worker w" in msg
+            assert f"ModuleNotFoundError: No module named '{mod}': define it in the notebook or " \
+                   "install it on every node" in msg
+            assert "\x1b" not in msg and "actor_id" not in msg and "\n" not in msg
+            assert not (exp.path / "runs.json").exists() and not events(exp, "run_created")
         finally:
             exp.end()
     finally:
         sys.path.remove(str(tmp_path))
-        sys.modules.pop("rf_driver_only_models", None)
+        sys.modules.pop(mod, None)
+
+
+def test_a_run_failing_on_a_worker_gets_the_kernels_reason(ray_session, data, tmp_path):
+    """Review s5_r F1: a diverging run (loss NaN) fails in both engines; the reason on workers was
+    'WorkerTrainingError: Traceback ...'. Now the kernel's one line; the traceback stays in error."""
+    train, evald = data
+
+    def group():
+        return RFGridSearch(config(List([LR_A, 1e6])), trainer_type="SFT")
+
+    exp = Experiment("nan-w", experiment_path=tmp_path, num_workers=2)
+    try:
+        exp.run_fit(group(), tiny_create_model, train, evald, num_chunks=2, seed=1)
+    finally:
+        exp.end()
+    ref = kernel_reference("nan-k", tmp_path, group(), tiny_create_model, train, evald, num_chunks=2, seed=1)
+    ref.end()
+    got = [(e["run_id"], e["reason"]) for e in events(exp, "run_status", status="failed")]
+    want = [(e["run_id"], e["reason"]) for e in events(ref, "run_status", status="failed")]
+    assert want and want[0][1].startswith("FloatingPointError: training loss is nan")
+    assert got == want
+    (fail,) = events(exp, "run_status", status="failed")
+    assert "Traceback" in fail["error"] and "FloatingPointError" in fail["error"]
+
+
+def _per_process_create_model(cfg):
+    model, tok = tiny_create_model(cfg)
+    with torch.no_grad():   # an init that differs per process (seeded by the pid)
+        g = torch.Generator().manual_seed(os.getpid())
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model, tok
+
+
+def test_create_model_that_differs_per_worker_is_refused_before_any_run(ray_session, data, tmp_path):
+    """Review s5_r F3: runs moved between workers whose create_model built different weights,
+    silently. Now each worker builds the bases at start and their fingerprints are compared."""
+    train, evald = data
+    exp = Experiment("pid-model", experiment_path=tmp_path, num_workers=2)
+    try:
+        with pytest.raises(ConfigError, match=r"^create_model built a different model on worker w1 "
+                                              r"than on w0 \(base "):
+            exp.run_fit(RFGridSearch(config(List([LR_A, LR_B])), trainer_type="SFT"),
+                        _per_process_create_model, train, evald, num_chunks=2, seed=1)
+        assert not (exp.path / "runs.json").exists()
+    finally:
+        exp.end()
+
+
+class _CreateNoisyOnceMarked:
+    """tiny_create_model, with noise in its weights in a process that builds it once ``marker``
+    exists: the workers started by run_fit agree, a replacement started later does not."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __call__(self, cfg):
+        model, tok = tiny_create_model(cfg)
+        if os.path.exists(self.marker):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01)
+        return model, tok
+
+
+def test_a_replacement_whose_base_differs_fails_the_runs_it_gets(ray_session, tmp_path, three_data):
+    """F3 for a replacement worker: its first chunk's reply brings its base's fingerprint; a
+    different one fails that run with a reason naming create_model, nothing is booked from it."""
+    train, evald = three_data
+    marker = tmp_path / "noisy-from-now-on"
+    exp = Experiment("noisy-replacement", experiment_path=tmp_path / "exp", num_workers=1)
+    try:
+        exp.run_fit(three_runs(), _CreateNoisyOnceMarked(marker), train, evald, num_chunks=3,
+                    seed=3, block=False)
+        marker.write_text("")
+        kill_when_in_flight(exp, 1)
+        assert exp.wait(timeout=600)
+        after = [c for c in events(exp, "chunk_done") if c["worker"] != "w0"]
+        assert not after, "nothing trained on the different base is booked"
+        failed = events(exp, "run_status", status="failed")
+        assert failed and all(e["reason"].startswith("ConfigError: create_model built a different "
+                                                     "model on worker w1 than on w0") for e in failed)
+    finally:
+        exp.end()
+
+
+def test_simultaneous_deaths_are_counted_in_workers_left(ray_session, tmp_path, data):
+    """Review s5_r F7: both workers killed at once; the first worker_lost said workers_left=1."""
+    train, evald = data
+    exp = Experiment("both-die", experiment_path=tmp_path, num_workers=2)
+    try:
+        exp.run_fit(RFGridSearch(config(List([LR_A, LR_B])), trainer_type="SFT"), tiny_create_model,
+                    train, evald, num_chunks=3, seed=1, block=False)
+        eng = exp.engine
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            with eng.lock:
+                flights = [f for rid, f in eng.inflight.items() if rid not in eng.remote.arrived]
+                if len(flights) == 2:
+                    for f in flights:
+                        ray.kill(f.slot.actor, no_restart=True)
+                    # the loop is held until both deaths are visible to Ray
+                    ray.wait([f.ref for f in flights], num_returns=2, timeout=60)
+                    break
+            time.sleep(0.002)
+        else:
+            raise AssertionError("never two chunks in flight")
+        assert exp.wait(timeout=600)
+        lost = events(exp, "worker_lost")[:2]
+        assert sorted(e["worker"] for e in lost) == ["w0", "w1"]
+        assert [e["workers_left"] for e in lost] == [0, 0]
+        assert list(exp.get_runs_info().status) == ["completed"] * 2   # on the replacements
+    finally:
+        exp.end()
+
+
+def test_a_replacement_not_needed_any_more_is_not_kept(ray_session, tmp_path, data):
+    """Review s5_r F7: a replacement still starting when the last run finished stayed alive
+    (holding a GPU) until end(). Now the loop kills it when it leaves."""
+    train, evald = data
+    exp = Experiment("quick-finish", experiment_path=tmp_path, num_workers=2)
+    try:
+        exp.run_fit(RFGridSearch(config(LR_A), trainer_type="SFT"), tiny_create_model, train, evald,
+                    num_chunks=2, seed=1, block=False)
+        kill_when_in_flight(exp, 1, chunks_done=0)
+        assert exp.wait(timeout=600)
+        assert exp.get_runs_info().status.tolist() == ["completed"]
+        pool = exp.engine.pool
+        assert all(s.info for s in pool.live()), [s.name for s in pool.live() if not s.info]
+        assert not exp.engine._starting and not exp.engine._owed
+    finally:
+        exp.end()
 
 
 def test_end_without_waiting_then_resume_with_workers(ray_session, data, tmp_path, four_ref):

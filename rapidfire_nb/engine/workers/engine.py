@@ -367,7 +367,8 @@ class WorkerEngine(Engine):
             slot = refs[ref]
             try:
                 slot.info = ray.get(ref)
-            except Exception as exc:   # its constructor failed
+            except Exception as exc:   # it could not start (or load create_model): gone
+                self.pool.kill(slot)
                 with self.lock:
                     self._worker_lost(slot, exc, None)
         for ref in late:               # never placed: it would hold its chunks forever
@@ -395,7 +396,8 @@ class WorkerEngine(Engine):
                 try:
                     slot.info = ray.get(ref)
                     up.append(slot)
-                except Exception as exc:   # its constructor failed
+                except Exception as exc:   # it could not start (or load create_model): gone
+                    self.pool.kill(slot)
                     self._worker_lost(slot, exc, None)
             for ref, slot in list(self._starting.items()):
                 if time.monotonic() - slot.created > self.placement_s:
@@ -589,8 +591,25 @@ class WorkerEngine(Engine):
         if rec is not None:
             self._fail(rec, exc)
 
+    def _notice_other_deaths(self, slot: WorkerSlot) -> None:
+        """Under the lock: workers killed with ``slot`` (a node lost, ray.kill of several) whose
+        errors are back already count as dead before ``workers_left`` is logged (no waiting)."""
+        ray = self.pool.ray
+        others = {f.ref: f.slot for rid, f in self.inflight.items()
+                  if f.slot is not slot and f.slot.alive and rid not in self.remote.arrived}
+        if not others or not ray.is_initialized():
+            return
+        ready, _ = ray.wait(list(others), num_returns=len(others), timeout=0)
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as exc:
+                if self.pool.is_death(exc):
+                    others[ref].alive = False
+
     def _worker_lost(self, slot: WorkerSlot, exc: BaseException, flight: Flight | None) -> None:
         held = self.remote.lose(slot)
+        self._notice_other_deaths(slot)
         lost = None
         if flight is not None:
             lost = {"run_id": flight.run_id, "epoch": flight.epoch, "chunk": flight.chunk}
