@@ -197,10 +197,15 @@ def test_stop_resume_status_on_a_training_experiment(exp, shell, capsys):
     assert stopped_at < 2
 
     table = shell.run_line_magic("rapidfire", "status")
-    assert list(table.index) == [1, 2]
+    res = exp.get_results()
+    best = {rid: min(res[(res.run_id == rid) & (res.metric == "eval_loss")].value, default=None)
+            for rid in (1, 2)}
+    # the panel's default order: best eval loss first once both runs have one, run order until then
+    want = [1, 2] if best[2] is None else sorted(best, key=lambda rid: best[rid])
+    assert list(table.index) == want
     assert table.loc[2, "status"] == "stopped"
     assert table.loc[1, "steps"] == f"{int(info.loc[1, 'total_steps'])}/{int(info.loc[1, 'total_steps'])}"
-    assert list(table["learning_rate"]) == [LR1, LR2]
+    assert [table.loc[1, "learning_rate"], table.loc[2, "learning_rate"]] == [LR1, LR2]
     # the panel's wording for the last chunk trained ("chunk 2/2"), not a running total of chunks
     assert table.loc[1, "progress"].endswith("chunk 2/2") and table.loc[1, "progress"].startswith("epoch ")
     assert "chunks" not in table.columns
@@ -428,6 +433,54 @@ def test_load_ext_keeps_library_import_chatter_out_of_the_cell():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "gemm_4bit_forward" not in proc.stderr + proc.stdout
+
+
+def test_status_sorts_best_eval_loss_first_like_the_panel():
+    # every live run has a best eval loss: lowest first, ties by id; deleted/pruned ones after, by id
+    ranks = {1: (0.9, False), 2: (0.5, False), 3: (0.7, True), 4: (0.5, False), 5: (None, True)}
+    assert M.best_first([1, 2, 3, 4, 5], ranks) == [2, 4, 1, 3, 5]
+    # one live run without an eval yet (or a NaN one): a ranking with gaps, so run order is kept
+    assert M.best_first([1, 2, 3], {1: (0.9, False), 2: (None, False), 3: (0.1, False)}) == [1, 2, 3]
+    assert M.best_first([1, 2], {1: (0.9, False), 2: (float("nan"), False)}) == [1, 2]
+    assert M.best_first([], {}) == []
+
+
+def test_status_shows_a_dash_for_a_run_no_worker_trained_yet(exp):
+    import pandas as pd
+
+    assert exp.wait(timeout=300)
+    info = exp.get_runs_info()
+    # get_runs_info on Ray workers: a `worker` column, None for a run that trained no chunk yet
+    info["worker"] = pd.Series(["w0"] + [None] * (len(info) - 1), index=info.index, dtype=object)
+    table = M.status_table(exp, info)
+    first = int(info.run_id.iloc[0])
+    assert table.loc[first, "worker"] == "w0"
+    assert set(table.drop(index=first)["worker"]) == {"-"}
+    assert "NaN" not in table.to_string()
+
+
+def test_status_lists_the_ops_queued_for_the_next_chunk_boundary(shell, capsys, tmp_path, tiny_data):
+    train, evald = tiny_data
+    e = Experiment("queued", experiment_path=tmp_path)
+    try:
+        e.run_fit(group(), tiny_create_model, train.select(range(16)), evald, num_chunks=2, seed=3, block=False)
+        ids = list(e.get_runs_info().run_id)
+        # holding the engine's op lock: nothing is applied until the block ends (ops apply at the
+        # next chunk boundary, so a live kernel sees this for a while)
+        with e.engine.atomically():
+            e.stop(ids[-1])
+            new_id = e.clone_modify(ids[0], {"training_args.learning_rate": 5e-3})
+            e.delete(new_id)
+            out, err, _ = run(shell, capsys, "status")
+        assert err == ""
+        assert (f"queued (applied at the next chunk boundary): stop {ids[-1]}, clone of {ids[0]} -> "
+                f"run {new_id}, delete {new_id}") in out.splitlines()
+        assert e.wait(timeout=300)
+        out, err, _ = run(shell, capsys, "status")
+        assert err == "" and "queued" not in out
+        assert e.get_runs_info().set_index("run_id").loc[new_id, "status"] == "deleted"
+    finally:
+        e.end()
 
 
 def test_progress_before_any_chunk_uses_the_panels_words():
