@@ -31,6 +31,7 @@ side is unlucky. Each side records the load average when it started and its torc
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -55,8 +56,10 @@ def run_side(p, group, pristine, tok, train, evald, workdir: str, num_workers: i
     try:
         load = os.getloadavg()[0]
         t0 = time.time()
-        exp.run_fit(group, lambda cfg: (model, tok), train, evald, num_chunks=p.num_chunks,
-                    seed=42, block=True)
+        # run_fit's "starting N Ray workers" notice: not into the report (or --json's output)
+        with contextlib.redirect_stdout(sys.stderr):
+            exp.run_fit(group, lambda cfg: (model, tok), train, evald, num_chunks=p.num_chunks,
+                        seed=42, block=True)
         end = time.time()
         info = exp.get_runs_info()
         bad = info[info.status != "completed"]

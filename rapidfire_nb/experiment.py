@@ -286,6 +286,11 @@ class Experiment:
         # what needs the base or the data: LoRA targets, the first rows, generation_config
         check_before_training(specs, engine.model_and_tokenizer, train_dataset, eval_dataset, prep_cache)
         if workers:
+            # seconds of silence otherwise: Ray's start, then each worker imports torch and loads
+            # the model before the first chunk (the `workers` event is logged only once they are up)
+            print(f"rapidfire: starting {workers} Ray worker{'s' if workers > 1 else ''} (Ray itself "
+                  "first if it is not running: 10-30 s the first time); the runs stay pending until "
+                  "the workers have loaded the model", flush=True)
             engine.pool.start()   # Ray and the workers; an error here (too few GPUs) changes nothing
         self.engine = engine
         self.automl = automl

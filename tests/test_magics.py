@@ -184,6 +184,15 @@ def test_the_kernel_engine_has_no_worker_lines():
     assert M.worker_lines(fold(read_events(RAY_LOG.with_name("sft_basic.jsonl")))) == []
 
 
+def test_status_says_workers_are_starting_before_the_log_names_them():
+    # a live worker engine whose workers are not up yet: no `workers` event in the log so far
+    table = fold([e for e in read_events(RAY_LOG) if e["type"] not in ("workers", "chunk_done", "worker_lost")])
+    assert not table.get("workers")
+    (line,) = M.worker_lines(table, {}, live=True, starting=2)
+    assert line.startswith("workers: 2 starting") and "pending" in line
+    assert M.worker_lines(table, {}, live=False, starting=2) == []   # no engine runs them now
+
+
 # -- the commands on a live experiment -----------------------------------------------------------
 
 def test_stop_resume_status_on_a_training_experiment(exp, shell, capsys):
@@ -511,6 +520,8 @@ def test_status_names_the_run_each_live_worker_trains(shell, capsys, tmp_path, t
         # 32 samples: two optimizer steps a chunk, so a chunk stays in flight long enough to be seen
         e.run_fit(group(), tiny_create_model, train.select(range(32)), evald, num_chunks=2, seed=3,
                   block=False)
+        # the seconds before the first chunk are not silent
+        assert "rapidfire: starting 2 Ray workers" in capsys.readouterr().out
         seen_training = set()
         deadline = time.monotonic() + 300
         while e.engine.busy() and time.monotonic() < deadline:

@@ -361,14 +361,19 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def worker_lines(table: dict, now: dict[str, int] | None = None, live: bool = True) -> list[str]:
+def worker_lines(table: dict, now: dict[str, int] | None = None, live: bool = True,
+                 starting: int = 0) -> list[str]:
     """What ``status`` says about the Ray workers (``Experiment(num_workers=...)``), from the folded
     run table (engine/state.py): one line per worker with its node and device, the run it trains
     now (``now``: worker -> run id, from the live engine) or trained last, and why a lost one was
     lost. ``live=False`` (no engine running: resumed before run_fit, or ended): the workers are the
-    last session's, and the header says so. No lines for the in-kernel engine."""
+    last session's, and the header says so. ``starting``: the live engine's number of workers,
+    which are still starting while the log names none. No lines for the in-kernel engine."""
     workers = table.get("workers") or []
     if not workers:
+        if live and starting:
+            return [f"workers: {starting} starting (Ray workers import torch and load the model "
+                    "before the first chunk: the runs stay pending until then)"]
         return []
     now = now if live and now else {}
     runs = {r["run_id"]: r for r in table["runs"].values()}
@@ -526,8 +531,10 @@ class RapidFireMagics(Magics):
             # for the engine's (its loop holds that one while an AutoML hook reads the table)
             now = _training_now(exp)
             engine = getattr(exp, "engine", None)
+            pool = getattr(engine, "pool", None)
+            starting = getattr(pool, "n", 0) if isinstance(getattr(pool, "n", None), int) else 0
             lines, statuses = exp._state().read(lambda t: (
-                worker_lines(t, now, live=engine is not None and not t.get("ended")),
+                worker_lines(t, now, live=engine is not None and not t.get("ended"), starting=starting),
                 [str(r.get("status")) for r in t["runs"].values()]))
             if lines:
                 print("\n".join(lines))
