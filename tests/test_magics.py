@@ -630,3 +630,21 @@ def test_status_says_the_experiment_folder_is_gone(shell, capsys, tmp_path):
         assert "'ray_workers'" in err and "no longer exists (deleted?)" in err, text
     finally:
         e.end()
+
+
+def test_the_table_docstrings_name_every_column(exp):
+    # a newcomer reads help(exp.get_runs_info) / help(exp.get_timeline) to learn the columns
+    from rapidfire_nb.engine.state import TIMELINE_COLUMNS
+
+    assert exp.wait(timeout=300)
+    runs_doc = Experiment.get_runs_info.__doc__
+    fixed = [c for c in exp.get_runs_info().columns if c not in ("learning_rate",)]  # a varying knob
+    assert all(f"``{c}``" in runs_doc for c in fixed + ["worker", "pruning"]), runs_doc
+    timeline_doc = Experiment.get_timeline.__doc__
+    assert all(f"``{c}``" in timeline_doc for c in TIMELINE_COLUMNS), timeline_doc
+    assert "0-based" in timeline_doc and "Unix time" in timeline_doc
+    for op in (Experiment.stop, Experiment.resume, Experiment.delete, Experiment.clone_modify):
+        assert "next chunk boundary" in op.__doc__, op.__name__
+    fit_doc = Experiment.run_fit.__doc__
+    assert all(f"{arg}:" in fit_doc for arg in ("num_chunks", "seed", "block")), fit_doc
+    assert Experiment.editable_knobs.__doc__
