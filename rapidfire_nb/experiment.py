@@ -240,6 +240,9 @@ class Experiment:
         Every error that can be found before training (configs, data columns, ``num_chunks``,
         ``create_model``'s return value) is raised here and nothing is started.
         """
+        from rapidfire_nb._quiet import import_peft_quietly
+
+        import_peft_quietly()   # before trl/peft: no bitsandbytes "pip install kernels" line
         self._check_open()
         if self.engine is not None:
             raise RapidFireError("run_fit was already called on this Experiment; use clone_modify "

@@ -648,3 +648,28 @@ def test_the_table_docstrings_name_every_column(exp):
     fit_doc = Experiment.run_fit.__doc__
     assert all(f"{arg}:" in fit_doc for arg in ("num_chunks", "seed", "block")), fit_doc
     assert Experiment.editable_knobs.__doc__
+
+
+def test_a_plain_script_gets_no_bitsandbytes_kernels_line(tmp_path):
+    """Without %load_ext or the CLI (a script, or a notebook that only imports rapidfire_nb): the
+    configs' and run_fit's peft/trl imports keep bitsandbytes' 'pip install kernels' warning out."""
+    import subprocess
+    import sys
+
+    code = (
+        "from rapidfire_nb import Experiment\n"
+        "from rapidfire_nb.automl import RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig\n"
+        "from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model\n"
+        "train, ev = make_demo_datasets(16, 8)\n"
+        "cfg = RFModelConfig(model_name='tiny', model_kwargs={'hidden_size': 32},"
+        " peft_config=RFLoraConfig(r=4, target_modules=['q_proj']),"
+        " training_args=RFSFTConfig(per_device_train_batch_size=8, max_length=32, bf16=False))\n"
+        f"exp = Experiment('plain', experiment_path={str(tmp_path)!r}, num_workers=0)\n"
+        "exp.run_fit(RFGridSearch(cfg, trainer_type='SFT'), tiny_create_model, train, ev, num_chunks=1)\n"
+        "print(sorted(set(exp.get_runs_info().status)))\n"
+        "exp.end()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['completed']"
+    assert "gemm_4bit_forward" not in proc.stderr + proc.stdout
+    assert "pip install kernels" not in proc.stderr + proc.stdout
