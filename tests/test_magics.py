@@ -142,7 +142,9 @@ def test_status_lists_the_ray_workers_of_the_experiment(shell, capsys, tmp_path)
             # resumed, run_fit not called: no engine runs these workers now
             "workers of the last session (not running now): 2 (1 lost)",
             "  w0  node 192.0.2.2  w0:cpu  last trained run 3 (epoch 1 · chunk 3/3)",
-            f"  w1  node 192.0.2.2  w1:cpu  {W1_LOST}; last trained run 2 (epoch 1 · chunk 2/3)",
+            # the lost worker kept its log (the `workers` event's path); w0's was removed at end()
+            f"  w1  node 192.0.2.2  w1:cpu  {W1_LOST}; last trained run 2 (epoch 1 · chunk 2/3)"
+            "  log /tmp/rapidfire-w1-1bkw2vf8/worker.log",
         ]
         # resumed, run_fit not called yet: the run table waits for the engine, the log has the runs,
         # all completed (the log ends with experiment_end): nothing to continue
@@ -178,6 +180,20 @@ def test_worker_lines_when_no_worker_is_left():
     table["lost_workers"][0]["workers_left"] = 0
     assert "runs 1, 2 stopped (no worker left)" in M.worker_lines(table)[2]
     assert "trained again" not in M.worker_lines(table)[2]
+
+
+def test_status_names_each_live_workers_log_file():
+    events = read_events(RAY_LOG)
+    logs = M.worker_logs(events)
+    assert logs == {"w0": "/tmp/rapidfire-w0-ilfm4xpt/worker.log", "w1": "/tmp/rapidfire-w1-1bkw2vf8/worker.log"}
+    lines = M.worker_lines(fold(events), {}, live=True, logs=logs)
+    assert lines[1].endswith("last trained run 3 (epoch 1 · chunk 3/3)  log /tmp/rapidfire-w0-ilfm4xpt/worker.log")
+    assert lines[2].endswith("  log /tmp/rapidfire-w1-1bkw2vf8/worker.log")
+    # a later session's pool reuses the name w1: its listing (and log) wins
+    later = copy.deepcopy(events[-1])
+    later.update(seq=later["seq"] + 1, type="workers",
+                 workers=[{"worker": "w1", "node": "192.0.2.2", "device": "w1:cpu", "log": "/tmp/new/worker.log"}])
+    assert M.worker_logs(events + [later])["w1"] == "/tmp/new/worker.log"
 
 
 def test_the_kernel_engine_has_no_worker_lines():

@@ -37,7 +37,7 @@ USAGE = """\
                                 live run has one, as the panel; run order until then), the ops
                                 still queued for the next chunk boundary; with Ray workers
                                 (num_workers) also each worker, its node and device, the run it
-                                trains
+                                trains and its log file
   stop ID                       stop a run at its next chunk boundary (its checkpoint stays)
   resume ID                     resume a stopped run from its checkpoint
   delete ID                     remove a run for good (its metrics stay, marked deleted)
@@ -361,14 +361,29 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def worker_logs(events) -> dict[str, str]:
+    """worker -> its log file (``worker.log``, on the worker's node), from the ``workers`` events;
+    a later listing of the same name (a replacement, a resumed session) wins."""
+    logs: dict[str, str] = {}
+    for ev in events:
+        if ev.get("type") != "workers" or not isinstance(ev.get("workers"), list):
+            continue
+        for info in ev["workers"]:
+            if isinstance(info, dict) and isinstance(info.get("worker"), str) and isinstance(info.get("log"), str):
+                logs[info["worker"]] = info["log"]
+    return logs
+
+
 def worker_lines(table: dict, now: dict[str, int] | None = None, live: bool = True,
-                 starting: int = 0) -> list[str]:
+                 starting: int = 0, logs: dict[str, str] | None = None) -> list[str]:
     """What ``status`` says about the Ray workers (``Experiment(num_workers=...)``), from the folded
     run table (engine/state.py): one line per worker with its node and device, the run it trains
     now (``now``: worker -> run id, from the live engine) or trained last, and why a lost one was
     lost. ``live=False`` (no engine running: resumed before run_fit, or ended): the workers are the
     last session's, and the header says so. ``starting``: the live engine's number of workers,
-    which are still starting while the log names none. No lines for the in-kernel engine."""
+    which are still starting while the log names none. ``logs``: worker -> its log file
+    (``worker_logs``), shown for live workers and for lost ones (a worker that ends normally
+    removes its log; a lost one keeps it). No lines for the in-kernel engine."""
     workers = table.get("workers") or []
     if not workers:
         if live and starting:
@@ -418,7 +433,10 @@ def worker_lines(table: dict, now: dict[str, int] | None = None, live: bool = Tr
                             "is trained again")
             what[:0] = gone
         node = f"node {w['node']}" if w.get("node") else "node ?"
-        cells.append((name, node, w.get("device") or "?", "; ".join(what)))
+        text = "; ".join(what)
+        if logs and name in logs and (live or w["lost"]):
+            text += f"  log {logs[name]}"
+        cells.append((name, node, w.get("device") or "?", text))
     widths = [max(len(c[i]) for c in cells) for i in range(3)]
     return [head] + ["  " + "  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3] for c in cells]
 
@@ -533,8 +551,10 @@ class RapidFireMagics(Magics):
             engine = getattr(exp, "engine", None)
             pool = getattr(engine, "pool", None)
             starting = getattr(pool, "n", 0) if isinstance(getattr(pool, "n", None), int) else 0
+            logs = worker_logs(exp.events.since(0))
             lines, statuses = exp._state().read(lambda t: (
-                worker_lines(t, now, live=engine is not None and not t.get("ended"), starting=starting),
+                worker_lines(t, now, live=engine is not None and not t.get("ended"), starting=starting,
+                             logs=logs),
                 [str(r.get("status")) for r in t["runs"].values()]))
             if lines:
                 print("\n".join(lines))
