@@ -481,7 +481,7 @@ def test_status_shows_a_dash_for_a_run_no_worker_trained_yet(exp):
     first = int(info.run_id.iloc[0])
     assert table.loc[first, "worker"] == "w0"
     assert set(table.drop(index=first)["worker"]) == {"-"}
-    assert "NaN" not in table.to_string()
+    assert "NaN" not in table["worker"].to_string()
 
 
 def test_status_lists_the_ops_queued_for_the_next_chunk_boundary(shell, capsys, tmp_path, tiny_data):
@@ -654,7 +654,8 @@ def test_the_table_docstrings_name_every_column(exp):
 
     assert exp.wait(timeout=300)
     runs_doc = Experiment.get_runs_info.__doc__
-    fixed = [c for c in exp.get_runs_info().columns if c not in ("learning_rate",)]  # a varying knob
+    cols = list(exp.get_runs_info().columns)
+    fixed = cols[:2] + cols[cols.index("completed_steps"):]   # the knob columns sit in between
     assert all(f"``{c}``" in runs_doc for c in fixed + ["worker", "pruning"]), runs_doc
     timeline_doc = Experiment.get_timeline.__doc__
     assert all(f"``{c}``" in timeline_doc for c in TIMELINE_COLUMNS), timeline_doc
