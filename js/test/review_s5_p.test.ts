@@ -1,6 +1,6 @@
 // Review of the canvas charts (s5_p, issue 20): regressions found by a hostile user, as failing
 // tests of the pure geometry (see /work/notes/review_s5_p.md; each `it` names its finding).
-// All five fail on main 470a1f5.
+// All six fail on main 470a1f5.
 import { describe, expect, it } from "vitest";
 import { extents, fmtTick, nearestPoint, niceTicks, type DrawSeries } from "../src/canvaschart";
 import { seriesStyles } from "../src/scale";
@@ -56,6 +56,18 @@ describe("review s5_p: hover", () => {
     const hit = nearestPoint(all, scales, 200, 100, 20)!;
     // main: series 0 (run 1), whose colour is hidden under run 2's line
     expect(all[hit.series].runId).toBe(2);
+  });
+});
+
+describe("review s5_p: hover outside the plot", () => {
+  it("F10: a point outside a y zoom (clipped, not drawn) is not hovered", () => {
+    // y zoomed to 0.5..0.6; run 1's point at 0.62 is 16 px above the plot's top: not drawn.
+    const s = [series(1, [0, 8, 16], [0.55, 0.62, 0.55])];
+    const scales = { x: [0, 16] as [number, number], y: [0.5, 0.6] as [number, number], box: { left: 40, top: 10, width: 400, height: 200 } };
+    // the pointer on the plot's top edge above x = 8
+    const hit = nearestPoint(s, scales, 240, 10, 20);
+    // main: hit, the label shows "loss 0.62" for a point the user cannot see
+    expect(hit === null || s[hit.series].y[hit.index] !== 0.62).toBe(true);
   });
 });
 
