@@ -61,13 +61,13 @@ describe("review s5_p: hover", () => {
 
 describe("review s5_p: hover outside the plot", () => {
   it("F10: a point outside a y zoom (clipped, not drawn) is not hovered", () => {
-    // y zoomed to 0.5..0.6; run 1's point at 0.62 is 16 px above the plot's top: not drawn.
-    const s = [series(1, [0, 8, 16], [0.55, 0.62, 0.55])];
+    // y zoomed to 0.5..0.6; run 1's point at 0.605 is 10 px above the plot's top: not drawn.
+    const s = [series(1, [0, 8, 16], [0.55, 0.605, 0.55])];
     const scales = { x: [0, 16] as [number, number], y: [0.5, 0.6] as [number, number], box: { left: 40, top: 10, width: 400, height: 200 } };
     // the pointer on the plot's top edge above x = 8
-    const hit = nearestPoint(s, scales, 240, 10, 20);
-    // main: hit, the label shows "loss 0.62" for a point the user cannot see
-    expect(hit === null || s[hit.series].y[hit.index] !== 0.62).toBe(true);
+    const hit = nearestPoint(s, scales, 240, 12, 20);
+    // main: hit, the label shows "loss 0.605" for a point the user cannot see
+    expect(hit === null || s[hit.series].y[hit.index] !== 0.605).toBe(true);
   });
 });
 
