@@ -1,6 +1,6 @@
 // Review of the canvas charts (s5_p, issue 20): regressions found by a hostile user, as failing
 // tests of the pure geometry (see /work/notes/review_s5_p.md; each `it` names its finding).
-// All six fail on main 470a1f5.
+// All six fail on main 470a1f5 (findings F4, F5, F8, F9, F10, F11).
 import { describe, expect, it } from "vitest";
 import { extents, fmtTick, nearestPoint, niceTicks, type DrawSeries } from "../src/canvaschart";
 import { seriesStyles } from "../src/scale";
@@ -21,14 +21,14 @@ function yLabels(ys: number[]): string[] {
 }
 
 describe("review s5_p: axis labels", () => {
-  it("F3: a near-flat metric (ln 2 +- 1e-7) gets distinct y tick labels", () => {
+  it("F5: a near-flat metric (ln 2 +- 1e-7) gets distinct y tick labels", () => {
     const labels = yLabels([0.6931471, 0.6931473, 0.6931472]);
     expect(labels.length).toBeGreaterThan(2);
     // main: five times "6.931e-1"
     expect(new Set(labels).size).toBe(labels.length);
   });
 
-  it("F4: a diverged run's 1e30 loss labels the axis without 'e+23M'", () => {
+  it("F9: a diverged run's 1e30 loss labels the axis without 'e+23M'", () => {
     const labels = yLabels([0.5, 1e30, 0.4]);
     // main: "2e+23M", "4e+23M", ...: the M suffix on an exponent
     for (const l of labels) expect(l).not.toMatch(/e[+-]?\d+[kM]$/);
@@ -36,7 +36,7 @@ describe("review s5_p: axis labels", () => {
 });
 
 describe("review s5_p: zoom", () => {
-  it("F5: an x zoom inside a run's NaN gap fits y to the points just outside it, not 0..1", () => {
+  it("F8: an x zoom inside a run's NaN gap fits y to the points just outside it, not 0..1", () => {
     // Drawn points of a zoomed range: one beyond each edge (planChart), none inside (all NaN -> null).
     const s = series(1, [23_992, 24_000, 27_200, 27_208], [0.52, null, null, 0.51]);
     const e = extents([s], [24_500, 26_500], null)!;
@@ -47,7 +47,7 @@ describe("review s5_p: zoom", () => {
 });
 
 describe("review s5_p: hover", () => {
-  it("F8: two runs on the same points: the hover names the run drawn on top (the later one)", () => {
+  it("F10: two runs on the same points: the hover names the run drawn on top (the later one)", () => {
     const xs = [0, 8, 16];
     const ys = [1, 0.9, 0.8];
     // Drawn in series order (focused last): series 1 is painted over series 0.
@@ -60,7 +60,7 @@ describe("review s5_p: hover", () => {
 });
 
 describe("review s5_p: hover outside the plot", () => {
-  it("F10: a point outside a y zoom (clipped, not drawn) is not hovered", () => {
+  it("F11: a point outside a y zoom (clipped, not drawn) is not hovered", () => {
     // y zoomed to 0.5..0.6; run 1's point at 0.605 is 10 px above the plot's top: not drawn.
     const s = [series(1, [0, 8, 16], [0.55, 0.605, 0.55])];
     const scales = { x: [0, 16] as [number, number], y: [0.5, 0.6] as [number, number], box: { left: 40, top: 10, width: 400, height: 200 } };
@@ -72,7 +72,7 @@ describe("review s5_p: hover outside the plot", () => {
 });
 
 describe("review s5_p: emphasis", () => {
-  it("F7: a pinned run hidden by a status filter no longer fades every shown run", () => {
+  it("F4: a pinned run hidden by a status filter no longer fades every shown run", () => {
     const state = createState();
     let seq = 0;
     const ev = (e: Record<string, unknown>) => ({ seq: ++seq, time: seq, ...e });
