@@ -173,6 +173,11 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
+      // Another metric has its own scale: a zoom made on the old one would hide it (Plotly's
+      // uirevision reset the axes with the metric too).
+      chart.book.range = null;
+      chart.plot.resetZoom();
+      chart.dirty = true;
       if (chart.book.metric) chart.preferred = chart.book.metric;
       persistPrefs();
       scheduleRender({ charts: true, table: true });
