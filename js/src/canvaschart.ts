@@ -290,7 +290,7 @@ const MARGIN = { right: 10, top: 8, bottom: 34 };
 export interface ChartInspection {
   series: DrawSeries[];
   rungs: RungMark[];
-  view: { x: Range; y: Range; plot: PlotBox; zoomed: boolean } | null;
+  view: { x: Range; y: Range; plot: PlotBox; zoomed: boolean; xTicks: string[]; yTicks: string[] } | null;
   draws: number;
   /** The text colour of the last draw: the theme's, read from the page's CSS. */
   fg: string;
@@ -317,6 +317,7 @@ export class CanvasChart {
     if (this.draws > 0) this.draw();
   };
   private label = "";
+  private tickText: { x: string[]; y: string[] } = { x: [], y: [] };
   private draws = 0;
   /**
    * The theme's text colour and font, read once and again when the theme may have changed: a
@@ -479,9 +480,11 @@ export class CanvasChart {
     yTicks.ticks.forEach((t, i) => ctx.fillText(yText[i], box.left - 4, toPx(scales, ext.x[0], t)[1]));
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
+    this.tickText = { x: [], y: yText };
     for (const t of xTicks.ticks) {
       // The last label of a zoomed axis can sit at the right edge: keep it whole inside the canvas.
       const text = fmtTick(t, xTicks.step);
+      this.tickText.x.push(text);
       const half = ctx.measureText(text).width / 2;
       const px = Math.min(this.width - half - 1, Math.max(half + 1, toPx(scales, t, ext.y[0])[0]));
       ctx.fillText(text, px, box.top + box.height + 4);
@@ -588,7 +591,8 @@ export class CanvasChart {
     return {
       series: this.series.map((d) => ({ ...d, x: d.x.slice(), y: d.y.slice() })),
       rungs: this.rungs.map((r) => ({ ...r })),
-      view: s === null ? null : { x: [...s.x], y: [...s.y], plot: { ...s.box }, zoomed: this.xZoom !== null || this.yZoom !== null },
+      view: s === null ? null : { x: [...s.x], y: [...s.y], plot: { ...s.box }, zoomed: this.xZoom !== null || this.yZoom !== null,
+        xTicks: [...this.tickText.x], yTicks: [...this.tickText.y] },
       draws: this.draws,
       fg: this.theme?.fg ?? "",
     };
@@ -681,7 +685,8 @@ export class CanvasChart {
     on(this.canvas, "mousedown", (ev) => {
       if (ev.button !== 0 || this.scales === null) return;
       ev.preventDefault();
-      this.canvas.focus({ preventScroll: true });
+      // preventDefault also keeps the focus where it was: a click on a chart must not take
+      // JupyterLab's notebook shortcuts away (the canvas suppresses them while focused).
       const [x, y] = this.local(ev);
       // A drag that starts on the tick labels starts at the plot's edge, not at negative samples.
       const b = this.scales.box;
