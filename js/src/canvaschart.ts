@@ -83,13 +83,15 @@ export function fmtTick(v: number, step: number): string {
   if (v === 0) return "0";
   const abs = Math.abs(v);
   // The digits that tell two ticks apart: from the value's leading digit down to the step's.
-  const sig = () => Math.max(0, Math.min(15, Math.floor(Math.log10(abs)) - Math.floor(Math.log10(step) + 1e-9)));
-  if (abs >= 1e9) return v.toExponential(sig());
+  // (Trailing zeros dropped: "1e+30" beside "8e+29", not "1.0e+30".)
+  const exp = () => v.toExponential(Math.max(0, Math.min(15, Math.floor(Math.log10(abs)) - Math.floor(Math.log10(step) + 1e-9))))
+    .replace(/\.?0+e/, "e");
+  if (abs >= 1e9) return exp();
   // By the step, not the value, so one axis reads "4k 6k 8k 10k" rather than "4000 6000 8000 10k".
   if (abs >= 1e6 && step >= 1e5) return `${Number((v / 1e6).toPrecision(6))}M`;
   if (step >= 1e3) return `${Number((v / 1e3).toPrecision(6))}k`;
   const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
-  if (abs < 1e-4 || decimals > 12) return v.toExponential(sig());
+  if (abs < 1e-4 || decimals > 12) return exp();
   return v.toFixed(decimals);
 }
 

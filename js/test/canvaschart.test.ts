@@ -96,6 +96,7 @@ describe("axis ticks", () => {
     const labels = yLabels([0.5, 1e30, 0.4]);
     for (const l of labels) expect(l).not.toMatch(/e[+-]?\d+[kM]$/);
     expect(labels).toContain("2e+29");
+    expect(labels).toContain("1e+30");
     expect(fmtTick(5e9, 1e9)).toBe("5e+9");
     expect(fmtTick(4e8, 1e8)).toBe("400M");
   });
