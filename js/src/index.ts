@@ -342,10 +342,14 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     if (chart.book.metric !== null) chart.select.value = chart.book.metric;
     // No metric yet: say what the chart waits for instead of an empty menu and empty axes.
     chart.select.style.display = options.length ? "" : "none";
-    const empty = chart.book.metric === null || ![...state.runs.values()].some(
+    const withData = chart.book.metric === null ? [] : [...state.runs.values()].filter(
       (r) => ((chart.book.split === "train" ? r.train : r.eval)[chart.book.metric!]?.x.length ?? 0) > 0);
-    chart.waiting.textContent = empty ? waitingText(state, chart.book.split) : "";
-    chart.waiting.style.display = empty ? "" : "none";
+    const empty = withData.length === 0;
+    // Every run with points hidden (filters, swatches): say so rather than show an empty frame.
+    const allHidden = !empty && withData.every((r) => !runShown(r, hide) || hiddenRuns.has(r.id));
+    chart.waiting.textContent = empty ? waitingText(state, chart.book.split)
+      : allHidden ? `every run with ${chart.book.metric} is hidden (the hide: filters or the run swatches)` : "";
+    chart.waiting.style.display = empty || allHidden ? "" : "none";
     chart.div.style.visibility = empty ? "hidden" : "";
   }
 
@@ -608,6 +612,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       if (hiddenRuns.has(run.id)) hiddenRuns.delete(run.id);
       else hiddenRuns.add(run.id);
       swatch.classList.toggle("rf-swatch-off", hiddenRuns.has(run.id));
+      for (const c of charts) updateSelect(c);
       emphasizeAll();
     });
     tr.addEventListener("mouseenter", () => {

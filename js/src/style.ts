@@ -43,7 +43,7 @@ export const CSS = `
 .rf-zoombox { position: absolute; pointer-events: none; background: rgba(128,128,128,0.18); border: 1px dashed var(--rf-fg2); }
 .rf-chart-waiting {
   position: absolute; inset: 0; display: flex; align-items: center; justify-content: center;
-  padding: 0 24px; text-align: center; color: var(--rf-fg2); font-size: 12px;
+  padding: 0 24px; text-align: center; color: var(--rf-fg2); font-size: 12px; pointer-events: none;
 }
 .rf-panel select, .rf-panel input[type=text] {
   font: inherit; color: var(--rf-fg); background: var(--rf-bg);

@@ -839,6 +839,8 @@ def test_hover_label_goes_when_a_filter_hides_every_run(hostile):
     time.sleep(0.5)
     visible, hot = tip.is_visible(), panel.locator("tr.rf-hot").count()
     label = panel.evaluate(f"(el) => el.querySelector('{EVAL} canvas').getAttribute('aria-label')")
+    note = panel.locator("[data-testid=rf-waiting-eval]")
+    note_text = (note.text_content() or "") if note.is_visible() else ""
     _shot(page, "stale_tip")
     for f in ("stopped", "pruned"):
         panel.locator(f'input[data-filter="{f}"]').uncheck()
@@ -847,6 +849,8 @@ def test_hover_label_goes_when_a_filter_hides_every_run(hostile):
         panel.locator(f'tr[data-run-id="{r}"] button[data-op=resume]').click()
     assert not visible and hot == 0, f"all runs hidden, yet the hover label shows ({visible}) and {hot} row(s) stay rf-hot"
     assert "no run shown" in label, label
+    assert note_text.startswith("every run with eval_loss is hidden"), note_text
+    _hwait(lambda: not note.is_visible(), 10, "the note gone with the filters off", page)
 
 
 def test_device_pixel_ratio_change_rebuilds_the_backing_store(hostile):
