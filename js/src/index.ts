@@ -348,7 +348,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     // Every run with points hidden (filters, swatches): say so rather than show an empty frame.
     const allHidden = !empty && withData.every((r) => !runShown(r, hide) || hiddenRuns.has(r.id));
     chart.waiting.textContent = empty ? waitingText(state, chart.book.split)
-      : allHidden ? `every run with ${chart.book.metric} is hidden (the hide: filters or the run swatches)` : "";
+      : allHidden ? `every run with ${chart.book.metric} is hidden (by the "hide:" filters below, or a run swatch)` : "";
     chart.waiting.style.display = empty || allHidden ? "" : "none";
     chart.div.style.visibility = empty ? "hidden" : "";
   }
