@@ -686,7 +686,7 @@ def hostile(lab, browser):
     page.set_default_timeout(60_000)
     errors: list[str] = []
     page.on("pageerror", lambda err: errors.append(str(err)))
-    page.goto(f"{lab.url}/lab/tree/hostile.ipynb?token={lab.token}")
+    page.goto(f"{lab.url}/lab/workspaces/hostile/tree/hostile.ipynb?reset&token={lab.token}")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
     _run_cell(page, 0)
     _run_cell(page, 1, timeout=300)
