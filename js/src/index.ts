@@ -152,7 +152,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const select = h("select", { "data-testid": `rf-metric-${split}` });
     const div = h("div", { class: "rf-chart-plot", "data-testid": `rf-chart-${split}` });
     const waiting = h("div", { class: "rf-chart-waiting", "data-testid": `rf-waiting-${split}` });
-    const head = h("div", { class: "rf-chart-head", title: "drag to zoom, double-click to zoom out" },
+    const head = h("div", { class: "rf-chart-head", title: "drag to zoom (a flat drag: x only, a tall one: y only); double-click, or Escape on the focused chart, to zoom out" },
       [label, select, `vs ${xLabel}`]);
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const plot = new CanvasChart(div, {
