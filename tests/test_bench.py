@@ -117,7 +117,10 @@ def test_workers_report_marks_the_median_hop_share_against_its_target():
     assert rows["workers_2"].rstrip().endswith("8.70%")
     assert "sum hops/sum chunks" in text and "median over chunks" in text
     assert "% of its time" not in text   # no second, unnamed hop percentage (the old hop-parts line)
-    assert "start-up (Ray, then the workers" in text
+    assert "start-up: run_fit to the first chunk's start on every side" in text
+    # next to the after-start-up speed, the end-to-end one (start-up included), both labelled
+    (speed,) = [ln for ln in text.splitlines() if ln.startswith("  workers_2: ")]
+    assert "1.00x the kernel engine's speed after start-up (from the first chunk on); 1.00x end to end" in speed
     assert "[ok  ]" not in [ln for ln in text.splitlines() if ln.startswith("  kernel ")][0]
 
 
@@ -136,3 +139,21 @@ def test_bench_help_does_not_promise_seconds_with_workers():
     text = " ".join(bench._parser().format_help().split())
     assert "the smoke preset takes seconds (about a minute with --workers" in text
     assert "with --preset smoke about a minute, not seconds" in text
+
+
+def test_workers_bench_measures_the_kernels_start_up_like_the_workers(tmp_path):
+    """The kernel side's start-up ends at its first chunk's start, as a worker side's does: its
+    run_fit checks and one-off imports are not counted as training time (they once were: the
+    kernel's 'after start-up' was its whole wall, and 2 workers read 7x faster than the kernel)."""
+    from rapidfire_nb.bench_workers import run_side
+
+    p = bench.PRESETS["smoke"]
+    with bench._quiet():
+        pristine, tok = bench.build_base(p)
+        train, evald = bench.make_datasets(p)
+        group = bench.make_group(p, 2)
+        side = run_side(p, group, pristine, tok, train, evald, str(tmp_path), 0)
+    assert side["startup_s"] > 0
+    assert side["startup_s"] + side["train_wall_s"] == pytest.approx(side["wall_s"], abs=1e-6)
+    assert side["train_wall_s"] < side["wall_s"]
+    assert "workers_up_s" not in side   # the kernel side has no workers
