@@ -737,7 +737,8 @@ def _parser() -> argparse.ArgumentParser:
                     "and when the first all-run comparison is available, each against a target "
                     "([ok] met, [MISS] not met). Takes about 4 minutes with the cpu preset on 2 CPU "
                     "cores (a warm-up, 3 repeats and the memory probes; --repeats 1 --no-memory: "
-                    "about 1 minute); the smoke preset takes seconds.")
+                    "about 1 minute); the smoke preset takes seconds (about a minute with "
+                    "--workers: Ray and the workers start for every side and repeat).")
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS),
                     help="cpu: ~4.5M-param Llama, fp32 (default); tinyllama: 1.1B-shaped, bf16, CUDA")
     ap.add_argument("--repeats", type=int, default=3, help="repeats (medians are reported); default 3")
@@ -766,7 +767,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="train 8 runs three ways: in the kernel, on 1 Ray worker and on N; report "
                          "wall times and the per-chunk actor hop (needs Ray: pip install -e "
                          "'.[ray]'; with the cpu preset and --repeats 1, about 6 minutes on a busy 2-core "
-                         "machine, most of it Ray start-up and the 1-worker side)")
+                         "machine, most of it Ray start-up and the 1-worker side; with --preset smoke "
+                         "about a minute, not seconds: Ray and the workers start for every side)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     ap.add_argument("--output", default=None, help="also write the JSON report to this file")
     return ap

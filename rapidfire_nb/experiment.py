@@ -214,11 +214,35 @@ class Experiment:
                 num_chunks: int = 4, seed: int = 42, block: bool | None = None) -> Experiment:
         """Expand and validate ``config_group``, then train every run, chunk by chunk.
 
-        Returns at once inside an IPython kernel (training goes on in a background thread and the
-        returned Experiment displays as the live panel); blocks elsewhere, or when ``block=True``.
+        Args:
+            config_group: an ``RFGridSearch``, ``RFRandomSearch`` or ``RFOptuna`` (from
+                ``rapidfire_nb.automl``): each configuration it expands to is one run.
+            create_model: ``model_config -> (model, tokenizer)``; called once per distinct base
+                model, in this thread (its errors show here).
+            train_dataset, eval_dataset: ``datasets.Dataset``; the eval set is evaluated after every
+                chunk (optional unless a pruner, RFOptuna or ``compute_metrics`` needs it).
+            num_chunks: chunks per epoch. The training data is cut into ``num_chunks`` equal parts
+                and every run trains chunk k of the data before any run trains chunk k+1, so all
+                runs can be compared after each chunk. More chunks: earlier comparisons, more swaps.
+            seed: the seed of every run's data order (per epoch) and of its initialisation (a
+                LoRA adapter's weights, derived from the seed and the run's config): the same
+                seed, data and configs train the same weights.
+            block: ``None`` (default): in a Jupyter/Colab kernel return at once while training goes
+                on in a background thread (the returned Experiment displays as the live panel; ops
+                such as ``stop`` work meanwhile); in a plain script or terminal IPython block until
+                every run is finished. ``False``: return at once everywhere (call ``wait()`` or
+                ``end()`` later); ``True``: block everywhere.
+
+        With Ray workers (``num_workers``) the first ``run_fit`` also starts Ray and the workers
+        (it prints a line saying so): 10-30 s the first time, and the runs stay pending a few
+        seconds more while the workers load the model.
+
         Every error that can be found before training (configs, data columns, ``num_chunks``,
         ``create_model``'s return value) is raised here and nothing is started.
         """
+        from rapidfire_nb._quiet import import_peft_quietly
+
+        import_peft_quietly()   # before trl/peft: no bitsandbytes "pip install kernels" line
         self._check_open()
         if self.engine is not None:
             raise RapidFireError("run_fit was already called on this Experiment; use clone_modify "
@@ -286,6 +310,11 @@ class Experiment:
         # what needs the base or the data: LoRA targets, the first rows, generation_config
         check_before_training(specs, engine.model_and_tokenizer, train_dataset, eval_dataset, prep_cache)
         if workers:
+            # seconds of silence otherwise: Ray's start, then each worker imports torch and loads
+            # the model(s) and what the runs need (start_workers checks it before any run exists)
+            print(f"rapidfire: starting {workers} Ray worker{'s' if workers > 1 else ''} (Ray itself "
+                  "first if it is not running: 10-30 s the first time); run_fit returns once each "
+                  "worker has loaded the model", flush=True)
             engine.start_workers(specs)   # Ray, the workers, what they must load; errors change nothing
         self.engine = engine
         self.automl = automl
@@ -572,7 +601,11 @@ class Experiment:
         return rec
 
     def stop(self, run_id: int) -> None:
-        """Stop a pending or running run at its next chunk boundary; its checkpoint stays."""
+        """Stop a pending or running run at its next chunk boundary; its checkpoint stays.
+
+        Checked at once (a refused op raises ``OpRefused`` and changes nothing), then queued: the
+        engine applies it at the next chunk boundary, so ``get_runs_info()`` and the panel show
+        the old status until then (``%rapidfire status`` lists the queued ops)."""
         with self.engine.atomically() if self.engine else contextlib.nullcontext():
             rec = self._run(run_id)
             if rec.status not in R.ACTIVE:
@@ -580,7 +613,9 @@ class Experiment:
             self.engine.submit(Op("stop", run_id))
 
     def resume(self, run_id: int) -> None:
-        """Resume a stopped run from its checkpoint."""
+        """Resume a stopped run from its checkpoint.
+
+        Queued like ``stop``: applied at the next chunk boundary (see ``stop``)."""
         with self.engine.atomically() if self.engine else contextlib.nullcontext():
             rec = self._run(run_id)
             if rec.status != R.STOPPED:
@@ -588,7 +623,10 @@ class Experiment:
             self.engine.submit(Op("resume", run_id))
 
     def delete(self, run_id: int) -> None:
-        """Remove a run from scheduling for good and free its memory and checkpoints (metrics stay)."""
+        """Remove a run from scheduling for good and free its memory and checkpoints (metrics stay).
+
+        Queued like ``stop``: applied at the next chunk boundary, so the run is listed with its
+        old status until then (a second ``delete`` of it is refused at once)."""
         with self.engine.atomically() if self.engine else contextlib.nullcontext():
             rec = self._run(run_id)
             if rec.status == R.DELETED:
@@ -643,6 +681,10 @@ class Experiment:
         trains the clone's own full schedule, reading the data from the chunk after the parent's
         last completed chunk (wrapping around). Finished runs can be cloned, warm or cold. Returns
         the new run id.
+
+        Queued like ``stop``: the new run appears in ``get_runs_info()`` and the panel at the
+        next chunk boundary, but its id works at once (``stop(new_id)`` may follow right away).
+        Calling it again makes a second clone.
         """
         from rapidfire_nb import automl
 
@@ -687,6 +729,9 @@ class Experiment:
         return self.automl.tuner.pareto_front()
 
     def editable_knobs(self, run_id: int) -> dict:
+        """The knobs ``clone_modify(run_id, changes)`` may change, dotted name -> the run's value
+        (``{"training_args.learning_rate": 0.0002, "peft_config.r": 8, ...}``); the same list as
+        ``%rapidfire knobs ID``. A queued clone's id works too."""
         from rapidfire_nb import automl
 
         return automl.editable_knobs(self._run(run_id).spec)
@@ -703,7 +748,24 @@ class Experiment:
         return live
 
     def get_runs_info(self):
-        """One row per run: status, the knobs that vary, progress, lineage and error."""
+        """One row per run (a pandas DataFrame), in run order. Columns:
+
+        * ``run_id``; ``status``: pending, running, stopped, completed, failed or deleted;
+        * one column per knob that varies between runs, by its short name (``learning_rate``, ``r``);
+        * ``completed_steps`` / ``total_steps``: optimizer steps; ``samples_seen``: training samples
+          read so far; ``chunks_done``: chunks this run trained; ``epoch``: 0-based epoch of the
+          run's next chunk in its data stream (= epochs finished; the panel and ``%rapidfire
+          status`` count epochs and chunks from 1);
+        * ``parent_run_id`` (``<NA>`` unless a clone) and ``warm_start``: a clone's lineage;
+        * ``eval_loss``: the latest eval loss (NaN or None before the first eval;
+          ``get_results()`` has every eval metric at every chunk);
+        * ``error``: a failed run's traceback (``%rapidfire status`` shows its last line), else
+          None;
+        * ``worker`` (only with Ray workers, ``num_workers``): the worker that trained the run's
+          last chunk, None before its first;
+        * ``pruning`` (only when the config group has a pruner or is RFOptuna): why the run was
+          pruned, or its open suggestion in ``pruner_mode="suggest"``; None otherwise.
+        """
         import pandas as pd
 
         if self.engine is None:
@@ -751,7 +813,8 @@ class Experiment:
     def get_results(self):
         """Every logged metric, long form: run_id, split, step, samples_seen, epoch, chunk, metric,
         value, and deleted (True for the metrics of a run deleted since). Non-finite values read
-        NaN; curves (panel, trackers) place each point at samples_seen."""
+        NaN; curves (panel, trackers) place each point at samples_seen. ``epoch`` and ``chunk`` are
+        0-based (chunk 0 is the panel's and ``%rapidfire status``'s "chunk 1/N")."""
         import pandas as pd
 
         def rows(t):
@@ -767,10 +830,25 @@ class Experiment:
                                      "metric", "value", "deleted"])
 
     def get_timeline(self):
-        """One row per trained chunk: run_id, epoch, chunk, device, start, end, the time split,
-        completed_steps, samples_seen, and on Ray workers: worker, moved (the run came there from
-        another worker or its checkpoint with that chunk; False for a run's first chunk and in the
-        kernel) and hop_s (the Ray round trip beyond the chunk; NaN in the kernel)."""
+        """One row per trained chunk, in the order they were logged. Columns:
+
+        * ``run_id``; ``epoch``, ``chunk``: the chunk's place in the run's data stream, 0-based
+          (chunk 0 is the panel's and ``%rapidfire status``'s "chunk 1/N");
+        * ``device``: where it trained (``cuda:0``, ``cpu``; ``w0:cpu`` on a Ray worker);
+        * ``start``, ``end``: Unix times in seconds (``pd.to_datetime(tl.start, unit="s")``);
+        * where the chunk's time went, in seconds: ``train_s`` (optimizer steps), ``eval_s`` (the
+          eval after the chunk), ``swap_s`` (making this run's adapter and state current on the
+          device), ``setup_s`` (building or restoring the run's trainer before the chunk),
+          ``snapshot_s`` (copying its state at the boundary), ``checkpoint_s`` (writing it to
+          disk, in a writer thread: overlaps the next chunk), ``other_s`` (the rest of the
+          chunk's wall time);
+        * ``completed_steps``, ``samples_seen``: the run's counters after the chunk;
+        * ``worker``: the Ray worker that trained it (None in the kernel engine);
+        * ``moved``: True when the run came to this worker from another one with this chunk
+          (False for a run's first chunk, and always in the kernel engine);
+        * ``hop_s``: what Ray added to the chunk: the round trip of the request to the worker and
+          the result back, beyond the chunk's own time (NaN in the kernel engine).
+        """
         import pandas as pd
 
         from rapidfire_nb.engine.state import TIMELINE_COLUMNS

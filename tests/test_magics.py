@@ -142,7 +142,9 @@ def test_status_lists_the_ray_workers_of_the_experiment(shell, capsys, tmp_path)
             # resumed, run_fit not called: no engine runs these workers now
             "workers of the last session (not running now): 2 (1 lost)",
             "  w0  node 192.0.2.2  w0:cpu  last trained run 3 (epoch 1 · chunk 3/3)",
-            f"  w1  node 192.0.2.2  w1:cpu  {W1_LOST}; last trained run 2 (epoch 1 · chunk 2/3)",
+            # the lost worker kept its log (the `workers` event's path); w0's was removed at end()
+            f"  w1  node 192.0.2.2  w1:cpu  {W1_LOST}; last trained run 2 (epoch 1 · chunk 2/3)"
+            "  log /tmp/rapidfire-w1-1bkw2vf8/worker.log",
         ]
         # resumed, run_fit not called yet: the run table waits for the engine, the log has the runs,
         # all completed (the log ends with experiment_end): nothing to continue
@@ -180,8 +182,31 @@ def test_worker_lines_when_no_worker_is_left():
     assert "trained again" not in M.worker_lines(table)[2]
 
 
+def test_status_names_each_live_workers_log_file():
+    events = read_events(RAY_LOG)
+    logs = M.worker_logs(events)
+    assert logs == {"w0": "/tmp/rapidfire-w0-ilfm4xpt/worker.log", "w1": "/tmp/rapidfire-w1-1bkw2vf8/worker.log"}
+    lines = M.worker_lines(fold(events), {}, live=True, logs=logs)
+    assert lines[1].endswith("last trained run 3 (epoch 1 · chunk 3/3)  log /tmp/rapidfire-w0-ilfm4xpt/worker.log")
+    assert lines[2].endswith("  log /tmp/rapidfire-w1-1bkw2vf8/worker.log")
+    # a later session's pool reuses the name w1: its listing (and log) wins
+    later = copy.deepcopy(events[-1])
+    later.update(seq=later["seq"] + 1, type="workers",
+                 workers=[{"worker": "w1", "node": "192.0.2.2", "device": "w1:cpu", "log": "/tmp/new/worker.log"}])
+    assert M.worker_logs(events + [later])["w1"] == "/tmp/new/worker.log"
+
+
 def test_the_kernel_engine_has_no_worker_lines():
     assert M.worker_lines(fold(read_events(RAY_LOG.with_name("sft_basic.jsonl")))) == []
+
+
+def test_status_says_workers_are_starting_before_the_log_names_them():
+    # a live worker engine whose workers are not up yet: no `workers` event in the log so far
+    table = fold([e for e in read_events(RAY_LOG) if e["type"] not in ("workers", "chunk_done", "worker_lost")])
+    assert not table.get("workers")
+    (line,) = M.worker_lines(table, {}, live=True, starting=2)
+    assert line.startswith("workers: 2 starting") and "pending" in line
+    assert M.worker_lines(table, {}, live=False, starting=2) == []   # no engine runs them now
 
 
 # -- the commands on a live experiment -----------------------------------------------------------
@@ -197,10 +222,15 @@ def test_stop_resume_status_on_a_training_experiment(exp, shell, capsys):
     assert stopped_at < 2
 
     table = shell.run_line_magic("rapidfire", "status")
-    assert list(table.index) == [1, 2]
+    res = exp.get_results()
+    best = {rid: min(res[(res.run_id == rid) & (res.metric == "eval_loss")].value, default=None)
+            for rid in (1, 2)}
+    # the panel's default order: best eval loss first once both runs have one, run order until then
+    want = [1, 2] if best[2] is None else sorted(best, key=lambda rid: best[rid])
+    assert list(table.index) == want
     assert table.loc[2, "status"] == "stopped"
     assert table.loc[1, "steps"] == f"{int(info.loc[1, 'total_steps'])}/{int(info.loc[1, 'total_steps'])}"
-    assert list(table["learning_rate"]) == [LR1, LR2]
+    assert [table.loc[1, "learning_rate"], table.loc[2, "learning_rate"]] == [LR1, LR2]
     # the panel's wording for the last chunk trained ("chunk 2/2"), not a running total of chunks
     assert table.loc[1, "progress"].endswith("chunk 2/2") and table.loc[1, "progress"].startswith("epoch ")
     assert "chunks" not in table.columns
@@ -430,6 +460,54 @@ def test_load_ext_keeps_library_import_chatter_out_of_the_cell():
     assert "gemm_4bit_forward" not in proc.stderr + proc.stdout
 
 
+def test_status_sorts_best_eval_loss_first_like_the_panel():
+    # every live run has a best eval loss: lowest first, ties by id; deleted/pruned ones after, by id
+    ranks = {1: (0.9, False), 2: (0.5, False), 3: (0.7, True), 4: (0.5, False), 5: (None, True)}
+    assert M.best_first([1, 2, 3, 4, 5], ranks) == [2, 4, 1, 3, 5]
+    # one live run without an eval yet (or a NaN one): a ranking with gaps, so run order is kept
+    assert M.best_first([1, 2, 3], {1: (0.9, False), 2: (None, False), 3: (0.1, False)}) == [1, 2, 3]
+    assert M.best_first([1, 2], {1: (0.9, False), 2: (float("nan"), False)}) == [1, 2]
+    assert M.best_first([], {}) == []
+
+
+def test_status_shows_a_dash_for_a_run_no_worker_trained_yet(exp):
+    import pandas as pd
+
+    assert exp.wait(timeout=300)
+    info = exp.get_runs_info()
+    # get_runs_info on Ray workers: a `worker` column, None for a run that trained no chunk yet
+    info["worker"] = pd.Series(["w0"] + [None] * (len(info) - 1), index=info.index, dtype=object)
+    table = M.status_table(exp, info)
+    first = int(info.run_id.iloc[0])
+    assert table.loc[first, "worker"] == "w0"
+    assert set(table.drop(index=first)["worker"]) == {"-"}
+    assert "NaN" not in table["worker"].to_string()
+
+
+def test_status_lists_the_ops_queued_for_the_next_chunk_boundary(shell, capsys, tmp_path, tiny_data):
+    train, evald = tiny_data
+    e = Experiment("queued", experiment_path=tmp_path)
+    try:
+        e.run_fit(group(), tiny_create_model, train.select(range(16)), evald, num_chunks=2, seed=3, block=False)
+        ids = list(e.get_runs_info().run_id)
+        # holding the engine's op lock: nothing is applied until the block ends (ops apply at the
+        # next chunk boundary, so a live kernel sees this for a while)
+        with e.engine.atomically():
+            e.stop(ids[-1])
+            new_id = e.clone_modify(ids[0], {"training_args.learning_rate": 5e-3})
+            e.delete(new_id)
+            out, err, _ = run(shell, capsys, "status")
+        assert err == ""
+        assert (f"queued (applied at the next chunk boundary): stop {ids[-1]}, clone of {ids[0]} -> "
+                f"run {new_id}, delete {new_id}") in out.splitlines()
+        assert e.wait(timeout=300)
+        out, err, _ = run(shell, capsys, "status")
+        assert err == "" and "queued" not in out
+        assert e.get_runs_info().set_index("run_id").loc[new_id, "status"] == "deleted"
+    finally:
+        e.end()
+
+
 def test_progress_before_any_chunk_uses_the_panels_words():
     # js/src/state.ts chunkText: the same three texts before a run's first chunk_done
     assert M._chunk_text(None, None, 4, "pending") == "first chunk next"
@@ -458,6 +536,8 @@ def test_status_names_the_run_each_live_worker_trains(shell, capsys, tmp_path, t
         # 32 samples: two optimizer steps a chunk, so a chunk stays in flight long enough to be seen
         e.run_fit(group(), tiny_create_model, train.select(range(32)), evald, num_chunks=2, seed=3,
                   block=False)
+        # the seconds before the first chunk are not silent
+        assert "rapidfire: starting 2 Ray workers" in capsys.readouterr().out
         seen_training = set()
         deadline = time.monotonic() + 300
         while e.engine.busy() and time.monotonic() < deadline:
@@ -566,3 +646,47 @@ def test_status_says_the_experiment_folder_is_gone(shell, capsys, tmp_path):
         assert "'ray_workers'" in err and "no longer exists (deleted?)" in err, text
     finally:
         e.end()
+
+
+def test_the_table_docstrings_name_every_column(exp):
+    # a newcomer reads help(exp.get_runs_info) / help(exp.get_timeline) to learn the columns
+    from rapidfire_nb.engine.state import TIMELINE_COLUMNS
+
+    assert exp.wait(timeout=300)
+    runs_doc = Experiment.get_runs_info.__doc__
+    cols = list(exp.get_runs_info().columns)
+    fixed = cols[:2] + cols[cols.index("completed_steps"):]   # the knob columns sit in between
+    assert all(f"``{c}``" in runs_doc for c in fixed + ["worker", "pruning"]), runs_doc
+    timeline_doc = Experiment.get_timeline.__doc__
+    assert all(f"``{c}``" in timeline_doc for c in TIMELINE_COLUMNS), timeline_doc
+    assert "0-based" in timeline_doc and "Unix time" in timeline_doc
+    for op in (Experiment.stop, Experiment.resume, Experiment.delete, Experiment.clone_modify):
+        assert "next chunk boundary" in op.__doc__, op.__name__
+    fit_doc = Experiment.run_fit.__doc__
+    assert all(f"{arg}:" in fit_doc for arg in ("num_chunks", "seed", "block")), fit_doc
+    assert Experiment.editable_knobs.__doc__
+
+
+def test_a_plain_script_gets_no_bitsandbytes_kernels_line(tmp_path):
+    """Without %load_ext or the CLI (a script, or a notebook that only imports rapidfire_nb): the
+    configs' and run_fit's peft/trl imports keep bitsandbytes' 'pip install kernels' warning out."""
+    import subprocess
+    import sys
+
+    code = (
+        "from rapidfire_nb import Experiment\n"
+        "from rapidfire_nb.automl import RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig\n"
+        "from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model\n"
+        "train, ev = make_demo_datasets(16, 8)\n"
+        "cfg = RFModelConfig(model_name='tiny', model_kwargs={'hidden_size': 32},"
+        " peft_config=RFLoraConfig(r=4, target_modules=['q_proj']),"
+        " training_args=RFSFTConfig(per_device_train_batch_size=8, max_length=32, bf16=False))\n"
+        f"exp = Experiment('plain', experiment_path={str(tmp_path)!r}, num_workers=0)\n"
+        "exp.run_fit(RFGridSearch(cfg, trainer_type='SFT'), tiny_create_model, train, ev, num_chunks=1)\n"
+        "print(sorted(set(exp.get_runs_info().status)))\n"
+        "exp.end()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['completed']"
+    assert "gemm_4bit_forward" not in proc.stderr + proc.stdout
+    assert "pip install kernels" not in proc.stderr + proc.stdout

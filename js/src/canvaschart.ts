@@ -74,16 +74,25 @@ export function niceTicks(min: number, max: number, maxTicks: number): { ticks: 
   return { ticks, step };
 }
 
-/** A tick label: thousands as "20k" (x is samples seen, often tens of thousands), else the step's decimals. */
+/**
+ * A tick label: thousands as "20k" (x is samples seen, often tens of thousands), millions as "2M",
+ * past 1e9 exponential; otherwise as many decimals as the step needs, so two ticks never read the
+ * same (a near-flat metric, ln 2 give or take 1e-7, gets "0.69314710 0.69314715").
+ */
 export function fmtTick(v: number, step: number): string {
   if (v === 0) return "0";
   const abs = Math.abs(v);
+  // The digits that tell two ticks apart: from the value's leading digit down to the step's.
+  // (Trailing zeros dropped: "1e+30" beside "8e+29", not "1.0e+30".)
+  const exp = () => v.toExponential(Math.max(0, Math.min(15, Math.floor(Math.log10(abs)) - Math.floor(Math.log10(step) + 1e-9))))
+    .replace(/\.?0+e/, "e");
+  if (abs >= 1e9) return exp();
   // By the step, not the value, so one axis reads "4k 6k 8k 10k" rather than "4000 6000 8000 10k".
   if (abs >= 1e6 && step >= 1e5) return `${Number((v / 1e6).toPrecision(6))}M`;
   if (step >= 1e3) return `${Number((v / 1e3).toPrecision(6))}k`;
-  if (step < 1e-4 || abs >= 1e7) return v.toExponential(Math.max(0, Math.min(3, Math.round(-Math.log10(step) + Math.log10(abs)))));
   const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
-  return v.toFixed(Math.min(decimals, 8));
+  if (abs < 1e-4 || decimals > 12) return exp();
+  return v.toFixed(decimals);
 }
 
 /** A value as hover text: five significant digits, integers whole. */
@@ -116,6 +125,27 @@ export function extents(series: readonly DrawSeries[], xZoom: Range | null, yZoo
     }
   }
   if (xMin > xMax && xZoom === null) return null;
+  if (xZoom !== null && yMin > yMax) {
+    // Nothing finite inside the zoom (a NaN gap, or past a run's end): fit y to the nearest finite
+    // points on either side, which the drawn lines come from, rather than an arbitrary 0..1.
+    let left: [number, number] | null = null;
+    let right: [number, number] | null = null;
+    for (const s of series) {
+      if (!s.shown) continue;
+      for (let i = 0; i < s.x.length; i++) {
+        const x = s.x[i];
+        const y = s.y[i];
+        if (y === null || !Number.isFinite(y) || !Number.isFinite(x)) continue;
+        if (x < xZoom[0] && (left === null || x > left[0])) left = [x, y];
+        if (x > xZoom[1] && (right === null || x < right[0])) right = [x, y];
+      }
+    }
+    for (const p of [left, right]) {
+      if (p === null) continue;
+      yMin = Math.min(yMin, p[1]);
+      yMax = Math.max(yMax, p[1]);
+    }
+  }
   let x: Range;
   if (xZoom !== null) x = [xZoom[0], xZoom[1]];
   else {
@@ -155,8 +185,10 @@ export function fromPx(s: Scales, px: number, py: number): [number, number] {
 }
 
 /**
- * The drawn point nearest to the pointer, within `maxDist` pixels, among the shown series; ties
- * go to the focused series (drawn on top). Null when none is that close.
+ * The drawn point nearest to the pointer, within `maxDist` pixels, among the shown series and
+ * inside the plot's clip (3 px around the box: a point clipped out of a zoom is not seen, so it
+ * does not answer). Ties go to the series drawn on top: focused ones, else the later one (draw
+ * order), so the label names the line the user sees. Null when none is that close.
  */
 export function nearestPoint(
   series: readonly DrawSeries[], scales: Scales, px: number, py: number, maxDist: number,
@@ -166,6 +198,11 @@ export function nearestPoint(
   const kx = box.width / (xr[1] - xr[0]);
   const ky = box.height / (yr[1] - yr[0]);
   const bottom = box.top + box.height;
+  const clip = 3;
+  const minX = box.left - clip - px;
+  const maxX = box.left + box.width + clip - px;
+  const minY = box.top - clip - py;
+  const maxY = bottom + clip - py;
   for (let si = 0; si < series.length; si++) {
     const s = series[si];
     if (!s.shown) continue;
@@ -173,11 +210,15 @@ export function nearestPoint(
       const y = s.y[i];
       if (y === null || !Number.isFinite(y)) continue;
       const dx = box.left + (s.x[i] - xr[0]) * kx - px;
-      if (dx > maxDist || dx < -maxDist) continue;
+      if (dx > maxDist || dx < -maxDist || dx < minX || dx > maxX) continue;
       const dy = bottom - (y - yr[0]) * ky - py;
+      if (dy < minY || dy > maxY) continue;
       const d = Math.hypot(dx, dy);
       if (d > maxDist) continue;
-      if (best === null || d < best.dist - 1e-9 || (Math.abs(d - best.dist) <= 1e-9 && s.focused && !series[best.series].focused)) {
+      // Series are scanned in index order and drawn with the focused ones last: on a tie a later
+      // series wins unless the best so far is focused and this one is not.
+      if (best === null || d < best.dist - 1e-9
+        || (Math.abs(d - best.dist) <= 1e-9 && (s.focused || !series[best.series].focused))) {
         best = { series: si, index: i, dist: d };
       }
     }
@@ -251,7 +292,7 @@ const MARGIN = { right: 10, top: 8, bottom: 34 };
 export interface ChartInspection {
   series: DrawSeries[];
   rungs: RungMark[];
-  view: { x: Range; y: Range; plot: PlotBox; zoomed: boolean } | null;
+  view: { x: Range; y: Range; plot: PlotBox; zoomed: boolean; xTicks: string[]; yTicks: string[] } | null;
   draws: number;
   /** The text colour of the last draw: the theme's, read from the page's CSS. */
   fg: string;
@@ -270,6 +311,15 @@ export class CanvasChart {
   private scales: Scales | null = null;
   private width = 0;
   private height = 0;
+  /** The devicePixelRatio the backing store was sized for (a window moved to another screen changes it). */
+  private dpr = 1;
+  private dprQuery: MediaQueryList | null = null;
+  private readonly onDprChange = () => {
+    this.watchDpr();
+    if (this.draws > 0) this.draw();
+  };
+  private label = "";
+  private tickText: { x: string[]; y: string[] } = { x: [], y: [] };
   private draws = 0;
   /**
    * The theme's text colour and font, read once and again when the theme may have changed: a
@@ -286,6 +336,12 @@ export class CanvasChart {
   constructor(private readonly host: HTMLElement, private readonly opts: CanvasChartOptions) {
     this.canvas = document.createElement("canvas");
     this.canvas.className = "rf-canvas";
+    // A canvas says nothing to a screen reader or the keyboard by itself: it is an image with a
+    // label (redrawn with the chart), focusable, and Escape or 0 zooms out as a double-click does.
+    this.canvas.setAttribute("role", "img");
+    this.canvas.tabIndex = 0;
+    // While the chart has the focus, its keys are its own (JupyterLab's "0 0" restarts the kernel).
+    this.canvas.setAttribute("data-lm-suppress-shortcuts", "true");
     this.ctx = this.canvas.getContext("2d");
     this.tip = document.createElement("div");
     this.tip.className = "rf-tip";
@@ -311,12 +367,33 @@ export class CanvasChart {
       }
     }
     (host as unknown as { rfInspect: () => ChartInspection }).rfInspect = () => this.inspect();
+    this.watchDpr();
   }
 
-  /** The x range the user zoomed to (kept across data changes until a double-click). */
+  /**
+   * A devicePixelRatio change without a size change (the window dragged to a HiDPI screen, browser
+   * zoom) must rebuild the backing store: matchMedia on the current ratio fires once it changes.
+   */
+  private watchDpr(): void {
+    this.dprQuery?.removeEventListener("change", this.onDprChange);
+    this.dprQuery = null;
+    if (typeof window.matchMedia !== "function") return;
+    this.dprQuery = window.matchMedia(`(resolution: ${window.devicePixelRatio || 1}dppx)`);
+    this.dprQuery.addEventListener("change", this.onDprChange);
+  }
+
+  /**
+   * The x range the charts' data was planned for (the zoomed range, or null). A y-only zoom stays:
+   * x then follows the data as it grows, as Plotly's autorange did.
+   */
   setXZoom(x: Range | null): void {
     this.xZoom = x;
-    if (x === null) this.yZoom = null;
+  }
+
+  /** Forget any zoom, x and y (another metric: its values have nothing to do with the old axis). */
+  resetZoom(): void {
+    this.xZoom = null;
+    this.yZoom = null;
   }
 
   setData(series: DrawSeries[], rungs: RungMark[], yLabel: string): void {
@@ -329,11 +406,12 @@ export class CanvasChart {
   resize(width?: number, height?: number): boolean {
     const w = Math.round(width ?? this.host.clientWidth);
     const h = Math.round(height ?? this.host.clientHeight);
-    if (w === this.width && h === this.height) return false;
+    const dpr = window.devicePixelRatio || 1;
+    if (w === this.width && h === this.height && dpr === this.dpr) return false;
     this.width = w;
     this.height = h;
+    this.dpr = dpr;
     this.theme = null;
-    const dpr = window.devicePixelRatio || 1;
     this.canvas.width = Math.max(1, Math.round(w * dpr));
     this.canvas.height = Math.max(1, Math.round(h * dpr));
     this.canvas.style.width = `${w}px`;
@@ -343,17 +421,25 @@ export class CanvasChart {
 
   draw(): void {
     const ctx = this.ctx;
-    if (this.width === 0) this.resize();
+    if (this.width === 0 || (window.devicePixelRatio || 1) !== this.dpr) this.resize(this.width || undefined, this.height || undefined);
     this.draws++;
     if (ctx === null || this.width === 0 || this.height === 0) return;
-    const dpr = window.devicePixelRatio || 1;
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    // The ratio the backing store was sized for, whatever the window's is now.
+    ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
     ctx.clearRect(0, 0, this.width, this.height);
     const ext = extents(this.series, this.xZoom, this.yZoom);
     if (ext === null) {
       this.scales = null;
+      this.setLabel(`${this.yLabel || "chart"} vs ${this.opts.xLabel}: no run shown`);
+      // No point left under the pointer (every run hidden): drop a label and a row highlight
+      // that would name a curve no longer drawn.
+      this.hideHover();
       return;
     }
+    const shownRuns = this.series.reduce((n, s) => n + (s.shown ? 1 : 0), 0);
+    this.setLabel(`${this.yLabel} vs ${this.opts.xLabel}, ${shownRuns} run${shownRuns === 1 ? "" : "s"}, `
+      + `${this.opts.xLabel} ${fmtHover(ext.x[0])} to ${fmtHover(ext.x[1])}, ${this.yLabel} ${fmtHover(ext.y[0])} to ${fmtHover(ext.y[1])}`
+      + `${this.xZoom !== null || this.yZoom !== null ? " (zoomed; Escape zooms out)" : ""}`);
     if (this.theme === null) {
       const style = getComputedStyle(this.host);
       this.theme = { fg: style.color || "#1f2328", family: style.fontFamily || "sans-serif" };
@@ -396,9 +482,11 @@ export class CanvasChart {
     yTicks.ticks.forEach((t, i) => ctx.fillText(yText[i], box.left - 4, toPx(scales, ext.x[0], t)[1]));
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
+    this.tickText = { x: [], y: yText };
     for (const t of xTicks.ticks) {
       // The last label of a zoomed axis can sit at the right edge: keep it whole inside the canvas.
       const text = fmtTick(t, xTicks.step);
+      this.tickText.x.push(text);
       const half = ctx.measureText(text).width / 2;
       const px = Math.min(this.width - half - 1, Math.max(half + 1, toPx(scales, t, ext.y[0])[0]));
       ctx.fillText(text, px, box.top + box.height + 4);
@@ -476,12 +564,37 @@ export class CanvasChart {
     if (this.lastMove !== null && this.drag === null) this.hover(this.lastMove.x, this.lastMove.y);
   }
 
+  private setLabel(text: string): void {
+    if (text === this.label) return;
+    this.label = text;
+    this.canvas.setAttribute("aria-label", text);
+  }
+
+  private hideHover(): void {
+    this.tip.style.display = "none";
+    if (this.hoverRun !== null) {
+      this.hoverRun = null;
+      this.opts.onHover(null);
+    }
+  }
+
+  /** Zoom out fully (double-click, Escape or 0). */
+  private zoomOut(): void {
+    if (this.xZoom === null && this.yZoom === null) return;
+    const hadX = this.xZoom !== null;
+    this.resetZoom();
+    // An x zoom re-plans the data (full resolution inside it); a y-only zoom needs only a redraw.
+    if (hadX) this.opts.onZoom(null);
+    else this.draw();
+  }
+
   private inspect(): ChartInspection {
     const s = this.scales;
     return {
       series: this.series.map((d) => ({ ...d, x: d.x.slice(), y: d.y.slice() })),
       rungs: this.rungs.map((r) => ({ ...r })),
-      view: s === null ? null : { x: [...s.x], y: [...s.y], plot: { ...s.box }, zoomed: this.xZoom !== null || this.yZoom !== null },
+      view: s === null ? null : { x: [...s.x], y: [...s.y], plot: { ...s.box }, zoomed: this.xZoom !== null || this.yZoom !== null,
+        xTicks: [...this.tickText.x], yTicks: [...this.tickText.y] },
       draws: this.draws,
       fg: this.theme?.fg ?? "",
     };
@@ -530,13 +643,19 @@ export class CanvasChart {
       this.tip.style.display = "none";
     } else {
       this.tip.replaceChildren(...lines.flatMap((l, i) => (i ? [document.createElement("br"), l] : [l])));
+      // A run's three short lines stay one line each; a pruner's reason wraps inside the chart.
+      this.tip.classList.toggle("rf-tip-wrap", lines.length === 1);
       this.tip.style.borderColor = color;
       this.tip.style.display = "";
-      // Beside the point, flipped to its left in the right half so it stays inside the chart.
-      const right = at[0] > this.width / 2;
-      this.tip.style.left = right ? "" : `${Math.round(at[0] + 10)}px`;
-      this.tip.style.right = right ? `${Math.round(this.width - at[0] + 10)}px` : "";
-      this.tip.style.top = `${Math.round(Math.max(0, Math.min(this.height - 48, at[1] - 20)))}px`;
+      this.tip.style.left = "0px";
+      // Beside the point (to its left in the right half), then clamped inside the chart by the
+      // label's measured size: one layout read per hover change, not per draw.
+      const w = this.tip.offsetWidth;
+      const h = this.tip.offsetHeight;
+      const want = at[0] > this.width / 2 ? at[0] - 10 - w : at[0] + 10;
+      this.tip.style.left = `${Math.round(Math.max(0, Math.min(this.width - w, want)))}px`;
+      this.tip.style.right = "";
+      this.tip.style.top = `${Math.round(Math.max(0, Math.min(this.height - h, at[1] - 20)))}px`;
     }
     if (runId !== this.hoverRun) {
       this.hoverRun = runId;
@@ -563,18 +682,25 @@ export class CanvasChart {
     on(this.canvas, "mouseleave", () => {
       this.lastMove = null;
       if (this.drag !== null) return;
-      this.tip.style.display = "none";
-      if (this.hoverRun !== null) {
-        this.hoverRun = null;
-        this.opts.onHover(null);
-      }
+      this.hideHover();
     });
     on(this.canvas, "mousedown", (ev) => {
       if (ev.button !== 0 || this.scales === null) return;
       ev.preventDefault();
+      // preventDefault also keeps the focus where it was: a click on a chart must not take
+      // JupyterLab's notebook shortcuts away (the canvas suppresses them while focused).
       const [x, y] = this.local(ev);
-      this.drag = { x, y };
+      // A drag that starts on the tick labels starts at the plot's edge, not at negative samples.
+      const b = this.scales.box;
+      this.drag = { x: Math.max(b.left, Math.min(b.left + b.width, x)), y: Math.max(b.top, Math.min(b.top + b.height, y)) };
       this.tip.style.display = "none";
+    });
+    on(this.canvas, "keydown", (ev) => {
+      if (ev.key !== "Escape" && ev.key !== "0") return;
+      if (this.xZoom === null && this.yZoom === null) return;
+      ev.preventDefault();
+      ev.stopPropagation();
+      this.zoomOut();
     });
     on(window, "mousemove", (ev) => {
       if (this.drag === null || this.scales === null) return;
@@ -606,23 +732,23 @@ export class CanvasChart {
       const zoom = dragZoom(this.scales, start.x, start.y,
         Math.max(b.left, Math.min(b.left + b.width, x)), Math.max(b.top, Math.min(b.top + b.height, y)));
       if (zoom === null) return;
-      const xRange = zoom.x ?? [...this.scales.x] as Range;
+      // A y-only drag keeps x as it was (auto, following new steps, unless already zoomed); an
+      // x-only drag fits y again.
       this.yZoom = zoom.y;
-      this.xZoom = xRange;
-      this.opts.onZoom(xRange);
+      if (zoom.x !== null) {
+        this.xZoom = zoom.x;
+        this.opts.onZoom(zoom.x);
+      } else this.draw();
     });
-    on(this.canvas, "dblclick", () => {
-      if (this.xZoom === null && this.yZoom === null) return;
-      this.xZoom = null;
-      this.yZoom = null;
-      this.opts.onZoom(null);
-    });
+    on(this.canvas, "dblclick", () => this.zoomOut());
   }
 
   destroy(): void {
     for (const f of this.off) f();
     this.off.length = 0;
     this.themeObserver?.disconnect();
+    this.dprQuery?.removeEventListener("change", this.onDprChange);
+    this.dprQuery = null;
     if (this.hoverFrame) cancelAnimationFrame(this.hoverFrame);
     delete (this.host as unknown as { rfInspect?: unknown }).rfInspect;
     this.canvas.width = 0;

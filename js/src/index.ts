@@ -152,7 +152,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const select = h("select", { "data-testid": `rf-metric-${split}` });
     const div = h("div", { class: "rf-chart-plot", "data-testid": `rf-chart-${split}` });
     const waiting = h("div", { class: "rf-chart-waiting", "data-testid": `rf-waiting-${split}` });
-    const head = h("div", { class: "rf-chart-head", title: "drag to zoom, double-click to zoom out" },
+    const head = h("div", { class: "rf-chart-head", title: "drag to zoom (a flat drag: x only, a tall one: y only); double-click, or Escape on the focused chart, to zoom out" },
       [label, select, `vs ${xLabel}`]);
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const plot = new CanvasChart(div, {
@@ -173,6 +173,11 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     };
     select.addEventListener("change", () => {
       chart.book.metric = select.value || null;
+      // Another metric has its own scale: a zoom made on the old one would hide it (Plotly's
+      // uirevision reset the axes with the metric too).
+      chart.book.range = null;
+      chart.plot.resetZoom();
+      chart.dirty = true;
       if (chart.book.metric) chart.preferred = chart.book.metric;
       persistPrefs();
       scheduleRender({ charts: true, table: true });
@@ -337,10 +342,14 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     if (chart.book.metric !== null) chart.select.value = chart.book.metric;
     // No metric yet: say what the chart waits for instead of an empty menu and empty axes.
     chart.select.style.display = options.length ? "" : "none";
-    const empty = chart.book.metric === null || ![...state.runs.values()].some(
+    const withData = chart.book.metric === null ? [] : [...state.runs.values()].filter(
       (r) => ((chart.book.split === "train" ? r.train : r.eval)[chart.book.metric!]?.x.length ?? 0) > 0);
-    chart.waiting.textContent = empty ? waitingText(state, chart.book.split) : "";
-    chart.waiting.style.display = empty ? "" : "none";
+    const empty = withData.length === 0;
+    // Every run with points hidden (filters, swatches): say so rather than show an empty frame.
+    const allHidden = !empty && withData.every((r) => !runShown(r, hide) || hiddenRuns.has(r.id));
+    chart.waiting.textContent = empty ? waitingText(state, chart.book.split)
+      : allHidden ? `every run with ${chart.book.metric} is hidden (by the "hide:" filters below, or a run swatch)` : "";
+    chart.waiting.style.display = empty || allHidden ? "" : "none";
     chart.div.style.visibility = empty ? "hidden" : "";
   }
 
@@ -603,6 +612,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       if (hiddenRuns.has(run.id)) hiddenRuns.delete(run.id);
       else hiddenRuns.add(run.id);
       swatch.classList.toggle("rf-swatch-off", hiddenRuns.has(run.id));
+      for (const c of charts) updateSelect(c);
       emphasizeAll();
     });
     tr.addEventListener("mouseenter", () => {

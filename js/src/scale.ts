@@ -49,15 +49,18 @@ export function seriesStyles(
     return !!run && runShown(run, hide) && !hidden.has(id);
   });
   const shown = shownFlags.filter(Boolean).length;
+  // Only a shown run can take the focus: a pinned run hidden since (its row too, so it cannot be
+  // unpinned) would otherwise fade every curve left on the chart.
+  const anyFocus = order.some((id, i) => shownFlags[i] && focus.has(id));
   return order.map((id, i) => {
     const run = state.runs.get(id);
-    const focused = focus.has(id);
+    const focused = anyFocus && shownFlags[i] && focus.has(id);
     const faded = run ? isCollapsible(run) : false;
     return {
       shown: shownFlags[i],
       focused,
-      opacity: focus.size > 0 ? (focused ? 1 : 0.12) : faded ? 0.35 : 1,
-      width: focus.size > 0 && focused ? 3 : 1.5,
+      opacity: anyFocus ? (focused ? 1 : 0.12) : faded ? 0.35 : 1,
+      width: focused ? 3 : 1.5,
       markers: evalMarkers(split, shown, focused) === "lines+markers",
     };
   });

@@ -956,10 +956,15 @@ export function drawnPoints(
   let lo = 0;
   let hi = s.x.length;
   if (range !== null) {
+    // One finite point beyond each edge (past a NaN gap if need be): lines run to the edges, and a
+    // zoom inside a gap still has the points that fit its y axis.
+    const finite = (i: number) => { const v = s.y[i]; return v !== null && Number.isFinite(v); };
     while (lo < s.x.length && s.x[lo] < range[0]) lo++;
     lo = Math.max(0, lo - 1);
+    while (lo > 0 && !finite(lo)) lo--;
     hi = lo;
     while (hi < s.x.length && s.x[hi] <= range[1]) hi++;
+    while (hi < s.x.length && !finite(hi)) hi++;
     hi = Math.min(s.x.length, hi + 1);
   }
   const x = s.x.slice(lo, hi);

@@ -36,10 +36,14 @@ export const CSS = `
   white-space: nowrap; color: var(--rf-fg); background: var(--rf-bg); border: 2px solid; border-radius: 3px;
   box-shadow: 0 1px 3px rgba(0,0,0,0.25);
 }
+/* A pruner's reason can be hundreds of characters: it wraps inside the chart. */
+.rf-tip.rf-tip-wrap { white-space: normal; max-width: min(360px, 90%); overflow-wrap: anywhere; }
+.rf-chart-plot > canvas:focus { outline: none; }
+.rf-chart-plot > canvas:focus-visible { outline: 2px solid var(--rf-fg2); outline-offset: -2px; }
 .rf-zoombox { position: absolute; pointer-events: none; background: rgba(128,128,128,0.18); border: 1px dashed var(--rf-fg2); }
 .rf-chart-waiting {
   position: absolute; inset: 0; display: flex; align-items: center; justify-content: center;
-  padding: 0 24px; text-align: center; color: var(--rf-fg2); font-size: 12px;
+  padding: 0 24px; text-align: center; color: var(--rf-fg2); font-size: 12px; pointer-events: none;
 }
 .rf-panel select, .rf-panel input[type=text] {
   font: inherit; color: var(--rf-fg); background: var(--rf-bg);

@@ -72,6 +72,34 @@ describe("axis ticks", () => {
     expect(fmtHover(16096)).toBe("16096");
     expect(fmtHover(0.123456789)).toBe("0.12346");
   });
+
+  /** The y tick labels a draw of these values would write (the same calls as CanvasChart.draw, 260 px high). */
+  function yLabels(ys: number[]): string[] {
+    const e = extents([series(1, ys.map((_, i) => 8 * i), ys)], null, null)!;
+    const t = niceTicks(e.y[0], e.y[1], Math.floor(260 / 40));
+    return t.ticks.map((v) => fmtTick(v, t.step));
+  }
+
+  it("gives a near-flat metric distinct tick labels (ln 2 give or take 1e-7)", () => {
+    // review s5_p F5: every tick read "6.931e-1"
+    const labels = yLabels([0.6931471, 0.6931473, 0.6931472]);
+    expect(labels.length).toBeGreaterThan(2);
+    expect(new Set(labels).size).toBe(labels.length);
+    expect(labels.every((l) => l.startsWith("0.693147"))).toBe(true);
+    // tiny values stay distinct in exponential form
+    const tiny = yLabels([1.2e-6, 1.25e-6, 1.3e-6]);
+    expect(new Set(tiny).size).toBe(tiny.length);
+  });
+
+  it("writes huge values in exponential form, never as an exponent with a k or M suffix", () => {
+    // review s5_p F9: a diverged run's 1e30 loss read "2e+23M"
+    const labels = yLabels([0.5, 1e30, 0.4]);
+    for (const l of labels) expect(l).not.toMatch(/e[+-]?\d+[kM]$/);
+    expect(labels).toContain("2e+29");
+    expect(labels).toContain("1e+30");
+    expect(fmtTick(5e9, 1e9)).toBe("5e+9");
+    expect(fmtTick(4e8, 1e8)).toBe("400M");
+  });
 });
 
 describe("ranges", () => {
@@ -93,6 +121,17 @@ describe("ranges", () => {
     expect(ext.y[0]).toBeCloseTo(3 - 0.1);
     expect(ext.y[1]).toBeCloseTo(5 + 0.1);
     expect(extents(s, [9, 31], [1, 2])!.y).toEqual([1, 2]);
+  });
+
+  it("fits y to the finite points beside an x zoom that holds none (a NaN gap), not 0..1", () => {
+    // review s5_p F8: drawn points of a zoom inside a gap: one finite point beyond each edge.
+    const s = series(1, [23_992, 24_000, 27_200, 27_208], [0.52, null, null, 0.51]);
+    const e = extents([s], [24_500, 26_500], null)!;
+    expect(e.x).toEqual([24_500, 26_500]);
+    expect(e.y[0]).toBeGreaterThan(0.4);
+    expect(e.y[1]).toBeLessThan(0.6);
+    expect(e.y[0]).toBeLessThan(0.51);
+    expect(e.y[1]).toBeGreaterThan(0.52);
   });
 
   it("gives one point a readable range and nothing at all no range", () => {
@@ -124,14 +163,26 @@ describe("hover lookup", () => {
     expect(nearestPoint(s, scales, 450, 110, 20)).toBeNull();
   });
 
-  it("skips hidden runs and gaps, and prefers a focused run on a tie", () => {
+  it("skips hidden runs and gaps, and on a tie names the run drawn on top (focused, else later)", () => {
     const a = series(1, [50], [5]);
     const b = series(2, [50], [5]);
     const [px, py] = toPx(scales, 50, 5);
-    expect(nearestPoint([a, b], scales, px, py, 20)!.series).toBe(0);
+    // Drawn in series order, focused ones last: b is painted over a (review s5_p F10).
+    expect(nearestPoint([a, b], scales, px, py, 20)!.series).toBe(1);
+    expect(nearestPoint([{ ...a, focused: true }, b], scales, px, py, 20)!.series).toBe(0);
     expect(nearestPoint([a, { ...b, focused: true }], scales, px, py, 20)!.series).toBe(1);
     expect(nearestPoint([{ ...a, shown: false }, b], scales, px, py, 20)!.series).toBe(1);
     expect(nearestPoint([series(3, [50, 60], [null, 5])], scales, px, py, 20)).toBeNull();
+  });
+
+  it("does not answer for a point clipped out of a y zoom", () => {
+    // y zoomed to 0.5..0.6; the point at 0.605 is 10 px above the plot's top: not drawn (review s5_p F11).
+    const s = [series(1, [0, 8, 16], [0.55, 0.605, 0.55])];
+    const zoomed: Scales = { x: [0, 16], y: [0.5, 0.6], box: { left: 40, top: 10, width: 400, height: 200 } };
+    const hit = nearestPoint(s, zoomed, 240, 12, 20);
+    expect(hit === null || s[hit.series].y[hit.index] !== 0.605).toBe(true);
+    // the same point inside the plot answers
+    expect(nearestPoint(s, { ...zoomed, y: [0.5, 0.61] }, 240, 12, 20)).toMatchObject({ series: 0, index: 1 });
   });
 });
 
@@ -164,6 +215,12 @@ describe("drag zoom", () => {
     expect(zoomed.x[0]).toBe(39992);
     expect(zoomed.x[zoomed.x.length - 1]).toBe(41608);
     expect(zoomed.x.length).toBe(203);
+    // Inside a NaN gap the finite point beyond each edge is kept, past the gap's other NaNs.
+    const gap = y.map((v, i) => (i >= 2999 && i < 3400 ? Number.NaN : v));
+    const inGap = drawnPoints({ x, y: gap }, [24_500, 26_500], 1000);
+    expect(inGap.x[0]).toBe(23_992);
+    expect(inGap.x[inGap.x.length - 1]).toBe(27_208);
+    expect(Number.isFinite(inGap.y[0]) && Number.isFinite(inGap.y[inGap.y.length - 1])).toBe(true);
     const all = drawnPoints({ x, y }, null, 200);
     expect(all.sampled).toBe(true);
     expect(all.x.length).toBe(200);
@@ -216,6 +273,20 @@ describe("series emphasis", () => {
     expect(focus.map((s) => s.opacity)).toEqual([0.12, 0.12, 1, 0.12]);
     expect(focus.map((s) => s.width)).toEqual([1.5, 1.5, 3, 1.5]);
     expect(focus[2].focused).toBe(true);
+  });
+
+  it("lets only a shown run take the focus: a pinned run hidden by a filter fades nothing", () => {
+    // review s5_p F4: run 3 pinned, then stopped and "hide stopped": its row is gone, it cannot be unpinned.
+    const state = runsWithEval(3);
+    ingest(state, [ev({ type: "run_status", run_id: 3, status: "stopped", reason: "stopped by user" })]);
+    const styles = seriesStyles(state, [1, 2, 3], "train", new Set([3]), new Set(), { ...none, stopped: true });
+    expect(styles[2].shown).toBe(false);
+    expect(styles.slice(0, 2).map((st) => [st.opacity, st.width, st.focused])).toEqual([[1, 1.5, false], [1, 1.5, false]]);
+    expect(styles[2].focused).toBe(false);
+    // the same with a swatch-hidden pinned run, while another pinned run stays focused
+    const swatch = seriesStyles(state, [1, 2, 3], "train", new Set([1, 2]), new Set([2]), none);
+    expect(swatch.map((st) => st.opacity)).toEqual([1, 0.12, 0.12]);
+    expect(swatch.map((st) => st.focused)).toEqual([true, false, false]);
   });
 
   it("hides runs by swatch and by status filter, and fades pruned and deleted ones", () => {

@@ -59,15 +59,25 @@ TARGETS = {
 TRAINING_TARGET = {t.trainer_type: t for t in TARGETS.values() if t.trainer_type}
 
 
+def _import(module: str):
+    if module in ("peft", "trl"):
+        # often the script's or notebook's first peft import (an RFLoraConfig): without %load_ext
+        # or the CLI, bitsandbytes would print a misleading "pip install kernels" line here
+        from rapidfire_nb._quiet import import_peft_quietly
+
+        import_peft_quietly()
+    return importlib.import_module(module)
+
+
 @functools.cache
 def _import_class(module: str, name: str) -> type:
     # TRL takes seconds to import; only pay for it when a config is first built.
-    return getattr(importlib.import_module(module), name)
+    return getattr(_import(module), name)
 
 
 @functools.cache
 def library_version(module: str) -> str:
-    return getattr(importlib.import_module(module), "__version__", "?")
+    return getattr(_import(module), "__version__", "?")
 
 
 @functools.cache

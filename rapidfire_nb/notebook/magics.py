@@ -33,8 +33,11 @@ USAGE = """\
 %rapidfire <command> [arguments]   (acts on the kernel's current Experiment)
 
   panel                         show the live control panel
-  status                        compact table of the runs; with Ray workers (num_workers)
-                                also each worker, its node and device, the run it trains
+  status                        compact table of the runs (best eval loss first once every
+                                live run has one, as the panel; run order until then), the ops
+                                still queued for the next chunk boundary; with Ray workers
+                                (num_workers) also each worker, its node and device, the run it
+                                trains and its log file
   stop ID                       stop a run at its next chunk boundary (its checkpoint stays)
   resume ID                     resume a stopped run from its checkpoint
   delete ID                     remove a run for good (its metrics stay, marked deleted)
@@ -235,11 +238,16 @@ def parse_clone(tokens: list[str], knobs_of) -> tuple[int, dict, bool]:
 
 # -- output ------------------------------------------------------------------------------------
 
-def status_table(exp):
-    """The compact run table: id, status, the knobs that vary, progress, last eval loss, lineage."""
+def status_table(exp, info=None):
+    """The compact run table: id, status, the knobs that vary, progress, last eval loss, lineage.
+
+    Rows come in the panel's default order (js/src/state.ts effectiveSort): best eval loss first
+    once every live run (not deleted, not pruned) has one, the deleted and pruned ones after them;
+    in run order until then. ``info``: ``exp.get_runs_info()`` (read here when not given)."""
     import pandas as pd
 
-    info = exp.get_runs_info()
+    if info is None:
+        info = exp.get_runs_info()
     if len(info) == 0:
         return pd.DataFrame(columns=["status"])
     fixed = {"run_id", "status", "completed_steps", "total_steps", "samples_seen", "chunks_done",
@@ -254,6 +262,8 @@ def status_table(exp):
             row[c] = r[c]
         if "pruning" in row and (row["pruning"] is None or _isna(row["pruning"])):
             row["pruning"] = ""      # not pruned: an empty cell, as for error
+        if "worker" in row and not isinstance(row["worker"], str):
+            row["worker"] = "-"      # no chunk trained yet: no worker (pandas would print NaN)
         row["steps"] = f"{int(r.completed_steps)}/{int(r.total_steps)}"
         epoch, chunk, run_chunks = positions.get(int(r.run_id), (None, None, None))
         row["progress"] = _chunk_text(epoch, chunk, run_chunks or num_chunks, r.status,
@@ -265,7 +275,60 @@ def status_table(exp):
         err = r.error
         row["error"] = "" if not isinstance(err, str) or not err else _last_line(err)
         rows.append(row)
-    return pd.DataFrame(rows).set_index("run_id")
+    ranks = _ranking(exp)
+    order = best_first([row["run_id"] for row in rows], ranks)
+    return pd.DataFrame(rows).set_index("run_id").loc[order]
+
+
+def _ranking(exp) -> dict[int, tuple[float | None, bool]]:
+    """run_id -> (best eval loss so far, folded: deleted or pruned), from the folded run table."""
+    if getattr(exp, "events", None) is None or not hasattr(exp, "_state"):
+        return {}
+    return exp._state().read(lambda table: {
+        run["run_id"]: (run["best"].get("eval_loss"), run["status"] == "deleted" or bool(run["pruned"]))
+        for run in table["runs"].values()})
+
+
+def best_first(run_ids: list[int], ranks: dict[int, tuple[float | None, bool]]) -> list[int]:
+    """The panel's "auto" order: once every live run has a finite best eval loss, live runs by it
+    (lowest first, ties by id), then the deleted and pruned ones by id; else ``run_ids`` as given
+    (a ranking with gaps would put unevaluated runs in arbitrary places)."""
+    def best(rid):
+        value = ranks.get(rid, (None, False))[0]
+        return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    folded = {rid for rid in run_ids if ranks.get(rid, (None, False))[1]}
+    live = [rid for rid in run_ids if rid not in folded]
+    if not live or any(best(rid) is None for rid in live):
+        return list(run_ids)
+    return sorted(live, key=lambda rid: (best(rid), rid)) + sorted(folded)
+
+
+def queued_ops_line(exp) -> str | None:
+    """The ops accepted but not applied yet (they apply at the run's next chunk boundary), from
+    the live engine's queue; None when nothing is queued or the engine is busy."""
+    engine = getattr(exp, "engine", None)
+    lock = getattr(engine, "lock", None)
+    if engine is None or lock is None or not hasattr(engine, "queued_ops"):
+        return None
+    if not lock.acquire(timeout=1.0):
+        return None
+    try:
+        ops = list(engine.queued_ops)
+    finally:
+        lock.release()
+    words = []
+    for op in ops:
+        if op.kind == "clone":
+            words.append(f"clone of {op.run_id} -> run {op.new_run_id}"
+                         + (" (warm start)" if op.warm_start else ""))
+        elif op.kind == "add":
+            words.append(f"new run {op.run_id}")   # AutoML's next trial (tuning.py)
+        else:
+            words.append(f"{op.kind} {op.run_id}" + (f" ({op.reason})" if op.reason else ""))
+    if not words:
+        return None
+    return "queued (applied at the next chunk boundary): " + ", ".join(words)
 
 
 def _last_chunk_positions(exp) -> dict[int, tuple[int | None, int | None, int | None]]:
@@ -298,14 +361,34 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def worker_lines(table: dict, now: dict[str, int] | None = None, live: bool = True) -> list[str]:
+def worker_logs(events) -> dict[str, str]:
+    """worker -> its log file (``worker.log``, on the worker's node), from the ``workers`` events;
+    a later listing of the same name (a replacement, a resumed session) wins."""
+    logs: dict[str, str] = {}
+    for ev in events:
+        if ev.get("type") != "workers" or not isinstance(ev.get("workers"), list):
+            continue
+        for info in ev["workers"]:
+            if isinstance(info, dict) and isinstance(info.get("worker"), str) and isinstance(info.get("log"), str):
+                logs[info["worker"]] = info["log"]
+    return logs
+
+
+def worker_lines(table: dict, now: dict[str, int] | None = None, live: bool = True,
+                 starting: int = 0, logs: dict[str, str] | None = None) -> list[str]:
     """What ``status`` says about the Ray workers (``Experiment(num_workers=...)``), from the folded
     run table (engine/state.py): one line per worker with its node and device, the run it trains
     now (``now``: worker -> run id, from the live engine) or trained last, and why a lost one was
     lost. ``live=False`` (no engine running: resumed before run_fit, or ended): the workers are the
-    last session's, and the header says so. No lines for the in-kernel engine."""
+    last session's, and the header says so. ``starting``: the live engine's number of workers,
+    which are still starting while the log names none. ``logs``: worker -> its log file
+    (``worker_logs``), shown for live workers and for lost ones (a worker that ends normally
+    removes its log; a lost one keeps it). No lines for the in-kernel engine."""
     workers = table.get("workers") or []
     if not workers:
+        if live and starting:
+            return [f"workers: {starting} starting (Ray workers import torch and load the model "
+                    "before the first chunk: the runs stay pending until then)"]
         return []
     now = now if live and now else {}
     runs = {r["run_id"]: r for r in table["runs"].values()}
@@ -350,7 +433,10 @@ def worker_lines(table: dict, now: dict[str, int] | None = None, live: bool = Tr
                             "is trained again")
             what[:0] = gone
         node = f"node {w['node']}" if w.get("node") else "node ?"
-        cells.append((name, node, w.get("device") or "?", "; ".join(what)))
+        text = "; ".join(what)
+        if logs and name in logs and (live or w["lost"]):
+            text += f"  log {logs[name]}"
+        cells.append((name, node, w.get("device") or "?", text))
     widths = [max(len(c[i]) for c in cells) for i in range(3)]
     return [head] + ["  " + "  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3] for c in cells]
 
@@ -463,11 +549,18 @@ class RapidFireMagics(Magics):
             # for the engine's (its loop holds that one while an AutoML hook reads the table)
             now = _training_now(exp)
             engine = getattr(exp, "engine", None)
+            pool = getattr(engine, "pool", None)
+            starting = getattr(pool, "n", 0) if isinstance(getattr(pool, "n", None), int) else 0
+            logs = worker_logs(exp.events.since(0))
             lines, statuses = exp._state().read(lambda t: (
-                worker_lines(t, now, live=engine is not None and not t.get("ended")),
+                worker_lines(t, now, live=engine is not None and not t.get("ended"), starting=starting,
+                             logs=logs),
                 [str(r.get("status")) for r in t["runs"].values()]))
             if lines:
                 print("\n".join(lines))
+        queued = queued_ops_line(exp)
+        if queued:
+            print(queued)
         if len(table) == 0:
             if statuses and getattr(exp, "engine", None) is None:
                 # resume=True before run_fit: the log knows the runs, the engine is not started

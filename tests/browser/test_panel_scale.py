@@ -17,6 +17,12 @@ resolution once zoomed in.
 The time the view takes to apply one update (performance.now() around ingest + render, read from
 the panel element) is written to test-output/browser/scale_timings.json for 4, 16 and 48 runs; it is
 a measurement, not an assertion (speed goals belong in `rapidfire bench`).
+
+The tests after those two try the canvas charts as a hostile user would (review s5_p): NaN and inf
+gaps, a 1e30 spike, a metric flat to 1e-7, a one-point run, a pruner's long reason, a
+devicePixelRatio change, HiDPI, JupyterLab's theme switch, narrow and wide pages, zoom (y only,
+into a gap, from the tick labels, across a metric switch), filters that hide a pinned or hovered
+run, a second view's cleanup, and the keyboard (Tab, Escape, 0) and screen-reader label.
 """
 
 from __future__ import annotations
@@ -596,3 +602,487 @@ def test_panel_with_48_real_tiny_model_runs(lab, browser):
         context.close()
         for kernel in lab.api("/api/kernels") or []:
             lab.api(f"/api/kernels/{kernel['id']}", method="DELETE")
+
+
+# ------------------------------------------------------------------------------------------------
+# The canvas charts tried by a hostile user (review s5_p, /work/notes/review_s5_p.md): NaN and inf,
+# a 1e30 spike, a metric flat to 1e-7, a one-point run, negative values, a pruned run with a long
+# reason, HiDPI, themes, widths, zoom and keyboard. One notebook for all of them (module fixture).
+# Run 1: 12,000 logged steps, NaN for steps 3000-3400, inf at 5000; grad_norm only on run 1 with a
+# 1e30 spike (a diverging step) over 1e-6..1e3; "flat": every run at ln 2 give or take 1e-7.
+# Run 2: one train point, one eval point. Run 3: a flat loss. Run 4: negative values.
+# Run 5: pruned with a long custom reason (a rung mark on the eval chart).
+HOSTILE_DATA = """\
+src = SyntheticRuns('hostile', 0, 0)
+log = src.events
+def created(r):
+    log.extend([("run_created", dict(run_id=r, trainer_type="SFT", parent_run_id=None, warm_start=False,
+                  knobs={"training_args.learning_rate": r * 1e-4}, total_steps=20000, steps_per_epoch=20000,
+                  num_chunks=4, base_samples_seen=0)),
+                ("run_status", dict(run_id=r, status="running", error=None, reason=None))])
+    src.status[r] = "running"; src.step[r] = 0
+def m(r, s, split="train", **metrics):
+    return ("metric", dict(run_id=r, split=split, step=s, samples_seen=8 * s, epoch=0, chunk=0, metrics=metrics))
+for r in range(1, 6):
+    created(r)
+items = []
+for s in range(1, 12001):
+    loss = 0.5 + 2 * math.exp(-s / 800) + 0.02 * math.sin(s * 0.7)
+    if 3000 <= s <= 3400: loss = float("nan")
+    if s == 5000: loss = float("inf")
+    g = 1e30 if s == 6000 else 10 ** (-6 + 9 * s / 12000)
+    items.append(m(1, s, loss=loss, grad_norm=g, flat=0.6931471 + 1e-7 * math.sin(s)))
+    if s % 500 == 0:
+        items.append(m(1, s, "eval", eval_loss=1 + math.exp(-s / 3000)))
+items.append(m(2, 1, loss=1.5, flat=0.6931472))
+items.append(m(2, 1, "eval", eval_loss=1.7))
+for s in range(1, 1001):
+    items.append(m(3, s, loss=0.7, flat=0.6931471))
+    items.append(m(4, s, loss=-3 + 2 * s / 1000, flat=0.6931473))
+    items.append(m(5, s, loss=1 + math.exp(-s / 300), flat=0.6931472))
+    if s % 250 == 0:
+        items.append(m(5, s, "eval", eval_loss=2 + math.exp(-s / 300)))
+log.extend(items)
+src.step.update({1: 12000, 2: 1, 3: 1000, 4: 1000, 5: 1000})
+src._set(5, "stopped", "pruned at chunk 4: eval_loss " + "is worse than the median of the rung by a margin the pruner considers large " * 4)
+print('LAST_SEQ', log.last_seq)
+p = Panel(src)
+p
+"""
+
+# 2,000 more steps of run 1 (samples seen 96,008..112,000), as a live run logs them.
+HOSTILE_MORE = """\
+log.extend([m(1, s, loss=0.45, grad_norm=1.0, flat=0.6931472) for s in range(12001, 14001)])
+print('LAST_SEQ', log.last_seq)
+"""
+
+TRAIN = "[data-testid=rf-chart-train]"
+EVAL = "[data-testid=rf-chart-eval]"
+INSPECT = "(el, sel) => el.querySelector(sel).rfInspect()"
+CHART_POINT_PX = """(el, [sel, x, y]) => {
+  const gd = el.querySelector(sel);
+  const v = gd.rfInspect().view;
+  const box = gd.querySelector('canvas').getBoundingClientRect();
+  return [box.left + v.plot.left + (x - v.x[0]) / (v.x[1] - v.x[0]) * v.plot.width,
+          box.top + v.plot.top + v.plot.height - (y - v.y[0]) / (v.y[1] - v.y[0]) * v.plot.height];
+}"""
+_hwait = waiter("charts_timeout.png", interval=0.3)
+
+
+def _shot(page_or_el, name: str) -> None:
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page_or_el.screenshot(path=str(OUTPUT / f"charts_{name}.png"))
+
+
+@pytest.fixture(scope="module")
+def hostile(lab, browser):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(HOSTILE_DATA), nbformat.v4.new_code_cell("p"),
+                nbformat.v4.new_code_cell(HOSTILE_MORE)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, lab.root / "hostile.ipynb")
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(f"{lab.url}/lab/workspaces/hostile/tree/hostile.ipynb?reset&token={lab.token}")
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    _run_cell(page, 0)
+    _run_cell(page, 1, timeout=300)
+    seq = _last_seq(page, 1)
+    panel = page.locator("[data-testid=rf-panel]").first
+    _hwait(lambda: f"seq {seq}" in (panel.locator("[data-testid=rf-live]").text_content() or ""), 300, "catch up", page)
+    time.sleep(1)
+    yield page, panel, errors
+    context.close()
+    for kernel in lab.api("/api/kernels") or []:
+        lab.api(f"/api/kernels/{kernel['id']}", method="DELETE")
+
+
+def _select(panel, split: str, metric: str) -> None:
+    panel.locator(f"[data-testid=rf-metric-{split}]").select_option(metric)
+    _hwait(lambda: any(s["x"] for s in panel.evaluate(INSPECT, f"[data-testid=rf-chart-{split}]")["series"])
+           and panel.evaluate(f"(el) => el.querySelector('[data-testid=rf-metric-{split}]').value") == metric, 10, metric)
+    time.sleep(0.3)
+
+
+def _plot_box(panel, sel=TRAIN):
+    canvas = panel.locator(f"{sel} canvas").bounding_box()
+    plot = panel.evaluate(INSPECT, sel)["view"]["plot"]
+    return canvas["x"] + plot["left"], canvas["y"] + plot["top"], plot["width"], plot["height"]
+
+
+def _drag(page, x0, y0, x1, y1):
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    page.mouse.move((x0 + x1) / 2, (y0 + y1) / 2, steps=4)
+    page.mouse.move(x1, y1, steps=4)
+    page.mouse.up()
+    time.sleep(0.5)
+
+
+def _reset_zoom(page, panel):
+    x, y, w, h = _plot_box(panel)
+    page.mouse.dblclick(x + w / 2, y + h / 2)
+    _hwait(lambda: not panel.evaluate(INSPECT, TRAIN)["view"]["zoomed"], 10, "zoom reset")
+    page.mouse.move(5, 5)
+
+
+def test_charts_label_near_flat_and_huge_values_readably(hostile):
+    """NaN/inf gaps, a one-point run and negative values draw (charts_overview.png); a metric flat
+    to 1e-7 gets distinct y tick labels (they all read "6.931e-1"), and a 1e30 spike is labelled in
+    exponential form, never "2e+23M"."""
+    page, panel, errors = hostile
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    _shot(panel, "overview")
+    ins = panel.evaluate(INSPECT, TRAIN)
+    assert {s["runId"] for s in ins["series"]} == {1, 2, 3, 4, 5}
+    _select(panel, "train", "flat")
+    flat = panel.evaluate(INSPECT, TRAIN)["view"]["yTicks"]
+    _shot(panel.locator(".rf-charts"), "flat_labels")
+    _select(panel, "train", "grad_norm")
+    huge = panel.evaluate(INSPECT, TRAIN)["view"]["yTicks"]
+    _shot(panel.locator(".rf-charts"), "huge_labels")
+    _select(panel, "train", "loss")
+    assert errors == [], errors
+    assert len(flat) > 2 and len(set(flat)) == len(flat), flat
+    assert len(set(huge)) == len(huge) and not any(re.search(r"e[+-]?\d+[kM]$", t) for t in huge), huge
+
+
+def test_metric_switch_resets_the_zoom(hostile):
+    """A y zoom made on 'loss' must not carry over to 'grad_norm' (it was drawn against loss's y
+    range, 382 of its 1000 points off the plot); Plotly's uirevision=metric reset it too."""
+    page, panel, _ = hostile
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    x, y, w, h = _plot_box(panel)
+    # a tall drag: y only, the middle 20 % of the loss axis
+    _drag(page, x + w * 0.5, y + h * 0.4, x + w * 0.5 + 2, y + h * 0.6)
+    v = panel.evaluate(INSPECT, TRAIN)["view"]
+    assert v["zoomed"]
+    _select(panel, "train", "grad_norm")
+    ins = panel.evaluate(INSPECT, TRAIN)
+    lo, hi = ins["view"]["y"]
+    finite = [yy for s in ins["series"] if s["shown"] for yy in s["y"] if yy is not None]
+    outside = [yy for yy in finite if not lo <= yy <= hi]
+    _shot(panel.locator(".rf-charts"), "metric_switch_zoom")
+    _select(panel, "train", "loss")
+    if panel.evaluate(INSPECT, TRAIN)["view"]["zoomed"]:
+        _reset_zoom(page, panel)
+    assert not ins["view"]["zoomed"] and not outside, (
+        f"after switching to grad_norm the y range is still loss's {lo:.3g}..{hi:.3g}: {len(outside)} of {len(finite)} points off the plot")
+
+
+def test_drag_from_the_tick_labels_starts_at_the_plot_edge(hostile):
+    """A drag that starts on the y tick labels (left of the plot) zooms from the plot's left edge,
+    not from negative samples seen."""
+    page, panel, _ = hostile
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    x, y, w, h = _plot_box(panel)
+    _drag(page, x - 25, y + h * 0.3, x + w * 0.3, y + h * 0.7)
+    v = panel.evaluate(INSPECT, TRAIN)["view"]
+    _shot(panel.locator(".rf-charts"), "drag_from_labels")
+    _reset_zoom(page, panel)
+    assert v["zoomed"] and v["x"][0] >= 0, f"x range {v['x']}: starts below zero samples seen"
+
+
+def test_zoom_into_a_nan_gap_fits_y_to_the_curve_beside_it(hostile):
+    """An x zoom inside run 1's NaN gap (samples 24,000-27,200) has no finite point: y fits the
+    points beside the gap (loss about 0.55), not an arbitrary 0..1."""
+    page, panel, _ = hostile
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    x, y, w, h = _plot_box(panel)
+    v = panel.evaluate(INSPECT, TRAIN)["view"]
+    px = lambda sx: x + (sx - v["x"][0]) / (v["x"][1] - v["x"][0]) * w  # noqa: E731
+    _drag(page, px(24_500), y + h * 0.5, px(26_500), y + h * 0.5 + 2)
+    z = panel.evaluate(INSPECT, TRAIN)["view"]
+    _shot(panel.locator(".rf-charts"), "zoom_gap")
+    _reset_zoom(page, panel)
+    assert z["zoomed"] and 24_000 < z["x"][0] < 27_200, z
+    assert 0.4 < z["y"][0] < z["y"][1] < 0.7, f"a zoom inside the gap: y {z['y']}, the curve beside it is at 0.5-0.6"
+
+
+def test_long_hover_label_wraps_inside_the_chart(hostile):
+    """The pruner's ~330-character reason on run 5's rung cross wraps inside the eval chart (it was
+    one 1,917 px line running out of the notebook)."""
+    page, panel, _ = hostile
+    panel.locator(EVAL).scroll_into_view_if_needed()
+    rungs = panel.evaluate(f"(el) => el.querySelector('{EVAL}').rfInspect().rungs")
+    assert rungs, "no rung for run 5"
+    page.mouse.move(*panel.evaluate(CHART_POINT_PX, [EVAL, rungs[0]["x"], rungs[0]["y"]]))
+    tip = panel.locator(f"{EVAL} [data-testid=rf-tooltip]")
+    _hwait(lambda: tip.is_visible(), 10, "rung tip")
+    text = tip.text_content() or ""
+    tb, cb = tip.bounding_box(), panel.locator(EVAL).bounding_box()
+    _shot(page, "long_tip")
+    page.mouse.move(5, 5)
+    assert "run 5" in text and text.count("the pruner considers large") == 4, text
+    assert tb["x"] >= cb["x"] - 1 and tb["x"] + tb["width"] <= cb["x"] + cb["width"] + 1, (tb, cb)
+    assert tb["y"] >= cb["y"] - 1 and tb["y"] + tb["height"] <= cb["y"] + cb["height"] + 1, (tb, cb)
+
+
+def test_hover_label_goes_when_a_filter_hides_every_run(hostile):
+    """Hover run 2's only eval point and keep the pointer there; runs 1 and 2 are stopped and the
+    'hide stopped' and 'hide pruned' filters hide every eval run: the label and the row's rf-hot go
+    (the empty chart returned before re-checking the hover). The filters are clicked in the page so
+    the pointer never moves (a focus() that scrolls would send mouseleave)."""
+    page, panel, _ = hostile
+    panel.locator(EVAL).scroll_into_view_if_needed()
+    page.mouse.move(*panel.evaluate(CHART_POINT_PX, [EVAL, 8, 1.7]))
+    tip = panel.locator(f"{EVAL} [data-testid=rf-tooltip]")
+    _hwait(lambda: tip.is_visible() and "run 2" in (tip.text_content() or ""), 10, "run 2's eval tip")
+    page.evaluate("""(el) => { for (const id of [1, 2]) el.querySelector(`tr[data-run-id="${id}"] button[data-op=stop]`).click(); }""",
+                  panel.element_handle())
+    _hwait(lambda: panel.locator('tr[data-run-id="2"] [data-testid=rf-status]').text_content() == "stopped", 30, "stopped")
+    panel.evaluate("""(el) => { for (const f of ['stopped', 'pruned']) el.querySelector(`input[data-filter="${f}"]`).click(); }""")
+    _hwait(lambda: not any(s["shown"] for s in panel.evaluate(INSPECT, EVAL)["series"]), 10, "all eval runs hidden")
+    time.sleep(0.5)
+    visible, hot = tip.is_visible(), panel.locator("tr.rf-hot").count()
+    label = panel.evaluate(f"(el) => el.querySelector('{EVAL} canvas').getAttribute('aria-label')")
+    note = panel.locator("[data-testid=rf-waiting-eval]")
+    note_text = (note.text_content() or "") if note.is_visible() else ""
+    _shot(page, "stale_tip")
+    for f in ("stopped", "pruned"):
+        panel.locator(f'input[data-filter="{f}"]').uncheck()
+    page.mouse.move(5, 5)
+    for r in (1, 2):
+        panel.locator(f'tr[data-run-id="{r}"] button[data-op=resume]').click()
+    assert not visible and hot == 0, f"all runs hidden, yet the hover label shows ({visible}) and {hot} row(s) stay rf-hot"
+    assert "no run shown" in label, label
+    assert note_text.startswith("every run with eval_loss is hidden"), note_text
+    _hwait(lambda: not note.is_visible(), 10, "the note gone with the filters off", page)
+
+
+def test_device_pixel_ratio_change_rebuilds_the_backing_store(hostile):
+    """The window moves to a 2x screen (devicePixelRatio 1 -> 2, same CSS size), then any redraw (run
+    1's row hover): the canvases get a 2x backing store; the chart was drawn at twice its size into the
+    1x canvas, only its top-left quarter showing. (A real ratio change also fires the chart's
+    matchMedia listener; CDP's emulation fires no event, so a redraw is what is tested here.)"""
+    page, panel, _ = hostile
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    cdp = page.context.new_cdp_session(page)
+    size = """(el) => [...el.querySelectorAll('.rf-chart-plot canvas')].map((c) =>
+        ({dpr: devicePixelRatio, w: c.width, cw: c.clientWidth, h: c.height, ch: c.clientHeight}))"""
+
+    def redraw():
+        # run 1 is on both charts: hovering its row redraws both
+        panel.locator('tr[data-run-id="1"] td').nth(1).hover()
+        time.sleep(0.5)
+        page.mouse.move(5, 5)
+        time.sleep(0.5)
+        return panel.evaluate(size)
+
+    try:
+        cdp.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 1000, "deviceScaleFactor": 2, "mobile": False})
+        time.sleep(0.5)
+        st = redraw()
+        _shot(panel.locator(".rf-charts"), "dpr_change")
+    finally:
+        cdp.send("Emulation.clearDeviceMetricsOverride")
+        cdp.detach()
+    back = redraw()
+    assert all(s["dpr"] == 2 and s["w"] == 2 * s["cw"] and s["h"] == 2 * s["ch"] for s in st), st
+    assert all(s["dpr"] == 1 and s["w"] == s["cw"] and s["h"] == s["ch"] for s in back), back
+
+
+def test_hidpi_hover_names_the_run_under_the_pointer(hostile):
+    """A 2x screen with a resize: 2x canvas, and a hover at a computed point of run 4 names run 4
+    (CSS-pixel hit-testing)."""
+    page, panel, _ = hostile
+    cdp = page.context.new_cdp_session(page)
+    try:
+        cdp.send("Emulation.setDeviceMetricsOverride", {"width": 1300, "height": 1000, "deviceScaleFactor": 2, "mobile": False})
+        _hwait(lambda: panel.evaluate("(el) => { const c = el.querySelector('[data-testid=rf-chart-train] canvas'); return c.width === 2 * c.clientWidth; }"),
+               10, "the 2x backing store", page)
+        panel.locator(TRAIN).scroll_into_view_if_needed()
+        s4 = next(s for s in panel.evaluate(INSPECT, TRAIN)["series"] if s["runId"] == 4)
+        k = len(s4["x"]) // 2
+        page.mouse.move(*panel.evaluate(CHART_POINT_PX, [TRAIN, s4["x"][k], s4["y"][k]]))
+        tip = panel.locator(f"{TRAIN} [data-testid=rf-tooltip]")
+        _hwait(lambda: tip.is_visible(), 10, "tip", page)
+        text = tip.text_content()
+        _shot(panel.locator(".rf-charts"), "hidpi")
+        page.mouse.move(5, 5)
+    finally:
+        cdp.send("Emulation.clearDeviceMetricsOverride")
+        cdp.detach()
+    assert text.startswith("run 4"), text
+
+
+def test_dark_theme_switch_while_hovering_redraws_in_the_theme_colour(hostile):
+    """JupyterLab's own theme switch (command palette, keyboard only) with the mouse on a curve:
+    both charts redraw in the dark theme's text colour."""
+    page, panel, _ = hostile
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    s3 = next(s for s in panel.evaluate(INSPECT, TRAIN)["series"] if s["runId"] == 3)
+    page.mouse.move(*panel.evaluate(CHART_POINT_PX, [TRAIN, s3["x"][300], s3["y"][300]]))
+    tip = panel.locator(f"{TRAIN} [data-testid=rf-tooltip]")
+    _hwait(lambda: tip.is_visible(), 10, "tip", page)
+    light = panel.evaluate(INSPECT, TRAIN)["fg"]
+    try:
+        page.keyboard.press("Control+Shift+c")
+        page.keyboard.type("JupyterLab Dark")
+        time.sleep(0.5)
+        page.keyboard.press("Enter")
+        _hwait(lambda: page.evaluate("() => document.body.dataset.jpThemeName") == "JupyterLab Dark", 20, "dark theme", page)
+        time.sleep(2)
+        css = panel.evaluate("(el) => getComputedStyle(el.querySelector('[data-testid=rf-chart-train]')).color")
+        fg = [panel.evaluate(INSPECT, sel)["fg"] for sel in (TRAIN, EVAL)]
+        _shot(page, "dark_switch")
+    finally:
+        page.keyboard.press("Control+Shift+c")
+        page.keyboard.type("JupyterLab Light")
+        time.sleep(0.5)
+        page.keyboard.press("Enter")
+        page.mouse.move(5, 5)
+        time.sleep(2)
+    assert css != light and fg == [css, css], (light, css, fg)
+
+
+def test_narrow_and_wide_keep_the_hover_label_inside(hostile):
+    """The notebook at 440 px (the chart at its 300 px minimum) and at 2560 px: the plot box keeps
+    a usable width and the hover label stays inside the chart."""
+    page, panel, _ = hostile
+    out = {}
+    page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputPrompt").click()
+    page.keyboard.press("Control+b")  # the file browser closed: the notebook gets the width
+    try:
+        for w in (440, 2560):
+            page.set_viewport_size({"width": w, "height": 1000})
+            _hwait(lambda: abs(panel.locator(TRAIN).bounding_box()["width"] - panel.evaluate(INSPECT, TRAIN)["view"]["plot"]["width"]
+                               - panel.evaluate(INSPECT, TRAIN)["view"]["plot"]["left"] - 10) < 2, 10, f"redraw at {w}", page)
+            panel.locator(TRAIN).scroll_into_view_if_needed()
+            s1 = next(s for s in panel.evaluate(INSPECT, TRAIN)["series"] if s["runId"] == 1)
+            k = int(len(s1["x"]) * 0.97)
+            page.mouse.move(*panel.evaluate(CHART_POINT_PX, [TRAIN, s1["x"][k], s1["y"][k]]))
+            tip = panel.locator(f"{TRAIN} [data-testid=rf-tooltip]")
+            _hwait(lambda tip=tip: tip.is_visible(), 10, "tip", page)
+            tb, cb = tip.bounding_box(), panel.locator(TRAIN).bounding_box()
+            out[w] = {"plot": panel.evaluate(INSPECT, TRAIN)["view"]["plot"], "tip": tb, "chart": cb}
+            _shot(page, f"width_{w}")
+            page.mouse.move(5, 5)
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        page.keyboard.press("Control+b")
+    for w, o in out.items():
+        assert o["plot"]["width"] >= 200, (w, o)
+        assert o["tip"]["x"] >= o["chart"]["x"] - 1 and o["tip"]["x"] + o["tip"]["width"] <= o["chart"]["x"] + o["chart"]["width"] + 1, (w, o)
+
+
+def test_rapid_metric_switching_by_keyboard(hostile):
+    """Arrow keys through the metric menu 30 times as fast as the keyboard goes: the chart ends on
+    the selected metric, with no error."""
+    page, panel, errors = hostile
+    sel = panel.locator("[data-testid=rf-metric-train]")
+    sel.focus()
+    for i in range(30):
+        page.keyboard.press("ArrowDown" if i % 2 == 0 else "ArrowUp")
+    page.keyboard.press("ArrowDown")
+    time.sleep(1)
+    value = sel.evaluate("(s) => s.value")
+    ys = [y for s in panel.evaluate(INSPECT, TRAIN)["series"] if s["runId"] == 1 for y in s["y"] if y is not None]
+    panel.locator("[data-testid=rf-metric-train]").select_option("loss")
+    assert errors == []
+    want = {"flat": (0.69, 0.7), "grad_norm": (0, 1e31), "loss": (0.3, 3)}[value]
+    assert want[0] <= min(ys) and max(ys) <= want[1], (value, min(ys), max(ys))
+
+
+def test_second_view_and_dispose_remove_window_listeners(hostile):
+    """The same widget shown in a second cell: two live views; replacing that cell's output removes
+    its window mousemove/mouseup listeners (CDP getEventListeners on window)."""
+    page, panel, _ = hostile
+    cdp = page.context.new_cdp_session(page)
+
+    def listeners():
+        win = cdp.send("Runtime.evaluate", {"expression": "window"})["result"]["objectId"]
+        ls = cdp.send("DOMDebugger.getEventListeners", {"objectId": win})["listeners"]
+        return sum(1 for entry in ls if entry["type"] in ("mousemove", "mouseup"))
+
+    before = listeners()
+    _run_cell(page, 2)
+    panels = page.locator("[data-testid=rf-panel]")
+    _hwait(lambda: panels.count() == 2, 30, "second view", page)
+    _hwait(lambda: panels.nth(1).evaluate(INSPECT, TRAIN)["view"] is not None, 60, "second view drawn", page)
+    with_two = listeners()
+    editor = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-InputArea-editor")
+    editor.click()
+    page.keyboard.press("Control+a")
+    page.keyboard.type("pass  # the second view's output is cleared")
+    _run_cell(page, 2)
+    _hwait(lambda: panels.count() == 1, 30, "second view gone", page)
+    time.sleep(0.5)
+    after = listeners()
+    cdp.detach()
+    assert with_two == before + 4 and after == before, (before, with_two, after)
+
+
+def test_pinned_run_hidden_by_a_filter_fades_nothing(hostile):
+    """Pin run 3 (click its row), stop it, tick 'hide stopped': its row and curve go, and the pin
+    that can no longer be undone must not fade every shown curve to 0.12."""
+    page, panel, _ = hostile
+    panel.locator('tr[data-run-id="3"] td').nth(5).click()
+    panel.locator('tr[data-run-id="3"] button[data-op=stop]').click()
+    _hwait(lambda: panel.locator('tr[data-run-id="3"] [data-testid=rf-status]').text_content() == "stopped", 30, "stopped", page)
+    pinned = {s["runId"]: s["opacity"] for s in panel.evaluate(INSPECT, TRAIN)["series"]}
+    panel.locator('input[data-filter="stopped"]').check()
+    time.sleep(0.8)
+    page.mouse.move(5, 5)
+    time.sleep(0.5)
+    styles = {s["runId"]: (s["shown"], s["opacity"]) for s in panel.evaluate(INSPECT, TRAIN)["series"]}
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    _shot(panel, "pinned_hidden")
+    panel.locator('input[data-filter="stopped"]').uncheck()
+    panel.locator('tr[data-run-id="3"] td').nth(5).click()
+    panel.locator('tr[data-run-id="3"] button[data-op=resume]').click()
+    assert pinned[3] == 1 and pinned[1] == 0.12, f"the pin did not take: {pinned}"
+    assert styles[3][0] is False
+    assert styles[1][1] == 1 and styles[4][1] == 1, styles
+
+
+def test_y_only_zoom_keeps_x_following_new_steps(hostile):
+    """A tall drag zooms y only: x stays on auto, so 2,000 new steps of run 1 (to 112,000 samples)
+    show, and the y zoom stays. Plotly's y-only zoom kept x on autorange too."""
+    page, panel, _ = hostile
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    x, y, w, h = _plot_box(panel)
+    _drag(page, x + w * 0.7, y + h * 0.2, x + w * 0.7 + 2, y + h * 0.9)
+    before = panel.evaluate(INSPECT, TRAIN)["view"]
+    _run_cell(page, 3)
+    seq = _last_seq(page, 3)
+    _hwait(lambda: f"seq {seq}" in (panel.locator("[data-testid=rf-live]").text_content() or ""), 60, "new steps", page)
+    time.sleep(1)
+    after = panel.evaluate(INSPECT, TRAIN)["view"]
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    _shot(panel.locator(".rf-charts"), "y_zoom_new_data")
+    _reset_zoom(page, panel)
+    assert before["zoomed"]
+    assert after["x"][1] >= 112_000, f"x stays {after['x']} after run 1 logged up to 112,000 samples"
+    assert after["zoomed"] and after["y"] == before["y"], (before, after)
+
+
+def test_charts_are_named_and_zoom_out_by_keyboard(hostile):
+    """The canvas is an image with a label naming the chart, reached by Tab from the metric menu;
+    Escape and 0 zoom out, and its keys do not reach JupyterLab ("0 0" would restart the kernel)."""
+    page, panel, _ = hostile
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    info = panel.evaluate("""(el) => { const c = el.querySelector('[data-testid=rf-chart-train] canvas');
+        return {tabindex: c.tabIndex, role: c.getAttribute('role'), label: c.getAttribute('aria-label')}; }""")
+    assert info["tabindex"] == 0 and info["role"] == "img", info
+    assert re.match(r"loss vs samples seen, 5 runs, samples seen 0 to \d+", info["label"]), info
+    focused = "(el) => document.activeElement === el.querySelector('[data-testid=rf-chart-train] canvas')"
+    for key in ("Escape", "0"):
+        x, y, w, h = _plot_box(panel)
+        _drag(page, x + w * 0.2, y + h * 0.5, x + w * 0.5, y + h * 0.5 + 2)
+        assert panel.evaluate(INSPECT, TRAIN)["view"]["zoomed"]
+        assert "zoomed" in panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-train] canvas').getAttribute('aria-label')")
+        panel.locator("[data-testid=rf-metric-train]").focus()
+        page.keyboard.press("Tab")
+        assert panel.evaluate(focused), "Tab from the metric menu does not reach the chart"
+        page.keyboard.press(key)
+        _hwait(lambda: not panel.evaluate(INSPECT, TRAIN)["view"]["zoomed"], 10, f"{key} zooms out", page)
+    page.keyboard.press("0")
+    page.keyboard.press("0")
+    time.sleep(1)
+    dialog = page.locator(".jp-Dialog").count()
+    panel.evaluate("(el) => el.querySelector('[data-testid=rf-chart-train] canvas').blur()")
+    assert dialog == 0, "the chart's keys reached JupyterLab's shortcuts (a restart dialog opened)"
