@@ -225,7 +225,8 @@ class ChunkWorker:
         ``record`` (with ``checkpoint`` or ``start_weights``, or neither for a fresh run) comes
         when the run arrives here: a trainer this worker may still hold for it is dropped, and the
         run continues from what was shipped. Returns ``{"ok": True, "result": ChunkResult}``; a
-        training error comes back as ``{"ok": False, "error": traceback}``, the run's trainer
+        training error comes back as ``{"ok": False, "error": traceback, "reason": "Type: msg"}``
+        (the kernel's run_status fields), the run's trainer
         already freed here (failure isolation: the worker goes on with the other runs)."""
         t0 = time.perf_counter()
         started = time.time()   # wall clock: the controller splits the hop with it
