@@ -234,8 +234,8 @@ class Experiment:
                 ``end()`` later); ``True``: block everywhere.
 
         With Ray workers (``num_workers``) the first ``run_fit`` also starts Ray and the workers
-        (it prints a line saying so): 10-30 s the first time, and the runs stay pending a few
-        seconds more while the workers load the model.
+        (it prints a line saying so): 10-30 s the first time; it returns once every worker has
+        loaded the base model(s) and the functions and data the runs need.
 
         Every error that can be found before training (configs, data columns, ``num_chunks``,
         ``create_model``'s return value) is raised here and nothing is started.
