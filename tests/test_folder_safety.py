@@ -219,14 +219,24 @@ def test_a_planted_pickle_checkpoint_is_refused_not_run(tmp_path):
     assert not marker.exists(), "a pickle from the experiment folder was executed"
 
 
+# The one unpickling the package does on purpose: a Ray worker loading the functions and datasets
+# the controller cloudpickled in memory moments before (the same bytes Ray's own transport would
+# unpickle), to name the field that fails. Nothing read from a file goes through it.
+RAY_TRANSPORT = {("rapidfire_nb/engine/workers/worker.py", "pickle.load"): 1}
+
+
 def test_the_package_never_unpickles():
     offenders = []
     for path in (REPO / "rapidfire_nb").rglob("*.py"):
         text = path.read_text()
+        rel = path.relative_to(REPO).as_posix()
         for needle in ("weights_only=False", "pickle.load", "import pickle", "torch.load("):
-            if needle in text:
-                offenders.append(f"{path.relative_to(REPO)}: {needle}")
+            if text.count(needle) > RAY_TRANSPORT.get((rel, needle), 0):
+                offenders.append(f"{rel}: {needle}")
     assert offenders == []
+    # the allowed one loads bytes handed over by the controller, never a path
+    worker = (REPO / "rapidfire_nb/engine/workers/worker.py").read_text()
+    assert "def load_blob(blob: bytes):" in worker and "cloudpickle.loads(blob)" in worker
 
 
 # -- 5. damaged metadata -------------------------------------------------------------------------
