@@ -5,6 +5,7 @@
     from rapidfire_nb.automl import List, RFModelConfig, RFLoraConfig, RFSFTConfig, RFGridSearch
 """
 
+from rapidfire_nb import _views
 from rapidfire_nb._compat import check_versions
 from rapidfire_nb._version import __version__
 
@@ -20,6 +21,23 @@ def __getattr__(name):
 
         return Experiment
     raise AttributeError(f"module 'rapidfire_nb' has no attribute {name!r}")
+
+
+def _panel_view(experiment):
+    from rapidfire_nb.notebook.panel import panel_for
+
+    return panel_for(experiment)
+
+
+def _tensorboard_view(experiment):
+    from rapidfire_nb.notebook.tensorboard import show_tensorboard
+
+    return show_tensorboard(experiment)
+
+
+# the facade shows itself through these without importing the notebook layer above it
+_views.register("panel", _panel_view)
+_views.register("tensorboard", _tensorboard_view)
 
 
 def load_ipython_extension(ipython):

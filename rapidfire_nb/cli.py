@@ -1,11 +1,12 @@
-"""Command line: ``rapidfire demo`` (offline by default) and ``rapidfire bench``, dispatched by
-argparse subcommands; each command's own parser reads its options."""
+"""Command line: ``rapidfire demo`` (offline by default), ``rapidfire bench`` and ``rapidfire
+report``, dispatched by argparse subcommands; each command's own parser reads its options."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from pathlib import Path
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -91,7 +92,7 @@ def demo(argv: list[str]) -> int:
     exp.run_fit(group, create_model, train, evald, num_chunks=args.num_chunks, seed=42, block=False)
     info = exp.get_runs_info()
     print(f"{len(info)} runs, {args.num_chunks} chunks per epoch; experiment folder: {exp.path}")
-    from rapidfire_nb.engine.state import get_run, new_table, reduce
+    from rapidfire_nb.engine import get_run, new_table, reduce
 
     table = new_table()     # folded as events arrive: each one is read once
     while True:
@@ -171,16 +172,68 @@ def _colors_answers(exp, run_ids: list[int]) -> dict[int, tuple[int, list[str]]]
     return out
 
 
+def _report_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rapidfire report", formatter_class=_DefaultsFormatter,
+        description="Write one self-contained HTML file (plotly.js inside, no network needed) of an "
+                    "experiment folder: the curves of every metric, the leaderboard, the engine "
+                    "time split and the chunk timeline. It reads the folder's event log and "
+                    "nothing else that matters: no lock is taken, nothing in the folder is "
+                    "written or executed, so it works on a finished, stopped or crashed "
+                    "experiment, on one still training and on a read-only copy.")
+    p.add_argument("folder", help="the experiment folder (the one holding events.jsonl, "
+                                  "e.g. rapidfire_experiments/<name>)")
+    p.add_argument("-o", "--output", default=None,
+                   help="the HTML file to write, outside the experiment folder; default: "
+                        "<folder name>-report.html in the current folder")
+    p.add_argument("-f", "--force", action="store_true",
+                   help="replace the output file if it exists (without it, an existing file is "
+                        "refused)")
+    return p
+
+
+def _default_report_name(folder: str) -> str:
+    # the folder's own name, never a name read from its log: a crafted log must not steer the
+    # file anywhere but the current folder
+    name = Path(folder).resolve().name
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".")
+    return f"{safe or 'experiment'}-report.html"
+
+
+def report(argv: list[str]) -> int:
+    args = _report_parser().parse_args(argv)
+    from rapidfire_nb.engine import EventLogError
+    from rapidfire_nb.report import ReportError, read_folder, write_report
+
+    try:
+        table, meta = read_folder(args.folder)
+        out = Path(args.output) if args.output else Path(_default_report_name(args.folder))
+        write_report(table, out, meta=meta, source=str(Path(args.folder).resolve()),
+                     overwrite=args.force, outside=args.folder)
+    except (ReportError, EventLogError) as exc:
+        print(f"rapidfire report: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"rapidfire report: {exc.strerror or exc}: {exc.filename or args.folder}", file=sys.stderr)
+        return 2
+    runs = sum(1 for r in table["runs"].values() if r["created"])
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): {runs} runs, {table['last_seq']} events")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command and its help; each command parses its own options (``rapidfire demo --help``)."""
     p = argparse.ArgumentParser(
         prog="rapidfire", description="Fine-tune many configurations at once by chunk interleaving.",
-        epilog="'rapidfire demo --help' and 'rapidfire bench --help' list each command's options.")
-    sub = p.add_subparsers(dest="command", metavar="{demo,bench}")
+        epilog="'rapidfire demo --help', 'rapidfire bench --help' and 'rapidfire report --help' "
+               "list each command's options.")
+    sub = p.add_subparsers(dest="command", metavar="{demo,bench,report}")
     sub.add_parser("demo", add_help=False,
                    help="train 4 configs interleaved on a tiny offline model and print a leaderboard")
     sub.add_parser("bench", add_help=False,
                    help="compare interleaved training against plain sequential TRL")
+    sub.add_parser("report", add_help=False,
+                   help="write a self-contained HTML report of an experiment folder")
     return p
 
 
@@ -194,9 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "demo":
         return demo(rest)
-    from rapidfire_nb._quiet import import_peft_quietly
-
-    import_peft_quietly()   # before the bench's imports pull peft in
+    if args.command == "report":
+        return report(rest)
     from rapidfire_nb.bench import main as bench_main
 
     return bench_main(rest)

@@ -14,32 +14,45 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import numbers
 import re
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rapidfire_nb import _views, recovery
 from rapidfire_nb._version import __version__
-from rapidfire_nb.engine import runs as R
-from rapidfire_nb.engine.adapters import trainer_class
-from rapidfire_nb.engine.controller import Engine, Op
-from rapidfire_nb.engine.events import EventLog
-from rapidfire_nb.engine.lock import FolderLock
-from rapidfire_nb.engine.precheck import check_before_training, check_target_modules
-from rapidfire_nb.engine.queued import ProjectedRun, known_ids, project
-from rapidfire_nb.engine.fsio import atomic_write_json
-from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.store import (
+from rapidfire_nb.engine import (
+    COMPLETED,
+    DELETED,
+    Engine,
+    EventLog,
     ExperimentStore,
+    FolderLock,
+    Op,
+    ProjectedRun,
+    RunSpec,
+    atomic_write_json,
+    check_before_training,
     check_experiment_meta,
-    failed_by_the_disk,
+    check_target_modules,
+    known_ids,
+    project,
     read_json,
+    refusal,
+    trainer_class,
 )
-from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
+from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireConfigWarning, RapidFireError
 
 _current: weakref.ref[Experiment] | None = None
+# Every engine this process started, with its experiment's name: a second experiment must not
+# train on the same device unseen (the engine, not the Experiment, is what keeps training: a
+# re-run cell rebinds `exp`, and the old Experiment object may be collected while it trains).
+_ENGINES: weakref.WeakKeyDictionary[Engine, tuple[str, weakref.ref]] = weakref.WeakKeyDictionary()
+_ENGINES_LOCK = threading.Lock()
 # fullmatch, not match: "$" would let a trailing newline through into the folder name
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -48,6 +61,107 @@ def current_experiment() -> Experiment | None:
     """The most recently created, not yet ended Experiment of this process."""
     exp = _current() if _current is not None else None
     return exp if exp is not None and not exp._ended else None
+
+
+def _interruptible(wait: Callable[[], Any]) -> Any:
+    """``wait()`` run in a helper thread while this one waits on an Event. An interrupt (Ctrl-C,
+    Kernel > Interrupt) then lands in ``Event.wait``, which it leaves intact; landing inside
+    ``Thread.join`` instead, CPython 3.11 can mark the engine's thread stopped while it still runs
+    (its tstate lock is released by the interrupted join), and every later wait believes the
+    engine dead. The helper finishes on its own once the engine is idle."""
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["value"] = wait()
+        except BaseException as exc:   # handed to the caller's thread
+            outcome["error"] = exc
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="rapidfire-wait", daemon=True).start()
+    while not finished.wait(0.2):
+        pass
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def training_engines() -> list[tuple[str, Engine, Experiment | None]]:
+    """(name, engine, its Experiment or None if that was collected) for each engine of this
+    process that still has runs pending or running (or ops queued), oldest first."""
+    with _ENGINES_LOCK:
+        engines = list(_ENGINES.items())
+    out = []
+    for engine, (name, ref) in engines:
+        try:
+            if not engine.closed and engine.busy():
+                out.append((name, engine, ref()))
+        except Exception:   # an engine half torn down trains nothing
+            continue
+    return out
+
+
+def training_experiments() -> list[str]:
+    """Names of this process's experiments that still train, oldest first."""
+    return [name for name, _engine, _exp in training_engines()]
+
+
+def end_training(name: str | None = None) -> list[str]:
+    """End (as ``end(wait=False)``: unfinished runs stop at their next chunk boundary, resumable)
+    the experiment called ``name`` that trains in this process, or every one when ``name`` is
+    None; returns the names ended. An engine whose Experiment object is gone is stopped the same
+    way."""
+    from rapidfire_nb.engine import ENDED_REASON
+
+    ended = []
+    for n, engine, exp in training_engines():
+        if name is not None and n != name:
+            continue
+        if exp is not None:
+            exp.end(wait=False)
+        else:
+            engine.drain()
+            engine.end_unfinished(ENDED_REASON)
+            engine.close()
+        ended.append(n)
+    return ended
+
+
+_QUEUED_WORDS = {"stopped": "stopping", "pending": "resuming", "deleted": "deleting"}
+
+
+def _is_now(view) -> str:
+    """"is stopped", or, when a queued op makes the difference, "is stopping (a queued op ...)":
+    a second Stop before the boundary must not read as if the run had stopped already."""
+    now = view.record.status if view.record is not None else None
+    if now is None or now == view.status:
+        return f"is {view.status}"
+    going = _QUEUED_WORDS.get(view.status, f"becoming {view.status}")
+    return f"is {going} (still {now} until the queued op applies at its next chunk boundary)"
+
+
+def _refuse_while_another_trains(name: str) -> None:
+    """run_fit's guard: one engine per device unless asked (``allow_concurrent=True``)."""
+    global _current
+    training = [(n, exp) for n, _engine, exp in training_engines() if n != name]
+    busy = [n for n, _exp in training]
+    if not busy:
+        return
+    # The refused Experiment (the re-run cell's) trains nothing: `%rapidfire status`, `panel` and
+    # a bare `%rapidfire end` keep meaning the one that trains, not this empty one.
+    newest = next((exp for _n, exp in reversed(training) if exp is not None), None)
+    if newest is not None:
+        _current = weakref.ref(newest)
+    listed = ", ".join(repr(n) for n in busy)
+    ends = " and ".join(f"%rapidfire end {n}" for n in busy)
+    raise RapidFireError(
+        f"experiment {listed} is still training in this kernel; a second engine would share the "
+        f"device with it (or its Ray workers' GPUs). End it first with `{ends}` (or .end(wait=False) "
+        "on it: runs stop at their next chunk boundary, resumable), then run this cell again; or "
+        "pass run_fit(..., allow_concurrent=True) to train both at once. Until then %rapidfire "
+        f"status and %rapidfire panel show {busy[-1]!r}.")
 
 
 def _in_kernel() -> bool:
@@ -119,16 +233,27 @@ class Experiment:
         if not isinstance(experiment_name, str) or not _NAME_RE.fullmatch(experiment_name):
             raise ConfigError(
                 f"experiment_name must be 1-128 letters, digits, '.', '_' or '-' (got {experiment_name!r})")
-        if mode not in ("fit",):
-            raise ConfigError(f"mode={mode!r} is not supported; only 'fit'")
+        if mode not in ("fit", "read"):
+            raise ConfigError(f"mode={mode!r} is not supported: 'fit' (train, or continue with "
+                              "resume=True) or 'read' (open a folder read-only for its results)")
         if offload not in ("auto", "always", "never"):
             raise ConfigError(f"offload={offload!r}: use 'auto' (park runs in host memory only when "
                               "the GPU is short of memory), 'always' or 'never'")
-        from rapidfire_nb.engine.workers import check_num_workers
+        from rapidfire_nb.engine import check_num_workers, refuse_links
 
         check_num_workers(num_workers)
         parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
         root = parent / experiment_name
+        self.engine: Engine | None = None
+        self.automl = None   # pruning/refill driver of the config group (tuning.py), if any
+        self._trackers = None
+        self._panel = None
+        self._tb = None
+        self._logged_open = False   # this session's "experiment" event is in the log
+        self.read_only = mode == "read"
+        if self.read_only:
+            self._open_read_only(experiment_name, root)
+            return
         if resume and not (root / "experiment.json").exists():
             raise ConfigError(f"resume=True but there is no experiment at {root}")
         if not resume and (root / "experiment.json").exists():
@@ -140,6 +265,8 @@ class Experiment:
             print(f"rapidfire: experiment {experiment_name!r} exists; this one is "
                   f"'{experiment_name}_{n}' (resume=True continues {experiment_name!r})")
             experiment_name, root = f"{experiment_name}_{n}", parent / f"{experiment_name}_{n}"
+        # a link anywhere in the folder could make a read or a write land outside it
+        refuse_links(root)
         root.mkdir(parents=True, exist_ok=True)
         self.name = experiment_name
         self.path = root.resolve()
@@ -158,24 +285,72 @@ class Experiment:
         except BaseException:
             self._folder_lock.release()
             raise
-        self.engine: Engine | None = None
         self._ended = False
-        self._reserved_ids: set[int] = set()
-        self._panel = None
-        self._tb = None
-        self.automl = None   # pruning/refill driver of the config group (tuning.py), if any
+        self._tracking = tracking
         if not resume:
             atomic_write_json(self.store.meta_path, {"name": self.name, "version": __version__})
-        self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(resume))
-        self._trackers = None
-        self._start_trackers(tracking)
+            self._log_open()
+        # a resumed folder is written only once run_fit has checked every argument against it:
+        # a refused resume leaves every byte as it was (the "experiment" event included, which
+        # would make an ended experiment read as open)
         _current = weakref.ref(self)
+
+    @classmethod
+    def open(cls, folder: str | Path) -> Experiment:
+        """Open an experiment folder read-only, for its results, plots and reports.
+
+        ``folder`` is the experiment's own folder (``exp.path``, e.g.
+        ``rapidfire_experiments/sft-demo``). Nothing is written and no lock is taken, so this
+        works on a read-only copy, on a downloaded folder and beside a live Experiment that is
+        still training in it (``refresh()`` reads what it logged since). ``get_runs_info``,
+        ``get_results``, ``get_timeline``, ``time_split`` and ``table()`` work as on the live
+        object; training, ops and ``export`` are refused. The same as
+        ``Experiment(name, path, mode="read")``. A damaged log or a folder holding a symbolic
+        link is refused with the file, line and field."""
+        folder = Path(folder)
+        return cls(folder.name, folder.parent, mode="read")
+
+    def _open_read_only(self, name: str, root: Path) -> None:
+        from rapidfire_nb.engine import ReadOnlyLog, refuse_links
+
+        if not (root / "experiment.json").exists() and not (root / "events.jsonl").exists():
+            raise ConfigError(f"mode='read' but there is no experiment at {root}")
+        refuse_links(root)
+        self.name = name
+        self.path = root.resolve()
+        self.resumed = False
+        self.offload, self.num_workers = "never", 0
+        self.store = ExperimentStore(self.path)
+        self.meta = check_experiment_meta(read_json(self.store.meta_path, {}), self.store.meta_path)
+        self.events = ReadOnlyLog(self.store.events_path)
+        self._ended = False
+        self._tracking = []
+
+    def refresh(self) -> int:
+        """Read-only: read what the folder's log gained since it was opened (another process may
+        still train there); returns the number of new events."""
+        if not self.read_only:
+            return 0
+        return self.events.reload()
+
+    def table(self) -> dict:
+        """The folded run table (engine/state.py's format, a deep copy): what the panel, the
+        trackers and the frames read, for figures and reports."""
+        return self._state().read()
+
+    def _log_open(self) -> None:
+        """This session's start in the log, and its trackers; once."""
+        if self._logged_open:
+            return
+        self._logged_open = True
+        self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(self.resumed))
+        self._start_trackers(self._tracking)
 
     def _refuse_lost_history(self) -> None:
         """Resuming on an empty or missing event log while runs.json or checkpoints show that runs
         were created would silently drop every logged loss, metric and op: refused, nothing written.
         A folder where run_fit never created a run (no runs.json, no checkpoint) is fresh."""
-        from rapidfire_nb.engine.events import EventLogError
+        from rapidfire_nb.engine import EventLogError
 
         path = self.store.events_path
         try:
@@ -205,13 +380,26 @@ class Experiment:
         except ImportError:
             return
         names = resolve_trackers(tracking)
+        self.trackio_command = None
+        if "trackio" in names:
+            try:
+                from rapidfire_nb.tracking.trackio_tracker import show_command
+
+                self.trackio_command = show_command(self.path, self.name)
+            except ImportError:
+                pass
+            if self.trackio_command:
+                # decided before the tracker thread imports trackio; one line, in this cell
+                print(f"rapidfire: Trackio dashboard of this experiment: {self.trackio_command}")
         if names:
             self._trackers = TrackerHub(self.events, self.path, self.name, names)
             self._trackers.start()
 
     # -- training ----------------------------------------------------------------------------
     def run_fit(self, config_group, create_model: Callable, train_dataset, eval_dataset=None,
-                num_chunks: int = 4, seed: int = 42, block: bool | None = None) -> Experiment:
+                num_chunks: int | None = None, seed: int = 42, block: bool | None = None, *,
+                num_shards: int | None = None, num_gpus: int = 1,
+                monte_carlo_simulations: int = 1000, allow_concurrent: bool = False) -> Experiment:
         """Expand and validate ``config_group``, then train every run, chunk by chunk.
 
         Args:
@@ -221,9 +409,20 @@ class Experiment:
                 model, in this thread (its errors show here).
             train_dataset, eval_dataset: ``datasets.Dataset``; the eval set is evaluated after every
                 chunk (optional unless a pruner, RFOptuna or ``compute_metrics`` needs it).
-            num_chunks: chunks per epoch. The training data is cut into ``num_chunks`` equal parts
-                and every run trains chunk k of the data before any run trains chunk k+1, so all
-                runs can be compared after each chunk. More chunks: earlier comparisons, more swaps.
+            num_chunks: chunks per epoch (default 4). The training data is cut into
+                ``num_chunks`` equal parts -- chunks, which RapidFire 0.16.2 calls shards -- and
+                every run trains chunk k of the data before any run trains chunk k+1, so all runs
+                can be compared after each chunk. More chunks: earlier comparisons, more swaps.
+            num_shards: RapidFire AI 0.16.2's name for ``num_chunks`` (give one of the two).
+            num_gpus: RapidFire AI's GPUs *per run* (more than one is FSDP there). Here every run
+                trains on one device, so ``1`` (the default) means what it means in RapidFire;
+                a larger value warns once and trains each run on one device, while the machine's
+                GPUs are used by training runs side by side (one Ray worker per GPU,
+                ``Experiment(num_workers=...)``). On a machine with fewer GPUs than ``num_gpus``
+                (or none) it is the same: the warning names how many there are.
+            monte_carlo_simulations: accepted for RapidFire AI 0.16.2 code and has no effect here
+                (RapidFire's scheduler uses it to estimate run times; ours interleaves chunks in
+                lockstep and needs no estimate).
             seed: the seed of every run's data order (per epoch) and of its initialisation (a
                 LoRA adapter's weights, derived from the seed and the run's config): the same
                 seed, data and configs train the same weights.
@@ -231,7 +430,13 @@ class Experiment:
                 on in a background thread (the returned Experiment displays as the live panel; ops
                 such as ``stop`` work meanwhile); in a plain script or terminal IPython block until
                 every run is finished. ``False``: return at once everywhere (call ``wait()`` or
-                ``end()`` later); ``True``: block everywhere.
+                ``end()`` later); ``True``: block everywhere. An integer here is RapidFire
+                0.16.2's seventh positional argument, ``num_gpus``, and is taken as that.
+            allow_concurrent: ``False`` (default): refuse while another experiment of this
+                process (kernel) still has runs pending or running, naming it and how to end it
+                (``%rapidfire end NAME``, or ``.end(wait=False)`` on it): two engines would share
+                the device (or the GPUs of Ray workers), each slowing the other, and a re-run cell
+                would leave the first one training unseen. ``True``: train both at once anyway.
 
         With Ray workers (``num_workers``) the first ``run_fit`` also starts Ray and the workers
         (it prints a line saying so): 10-30 s the first time; it returns once every worker has
@@ -244,13 +449,29 @@ class Experiment:
 
         import_peft_quietly()   # before trl/peft: no bitsandbytes "pip install kernels" line
         self._check_open()
+        self._check_writable("run_fit")
         if self.engine is not None:
             raise RapidFireError("run_fit was already called on this Experiment; use clone_modify "
                                  "to add runs, or create a new Experiment")
+        if not isinstance(allow_concurrent, bool):
+            raise ConfigError(f"allow_concurrent must be True or False, got {allow_concurrent!r}")
+        if not allow_concurrent:
+            _refuse_while_another_trains(self.name)
+        global _current
+        # the experiment that trains is the one the magics and `%rapidfire panel` mean
+        _current = weakref.ref(self)
         if not callable(create_model):
             raise ConfigError("create_model must be a function model_config -> (model, tokenizer)")
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
-            raise ConfigError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
+        if isinstance(block, numbers.Integral) and not isinstance(block, bool):
+            # RapidFire 0.16.2's seventh positional argument is num_gpus, ours is block
+            if num_gpus != 1:
+                raise ConfigError(f"run_fit: the seventh positional argument ({block!r}) is "
+                                  "RapidFire's num_gpus, and num_gpus= is given too: give one")
+            num_gpus, block = block, None
+        if block is not None and not isinstance(block, bool):
+            raise ConfigError(f"block must be None, True or False, got {block!r}")
+        num_chunks = _chunks_from(num_chunks, num_shards)
+        num_gpus, monte_carlo_simulations = _check_rapidfire_only_knobs(num_gpus, monte_carlo_simulations)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         for name, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
@@ -261,20 +482,24 @@ class Experiment:
             if len(ds) == 0:
                 raise ConfigError(f"{name} is empty")
         specs = _expand(config_group)
+        from rapidfire_nb.engine import warn_engine_owned_knobs
+
+        for spec in specs:     # in the caller's cell: the engine thread's warnings go to run logs
+            warn_engine_owned_knobs(spec)
         if eval_dataset is None and any(s.compute_metrics is not None for s in specs):
             raise ConfigError("compute_metrics needs an eval_dataset: pass eval_dataset= to run_fit")
-        from rapidfire_nb.engine.formatting import check_run_data
+        from rapidfire_nb.engine import check_run_data
 
         prep_cache: dict = {}   # formatting_func's mapped data, shared by the runs' trainers
         for spec in specs:
             check_run_data(spec, trainer_class(spec.trainer_type), train_dataset, eval_dataset,
                            prep_cache)
 
-        from rapidfire_nb.engine.workers import resolve_num_workers
+        from rapidfire_nb.engine import resolve_num_workers
 
         workers = resolve_num_workers(self.num_workers)
         if workers:   # Ray is imported only on this path
-            from rapidfire_nb.engine.workers.engine import WorkerEngine
+            from rapidfire_nb.engine import WorkerEngine
 
             engine = WorkerEngine(self.store, self.events, create_model, train_dataset, eval_dataset,
                                   num_chunks, seed, build_training_args, build_lora_config,
@@ -287,8 +512,8 @@ class Experiment:
             engine.plan_run(spec)
         data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
         if self.resumed:
-            self._check_resume(specs, data_fp, num_chunks, seed, config_group)
-        # -- AutoML at chunk boundaries (issue 18): pruners, RFOptuna --------------------------
+            recovery.check_resume(self, specs, data_fp, num_chunks, seed, config_group)
+        # -- AutoML at chunk boundaries: pruners, RFOptuna --------------------------
         from rapidfire_nb.tuning import driver_for, needs_driver, pruning_settings
 
         if needs_driver(config_group) and eval_dataset is None:
@@ -316,10 +541,17 @@ class Experiment:
                   "first if it is not running: 10-30 s the first time); run_fit returns once each "
                   "worker has loaded the model", flush=True)
             engine.start_workers(specs)   # Ray, the workers, what they must load; errors change nothing
+        if self.resumed:
+            if automl is not None:
+                automl.load()      # reads automl.json only; a damaged one refuses here
+            restore = recovery.plan_restore(self, specs, engine, automl)   # refuses before any write
+            self._log_open()
         self.engine = engine
+        with _ENGINES_LOCK:
+            _ENGINES[engine] = (self.name, weakref.ref(self))
         self.automl = automl
         if self.resumed:
-            self._restore_runs(specs)
+            recovery.restore_runs(self, specs, restore)
         else:
             for spec in specs:
                 engine.add_run(spec)
@@ -329,8 +561,6 @@ class Experiment:
             atomic_write_json(self.store.meta_path, meta)
             self.meta = meta
         if automl is not None:
-            if self.resumed:
-                automl.load()
             automl.attach(engine, self.resumed)
         engine.start()
         if block is None:
@@ -339,199 +569,36 @@ class Experiment:
             self.wait()
         return self
 
-    def _check_resume(self, specs, data_fp, num_chunks, seed, config_group=None) -> None:
-        """Refuse a resume whose ``run_fit`` arguments differ from the original ones (pruning
-        knobs included), before anything is changed."""
-        from rapidfire_nb.tuning import check_pruning_resume, pruning_settings
-
-        meta = self.meta
-        pruning = pruning_settings(config_group)
-        # remembered so _restore_runs can complete experiment.json if a crash came before it
-        self._resume_meta = {"num_chunks": num_chunks, "seed": seed, "data": data_fp,
-                             "runs": [s.fingerprint() for s in specs], "pruning": pruning}
-        stored_data = meta.get("data") or {}
-        for split, name in (("train", "train_dataset"), ("eval", "eval_dataset")):
-            if split in stored_data and stored_data[split] != data_fp[split]:
-                raise ConfigError(
-                    f"resume=True but {name} differs from the one experiment {self.name!r} was started "
-                    f"with (fingerprint {data_fp[split]!r}, stored {stored_data[split]!r}); pass the "
-                    f"same {name} to run_fit")
-        for key, given in (("num_chunks", num_chunks), ("seed", seed)):
-            if meta.get(key) is not None and meta[key] != given:
-                raise ConfigError(f"resume=True needs the original {key}={meta[key]!r} (got {given!r})")
-        check_pruning_resume(meta.get("pruning"), pruning)
-        stored_runs = meta.get("runs")
-        if stored_runs:
-            given_runs = self._resume_meta["runs"]
-            if len(stored_runs) != len(given_runs):
-                raise ConfigError(f"resume=True but the config group expands to {len(given_runs)} runs; "
-                                  f"the original one had {len(stored_runs)}; pass the same config group")
-            for i, (a, b) in enumerate(zip(stored_runs, given_runs)):
-                if a != b:
-                    raise ConfigError(f"resume=True but run {i + 1}'s config differs from the original "
-                                      f"one; pass the same config group (and callables of the same names)")
-
-    def _restore_runs(self, specs: list[RunSpec]) -> None:
-        """Rebuild every run (clones included) from the event log and its checkpoint; mend the log.
-
-        The event log is the authority (folded by engine/state.py); runs.json is a cache the
-        engine writes for people and tools. Recovery refuses a damaged runs.json (someone changed
-        the folder) and reads it only for what the log cannot say: a run whose ``run_created``
-        never reached the log (a failed log write), and, in logs written before ``run_created``
-        carried them, a clone's ``changes`` and a warm clone's first chunk.
-
-        What a crash can leave, and what this does about it:
-        - a run's checkpoint newer than its events in the log (killed between the checkpoint's
-          rename and the log append, or during the append): the checkpoint carries the chunk's
-          events; the missing ones are appended, none twice;
-        - runs of the group missing from the log (killed while ``run_fit`` created them): they
-          are created now, without a second ``run_created`` event if one was logged;
-        - a run that failed because its checkpoint could not be written (disk full): it continues
-          from its previous, intact checkpoint;
-        - temporary files of interrupted writes: removed.
-        Stopped runs stay stopped; running ones become pending and continue from their checkpoint.
-        """
-        from rapidfire_nb import automl
-        from rapidfire_nb.engine.state import fold
-        from rapidfire_nb.engine.store import CheckpointReadError
-
-        engine = self.engine
-        self.store.remove_stale_tmp()
-        cache = R.check_runs_json(read_json(self.store.runs_path, {}), self.store.runs_path)
-        table = fold(self.events.since(0))
-        logged = {r["run_id"]: r for r in table["runs"].values() if r["created"]}
-        infos = {rid: _restore_info(run, cache.get(rid)) for rid, run in logged.items()}
-        for rid, rec in cache.items():
-            infos.setdefault(rid, rec)
-        for rid in range(1, len(specs) + 1):
-            infos.setdefault(rid, {"status": R.PENDING, "parent_run_id": None, "warm_start": False})
-        from rapidfire_nb.engine.lifecycle import ENDED_REASON
-
-        # by end(wait=False), not by the user: they go on
-        self._stopped_by_end = {rid for rid, r in logged.items()
-                                if r["status"] == R.STOPPED and r["reason"] == ENDED_REASON}
-        logged_chunks = {_chunk_key(row) for row in table["timeline"]}
-        logged_metrics = {(p["run_id"], p["split"], p["step"]) for p in table["points"]}
-        # one runs.json write at the end instead of one per restored run (it is only a cache)
-        with engine.runs_writes_deferred():
-            for rid in sorted(infos):
-                self._restore_run(rid, infos[rid], specs, set(logged), logged_chunks, logged_metrics,
-                                  automl, CheckpointReadError)
-        if not self.meta.get("data") and getattr(self, "_resume_meta", None):
-            self.meta = {"name": self.name, "version": __version__, **self._resume_meta}
-            atomic_write_json(self.store.meta_path, self.meta)
-        engine.save_runs()
-
-    def _restore_run(self, rid, info, specs, created, logged_chunks, logged_metrics, automl,
-                     CheckpointReadError) -> None:
-        engine = self.engine
-        parent_id = info.get("parent_run_id")
-        if parent_id is None:
-            added = self.automl.spec_for(rid) if self.automl is not None else None  # refills
-            if added is not None:
-                spec = added
-            elif rid > len(specs):
-                raise ConfigError(f"resume=True but the config group expands to {len(specs)} runs and "
-                                  f"the experiment has a run {rid}; pass the same config group")
-            else:
-                spec = specs[rid - 1]
-        elif (parent := engine.snapshot().get(parent_id)) is not None:
-            spec = automl.apply_changes(parent.spec, info.get("changes") or {})
-        else:
-            raise RapidFireError(f"cannot restore run {rid}: its parent run {parent_id} is missing "
-                                 f"from {self.store.events_path}")
-        if info.get("fingerprint") and info["fingerprint"] != spec.fingerprint():
-            raise ConfigError(f"resume=True but run {rid}'s config differs from the original one; "
-                              f"pass the same config group")
-        rec = engine.add_run(spec, run_id=rid, parent=None, warm_start=bool(info.get("warm_start")),
-                             changes=info.get("changes"), emit=rid not in created)
-        rec.parent_run_id = parent_id
-        rec.step_offset = info.get("step_offset", 0)
-        rec.total_steps += rec.step_offset   # a warm clone's own schedule, after its stream offset
-        for key in ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done", "error"):
-            setattr(rec, key, info.get(key, getattr(rec, key)))
-        status = info.get("status", R.PENDING)
-        reason = "restored after restart"
-        if status == R.STOPPED and rid in self._stopped_by_end:
-            status, reason = R.PENDING, "continued: it was stopped only because the experiment ended"
-        if status == R.FAILED and failed_by_the_disk(rec.error):
-            status, reason = R.PENDING, "retried from its last intact checkpoint after a checkpoint write failure"
-            rec.error = None
-        ckpt = unreadable = None
-        if status != R.DELETED:
-            try:
-                ckpt = self.store.load_checkpoint(rid)
-            except CheckpointReadError as exc:
-                unreadable = exc
-                if status not in (R.COMPLETED, R.FAILED):
-                    status, rec.error = R.FAILED, str(exc)
-                    reason = "its checkpoint cannot be read"
-        if ckpt is not None:
-            for k, v in ckpt["counters"].items():
-                setattr(rec, k, v)
-            chunk_event = ckpt.get("chunk_event")
-            if chunk_event and _chunk_key(chunk_event) not in logged_chunks:
-                # killed between the checkpoint and (the end of) its log append
-                missing = [(t, p) for t, p in ckpt["events"]
-                           if t != "metric" or (p["run_id"], p["split"], p["step"]) not in logged_metrics]
-                self.events.extend(missing + [("chunk_done", chunk_event)])
-        elif status in (R.PENDING, R.RUNNING, R.STOPPED, R.FAILED):
-            # failed ones too: a warm clone of a run that failed before its first checkpoint
-            # starts from these weights, in this session as in the one that created it
-            if rec.warm_start:
-                weights = self._lost_warm_start_weights(rec)
-                if weights is None and status == R.FAILED:
-                    pass   # failed already; a warm clone of it is refused (no weights)
-                elif weights is None:
-                    status = R.FAILED
-                    rec.error = (f"run {rid} was a warm-start clone of run {parent_id} whose starting "
-                                 f"weights were lost in the crash (saved before the warm-start store "
-                                 f"existed); clone the parent again")
-                    reason = "warm-start weights lost"
-                else:
-                    engine.set_start_weights(rid, weights)
-            elif status != R.FAILED:   # no chunk finished before the crash: it starts from scratch
-                rec.completed_steps = rec.samples_seen = rec.epoch = rec.chunk = rec.chunks_done = 0
-        elif status == R.COMPLETED and unreadable is not None:
-            warnings.warn(f"run {rid} is completed but its checkpoint cannot be used: {unreadable}",
-                          stacklevel=3)
-        elif status == R.COMPLETED:
-            warnings.warn(f"run {rid} is completed but its checkpoint {self.store.checkpoint_path(rid)} "
-                          f"is missing: its weights are gone (export and warm clones of it are refused)",
-                          stacklevel=3)
-        if status == R.RUNNING:
-            status = R.PENDING
-        if status in R.ACTIVE and rec.completed_steps >= rec.total_steps:
-            status = R.COMPLETED
-        rec.status = status
-        if status != info.get("status") or rid not in created:
-            self.events.append("run_status", run_id=rid, status=status, error=rec.error, reason=reason)
-
-    def _lost_warm_start_weights(self, rec):
-        """A warm-start clone without a checkpoint: its stored starting weights, else the parent's
-        checkpoint if the parent is still exactly where the clone started."""
-        weights = self.store.load_warm_start(rec.run_id)
-        if weights is not None:
-            return weights
-        parent_ckpt = self.store.load_checkpoint(rec.parent_run_id)
-        if parent_ckpt is not None and parent_ckpt["counters"]["completed_steps"] == rec.step_offset:
-            return parent_ckpt["trainer"]["weights"]
-        return None
-
     def wait(self, timeout: float | None = None) -> bool:
         """Block until no run is pending or running; True if so, False on timeout.
 
         Panel buttons are handled by the kernel only between cell executions, so while a cell is
         blocked here clicks wait until it returns; in a notebook, prefer to let ``run_fit`` return
         and call ``wait`` only at the end.
+
+        Interrupting it (Kernel > Interrupt, Ctrl-C) stops the waiting, not the training: one line
+        says that the runs go on in the background and how to stop them; in a kernel ``wait``
+        then returns False (no traceback), elsewhere the KeyboardInterrupt goes on up.
         """
         if self.engine is None:
             return True
         self._refuse_from_engine_threads("wait")
-        done = self.engine.wait(timeout)
+        try:
+            done = _interruptible(lambda: self.engine.wait(timeout))
+        except KeyboardInterrupt:
+            print(self._interrupted_line(), flush=True)
+            if _in_kernel():
+                return False
+            raise
         if done and self._trackers is not None:
             self._trackers.flush(timeout=30)
         return done
+
+    def _interrupted_line(self) -> str:
+        return (f"rapidfire: interrupted the wait only; the runs of {self.name!r} go on training in "
+                "the background (the panel and %rapidfire status show them). Stop them at the next "
+                f"chunk boundary with %rapidfire end {self.name} or exp.end(wait=False); "
+                "exp.stop(run_id) stops one.")
 
     def end(self, wait: bool = True) -> None:
         """Finish the experiment: flush trackers, free memory, release the folder.
@@ -547,18 +614,31 @@ class Experiment:
             return
         if not isinstance(wait, bool):
             raise ConfigError(f"end(wait=...) must be True or False, got {wait!r}")
+        if self.read_only:
+            self._ended = True
+            return
         if self.engine is not None:
             self._refuse_from_engine_threads("end")
             if wait:
-                from rapidfire_nb.engine.lifecycle import wait_with_progress
+                from rapidfire_nb.engine import wait_with_progress
 
-                wait_with_progress(self.engine)
-            from rapidfire_nb.engine.lifecycle import ENDED_REASON
+                try:
+                    wait_with_progress(self.engine)
+                except KeyboardInterrupt:
+                    # nothing ended yet: the experiment stays open and trains, as after wait()
+                    print(self._interrupted_line(), flush=True)
+                    if _in_kernel():
+                        return
+                    raise
+            from rapidfire_nb.engine import ENDED_REASON
 
             self.engine.drain()
             self.engine.end_unfinished(ENDED_REASON)
+            self._write_final_checkpoints()
             self.engine.close()
-        self.events.append("experiment_end")
+        if self._logged_open:
+            # a resumed folder that never got past run_fit's checks was not written to
+            self.events.append("experiment_end")
         if self._trackers is not None:
             try:
                 self._trackers.flush(timeout=30)
@@ -587,10 +667,16 @@ class Experiment:
         if self._ended:
             raise RapidFireError(f"experiment {self.name!r} has ended; create a new Experiment")
 
+    def _check_writable(self, what: str) -> None:
+        if self.read_only:
+            raise OpRefused(f"{what}: experiment {self.name!r} was opened read-only "
+                            "(Experiment.open / mode='read'); open it with resume=True to train")
+
     # -- interactive control ops --------------------------------------------------------------
     def _run(self, run_id) -> ProjectedRun:
         """The run as the ops already queued will leave it (a queued clone's id works at once)."""
         self._check_open()
+        self._check_writable("ops")
         if self.engine is None:
             raise OpRefused("no runs yet: call run_fit first")
         if isinstance(run_id, bool) or not isinstance(run_id, int):
@@ -608,8 +694,9 @@ class Experiment:
         the old status until then (``%rapidfire status`` lists the queued ops)."""
         with self.engine.atomically() if self.engine else contextlib.nullcontext():
             rec = self._run(run_id)
-            if rec.status not in R.ACTIVE:
-                raise OpRefused(f"run {run_id} is {rec.status}; only pending or running runs can be stopped")
+            refused = refusal("stop", rec.status, run_id, is_now=_is_now(rec))
+            if refused:
+                raise OpRefused(refused)
             self.engine.submit(Op("stop", run_id))
 
     def resume(self, run_id: int) -> None:
@@ -618,8 +705,9 @@ class Experiment:
         Queued like ``stop``: applied at the next chunk boundary (see ``stop``)."""
         with self.engine.atomically() if self.engine else contextlib.nullcontext():
             rec = self._run(run_id)
-            if rec.status != R.STOPPED:
-                raise OpRefused(f"run {run_id} is {rec.status}; only stopped runs can be resumed")
+            refused = refusal("resume", rec.status, run_id, is_now=_is_now(rec))
+            if refused:
+                raise OpRefused(refused)
             self.engine.submit(Op("resume", run_id))
 
     def delete(self, run_id: int) -> None:
@@ -629,8 +717,9 @@ class Experiment:
         old status until then (a second ``delete`` of it is refused at once)."""
         with self.engine.atomically() if self.engine else contextlib.nullcontext():
             rec = self._run(run_id)
-            if rec.status == R.DELETED:
-                raise OpRefused(f"run {run_id} is already deleted (or its delete is queued)")
+            refused = refusal("delete", rec.status, run_id)
+            if refused:
+                raise OpRefused(refused)
             self.engine.submit(Op("delete", run_id))
 
     def validate_clone(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> RunSpec:
@@ -638,8 +727,9 @@ class Experiment:
         from rapidfire_nb import automl
 
         view = self._run(run_id)
-        if view.status == R.DELETED:
-            raise OpRefused(f"run {run_id} is deleted (or its delete is queued); it cannot be cloned")
+        refused = refusal("clone", view.status, run_id)
+        if refused:
+            raise OpRefused(refused)
         if not isinstance(warm_start, bool):
             raise OpRefused(f"warm_start must be True or False, got {warm_start!r}")
         if warm_start and not view.exists:
@@ -647,7 +737,7 @@ class Experiment:
                             "start needs its weights: clone it once it has trained a chunk")
         rec = view.record if view.exists else view
         if warm_start and self.engine.weights_missing(rec):
-            from rapidfire_nb.engine.controller import weights_lost_reason
+            from rapidfire_nb.engine import weights_lost_reason
 
             raise OpRefused(weights_lost_reason(rec, self.store))
         if changes is None:
@@ -689,15 +779,13 @@ class Experiment:
         from rapidfire_nb import automl
 
         spec = self.validate_clone(run_id, changes, warm_start)
-        with self.engine.atomically():
-            new_id = max(set(self.engine.run_ids()) | self._reserved_ids) + 1
-            self._reserved_ids.add(new_id)
+        new_id = self.engine.reserve_run_id()
         flat = automl.flatten_changes(changes or {})
         self.engine.submit(Op("clone", run_id, spec=spec, warm_start=warm_start, changes=flat,
                               new_run_id=new_id))
         return new_id
 
-    # -- AutoML (issue 18, rapidfire_nb/tuning.py) ---------------------------------------------
+    # -- AutoML (rapidfire_nb/tuning.py) --------------------------------------------------------
     def apply_suggestions(self, run_ids=None) -> list[int]:
         """With ``pruner_mode="suggest"``: stop the runs the pruner marked (all open marks, or the
         given ids) with the pruning reason; returns the ids stopped. Unmarked runs are refused.
@@ -742,7 +830,7 @@ class Experiment:
         incrementally: every reader below folds only the events logged since the last read."""
         live = self.__dict__.get("_live_table")
         if live is None:
-            from rapidfire_nb.engine.state import LiveTable
+            from rapidfire_nb.engine import LiveTable
 
             live = self._live_table = LiveTable(self.events)
         return live
@@ -752,7 +840,9 @@ class Experiment:
 
         * ``run_id``; ``status``: pending, running, stopped, completed, failed or deleted;
         * one column per knob that varies between runs, by its short name (``learning_rate``, ``r``);
-        * ``completed_steps`` / ``total_steps``: optimizer steps; ``samples_seen``: training samples
+        * ``completed_steps`` / ``total_steps``: optimizer steps, as positions in the run's data
+          stream (a warm clone's start at its parent's step at the branch point; the panel and
+          ``%rapidfire status`` show the clone's own steps); ``samples_seen``: training samples
           read so far; ``chunks_done``: chunks this run trained; ``epoch``: 0-based epoch of the
           run's next chunk in its data stream (= epochs finished; the panel and ``%rapidfire
           status`` count epochs and chunks from 1);
@@ -768,66 +858,29 @@ class Experiment:
         """
         import pandas as pd
 
-        if self.engine is None:
-            return pd.DataFrame(columns=["run_id", "status"])
-        from rapidfire_nb.engine.state import runs_by_id
+        from rapidfire_nb import results
 
-        fields = ("run_id", "status", "completed_steps", "total_steps", "samples_seen",
-                  "chunks_done", "parent_run_id", "warm_start", "error")
-        runs = self._state().read(lambda t: [
-            {**{k: r[k] for k in fields}, "epoch": r["next_epoch"], "config": r["config"],
-             "knobs": list(r["knobs"]), "eval_loss": r["latest"].get("eval_loss"),
-             "worker": r["worker"]}
-            for r in runs_by_id(t)])
-        # Ray workers (num_workers): the worker that trained each run's last chunk
-        on_workers = any(run["worker"] is not None for run in runs)
-        knob_keys: list[str] = []
-        for run in runs:
-            for k in run["knobs"]:
-                if k not in knob_keys:
-                    knob_keys.append(k)
-        short = _short_names(knob_keys)
-        rows = []
-        for run in runs:
-            row = {"run_id": run["run_id"], "status": run["status"]}
-            for k in knob_keys:
-                row[short[k]] = _cell(_get_knob(run["config"], k))
-            row.update({k: run[k] for k in ("completed_steps", "total_steps", "samples_seen",
-                                            "chunks_done", "epoch", "parent_run_id", "warm_start",
-                                            "eval_loss", "error")})
-            if on_workers:
-                row["worker"] = run["worker"]
-            if self.automl is not None:
-                row["pruning"] = self.automl.reason_for(run["run_id"])
-            rows.append(row)
-        df = pd.DataFrame(rows)
-        # text columns keep None for "nothing to say": pandas would turn a partly filled one into
-        # a string column with NaN, so `error` (all None) and `pruning` would disagree
-        for col in ("error", "pruning", "worker"):
-            if col in df:
-                df[col] = pd.Series([row[col] for row in rows], index=df.index, dtype=object)
-        # run ids are integers; a column with missing parents would otherwise read 1.0, 2.0
-        df["parent_run_id"] = df["parent_run_id"].astype("Int64")
-        return df
+        if self.engine is None and not self.read_only:
+            return pd.DataFrame(columns=["run_id", "status"])
+        if self.automl is not None:
+            pruning_of = self.automl.reason_for
+        elif self.read_only and ((self.meta.get("pruning") or {}).get("pruner") is not None
+                                 or "budget" in (self.meta.get("pruning") or {})):
+            # no driver when read-only: the notes as the log tells them
+            pruning_of = lambda rid: self._state().read(lambda t: results.logged_pruning_note(t, rid))  # noqa: E731
+        else:
+            pruning_of = None
+        table = self._state().read()
+        return results.runs_frame(table, pruning_of)
 
     def get_results(self):
         """Every logged metric, long form: run_id, split, step, samples_seen, epoch, chunk, metric,
         value, and deleted (True for the metrics of a run deleted since). Non-finite values read
         NaN; curves (panel, trackers) place each point at samples_seen. ``epoch`` and ``chunk`` are
         0-based (chunk 0 is the panel's and ``%rapidfire status``'s "chunk 1/N")."""
-        import pandas as pd
+        from rapidfire_nb.results import results_frame
 
-        def rows(t):
-            deleted = {r["run_id"] for r in t["runs"].values() if r["status"] == R.DELETED}
-            return [{"run_id": p["run_id"], "split": p["split"], "step": p["step"],
-                     "samples_seen": p["samples_seen"], "epoch": p["epoch"], "chunk": p["chunk"],
-                     "metric": m, "value": float("nan") if v is None else v,
-                     "deleted": p["run_id"] in deleted}
-                    for p in t["points"] for m, v in p["metrics"].items()]
-
-        return pd.DataFrame(self._state().read(rows),
-                            columns=["run_id", "split", "step", "samples_seen", "epoch", "chunk",
-                                     "metric", "value", "deleted"])
+        return self._state().read(results_frame)
 
     def get_timeline(self):
         """One row per trained chunk, in the order they were logged. Columns:
@@ -849,26 +902,38 @@ class Experiment:
         * ``hop_s``: what Ray added to the chunk: the round trip of the request to the worker and
           the result back, beyond the chunk's own time (NaN in the kernel engine).
         """
-        import pandas as pd
+        from rapidfire_nb.results import timeline_frame
 
-        from rapidfire_nb.engine.state import TIMELINE_COLUMNS
-
-        rows = self._state().read(lambda t: [dict(row) for row in t["timeline"]])
-        frame = pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
-        # None (kernel engine, old logs) would make these object columns that cannot filter or sum
-        frame["moved"] = frame["moved"].astype(bool)
-        frame["hop_s"] = pd.to_numeric(frame["hop_s"], errors="coerce").astype(float)
-        return frame
+        return self._state().read(timeline_frame)
 
     def time_split(self) -> dict:
         """Seconds spent training, evaluating, swapping and on everything else (engine-measured)."""
-        return self._state().read(lambda t: {k: float(v) for k, v in t["time"].items()})
+        from rapidfire_nb.results import time_split
 
-    def export(self, run_id: int, path: str | Path) -> Path:
+        return self._state().read(time_split)
+
+    def export(self, run_id: int, path: str | Path, *, overwrite: bool = False) -> Path:
         """Save a run's weights at its last chunk boundary: a PEFT adapter directory (LoRA runs)
-        that ``PeftModel.from_pretrained`` loads, or a full model; plus the tokenizer."""
+        that ``PeftModel.from_pretrained`` loads, or a full model; plus the tokenizer.
+
+        ``path`` is a directory that does not exist yet or is empty, outside the experiment
+        folder or a directory of its own inside it (``exp.path / "best-adapter"``); an existing
+        file, a directory holding files (another export, say), the experiment folder itself and
+        what the experiment writes there are refused with ``ExportError`` and left alone.
+        ``overwrite=True`` writes over an earlier export (files of the same names are replaced),
+        never over a directory without one."""
+        from rapidfire_nb.engine import check_export_path
+
+        if self.read_only:
+            raise OpRefused("export needs the run's base model (create_model): open the folder with "
+                            "resume=True and call run_fit, then export")
+        return self._export_to(run_id, check_export_path(path, self.path, overwrite))
+
+    def _export_to(self, run_id: int, path: Path) -> Path:
+        """``export`` into a checked ``path``; ``end()`` calls it directly for the final
+        checkpoints, which RapidFire's layout puts inside the experiment folder."""
         rec = self._run(run_id)
-        if rec.status == R.DELETED:
+        if rec.status == DELETED:
             raise OpRefused(f"run {run_id} is deleted; its weights are gone")
         weights = self.engine.boundary_weights(run_id)
         if weights is None:
@@ -876,19 +941,23 @@ class Experiment:
                 raise OpRefused(f"run {run_id} ({rec.status}) has trained but its checkpoint "
                                 f"{self.store.checkpoint_path(run_id)} is missing; nothing to export")
             raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")
-        path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         model, tokenizer = self.engine.model_and_tokenizer(rec.spec)
         if rec.spec.peft_config is not None:
-            from rapidfire_nb.engine.export import export_adapter
+            from rapidfire_nb.engine import export_adapter
 
             lora = build_lora_config(rec.spec)
             lora.base_model_name_or_path = rec.spec.model_name
-            export_adapter(model, lora, weights, f"run_{run_id}", path)
+            with warnings.catch_warnings():
+                # transformers 5 deprecates a name PEFT still calls while it saves; the user can do
+                # nothing about it, and it was the one line an export printed
+                warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                        category=FutureWarning)
+                export_adapter(model, lora, weights, f"run_{run_id}", path)
         else:
             import copy
 
-            from rapidfire_nb.engine.export import ExportError
+            from rapidfire_nb.engine import ExportError
 
             model = copy.deepcopy(self.engine.untouched_model(rec.spec))
             try:
@@ -903,12 +972,66 @@ class Experiment:
         tokenizer.save_pretrained(str(path))
         return path
 
+    def final_checkpoint_path(self, run_id: int) -> Path:
+        """``<experiment>/runs/<id>/checkpoints/final_checkpoint/``, where RapidFire AI keeps a
+        run's final weights; ``end()`` fills it for every completed run (see there)."""
+        return self.path / "runs" / str(int(run_id)) / "checkpoints" / "final_checkpoint"
+
+    def _write_final_checkpoints(self) -> None:
+        """RapidFire's layout, for notebooks that read it: each completed run's
+        ``trainer_state.json`` (its logged metrics as transformers' ``log_history``) and, for a
+        LoRA run, its adapter. A full fine-tuned model is not copied there (it can be many GB):
+        ``export(run_id, path)`` saves it."""
+        try:
+            results = self.get_results()
+            info = self.get_runs_info()
+        except Exception as exc:  # noqa: BLE001 - never lose end() to this convenience copy
+            warnings.warn(f"final checkpoints not written: {exc}", stacklevel=3)
+            return
+        for _, row in info.iterrows():
+            rid = int(row["run_id"])
+            if row["status"] != COMPLETED:
+                continue
+            path = self.final_checkpoint_path(rid)
+            try:
+                rec = self._run(rid)
+                if rec.spec.peft_config is not None:
+                    self._export_to(rid, path)
+                mine = results[results.run_id == rid]
+                history = [{"step": int(step), **{m: float(v) for m, v in zip(g.metric, g.value)}}
+                           for step, g in mine.groupby("step", sort=True)]
+                path.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(path / "trainer_state.json", {
+                    "global_step": int(row["completed_steps"]), "max_steps": int(row["total_steps"]),
+                    "epoch": float(row["epoch"]) if row.get("epoch") is not None else None,
+                    "log_history": history})
+            except Exception as exc:  # noqa: BLE001
+                warnings.warn(f"final checkpoint of run {rid} not written to {path}: {exc}", stacklevel=3)
+
+    # -- results that need no kernel --------------------------------------------------------
+    def plot(self, metric: str = "loss", split: str | None = None, runs=None):
+        """A plotly Figure of ``metric`` against samples seen, one curve per run, in the panel's
+        colours; ``split="eval"`` plots eval metrics (``"loss"`` there means ``eval_loss``), and
+        the default ``None`` takes the train metric of that name, else the eval one (so
+        ``plot("eval_loss")`` works); ``runs`` limits it to some run ids. It renders wherever plotly does (a saved notebook,
+        Colab, VS Code) and ``fig.write_html(...)`` / ``fig.show()`` work in scripts."""
+        from rapidfire_nb.report import curves_figure, snapshot
+
+        return curves_figure(self._state().read(snapshot), metric, split, runs)
+
+    def report(self, path: str | Path) -> Path:
+        """Write one self-contained HTML file (plotly.js inside, nothing loaded from the network):
+        the curves of every metric, the leaderboard, the engine time split and the chunk
+        timeline. An existing file at ``path`` is replaced (re-running the cell refreshes it);
+        ``rapidfire report <experiment folder>`` writes the same from a folder."""
+        from rapidfire_nb.report import snapshot, write_report
+
+        return write_report(self._state().read(snapshot), path, source=str(self.path))
+
     # -- notebook ----------------------------------------------------------------------------
     def panel(self):
         """The live control panel widget (an anywidget)."""
-        from rapidfire_nb.notebook.panel import panel_for
-
-        self._panel = panel_for(self)
+        self._panel = _views.show("panel", self)
         return self._panel
 
     def _repr_mimebundle_(self, include=None, exclude=None):
@@ -917,20 +1040,81 @@ class Experiment:
         except Exception as exc:  # no widget front-end: fall back to a text summary
             return {"text/plain": f"{self!r}\n(panel unavailable: {exc})"}
 
+    @property
+    def experiment_name(self) -> str:
+        """The experiment's name (RapidFire AI's attribute; ``name`` is the same)."""
+        return self.name
+
+    def get_log_file_path(self, log_type: str | None = None) -> Path:
+        """A log file to read, as RapidFire AI's notebooks read theirs (the last lines of it).
+
+        ``None``, ``"main"`` or ``"experiment"``: ``<experiment>/events.jsonl``, the experiment's
+        event log (one JSON object a line: runs created, chunks trained, metrics, ops, errors).
+        ``"training"``: ``<experiment>/logs/engine.log``, what the training thread printed
+        (transformers and TRL output, warnings, tracebacks of failed runs). Anything else is a
+        ``ConfigError``.
+        """
+        kind = "main" if log_type is None else str(log_type).lower()
+        if kind in ("main", "experiment"):
+            return self.store.events_path
+        if kind != "training":
+            raise ConfigError(f"get_log_file_path: log_type must be None, 'main', 'experiment' or "
+                              f"'training', got {log_type!r}")
+        return self.store.root / "logs" / "engine.log"
+
     def tensorboard(self):
         """Start (once) a TensorBoard on this experiment's logs and show it in the notebook."""
-        from rapidfire_nb.notebook.tensorboard import show_tensorboard
-
-        return show_tensorboard(self)
+        return _views.show("tensorboard", self)
 
     def __repr__(self) -> str:
-        runs = self.engine.snapshot() if self.engine else {}
-        n = len(runs)
+        if self.engine is not None:
+            statuses = [r.status for r in self.engine.snapshot().values()]
+        elif self.read_only:   # no engine when read-only: the runs as the event log tells them
+            from rapidfire_nb.engine import runs_by_id
+
+            statuses = self._state().read(lambda t: [r["status"] for r in runs_by_id(t)])
+        else:
+            statuses = []
+        n = len(statuses)
         counts: dict[str, int] = {}
-        for r in runs.values():
-            counts[r.status] = counts.get(r.status, 0) + 1
+        for status in statuses:
+            counts[status] = counts.get(status, 0) + 1
         summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         return f"<Experiment {self.name!r}: {n} runs ({summary}) at {self.path}>"
+
+
+def _chunks_from(num_chunks, num_shards) -> int:
+    """``num_chunks``, or RapidFire 0.16.2's ``num_shards`` for it; both given is an error."""
+    if num_chunks is not None and num_shards is not None:
+        raise ConfigError(f"num_chunks={num_chunks!r} and num_shards={num_shards!r} are both given; "
+                          "num_shards is RapidFire AI 0.16.2's name for num_chunks: give one of them")
+    name, value = ("num_shards", num_shards) if num_shards is not None else ("num_chunks", num_chunks)
+    if value is None:
+        return 4
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _check_rapidfire_only_knobs(num_gpus, monte_carlo_simulations) -> tuple[int, int]:
+    for name, value in (("num_gpus", num_gpus), ("monte_carlo_simulations", monte_carlo_simulations)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    num_gpus, monte_carlo_simulations = int(num_gpus), int(monte_carlo_simulations)
+    if num_gpus > 1:
+        try:
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except Exception:  # noqa: BLE001 - a broken CUDA setup counts as no GPU
+            gpus = 0
+        have = f"this machine has {gpus} GPU{'s' if gpus != 1 else ''}"
+        warnings.warn(RapidFireConfigWarning(
+            f"run_fit(num_gpus={num_gpus}): in RapidFire AI each run trains on {num_gpus} GPUs with "
+            f"FSDP; here each run trains on one device ({have}), and several GPUs are used by "
+            "training runs side by side, one Ray worker per GPU (Experiment(num_workers=...))"),
+            stacklevel=3)
+    return num_gpus, monte_carlo_simulations
 
 
 def _refuse_ambiguous_changes(changes: dict) -> None:
@@ -961,30 +1145,6 @@ def _refuse_ambiguous_changes(changes: dict) -> None:
     walk(changes, "")
 
 
-def _chunk_key(ev: dict) -> tuple:
-    return (ev["run_id"], ev["epoch"], ev["chunk"], ev["completed_steps"])
-
-
-def _restore_info(run: dict, cached: dict | None) -> dict:
-    """A logged run (engine/state.py's table) as the record ``_restore_run`` rebuilds it from;
-    ``cached`` (its runs.json record) fills only what logs of older versions did not carry."""
-    from rapidfire_nb.engine.state import config_fingerprint
-
-    cached = cached or {}
-    chunk = run["next_chunk"]
-    if run["chunks_done"] == 0 and run["base_chunk"] is None:
-        chunk = cached.get("chunk", 0)
-    return {
-        "status": run["status"], "parent_run_id": run["parent_run_id"],
-        "warm_start": run["warm_start"],
-        "changes": run["changes"] if run["changes"] is not None else cached.get("changes"),
-        "step_offset": run["base_step"], "completed_steps": run["completed_steps"],
-        "samples_seen": run["samples_seen"], "epoch": run["next_epoch"], "chunk": chunk,
-        "chunks_done": run["chunks_done"], "error": run["error"],
-        "fingerprint": config_fingerprint(run["config"]) if run["config"] else cached.get("fingerprint"),
-    }
-
-
 def _expand(config_group) -> list[RunSpec]:
     if hasattr(config_group, "expand"):
         specs = config_group.expand()
@@ -1004,26 +1164,3 @@ def _norm(v):
     if isinstance(v, (list, tuple, set)):
         return sorted(str(x) for x in v)
     return v
-
-
-def _get_knob(config: dict, key: str):
-    """A dotted knob's value in a run's logged config (``training_args.learning_rate``)."""
-    parts = key.split(".")
-    obj: Any = config
-    for p in parts:
-        if isinstance(obj, dict):
-            obj = obj.get(p)
-        else:
-            obj = getattr(obj, p, None)
-    return obj
-
-
-def _cell(v):
-    if isinstance(v, (list, tuple)):
-        return ",".join(str(x) for x in v)
-    return v
-
-
-def _short_names(keys: list[str]) -> dict[str, str]:
-    last = [k.split(".")[-1] for k in keys]
-    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}

@@ -7,13 +7,14 @@
     exp.run_fit(group, create_model, train, evald, num_chunks=4)
     RFGridSearch(configs, pruner="sha", reduction_factor=2)        # a pruned grid
 
-What lives here: ``PruningOptions`` (the ``pruner=``/``pruner_mode=``/``objective=`` knobs every
-search group accepts), ``RFOptuna`` (Optuna samplers over the same ``List``/``Range`` spaces), and
-``ChunkAutoML``, the driver the Experiment attaches to its engine. The driver is called by the
+What lives here: ``ChunkAutoML``, the driver the Experiment attaches to its engine. The driver is called by the
 engine thread at every chunk boundary (``Engine.boundary_hook``); it feeds the pruning policy
-(``engine/pruning.py``, pure) and the Optuna study, then acts through the engine's own ops: ``stop``
-(with the pruning reason) and ``add`` (a new trial's run). Optuna is imported only here, lazily:
-importing ``rapidfire_nb`` never imports it.
+(``engine/pruning.py``, pure) and the Optuna study, then returns its decisions as the engine's own
+ops, ``stop`` (with the pruning reason) and ``add`` (a new trial's run), and notes to log (a
+suggestion); the engine acts on them, as a Ray Tune scheduler's decisions are acted on by its
+runner. The driver never writes the engine's run table or the event log itself. The config classes it reads,
+``PruningOptions`` and ``RFOptuna``, live in ``rapidfire_nb.automl`` (re-exported here). Optuna is
+imported lazily: importing ``rapidfire_nb`` never imports it.
 
 Files in the experiment folder: ``automl.json`` (the policy's rung values and decisions, written
 after every change) and ``optuna/journal.log`` (Optuna's JournalStorage), so ``resume=True``
@@ -27,269 +28,26 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rapidfire_nb.automl._space import Choice, Const, Node, Record, Span, canonical
-from rapidfire_nb.engine import pruning as P
-from rapidfire_nb.engine import runs as R
-from rapidfire_nb.engine.state import get_run
-from rapidfire_nb.engine.fsio import atomic_write_json
-from rapidfire_nb.engine.store import read_json
+# the config classes live in automl/ (config only); re-exported here for the driver's callers
+from rapidfire_nb.automl.optuna_search import SAMPLERS, RFOptuna, _optuna, make_sampler, suggest
+from rapidfire_nb.automl.pruning import GRANULARITIES, MODES, PruningOptions, parse_objective
+
+__all__ = ["SAMPLERS", "RFOptuna", "make_sampler", "suggest", "GRANULARITIES", "MODES", "PruningOptions",
+           "parse_objective", "ChunkAutoML", "driver_for", "needs_driver", "pruning_settings",
+           "check_pruning_resume", "check_objective_is_logged"]
+from rapidfire_nb.engine import (ACTIVE, COMPLETED, DELETED, FAILED, STOPPED, TERMINAL, Decision, Note,
+                                 Op, atomic_write_json, get_run, make_policy, read_json)
 from rapidfire_nb.errors import ConfigError, OpRefused
 
-SAMPLERS = ("tpe", "cmaes", "random")
-MODES = ("stop", "suggest")
-GRANULARITIES = ("chunk", "epoch")
 # Suggest mode in the event log: the pruner's mark, then the user's answer as an ``op`` event
 # (accepted or refused, like every IC op), so a restart and the panel read the same story.
 SUGGESTED = "pruning_suggested"
 CONFIRM, IGNORE = "confirm_suggestion", "ignore_suggestion"
 
 
-def parse_objective(objective: Any, where: str) -> list[tuple[str, str]]:
-    """``"minimize:eval_loss, maximize:rougeL"`` -> [("minimize", "eval_loss"), ...]."""
-    if not isinstance(objective, str) or not objective.strip():
-        raise ConfigError(f"{where}: objective must be a string like 'minimize:eval_loss', got {objective!r}")
-    out = []
-    for part in objective.split(","):
-        direction, sep, metric = part.strip().partition(":")
-        if not sep or direction not in ("minimize", "maximize") or not metric.strip():
-            raise ConfigError(f"{where}: objective part {part.strip()!r} must be 'minimize:<metric>' "
-                              f"or 'maximize:<metric>' (e.g. 'minimize:eval_loss')")
-        out.append((direction, metric.strip()))
-    if len({m for _, m in out}) != len(out):
-        raise ConfigError(f"{where}: objective names a metric twice: {objective!r}")
-    return out
-
-
-class PruningOptions:
-    """The pruning knobs of a search group, checked at construction."""
-
-    def __init__(self, where: str, pruner: str | None = None, pruner_mode: str = "stop",
-                 reduction_factor: int = 2, min_chunks: int = 1, objective: str = "minimize:eval_loss",
-                 granularity: str = "chunk"):
-        self.objectives = parse_objective(objective, where)
-        if pruner is not None and pruner not in P.PRUNERS:
-            raise ConfigError(f"{where}: pruner must be one of {', '.join(map(repr, P.PRUNERS))} or "
-                              f"None, got {pruner!r}")
-        if pruner is not None and len(self.objectives) > 1:
-            raise ConfigError(f"{where}: pruner={pruner!r} needs a single objective; with several "
-                              f"({objective!r}) there is no one ranking: use pruner=None")
-        if pruner_mode not in MODES:
-            raise ConfigError(f"{where}: pruner_mode must be 'stop' or 'suggest', got {pruner_mode!r}")
-        if pruner_mode == "suggest" and pruner is None:
-            # without a pruner nothing is ever suggested: the user would wait for marks in vain
-            raise ConfigError(f"{where}: pruner_mode='suggest' needs a pruner to suggest with: "
-                              f"pass pruner='sha', 'median' or 'hyperband'")
-        for name, value, low in (("reduction_factor", reduction_factor, 2), ("min_chunks", min_chunks, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{where}: {name} must be an integer >= {low}, got {value!r}")
-        if granularity not in GRANULARITIES:
-            raise ConfigError(f"{where}: granularity must be 'chunk' or 'epoch', got {granularity!r}")
-        self.where, self.pruner, self.mode = where, pruner, pruner_mode
-        self.reduction_factor, self.min_chunks = reduction_factor, min_chunks
-        self.objective, self.granularity = objective, granularity
-
-    @property
-    def active(self) -> bool:
-        return self.pruner is not None
-
-
-# ============================================================================================
-# Optuna over our search spaces
-
-
-def _optuna():
-    try:
-        import optuna
-    except ImportError:
-        raise ConfigError("RFOptuna needs Optuna: pip install optuna, or install rapidfire-nb with "
-                          "the [optuna] extra (pip install -e '.[optuna]' from the clone)") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna
-
-
-def _is_primitive(v) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str))
-
-
-def suggest(node: Node, trial) -> Any:
-    """One point of the space, every axis asked of an Optuna trial (named by its config path)."""
-    if isinstance(node, Const):
-        return node.value
-    if isinstance(node, Choice):
-        if len(node.options) == 1:
-            return suggest(node.options[0], trial)
-        consts = [o.value for o in node.options if isinstance(o, Const)]
-        if len(consts) == len(node.options) and all(_is_primitive(v) for v in consts) \
-                and len({canonical(v) for v in consts}) == len(consts):
-            return trial.suggest_categorical(node.path or "configs", consts)
-        index = trial.suggest_categorical((node.path or "configs") + "#", list(range(len(node.options))))
-        return suggest(node.options[index], trial)
-    if isinstance(node, Span):
-        r = node.range
-        if r.dtype == "int":
-            return trial.suggest_int(node.path, r.start, r.end, log=r.log)
-        return trial.suggest_float(node.path, r.start, r.end, log=r.log)
-    if isinstance(node, Record):
-        return node.factory({name: suggest(child, trial) for name, child in node.fields})
-    raise TypeError(f"unknown search-space node {type(node).__name__}")
-
-
-def make_sampler(kind: str, seed: int, number: int):
-    """A sampler seeded from (seed, trial number): asks are reproducible after a resume, where a
-    sampler that kept one random stream would restart it."""
-    optuna = _optuna()
-    s = (seed * 1_000_003 + number) % (2 ** 31)
-    if kind == "tpe":
-        # constant liar: trials still training count as (pessimistic) observations, so parallel
-        # asks spread out; pruned trials count with their intermediate values
-        return optuna.samplers.TPESampler(seed=s, constant_liar=True, n_startup_trials=4)
-    if kind == "cmaes":
-        import warnings
-
-        with warnings.catch_warnings():    # consider_pruned_trials is marked experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.CmaEsSampler(seed=s, consider_pruned_trials=True,
-                                                warn_independent_sampling=False)
-    return optuna.samplers.RandomSampler(seed=s)
-
-
-def _automl():
-    from rapidfire_nb import automl
-
-    return automl
-
-
-class _DefaultPruner(str):
-    """RFOptuna's default ``"median"``, told apart from an explicit ``pruner="median"``: only an
-    explicit pruner is an error with several objectives (as in RFGridSearch)."""
-
-
-_DEFAULT_PRUNER = _DefaultPruner("median")
-
-
-def _make_rfoptuna():
-    automl = _automl()
-
-    class RFOptuna(automl._SearchGroup):
-        """Optuna-driven search over ``List``/``Range`` axes, pruned and refilled at chunk boundaries.
-
-        ``n_initial`` trials train side by side; whenever one is pruned or finishes, its slot is
-        refilled with ``study.ask()`` until ``budget`` trials exist. The sampler (``"tpe"`` with a
-        constant liar, ``"cmaes"`` or ``"random"``) learns from every rung value, including those
-        of trials still training and of pruned trials. ``objective`` names any eval metric
-        (``"minimize:eval_loss"``, ``"maximize:eval_rougeL"``); several, comma-separated, make a
-        multi-objective study: no pruning, and ``exp.get_pareto_front()`` lists the front.
-        ``pruner`` in ``"median"`` (the default), ``"hyperband"``, ``"sha"`` or None; with several
-        objectives the default is None and an explicit pruner is an error. Rungs are chunks of
-        each run's data stream (``granularity="epoch"``: epochs). The space needs at least one
-        ``List`` or ``Range`` axis. ``objective`` may name a metric with or without TRL's
-        ``eval_`` prefix (``"rougeL"`` and ``"eval_rougeL"`` are the same). Deterministic for
-        ``seed``.
-
-        ``granularity``: ``"chunk"`` (default, a rung is a number of chunks done) or ``"epoch"``
-        (a rung is a number of epochs done). ``pruner_mode="suggest"`` (needs a pruner) only
-        marks the trials the pruner would stop (see ``Experiment.apply_suggestions``); a slot is
-        refilled only once a mark is confirmed. ``reduction_factor`` (default 2): sha/hyperband
-        keep the best ``ceil(n / reduction_factor)`` trials at each rung. ``min_chunks`` (default
-        1): no trial is judged before that many rungs; sha/hyperband rungs are ``min_chunks *
-        reduction_factor**i``. The pruner ranks on the (first) ``objective``.
-
-        Example::
-
-            RFOptuna(RFModelConfig(model_name="m", training_args=RFSFTConfig(
-                         learning_rate=Range(1e-5, 1e-3, log=True))),
-                     trainer_type="SFT", n_initial=4, budget=10, pruner="sha")
-        """
-
-        _name = "RFOptuna"
-
-        def __init__(self, configs, trainer_type: str = "SFT", n_initial: int = 16, budget: int = 40,
-                     objective: str = "minimize:eval_loss", sampler: str = "tpe",
-                     pruner: str | None = _DEFAULT_PRUNER, seed: int = 42, granularity: str = "chunk", *,
-                     pruner_mode: str = "stop", reduction_factor: int = 2, min_chunks: int = 1):
-            if isinstance(configs, (list, tuple)):
-                configs = automl.List(list(configs))   # RapidFire's RFOptuna takes a plain list
-            super().__init__(configs, trainer_type)
-            for name, value in (("n_initial", n_initial), ("budget", budget)):
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ConfigError(f"RFOptuna: {name} must be a positive integer, got {value!r}.")
-            if budget < n_initial:
-                raise ConfigError(f"RFOptuna: budget ({budget}) must be >= n_initial ({n_initial}).")
-            if sampler not in SAMPLERS:
-                raise ConfigError(f"RFOptuna: sampler must be one of {', '.join(map(repr, SAMPLERS))}, "
-                                  f"got {sampler!r}.")
-            if isinstance(seed, bool) or not isinstance(seed, int):
-                raise ConfigError(f"RFOptuna: seed must be an integer, got {seed!r}.")
-            objectives = parse_objective(objective, "RFOptuna")
-            if pruner is _DEFAULT_PRUNER:
-                # the default prunes a single objective only; several have no one ranking
-                pruner = None if len(objectives) > 1 else "median"
-            # an explicit pruner with several objectives is refused by PruningOptions below
-            self.pruning = PruningOptions("RFOptuna", pruner, pruner_mode, reduction_factor,
-                                          min_chunks, objective, granularity)
-            self.n_initial, self.budget, self.sampler, self.seed = n_initial, budget, sampler, seed
-            self._initial: list[dict] | None = None
-            self._study = None     # the experiment's Optuna study, once run_fit attached it
-            tree = self._tree()
-            if tree.max_distinct() <= 1:
-                raise ConfigError(
-                    "RFOptuna needs at least one List or Range axis: this space has a single "
-                    "configuration, so every trial would train the same one (use RFGridSearch "
-                    "to train one config).")
-            keys = automl._varying([automl._flatten(leaf) for leaf, _ in
-                                    zip(tree.corners(), range(512))])
-            self._knob_keys = keys
-
-        def _leaves(self) -> list[dict]:
-            return [leaf for leaf, _ in self._initial_trials()]
-
-        def _initial_trials(self) -> list[tuple[dict, dict]]:
-            """The first ``n_initial`` (leaf, params), asked of a scratch in-memory study with the
-            same seeds the experiment's study uses, so they are known before training starts."""
-            if self._initial is None:
-                optuna = _optuna()
-                study = optuna.create_study(directions=self.directions())
-                out = []
-                for number in range(self.n_initial):
-                    study.sampler = make_sampler(self.sampler, self.seed, number)
-                    trial = study.ask()
-                    out.append((suggest(self._tree(), trial), dict(trial.params)))
-                self._initial = out
-            return self._initial
-
-        def directions(self) -> list[str]:
-            return [d for d, _ in self.pruning.objectives]
-
-        def expand(self):
-            specs = automl._leaves_to_specs(self._leaves(), self.trainer_type)
-            for spec, leaf in zip(specs, self._leaves()):
-                self._set_knobs(spec, leaf)
-            return specs
-
-        def spec_from_leaf(self, leaf: dict):
-            spec = automl._leaves_to_specs([leaf], self.trainer_type)[0]
-            self._set_knobs(spec, leaf)
-            return spec
-
-        def _set_knobs(self, spec, leaf) -> None:
-            flat = automl._flatten(leaf)
-            keys = self._knob_keys or list(spec.knobs)
-            spec.knobs = {k: automl._display(flat.get(k)) for k in keys}
-
-        def __len__(self) -> int:
-            return self.n_initial
-
-    return RFOptuna
-
-
-_RFOptuna = None
-
-
 def rfoptuna_class():
-    global _RFOptuna
-    if _RFOptuna is None:
-        _RFOptuna = _make_rfoptuna()
-    return _RFOptuna
+    """The ``RFOptuna`` class (kept for callers of the time it was built on first use)."""
+    return RFOptuna
 
 
 # ============================================================================================
@@ -298,8 +56,8 @@ def rfoptuna_class():
 
 def is_done(rec) -> bool:
     """Finished as far as the engine thread knows (the writer sets ``completed`` a bit later)."""
-    return rec.status == R.COMPLETED or (rec.status in R.ACTIVE and rec.total_steps > 0
-                                         and rec.completed_steps >= rec.total_steps)
+    return rec.status == COMPLETED or (rec.status in ACTIVE and rec.total_steps > 0
+                                       and rec.completed_steps >= rec.total_steps)
 
 
 # What each trainer logs at every eval without a compute_metrics (engine/trainers.py evaluate():
@@ -344,9 +102,14 @@ def missing_objective(objectives, metrics: dict) -> str | None:
 
 
 def _metric_value(metrics: dict, name: str):
+    """The metric as a float, or None: a value that is not a number (a string in a crafted log,
+    or from a compute_metrics) is no value to rank on."""
+    if not isinstance(metrics, dict):
+        return None
     for key in (name, f"eval_{name}"):
-        if key in metrics and metrics[key] is not None:
-            return float(metrics[key])
+        value = metrics.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
     return None
 
 
@@ -364,12 +127,12 @@ class ChunkAutoML:
             epochs = max((math.ceil(float(s.training_args.get("num_train_epochs") or 1)) for s in specs),
                          default=1)
             max_chunks = max(1, num_chunks * epochs // self.unit)
-            self.policy = P.make_policy(options.pruner, options.objectives[0][0], options.min_chunks,
-                                        options.reduction_factor, max_chunks=max(max_chunks, 4))
+            self.policy = make_policy(options.pruner, options.objectives[0][0], options.min_chunks,
+                                      options.reduction_factor, max_chunks=max(max_chunks, 4))
         self.state_path = Path(exp.path) / "automl.json"
-        self.suggestions: dict[int, P.Decision] = {}
-        self.dismissed: dict[int, P.Decision] = {}   # suggestions the user ignored
-        self.pruned: dict[int, P.Decision] = {}
+        self.suggestions: dict[int, Decision] = {}
+        self.dismissed: dict[int, Decision] = {}   # suggestions the user ignored
+        self.pruned: dict[int, Decision] = {}
         # confirms whose stop the engine refused (the run ended first), read from the log
         self.late: dict[int, str] = {}
         self._awaiting_stop: set[int] = set()
@@ -391,15 +154,25 @@ class ChunkAutoML:
 
     # -- resume ------------------------------------------------------------------------------
     def load(self) -> None:
-        data = read_json(self.state_path, None)
+        """automl.json back into the driver; a damaged file raises ``MetadataError`` naming it and
+        the field, and changes nothing (it is read before the resume writes anything)."""
+        from rapidfire_nb.engine import check_automl_state
+
+        data = check_automl_state(read_json(self.state_path, None, expect=dict), self.state_path)
         if data is None:
             return
-        if self.policy is not None and data.get("policy"):
-            self.policy.load_json(data["policy"])
-        self.suggestions = {int(k): P.Decision(**v) for k, v in data.get("suggestions", {}).items()}
-        self.pruned = {int(k): P.Decision(**v) for k, v in data.get("pruned", {}).items()}
-        self.dismissed = {int(k): P.Decision(**v) for k, v in data.get("dismissed", {}).items()}
-        self.seen = {int(k): v for k, v in data.get("seen", {}).items()}
+        try:
+            if self.policy is not None and data.get("policy"):
+                self.policy.load_json(data["policy"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            from rapidfire_nb.engine import MetadataError
+
+            raise MetadataError(f"{self.state_path}: field 'policy' is damaged ({type(exc).__name__}: "
+                                f"{exc}); it was left as it is") from None
+        self.suggestions = {int(k): Decision(**v) for k, v in (data.get("suggestions") or {}).items()}
+        self.pruned = {int(k): Decision(**v) for k, v in (data.get("pruned") or {}).items()}
+        self.dismissed = {int(k): Decision(**v) for k, v in (data.get("dismissed") or {}).items()}
+        self.seen = {int(k): v for k, v in (data.get("seen") or {}).items()}
         self.objective_error = data.get("objective_error")
 
     def save(self) -> None:
@@ -420,13 +193,15 @@ class ChunkAutoML:
         """run -> {chunks done: objective} as logged (restored runs have no live metrics)."""
         last: dict[int, float] = {}
         out: dict[int, dict[int, float]] = {}
+        # the log was checked against the schema when it was opened (engine/events.py): these
+        # fields are there and of their types
         for ev in self.exp.events.since(0):
-            if ev["type"] == "metric" and ev["split"] == "eval":
-                v = _metric_value(ev["metrics"], self.metric)
+            if ev["type"] == "metric" and ev.get("split") == "eval":
+                v = _metric_value(ev.get("metrics"), self.metric)
                 if v is not None:
                     last[ev["run_id"]] = v
-            elif ev["type"] == "chunk_done" and ev["run_id"] in last:
-                out.setdefault(ev["run_id"], {})[ev["chunks_done"]] = last[ev["run_id"]]
+            elif ev["type"] == "chunk_done" and ev.get("run_id") in last:
+                out.setdefault(ev["run_id"], {})[ev.get("chunks_done")] = last[ev["run_id"]]
         return out
 
     def last_logged(self, run_id: int, metric: str):
@@ -453,9 +228,9 @@ class ChunkAutoML:
             # killed between a decision (saved) and its stop (not yet applied or logged): the run
             # came back pending; stop it where the uninterrupted session did. A pruned run the
             # user later resumed by hand has its pruning stop in the log and is left alone.
-            applied = {ev["run_id"] for ev in self.exp.events.since(0)
-                       if ev["type"] == "run_status" and ev["status"] == R.STOPPED
-                       and ev.get("reason") == getattr(self.pruned.get(ev["run_id"]), "reason", None)}
+            applied = {ev.get("run_id") for ev in self.exp.events.since(0)
+                       if ev["type"] == "run_status" and ev.get("status") == STOPPED
+                       and ev.get("reason") == getattr(self.pruned.get(ev.get("run_id")), "reason", None)}
             confirmed = {ev["run_id"] for ev in self.exp.events.since(0)
                          if ev["type"] == "op" and ev.get("op") == CONFIRM and ev.get("accepted")}
             for rid in sorted(self.pruned):
@@ -468,33 +243,35 @@ class ChunkAutoML:
                 due = 0 if rid in confirmed else self.pruned[rid].rung * self.unit
                 self._restop[rid] = due
         if self.tuner is not None:
+            self.tuner.policy = self.policy
             self.tuner.attach(engine, resumed)
         engine.boundary_hook = self.on_boundary
 
     # -- the hook ----------------------------------------------------------------------------
-    def on_boundary(self) -> None:
-        """Engine thread, under the engine lock, between chunks: learn, decide, act."""
-        from rapidfire_nb.engine.controller import Op
-
-        engine = self.engine
+    def on_boundary(self, runs, out: list) -> None:
+        """Engine thread, under the engine lock, between chunks: learn from ``runs`` (the engine's
+        run table, read-only), decide, and append the decisions to ``out`` as the engine's ops
+        (``stop`` with the pruning reason, ``add`` for a trial's run) and notes (events to log);
+        the engine acts on them in order, even when a later step here raises. The driver keeps
+        its own books (automl.json, the study)."""
         changed = False
         for rid, due in list(self._restop.items()):
-            rec = engine.runs.get(rid)
-            if rec is None or rec.status not in R.ACTIVE:
+            rec = runs.get(rid)
+            if rec is None or rec.status not in ACTIVE:
                 del self._restop[rid]
             elif is_done(rec):
                 del self._restop[rid]       # nothing left to stop
             elif rec.chunks_done >= due:
-                engine.submit(Op("stop", rid, reason=self.pruned[rid].reason))
+                out.append(Op("stop", rid, reason=self.pruned[rid].reason))
                 del self._restop[rid]
         if self.objective_error is not None:
             return
-        if self._objective_absent(engine):
+        if self._objective_absent(runs, out):
             self.save()
             return
         if self.tuner is not None:
-            changed |= self.tuner.restore_missing_runs(self)
-        for rid, rec in sorted(engine.runs.items()):
+            changed |= self.tuner.restore_missing_runs(runs, out)
+        for rid, rec in sorted(runs.items()):
             changed |= self._observe(rid, rec)
         decisions = self.policy.decide() if self.policy is not None else []
         for d in decisions:
@@ -504,28 +281,26 @@ class ChunkAutoML:
                 self.pruned[d.run_id] = d
                 if self.tuner is not None:
                     self.tuner.prune(d.run_id)
-                engine.submit(Op("stop", d.run_id, reason=d.reason))
+                out.append(Op("stop", d.run_id, reason=d.reason))
             elif d.run_id not in self.suggestions and d.run_id not in self.dismissed \
                     and d.run_id not in self.pruned:
                 # answered marks are in the log even when automl.json was lost: not asked twice;
                 # an event, not only automl.json: the panel shows it and a restart replays it
                 self.suggestions[d.run_id] = d
-                self.exp.events.append(SUGGESTED, run_id=d.run_id, rung=d.rung, rank=d.rank,
-                                       of=d.of, reason=d.reason)
+                out.append(Note(SUGGESTED, dict(run_id=d.run_id, rung=d.rung, rank=d.rank,
+                                                of=d.of, reason=d.reason)))
         if self.tuner is not None:
-            changed |= self.tuner.settle(self)
-            changed |= self.tuner.refill(self)
+            changed |= self.tuner.settle(self, runs)
+            changed |= self.tuner.refill(self, runs, out)
         if changed:
             self.save()
 
-    def _objective_absent(self, engine) -> bool:
+    def _objective_absent(self, runs, out: list) -> bool:
         """After the first eval of any run: is every objective metric among its eval metrics?
         If not, stop every unfinished run with a reason that names the metric and what was logged,
         instead of training the whole budget blind (a pruner that never fires, a sampler that
         learns nothing: a silent random search)."""
-        from rapidfire_nb.engine.controller import Op
-
-        for rid, rec in sorted(engine.runs.items()):
+        for rid, rec in sorted(runs.items()):
             evals = {k: v for k, v in rec.last_metrics.items() if k.startswith("eval_")}
             if rec.chunks_done < 1 or not evals:
                 continue
@@ -536,16 +311,15 @@ class ChunkAutoML:
                 f"objective {metric!r} is not among the eval metrics of run {rid} "
                 f"({', '.join(sorted(evals))}): a compute_metrics must return it "
                 f"(as {_bare(metric)!r} or 'eval_{_bare(metric)}'); stopped before more training")
-            for other, r in sorted(engine.runs.items()):
-                if r.status in R.ACTIVE and not is_done(r):
-                    engine.submit(Op("stop", other, reason=self.objective_error))
+            out.extend(Op("stop", other, reason=self.objective_error)
+                       for other, r in sorted(runs.items()) if r.status in ACTIVE and not is_done(r))
             return True
         return False
 
-    def _in_units(self, d: P.Decision) -> P.Decision:
+    def _in_units(self, d: Decision) -> Decision:
         if self.unit == 1:
             return d
-        return P.Decision(d.run_id, d.rung, d.rank, d.of,
+        return Decision(d.run_id, d.rung, d.rank, d.of,
                           f"pruned at epoch {d.rung} (rank {d.rank} of {d.of})")
 
     def _observe(self, rid: int, rec) -> bool:
@@ -566,7 +340,9 @@ class ChunkAutoML:
                     bracket = self.tuner.brackets.get(rid)     # a refill restored after a crash
                 self.policy.add_run(rid, bracket=bracket,
                                     parent=rec.parent_run_id, chunks=self.seen[rid] // self.unit)
-        for chunks in range(self.seen[rid] + 1, rec.chunks_done + 1):
+        # bounded by the run's own counter (checked against its plan on resume), never by a
+        # number read from automl.json: this runs under the engine lock
+        for chunks in range(min(max(self.seen[rid], 0), rec.chunks_done) + 1, rec.chunks_done + 1):
             changed = True
             if chunks % self.unit:
                 continue
@@ -581,7 +357,7 @@ class ChunkAutoML:
         if self.policy is not None:
             m = self.policy.members[rid]
             finished = is_done(rec)
-            live = rec.status in R.ACTIVE and not finished
+            live = rec.status in ACTIVE and not finished
             if m.pruned is None and (m.live, m.finished) != (live, finished):
                 self.policy.set_state(rid, live, finished)
                 changed = True
@@ -590,21 +366,29 @@ class ChunkAutoML:
     # -- user-facing ---------------------------------------------------------------------------
     def reason_for(self, run_id: int) -> str | None:
         """The pruning note of a run for ``get_runs_info`` (None if the pruner never judged it)."""
-        rec = self.engine.runs.get(run_id) if getattr(self, "engine", None) else None
+        engine = getattr(self, "engine", None)
+        if engine is None:
+            return self._reason_for(run_id, None)
+        # under the engine's lock: a mark the hook made is seen with its logged event, never
+        # before the engine logged it
+        with engine.atomically():
+            return self._reason_for(run_id, engine.runs.get(run_id))
+
+    def _reason_for(self, run_id: int, rec) -> str | None:
         if run_id in self.pruned:
             reason = self.pruned[run_id].reason
             if run_id in self._late_confirms():
                 return f"suggested: {reason}; confirmed, but the run had {rec.status if rec else 'ended'}"
-            if rec is not None and rec.status == R.DELETED:
+            if rec is not None and rec.status == DELETED:
                 reason += "; then deleted"
-            elif rec is not None and rec.status != R.STOPPED and run_id not in self._awaiting_stop:
+            elif rec is not None and rec.status != STOPPED and run_id not in self._awaiting_stop:
                 # a pruned run is stopped: only a resume makes it train (or end) again
                 reason += f"; then resumed by hand ({rec.status})"
             return reason
         if run_id in self.suggestions:
             reason = "suggested: " + self.suggestions[run_id].reason
             if rec is not None and _ended(rec):
-                reason += f"; run {R.COMPLETED if is_done(rec) else rec.status}"
+                reason += f"; run {COMPLETED if is_done(rec) else rec.status}"
             return reason
         if run_id in self.dismissed:
             return f"suggested: {self.dismissed[run_id].reason}; ignored by user"
@@ -653,8 +437,7 @@ class ChunkAutoML:
         return wanted
 
     def _answer(self, op: str, rid: int, accepted: bool, reason: str | None) -> None:
-        self.exp.events.append("op", op=op, run_id=rid, accepted=accepted, reason=reason,
-                               new_run_id=None, latency_s=0.0)
+        self.engine.log_answer(op, rid, accepted, reason)
 
     def apply_suggestions(self, run_ids=None) -> list[int]:
         """Stop the runs the pruner suggested (all open marks, or ``run_ids``); returns the runs
@@ -663,8 +446,7 @@ class ChunkAutoML:
         it is not in the returned list, and its mark stays in the table as closed. The Optuna
         trial is told PRUNED once the stop has taken effect (a run that completes first is told
         COMPLETE)."""
-        from rapidfire_nb.engine.controller import Op
-        from rapidfire_nb.engine.queued import project
+        from rapidfire_nb.engine import project
 
         engine = self.engine
         with engine.atomically():
@@ -675,7 +457,7 @@ class ChunkAutoML:
                 d = self.suggestions.pop(rid)
                 # as the queued ops will leave it: a stop or delete already asked for wins
                 status = project(engine, rid).status
-                if status in R.ACTIVE and not is_done(runs[rid]):
+                if status in ACTIVE and not is_done(runs[rid]):
                     self.pruned[rid] = d
                     self._answer(CONFIRM, rid, True, d.reason)
                     engine.submit(Op("stop", rid, reason=d.reason))
@@ -707,12 +489,12 @@ class ChunkAutoML:
     def _replay_suggestions(self) -> None:
         """Suggestions and their answers as the event log tells them (it outlives automl.json's
         last save): open marks come back, and a confirm whose stop a kill cut off is redone."""
-        marks: dict[int, P.Decision] = {}
+        marks: dict[int, Decision] = {}
         for ev in self.exp.events.since(0):
-            if ev["type"] == SUGGESTED:
-                marks[ev["run_id"]] = P.Decision(ev["run_id"], ev["rung"], ev["rank"], ev["of"],
+            if ev["type"] == SUGGESTED:     # its fields were checked when the log was opened
+                marks[ev["run_id"]] = Decision(ev["run_id"], ev["rung"], ev["rank"], ev["of"],
                                                  ev["reason"])
-            elif ev["type"] == "op" and ev.get("op") in (CONFIRM, IGNORE) and ev["run_id"] in marks:
+            elif ev["type"] == "op" and ev.get("op") in (CONFIRM, IGNORE) and ev.get("run_id") in marks:
                 d = marks.pop(ev["run_id"])
                 if ev["op"] == CONFIRM and ev.get("accepted"):
                     self.pruned.setdefault(d.run_id, d)
@@ -723,7 +505,7 @@ class ChunkAutoML:
 
 def project_rec(engine, rid: int):
     """The run as its queued ops will leave it (its record's counters, the projected status)."""
-    from rapidfire_nb.engine.queued import project
+    from rapidfire_nb.engine import project
 
     return project(engine, rid)
 
@@ -733,7 +515,7 @@ def _ended(view) -> bool:
     if view is None:
         return True
     rec = getattr(view, "record", view)
-    return view.status in R.TERMINAL or (rec is not None and is_done(rec))
+    return view.status in TERMINAL or (rec is not None and is_done(rec))
 
 
 def _status(engine, rid: int) -> str:
@@ -741,7 +523,60 @@ def _status(engine, rid: int) -> str:
     if view is None:
         return "gone"
     rec = view.record
-    return R.COMPLETED if view.status in R.ACTIVE and rec is not None and is_done(rec) else view.status
+    return COMPLETED if view.status in ACTIVE and rec is not None and is_done(rec) else view.status
+
+
+class _HeldFolderLock:
+    """Optuna's journal lock for a folder that the Experiment already owns (its ``.lock``
+    flock: one live engine per folder, and only the kernel's driver writes the journal). Optuna's
+    default lock is a symbolic link beside the journal, which a kill leaves behind, and an
+    experiment folder holding a link is refused when it is opened again."""
+
+    def acquire(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
+
+
+class _SearchSpaceTrial:
+    """Answers ``suggest`` from a stored trial's params, refusing any value outside the space
+    that run_fit's config group defines (``ConfigError`` naming the journal, trial and param)."""
+
+    def __init__(self, params: dict, number: int, where: Path):
+        self.params, self.number, self.where = dict(params), number, where
+
+    def _value(self, name: str, allowed: str, ok) -> Any:
+        if name not in self.params:
+            raise ConfigError(f"{self.where}: trial {self.number} has no value for {name!r}; the "
+                              "journal was cut short or edited")
+        value = self.params[name]
+        if not ok(value):
+            raise ConfigError(f"{self.where}: trial {self.number}'s {name}={value!r:.80} is not in "
+                              f"run_fit's search space ({allowed}): the journal was edited or damaged; "
+                              "nothing was changed")
+        return value
+
+    def suggest_categorical(self, name, choices):
+        def ok(v):
+            return any(type(v) is type(c) and v == c for c in choices)
+
+        return self._value(name, f"one of {list(choices)!r:.200}", ok)
+
+    def suggest_int(self, name, low, high, log=False, step=1):
+        return self._value(name, f"an integer in [{low}, {high}], step {step}",
+                           lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+                           and (v - low) % step == 0)
+
+    def suggest_float(self, name, low, high, log=False, step=None):
+        def ok(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or not low <= v <= high:
+                return False
+            # on the step's grid, to float precision (Optuna stores the rounded multiple)
+            return step is None or abs((v - low) / step - round((v - low) / step)) < 1e-6
+
+        return self._value(name, f"a number in [{low}, {high}]" + (f", step {step}" if step else ""), ok)
 
 
 class _OptunaTuner:
@@ -750,20 +585,48 @@ class _OptunaTuner:
     def __init__(self, exp, group, specs):
         optuna = _optuna()
         self.optuna, self.exp, self.group = optuna, exp, group
-        folder = Path(exp.path) / "optuna"
-        folder.mkdir(parents=True, exist_ok=True)
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        self.storage = JournalStorage(JournalFileBackend(str(folder / "journal.log")))
-        self.study = optuna.create_study(study_name="rapidfire", storage=self.storage,
-                                         directions=group.directions(), load_if_exists=True)
+        # opened on first use, not here: a resume that run_fit then refuses must leave the folder
+        # as it was (creating the journal, or Optuna's create_study, would write to it)
+        self.journal_path = Path(exp.path) / "optuna" / "journal.log"
+        self._study = None
         self.multi = len(group.directions()) > 1
-        group._study = self.study     # RapidFire's tutorials read config_group._study
         self.specs: dict[int, Any] = {}
         self.trial_of: dict[int, int] = {}       # run id -> trial number
         self.brackets: dict[int, Any] = {}       # run id -> pruning bracket (refills)
         self.initial_specs = specs
+
+    def _storage(self):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        try:
+            return JournalStorage(JournalFileBackend(str(self.journal_path), lock_obj=_HeldFolderLock()))
+        except Exception as exc:   # a damaged or crafted journal: Optuna's replay raises anything
+            raise ConfigError(f"{self.journal_path} cannot be read ({type(exc).__name__}: "
+                              f"{str(exc)[:200]}); it was left as it is") from None
+
+    def _stored_study(self):
+        """The folder's study, read without writing anything (None when there is none)."""
+        if not self.journal_path.is_file():
+            return None
+        storage = self._storage()
+        if not any(s.study_name == "rapidfire" for s in storage.get_all_studies()):
+            return None
+        return self.optuna.load_study(study_name="rapidfire", storage=storage)
+
+    @property
+    def study(self):
+        if self._study is None:
+            study = self._stored_study()
+            if study is None:
+                self.journal_path.parent.mkdir(parents=True, exist_ok=True)
+                # create_study(load_if_exists=True) would log a second "create study" on every
+                # resume: it is called only when the journal holds no study yet
+                study = self.optuna.create_study(study_name="rapidfire", storage=self._storage(),
+                                                 directions=self.group.directions())
+            self._study = study
+            self.group._study = study     # RapidFire's tutorials read config_group._study
+        return self._study
 
     def _trials(self):
         return self.study.get_trials(deepcopy=False)
@@ -783,9 +646,10 @@ class _OptunaTuner:
         for t in trials:
             rid = t.user_attrs.get("run_id")
             if rid is None and not t.state.is_finished():
-                # killed between study.ask() and naming the trial's run: name it now, as the
-                # uninterrupted session did next (the restore adds the run)
+                # killed between study.ask() and naming the trial's run: finish the ask and name
+                # the run now, as the uninterrupted session did next (the restore adds the run)
                 rid = max(set(self.trial_of) | set(engine.run_ids())) + 1
+                t = self._finish_lost_ask(t, trials)
                 self.optuna.trial.Trial(self.study, t._trial_id).set_user_attr("run_id", rid)
             if rid is not None:
                 self.trial_of[rid] = t.number
@@ -795,17 +659,47 @@ class _OptunaTuner:
                         self.specs[rid] = self._spec_of(t)
                     except Exception:     # killed in the middle of its suggestions
                         self.study.tell(t.number, state=self.optuna.trial.TrialState.FAIL)
+        # every id the study handed out stays its trial's, whether its run exists yet (restored
+        # at the first boundary), never will (its add was refused) or does: a clone asked for
+        # before then never takes one
+        engine.reserve_run_ids(self.trial_of)
+
+    def _finish_lost_ask(self, lost, trials):
+        """A trial asked just before a kill may lack some (or all) of its suggestions and its
+        bracket. Its sampler is seeded by its number, so asking a scratch copy of the study as it
+        stood then (the trials before it) gives the suggestions the lost session drew; they are
+        given to the stored trial, which then trains what it would have trained."""
+        optuna = self.optuna
+        scratch = optuna.create_study(directions=self.group.directions())
+        scratch.add_trials([t for t in trials if t.number < lost.number])
+        scratch.sampler = make_sampler(self.group.sampler, self.group.seed, lost.number)
+        asked = scratch.ask()
+        suggest(self.group._tree(), asked)
+        base = make_sampler(self.group.sampler, self.group.seed, lost.number)
+        self.study.sampler = optuna.samplers.PartialFixedSampler(dict(asked.params), base)
+        trial = optuna.trial.Trial(self.study, lost._trial_id)
+        suggest(self.group._tree(), trial)
+        if "bracket" not in lost.user_attrs and getattr(self, "policy", None) is not None:
+            # the first refill of a boundary opens a bracket named after its trial
+            trial.set_user_attr("bracket", self.policy.new_bracket(f"t{lost.number}"))
+        return self._trials()[lost.number]
 
     def _spec_of(self, frozen):
-        trial = self.optuna.trial.FixedTrial(frozen.params, frozen.number)
+        """A refill's spec from its stored trial. The journal is folder data: every value must
+        lie in run_fit's own search space (a listed choice, a value inside its Range), checked
+        here rather than left to Optuna's FixedTrial, which only warns about a value outside a
+        range. So the journal can pick, among the values the config group lists, the ones a
+        refill trains (as the sampler did), never a model or knob that the group does not list."""
+        trial = _SearchSpaceTrial(frozen.params, frozen.number, self.journal_path)
         return self.group.spec_from_leaf(suggest(self.group._tree(), trial))
 
     def spec_for(self, run_id: int):
         if not self.specs and not self.trial_of:
-            # called during resume before attach: read the stored study now
-            for t in self._trials():
+            # called during resume before attach: read the stored study now, writing nothing
+            study = self._stored_study()
+            for t in (study.get_trials(deepcopy=False) if study is not None else []):
                 rid = t.user_attrs.get("run_id")
-                if rid is not None and rid > len(self.initial_specs):
+                if isinstance(rid, int) and rid > len(self.initial_specs):
                     self.specs[rid] = self._spec_of(t)
         return self.specs.get(run_id)
 
@@ -826,12 +720,12 @@ class _OptunaTuner:
         if rid in self.trial_of:
             self._tell(rid, state=self.optuna.trial.TrialState.PRUNED)
 
-    def settle(self, driver) -> bool:
+    def settle(self, driver, runs) -> bool:
         """Tell the study about runs that finished, failed or were deleted."""
         changed = False
         TS = self.optuna.trial.TrialState
         for rid, number in self.trial_of.items():
-            rec = self.engine.runs.get(rid)
+            rec = runs.get(rid)
             if rec is None:
                 continue
             frozen = self._trials()[number]
@@ -847,39 +741,39 @@ class _OptunaTuner:
                 else:
                     self.study.tell(number, values if self.multi else values[0])
                 changed = True
-            elif rec.status in (R.FAILED, R.DELETED):
+            elif rec.status in (FAILED, DELETED):
                 self.study.tell(number, state=TS.FAIL)
                 changed = True
-            elif rec.status == R.STOPPED and rid in driver.pruned:
+            elif rec.status == STOPPED and rid in driver.pruned:
                 # a confirmed suggestion, told only now that its stop took effect: a run that
                 # completed before its stop came is COMPLETE above, not PRUNED
                 self.study.tell(number, state=TS.PRUNED)
                 changed = True
         return changed
 
-    def _active(self) -> int:
+    def _active(self, runs) -> int:
         """Trials holding a slot: unfinished, and their run pending/running (or not yet added)."""
         n = 0
         for rid, number in self.trial_of.items():
             if self._trials()[number].state.is_finished():
                 continue
-            rec = self.engine.runs.get(rid)
-            if rec is None or (rec.status in R.ACTIVE and not is_done(rec)):
+            rec = runs.get(rid)
+            if rec is None or (rec.status in ACTIVE and not is_done(rec)):
                 n += 1
         return n
 
-    def refill(self, driver) -> bool:
-        from rapidfire_nb.engine.controller import Op
-
-        exp, engine = self.exp, self.engine
+    def refill(self, driver, runs, out: list) -> bool:
+        """Ask the study for trials while slots are free; each becomes an ``add`` op in ``out``
+        (a trial whose config cannot be planned: a refused ``add`` noted in the log)."""
+        engine = self.engine
         changed = False
         bracket = None
-        while self._active() < self.group.n_initial and len(self._trials()) < self.group.budget:
+        while self._active(runs) < self.group.n_initial and len(self._trials()) < self.group.budget:
             number = len(self._trials())
             self.study.sampler = make_sampler(self.group.sampler, self.group.seed, number)
             trial = self.study.ask()
             leaf = suggest(self.group._tree(), trial)
-            new_id = max(set(engine.run_ids()) | exp._reserved_ids | set(self.trial_of)) + 1
+            new_id = engine.reserve_run_id(avoid=self.trial_of)
             if driver.policy is not None:
                 # the runs asked at one boundary form one bracket (hyperband: dealt one of its
                 # grace periods, so a refill does not join a bracket that judged its rungs already)
@@ -894,30 +788,26 @@ class _OptunaTuner:
                 engine.plan_run(spec)
             except Exception as exc:
                 self.study.tell(number, state=self.optuna.trial.TrialState.FAIL)
-                exp.events.append("op", op="add", run_id=new_id, accepted=False,
-                                  reason=f"trial {number}: {type(exc).__name__}: {exc}",
-                                  new_run_id=new_id, latency_s=0.0)
+                out.append(Note("op", dict(op="add", run_id=new_id, accepted=False,
+                                           reason=f"trial {number}: {type(exc).__name__}: {exc}",
+                                           new_run_id=new_id, latency_s=0.0)))
                 continue
             self.specs[new_id] = spec
-            exp._reserved_ids.add(new_id)
-            engine.submit(Op("add", new_id, spec=spec))
+            out.append(Op("add", new_id, spec=spec))
         return changed
 
-    def restore_missing_runs(self, driver) -> bool:
+    def restore_missing_runs(self, runs, out: list) -> bool:
         """After a crash between an ask and its run's creation: add the run now (once)."""
-        from rapidfire_nb.engine.controller import Op
-
         if getattr(self, "_restored", False):
             return False
         self._restored = True
         changed = False
         for rid, number in sorted(self.trial_of.items()):
-            if rid in self.engine.run_ids() or rid not in self.specs:
+            if rid in runs or rid not in self.specs:
                 continue
             if self._trials()[number].state.is_finished():
                 continue
-            self.exp._reserved_ids.add(rid)
-            self.engine.submit(Op("add", rid, spec=self.specs[rid]))
+            out.append(Op("add", rid, spec=self.specs[rid]))
             changed = True
         return changed
 
@@ -943,7 +833,7 @@ def needs_driver(group) -> bool:
 
 def pruning_settings(group) -> dict:
     """The knobs that steer the pruner's and the sampler's decisions, for experiment.json: a
-    resume with other values would judge the old rungs by new rules (``Experiment._check_resume``)."""
+    resume with other values would judge the old rungs by new rules (``recovery.check_resume``)."""
     if not needs_driver(group):
         return {"pruner": None}
     o = group.pruning

@@ -21,3 +21,18 @@ def tiny_data():
 @pytest.fixture
 def exp_path(tmp_path):
     return tmp_path / "experiments"
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_outlives_its_test():
+    """run_fit refuses while another experiment of the process trains; a test that leaves one
+    training would make a later, unrelated test fail with that refusal. End what is left."""
+    yield
+    import sys
+
+    exp_mod = sys.modules.get("rapidfire_nb.experiment")
+    if exp_mod is not None and hasattr(exp_mod, "end_training"):
+        try:
+            exp_mod.end_training()
+        except Exception:   # a test that broke its engine on purpose leaves nothing to end
+            pass

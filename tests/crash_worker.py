@@ -86,7 +86,10 @@ def run_experiment(root, name: str = NAME, resume: bool = False, clone: bool = F
 # -- pausing inside writes ----------------------------------------------------------------------
 
 def _pause_here(root: Path, what: str) -> None:
-    (root / "PAUSED").write_text(what)
+    # written beside, then renamed: the parent sees the marker only with its text in it (it
+    # kills as soon as the file exists, which could be between the create and the write)
+    (root / "PAUSED.tmp").write_text(what)
+    os.replace(root / "PAUSED.tmp", root / "PAUSED")
     time.sleep(600)  # the test kills us here
     os._exit(3)
 

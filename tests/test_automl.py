@@ -210,6 +210,7 @@ def test_group_validates_every_expanded_combination():
 
 @pytest.mark.skipif(not CPU_ONLY, reason="measures the CPU-only normalization")
 def test_cpu_machine_adds_use_cpu_and_runs_fp16_configs_in_cpu_precision():
+    backend._NOTES_SHOWN.clear()     # another test may have been told already
     with pytest.warns(RapidFireConfigWarning, match=r"fp16=True needs a CUDA GPU"):
         cfg = RFSFTConfig(learning_rate=1e-3, fp16=True)     # written for a T4
     assert cfg.fp16 is True                                   # the config keeps what was written
@@ -225,10 +226,30 @@ def test_cpu_machine_adds_use_cpu_and_runs_fp16_configs_in_cpu_precision():
     assert build_training_args(chosen).bf16 is True
 
 
+@pytest.mark.skipif(not CPU_ONLY, reason="measures the CPU-only normalization")
+def test_the_cpu_fallback_is_said_once_for_a_whole_grid_of_configs():
+    backend._NOTES_SHOWN.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")       # Python's own once-per-line filter out of the way
+        a = RFSFTConfig(learning_rate=1e-3, fp16=True)
+        b = RFSFTConfig(learning_rate=1e-4, fp16=True)
+        c = RFSFTConfig(learning_rate=List([1e-5, 1e-6]), fp16=True)
+    said = [str(w.message) for w in caught if "fp16=True needs a CUDA GPU" in str(w.message)]
+    assert len(said) == 1 and "every config with fp16=True" in said[0], said
+    assert a.fp16 is b.fp16 is c.fp16 is True
+    # a clone asking for fp16 is the same fact: not said again
+    spec = RFGridSearch(RFModelConfig("m", training_args=RFSFTConfig()), "SFT").expand()[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clone = apply_changes(spec, {"training_args.fp16": True})
+    assert clone.training_args["fp16"] is False
+    assert not [w for w in caught if "fp16=True needs a CUDA GPU" in str(w.message)]
+
+
 def test_normalization_for_a_t4_and_a_bf16_gpu():
     t4 = backend.Machine("cuda", bf16=False, name="Tesla T4")
     kw, notes = backend.normalize_for_machine({"learning_rate": 1e-3}, t4, "RFSFTConfig")
-    assert kw == {"learning_rate": 1e-3, "bf16": False} and not notes
+    assert kw == {"learning_rate": 1e-3, "bf16": False, "fp16": True} and not notes
     kw, notes = backend.normalize_for_machine({"bf16": True}, t4, "RFSFTConfig")
     assert kw == {"bf16": False} and "Tesla T4" in notes[0] and "fp16=True" in notes[0]
     kw, notes = backend.normalize_for_machine({"fp16": True}, t4, "RFSFTConfig")

@@ -10,6 +10,8 @@ import pytest
 
 from rapidfire_nb import bench
 
+pytestmark = pytest.mark.slow   # slow tier: trains the bench's smoke preset end to end
+
 
 def _finite_positive(x):
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
@@ -89,7 +91,7 @@ def test_bench_unknown_preset_names_the_choices(capsys):
 # -- rapidfire bench --workers: the report's wording (a newcomer review, session 5) -------------------
 
 def _workers_report(hop_frac_median_2: float) -> dict:
-    """The shape run_workers_bench returns (bench_workers.py), with chosen medians."""
+    """The shape run_workers_bench returns (rapidfire_nb/bench/workers.py), with chosen medians."""
     side = {"wall_s": 1.0, "train_wall_s": 0.8, "startup_s": 0.2, "load_avg_at_start": 0.5}
     hop = {"hop_ms_median": 4.0, "hop_call_ms": 1.0, "hop_back_ms": 1.0, "hop_get_ms": 2.0,
            "idle_frac": 0.01}
@@ -105,7 +107,7 @@ def _workers_report(hop_frac_median_2: float) -> dict:
 
 
 def test_workers_report_marks_the_median_hop_share_against_its_target():
-    from rapidfire_nb.bench_workers import format_workers_report
+    from rapidfire_nb.bench.workers import format_workers_report
 
     text = format_workers_report(_workers_report(0.1026))
     rows = {ln.split()[0]: ln for ln in text.splitlines() if ln.startswith("  workers_") and " hop " not in ln
@@ -125,7 +127,7 @@ def test_workers_report_marks_the_median_hop_share_against_its_target():
 
 
 def test_workers_progress_lines_say_which_repeat():
-    from rapidfire_nb.bench_workers import progress_line
+    from rapidfire_nb.bench.workers import progress_line
 
     kernel = {"workers": 0, "wall_s": 1.18, "train_wall_s": 1.18}
     two = {"workers": 2, "wall_s": 8.6, "train_wall_s": 0.9, "hop_ms_median": 4.0, "hop_frac": 0.08,
@@ -145,7 +147,7 @@ def test_workers_bench_measures_the_kernels_start_up_like_the_workers(tmp_path):
     """The kernel side's start-up ends at its first chunk's start, as a worker side's does: its
     run_fit checks and one-off imports are not counted as training time (they once were: the
     kernel's 'after start-up' was its whole wall, and 2 workers read 7x faster than the kernel)."""
-    from rapidfire_nb.bench_workers import run_side
+    from rapidfire_nb.bench.workers import run_side
 
     p = bench.PRESETS["smoke"]
     with bench._quiet():

@@ -1,9 +1,13 @@
 """`rapidfire bench --pruner sha` machinery on the seconds-long smoke preset (figures mean nothing
-there; the real run is `rapidfire bench --pruner sha`, reported in notes/issue18.md)."""
+there; the real run is `rapidfire bench --pruner sha`, docs/pages/benchmarks.md)."""
 
 import json
 
+import pytest
+
 from rapidfire_nb import bench
+
+pytestmark = pytest.mark.slow   # slow tier: trains the pruner bench's smoke preset
 
 
 def test_pruner_bench_trains_fewer_chunks_and_reports_both_sides(capsys, tmp_path):

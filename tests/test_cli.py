@@ -3,12 +3,15 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def run(args, cwd):
     return subprocess.run([sys.executable, "-m", "rapidfire_nb", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_demo_trains_four_configs_and_prints_a_leaderboard(tmp_path):
     proc = run(["demo", "--train-size", "128", "--epochs", "1", "--path", str(tmp_path)], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -53,6 +56,19 @@ def test_unknown_command_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "give a command first" in proc.stderr
 
 
+def test_bench_help_and_a_bad_option_answer_without_loading_the_ml_libraries(tmp_path):
+    # the help must not wait for torch/peft/transformers (seconds of import on a laptop)
+    probe = ("import sys\nfrom rapidfire_nb.cli import main\n"
+             "try:\n    main(['bench', {args}])\nexcept SystemExit as e:\n    code = e.code\n"
+             "heavy = sorted(m for m in ('torch', 'peft', 'transformers', 'trl') if m in sys.modules)\n"
+             "print('EXIT', code, 'HEAVY', heavy)\n")
+    for args, code in (("'--help'", 0), ("'--preset', 'nope'", 2)):
+        proc = subprocess.run([sys.executable, "-c", probe.format(args=args)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert f"EXIT {code} HEAVY []" in proc.stdout, proc.stdout[-1500:] + proc.stderr[-1500:]
+
+
+@pytest.mark.slow
 def test_bench_says_how_long_it_takes_and_what_its_marks_mean(tmp_path, capsys):
     help_text = run(["bench", "--help"], tmp_path).stdout
     assert "about 4 minutes" in help_text and "[MISS] not met" in help_text

@@ -28,6 +28,8 @@ from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.errors import ConfigError
 
+pytestmark = pytest.mark.slow   # slow tier: SIGKILLed training subprocesses, resumed
+
 TOTAL_CHUNKS = 18   # 3 runs x 2 epochs x 3 chunks
 FIGURES: list[dict] = []
 

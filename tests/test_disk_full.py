@@ -1,4 +1,4 @@
-"""A full disk fails runs with a clear reason, never the engine, and loses no history (issue 15).
+"""A full disk fails runs with a clear reason, never the engine, and loses no history.
 
 The disk is a real one: a small tmpfs mounted for the test (the test runs as root in CI and here),
 filled to the last byte while the experiment trains. Where mounting is not allowed, the same
@@ -22,6 +22,8 @@ from rapidfire_nb import Experiment
 from rapidfire_nb.demo_data import tiny_create_model
 from rapidfire_nb.engine import fsio as fsio_mod
 from rapidfire_nb.engine.events import EventLog, read_events
+
+pytestmark = pytest.mark.slow   # slow tier: trains onto a full tmpfs
 
 
 class TmpfsDisk:
@@ -117,16 +119,16 @@ def test_a_failed_append_leaves_no_bytes_and_reuses_no_sequence_number(small_dis
     path = small_disk.root / "events.jsonl"
     log = EventLog(path)
     for i in range(5):
-        log.append("metric", i=i)
+        log.append("probe", i=i)
     small_disk.fill()
     size = path.stat().st_size
-    log.append("metric", i=5, pad="x" * 20000)     # more than any page left over
-    log.append("metric", i=6)
+    log.append("probe", i=5, pad="x" * 20000)     # more than any page left over
+    log.append("probe", i=6)
     assert log.write_error is not None and "disk full" in str(log.write_error)
     assert path.stat().st_size == size, "no part of a failed append may stay in the file"
     assert log.durable_seq == 5 and log.last_seq == 7
     small_disk.free()
-    log.append("metric", i=7)
+    log.append("probe", i=7)
     assert log.write_error is None and log.durable_seq == 8
     log.close()
     events = read_events(path)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rapidfire_nb import Experiment
-from rapidfire_nb.automl import (List, RFDPOConfig, RFGridSearch, RFGRPOConfig, RFLoraConfig,
+from rapidfire_nb.automl import (List, RFGridSearch, RFLoraConfig,
                                  RFModelConfig)
 from rapidfire_nb.demo_data import make_dpo_dataset, make_grpo_dataset, tiny_create_model
 from rapidfire_nb.engine.runspec import RunSpec
@@ -14,7 +14,8 @@ from rapidfire_nb.engine.adapters import trainer_class
 from rapidfire_nb.engine.adapters.grpo import GenerationPlan
 from rapidfire_nb.errors import ConfigError
 
-LORA = dict(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
+from helpers import PREFERENCE_LORA, dpo_args, grpo_args, short_answer
+
 TIMING_METRICS = {"step_time"}
 
 
@@ -97,12 +98,6 @@ def build_trainers(group, train, evald, tmp_path, lora: bool):
 # ---------------------------------------------------------------------------------------------
 # DPO
 
-def dpo_args(lr, beta, **kw):
-    base = dict(learning_rate=lr, beta=beta, per_device_train_batch_size=4, per_device_eval_batch_size=4,
-                num_train_epochs=1, bf16=False, max_length=48)
-    base.update(kw)
-    return RFDPOConfig(**base)
-
 
 @pytest.fixture(scope="module")
 def dpo_data():
@@ -112,7 +107,7 @@ def dpo_data():
 @pytest.fixture(scope="module")
 def dpo_grid(tmp_path_factory, dpo_data):
     train, evald = dpo_data
-    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA),
                         training_args=dpo_args(List([1e-3, 2e-2]), List([0.1, 0.5])),
                         compute_metrics=exact_match, generation_config={"max_new_tokens": 4})
     exp = Experiment("dpo-grid", experiment_path=tmp_path_factory.mktemp("dpo"))
@@ -157,7 +152,7 @@ def test_dpo_references_as_built(dpo_data, tmp_path):
     """LoRA: TRL's PEFT path (adapters disabled), no extra adapter or copy; full fine-tuning: one
     frozen copy of the pristine base shared by the runs; precomputed log-probs where asked."""
     train, evald = dpo_data
-    lora_group = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+    lora_group = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA),
                                             training_args=dpo_args(List([1e-3, 1e-2]), 0.1)), trainer_type="DPO")
     rts, _ = build_trainers(lora_group, train, evald, tmp_path, lora=True)
     assert all(rt.trainer.ref_model is None for rt in rts)
@@ -186,7 +181,7 @@ def test_dpo_isolation_bit_identical_to_training_alone(dpo_grid, dpo_data, tmp_p
     # run 4 = lr 2e-2, beta 0.5 (grid order: learning_rate outer, beta inner)
     assert dpo_grid.engine.snapshot()[4].spec.training_args["beta"] == 0.5
     assert dpo_grid.engine.snapshot()[4].spec.training_args["learning_rate"] == 2e-2
-    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=dpo_args(2e-2, 0.5),
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA), training_args=dpo_args(2e-2, 0.5),
                         compute_metrics=exact_match, generation_config={"max_new_tokens": 4})
     alone = Experiment("dpo-alone", experiment_path=tmp_path)
     alone.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, evald, num_chunks=2, seed=5)
@@ -224,7 +219,7 @@ def test_dpo_dropout_setting_stays_per_run_on_a_shared_base(dpo_data, tmp_path):
     train, _ = dpo_data
 
     def cfg(disable, **kw):
-        return RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+        return RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA),
                              training_args=dpo_args(1e-2, 0.1, max_steps=2, disable_dropout=disable, **kw))
 
     # run 2 also precomputes its reference log-probs (adapters disabled) before training
@@ -249,7 +244,7 @@ def test_dpo_dropout_setting_stays_per_run_on_a_shared_base(dpo_data, tmp_path):
 def test_dpo_dataset_without_preference_columns_is_refused(dpo_data, tiny_data, tmp_path):
     train, evald = dpo_data
     sft_train, _ = tiny_data
-    group = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+    group = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA),
                                        training_args=dpo_args(1e-3, 0.1)), trainer_type="DPO")
     exp = Experiment("dpo-bad", experiment_path=tmp_path)
     with pytest.raises(ConfigError, match=r"DPO needs 'chosen' and 'rejected' .*\(missing: chosen, rejected\)"):
@@ -264,19 +259,9 @@ def test_dpo_dataset_without_preference_columns_is_refused(dpo_data, tiny_data, 
 # ---------------------------------------------------------------------------------------------
 # GRPO
 
-def short_answer(prompts, completions, **kw):
-    return [-abs(len(c) - 2) / 4 for c in completions]
-
 
 def correct_answer(prompts, completions, answer, **kw):
     return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
-
-
-def grpo_args(lr, num_generations, **kw):
-    base = dict(learning_rate=lr, num_generations=num_generations, per_device_train_batch_size=4,
-                per_device_eval_batch_size=4, max_completion_length=4, num_train_epochs=1, bf16=False)
-    base.update(kw)
-    return RFGRPOConfig(**base)
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +272,7 @@ def grpo_data():
 @pytest.fixture(scope="module")
 def grpo_grid(tmp_path_factory, grpo_data):
     train, evald = grpo_data
-    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA),
                         training_args=grpo_args(List([1e-3, 5e-2]), List([2, 4])),
                         reward_funcs=[short_answer, correct_answer],
                         compute_metrics=exact_match, generation_config={"max_new_tokens": 3})
@@ -325,7 +310,7 @@ def test_grpo_isolation_bit_identical_to_training_alone(grpo_grid, grpo_data, tm
     train, evald = grpo_data
     spec = grpo_grid.engine.snapshot()[3].spec      # lr 5e-2, G = 2
     assert spec.training_args["learning_rate"] == 5e-2 and spec.training_args["num_generations"] == 2
-    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=grpo_args(5e-2, 2),
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA), training_args=grpo_args(5e-2, 2),
                         reward_funcs=[short_answer, correct_answer],
                         compute_metrics=exact_match, generation_config={"max_new_tokens": 3})
     alone = Experiment("grpo-alone", experiment_path=tmp_path)
@@ -340,7 +325,7 @@ def test_grpo_temperature_axis_keeps_each_runs_own_fused_head(grpo_data, tmp_pat
     train, _ = grpo_data
 
     def cfg(temps):
-        return RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+        return RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA),
                              training_args=grpo_args(1e-2, 2, temperature=temps, max_steps=2),
                              reward_funcs=[short_answer])
 
@@ -378,7 +363,7 @@ def test_reward_function_of_wrong_length_fails_only_its_run(grpo_data, tmp_path)
     def one_reward_only(prompts, completions, **kw):
         return [0.0]
 
-    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA),
                         training_args=grpo_args(1e-2, 2, max_steps=2),
                         reward_funcs=List([[short_answer], [one_reward_only]]))
     exp = Experiment("bad-reward", experiment_path=tmp_path)
@@ -405,7 +390,7 @@ def test_grpo_kl_reference_is_the_initial_policy(grpo_data, tmp_path):
         return [float(len(c[0]["content"])) for c in completions]
 
     args = grpo_args(1e-2, 2, beta=0.1, max_steps=2)
-    cfg = List([RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=args,
+    cfg = List([RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA), training_args=args,
                               reward_funcs=[long_answer]),
                 RFModelConfig(model_name="tiny", training_args=args, reward_funcs=[long_answer])])
     exp = Experiment("grpo-kl", experiment_path=tmp_path)
@@ -439,7 +424,7 @@ def test_grpo_generation_batches_spanning_several_steps_do_not_depend_on_num_chu
     def reward_len(prompts, completions, **kw):
         return [float(len(c)) for c in completions]
 
-    cfg = List([RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), reward_funcs=[reward_len],
+    cfg = List([RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA), reward_funcs=[reward_len],
                               training_args=grpo_args(1e-2, 2, **extra))
                 for extra in ({"per_device_train_batch_size": 2, "steps_per_generation": 2},
                               {"per_device_train_batch_size": 4, "num_iterations": 2})])
@@ -473,7 +458,7 @@ def test_grpo_resumes_from_checkpoints_to_the_same_result(grpo_data, tmp_path):
     def reward_len(prompts, completions, **kw):
         return [float(len(c)) for c in completions]
 
-    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), reward_funcs=[reward_len],
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA), reward_funcs=[reward_len],
                         training_args=grpo_args(List([1e-2, 3e-2]), 2, per_device_train_batch_size=2,
                                                 steps_per_generation=2))
     group = RFGridSearch(cfg, trainer_type="GRPO")
@@ -502,7 +487,7 @@ def test_grpo_resumes_from_checkpoints_to_the_same_result(grpo_data, tmp_path):
 
 def test_dpo_prompts_longer_than_max_length_fail_the_run_with_the_reason(dpo_data, tmp_path):
     train, _ = dpo_data
-    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**PREFERENCE_LORA),
                         training_args=dpo_args(1e-3, 0.1, max_length=List([48, 4]), max_steps=1))
     exp = Experiment("dpo-long", experiment_path=tmp_path)
     exp.run_fit(RFGridSearch(cfg, trainer_type="DPO"), tiny_create_model, train, None, num_chunks=1)
@@ -579,7 +564,7 @@ def test_a_reference_model_named_by_ref_model_name_is_loaded_and_used(trainer_ty
         calls.append((model_config["model_name"], dict(model_config["model_kwargs"])))
         return tiny_create_model(model_config)
 
-    lora = RFLoraConfig(**LORA)
+    lora = RFLoraConfig(**PREFERENCE_LORA)
     if trainer_type == "DPO":
         args, data, metric, extra = dpo_args(1e-3, 0.1, max_steps=2), dpo_data, "rewards/margins", {}
     else:
@@ -603,7 +588,7 @@ def test_a_reference_model_named_by_ref_model_name_is_loaded_and_used(trainer_ty
 
 
 def test_a_reference_with_another_vocabulary_is_refused(tmp_path, dpo_data):
-    cfg = RFModelConfig(model_name="tiny", ref_model_name="tiny-other", peft_config=RFLoraConfig(**LORA),
+    cfg = RFModelConfig(model_name="tiny", ref_model_name="tiny-other", peft_config=RFLoraConfig(**PREFERENCE_LORA),
                         training_args=dpo_args(1e-3, 0.1, max_steps=2))
 
     def create_model(model_config):

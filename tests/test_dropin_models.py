@@ -9,10 +9,12 @@ import importlib.util
 import pytest
 import torch
 
-from _dropin import customer_support_rows, hub
+from helpers import customer_support_rows, hub
 from rapidfire_nb import Experiment
 from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 from rapidfire_nb.errors import ConfigError
+
+pytestmark = pytest.mark.slow   # slow tier: real from_pretrained bases, a 4-bit one too
 
 MODELS = ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "Qwen/Qwen2.5-0.5B-Instruct")
 

@@ -1,6 +1,6 @@
 """The code of the TRL docs' RapidFire AI page (shared/seeds/000_...txt) run as written, with only
 ``from rapidfireai`` changed to ``from rapidfire_nb`` and the hub swapped for local stand-ins
-(tests/_dropin.py): the model name maps to a folder, the datasets are built in code. The one
+(tests/helpers.py): the model name maps to a folder, the datasets are built in code. The one
 other change is the length of training (``max_steps``, ``max_completion_length``), cut to keep
 the suite's CPU time small: the page's 4 x 128 steps took ~5 minutes on 2 shared cores."""
 
@@ -10,7 +10,9 @@ import re
 
 import pytest
 
-from _dropin import customer_support_rows, hub, ultrafeedback_rows
+from helpers import customer_support_rows, hub, ultrafeedback_rows
+
+pytestmark = pytest.mark.slow   # slow tier: trains the TRL docs' RapidFire page as written
 
 SEED_MODEL = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
 MAX_STEPS = 32         # the page: 128 (4 epochs of its 128 rows); here one epoch, 4 chunks

@@ -1,44 +1,24 @@
-"""RapidFire AI semantics that its notebooks rely on (issue 14): formatting_func as a row mapper
-and its errors, warm start from any run (finished ones too) with its own schedule, end() that
-never leaves a run half-done or shown running, and logging_steps / eval_steps inside chunks."""
+"""RapidFire AI semantics that its notebooks rely on: formatting_func as a row mapper (TRL's string
+form too) and its errors, also on rows after the first; warm start from any run (finished and
+failed ones too) with its own schedule, refused when the parent's weights are gone; end() that
+never leaves a run half-done or shown running and applies the ops queued before it; clone changes
+that name a knob twice; and logging_steps / eval_steps inside chunks."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 
 from rapidfire_nb import Experiment
-from rapidfire_nb.automl import (List, RFGridSearch, RFGRPOConfig, RFLoraConfig, RFModelConfig,
-                                 RFSFTConfig)
+from rapidfire_nb.automl import List, RFGridSearch, RFGRPOConfig, RFLoraConfig
 from rapidfire_nb.demo_data import make_grpo_dataset, tiny_create_model
 from rapidfire_nb.errors import ConfigError
 
-from _dropin import customer_support_rows
-
-LORA = RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-
-
-def sft(lr=1e-2, **kw):
-    base = dict(learning_rate=lr, per_device_train_batch_size=4, num_train_epochs=1, max_length=64,
-                lr_scheduler_type="linear")
-    base.update(kw)
-    return RFSFTConfig(**base)
-
-
-def to_chat(row):
-    return {"prompt": [{"role": "user", "content": row["instruction"]}],
-            "completion": [{"role": "assistant", "content": row["response"]}]}
-
-
-def model(training_args=None, **kw):
-    kw.setdefault("peft_config", LORA)
-    return RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32},
-                         training_args=training_args or sft(), **kw)
-
-
-def own(weights):
-    return {".".join("X" if i > 0 and p[i - 1] in ("lora_A", "lora_B") else x for i, x in enumerate(p)): v
-            for k, v in weights.items() for p in [k.split(".")]}
+from helpers import customer_support_rows, model, own, sft, to_chat
+from helpers import events_of as evs
+from helpers import two_chat_runs as grp
 
 
 def series(exp, rid, metric, split="train"):
@@ -56,7 +36,8 @@ DATA = (customer_support_rows(16), customer_support_rows(4, seed=1))
     (lambda row: [row["instruction"]], "SFT", r"returned list for the first row of train_dataset; it must return a dict"),
     (lambda row: {}, "SFT", r"returned an empty dict"),
     (lambda row: {"question": row["instruction"]}, "SFT",
-     r"train_dataset has columns \['question'\]; SFT needs 'text', 'messages'.*after formatting_func"),
+     # the original columns stay beside the returned one, as RapidFire's map keeps them
+     r"train_dataset has columns \[.*'question'.*\]; SFT needs 'text', 'messages'.*after formatting_func"),
     (lambda row: row["no_such_column"], "SFT", r"raised on the first row of train_dataset: KeyError"),
     (lambda row: row["instruction"], "GRPO", r"returned a string .* GRPO needs a dict of columns"),
 ], ids=["list", "empty-dict", "missing-columns", "raises", "string-for-grpo"])
@@ -202,3 +183,181 @@ def test_logging_and_eval_steps_inside_chunks_leave_training_bit_identical(tmp_p
     assert [s for s, _ in series(a, 1, "eval_loss", "eval")] == [2, 4, 6, 8]          # chunk ends
     a.end()
     b.end()
+
+
+# -- end(wait=False) with ops still queued ----------------------------------------------------
+
+def test_end_without_waiting_applies_the_ops_queued_before_it(tmp_path):
+    exp = Experiment("E", experiment_path=tmp_path, tracking=[])
+    fired, ids = [], []
+
+    def listener(ev):
+        # the writer thread, as run 1's first chunk is logged: ops are queued, then the engine is
+        # held here until end(wait=False) has asked it to leave, so they are still queued then
+        if ev["type"] != "chunk_done" or ev["run_id"] != 1 or fired:
+            return
+        try:
+            ids.append(exp.clone_modify(1, {"training_args.learning_rate": 5e-3}))
+            exp.stop(2)
+            fired.append(True)
+        except Exception as exc:  # noqa: BLE001 - surfaced below
+            fired.append(exc)
+        deadline = time.monotonic() + 60
+        while not exp.engine.draining and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    exp.events.subscribe(listener)
+    exp.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2, block=False)
+    deadline = time.monotonic() + 120
+    while not fired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    exp.end(wait=False)
+    assert fired == [True] and ids == [3], fired
+    ops = [(o["op"], o["run_id"], o["accepted"]) for o in evs(exp, "op")]
+    assert ops == [("clone", 1, True), ("stop", 2, True)], ops
+    info = exp.get_runs_info().set_index("run_id")
+    assert list(info.index) == [1, 2, 3]
+    assert info.loc[2, "status"] == "stopped" and info.loc[3, "status"] == "stopped"
+    assert evs(exp, "run_status", run_id=2)[-1]["reason"] == "stopped by user"
+
+    again = Experiment("E", experiment_path=tmp_path, tracking=[], resume=True)
+    again.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    info = again.get_runs_info().set_index("run_id")
+    assert info.loc[2, "status"] == "stopped"          # the user's stop outlives the restart
+    assert info.loc[1, "status"] == "completed" and info.loc[3, "status"] == "completed"
+    again.end()
+
+
+# -- a warm clone whose parent's weights are gone ---------------------------------------------
+
+def _equal(a, b):
+    import torch
+
+    a, b = own(a), own(b)
+    return a.keys() == b.keys() and len(a) > 0 and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_warm_clone_of_a_run_whose_checkpoint_is_gone_is_refused(tmp_path):
+    import shutil
+
+    from rapidfire_nb.engine.controller import Op
+    from rapidfire_nb.errors import OpRefused
+
+    exp = Experiment("D", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    exp.end()
+    ckpt = tmp_path / "D" / "checkpoints" / "run_2" / "state.safetensors"
+    shutil.rmtree(ckpt.parent)
+    with pytest.warns(UserWarning, match=r"run 2 is completed but its checkpoint .*state.safetensors is missing"):
+        again = Experiment("D", experiment_path=tmp_path, tracking=[], resume=True)
+        again.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    with pytest.raises(OpRefused, match=r"run 2 .*no weights to warm-start from.*state.safetensors"):
+        again.clone_modify(2, {"training_args.learning_rate": 0.0}, warm_start=True)
+    with pytest.raises(OpRefused, match=r"run 2 \(completed\) has trained but its checkpoint"):
+        again.export(2, tmp_path / "out")
+    # the engine re-checks when it applies the op (the file may go between submit and apply)
+    spec = again.validate_clone(1, {"training_args.learning_rate": 0.0}, warm_start=True)
+    ckpt1 = tmp_path / "D" / "checkpoints" / "run_1" / "state.safetensors"
+    shutil.rmtree(ckpt1.parent)
+    again.engine.submit(Op("clone", 1, spec=spec, warm_start=True, changes={}, new_run_id=3))
+    assert again.wait(timeout=120)
+    op = evs(again, "op", op="clone")[-1]
+    assert not op["accepted"] and "no weights to warm-start from" in op["reason"], op
+    assert 3 not in set(again.get_runs_info().run_id)
+    again.end()
+
+
+def test_warm_clone_of_a_failed_warm_clone_starts_from_its_weights_before_and_after_resume(tmp_path):
+    one = lambda: RFGridSearch(model(sft(1e-2), formatting_func=to_chat), trainer_type="SFT")  # noqa: E731
+    exp = Experiment("W", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(one(), tiny_create_model, *DATA, num_chunks=2)
+    parent = exp.engine.run_weights(1)
+    # lr 1e30 diverges at its first step: the clone fails before its first checkpoint
+    bad = exp.clone_modify(1, {"training_args.learning_rate": 1e30}, warm_start=True)
+    assert exp.wait(timeout=120)
+    assert exp.get_runs_info().set_index("run_id").loc[bad, "status"] == "failed"
+    # a warm clone of it at lr 0 keeps the weights it starts from: run 1's final ones
+    same = exp.clone_modify(bad, {"training_args.learning_rate": 0.0}, warm_start=True)
+    assert exp.wait(timeout=120)
+    assert exp.get_runs_info().set_index("run_id").loc[same, "status"] == "completed"
+    assert _equal(exp.engine.run_weights(same), parent)
+    exp.end()
+
+    again = Experiment("W", experiment_path=tmp_path, tracking=[], resume=True)
+    again.run_fit(one(), tiny_create_model, *DATA, num_chunks=2)
+    later = again.clone_modify(bad, {"training_args.learning_rate": 0.0}, warm_start=True)
+    assert again.wait(timeout=120)
+    assert again.get_runs_info().set_index("run_id").loc[later, "status"] == "completed"
+    assert _equal(again.engine.run_weights(later), parent)
+    again.end()
+
+
+# -- TRL's string formatting_func, and rows it fails on after the first -----------------------
+
+def _text_then_dict(row):
+    if row["instruction"] == FIRST_INSTRUCTION:
+        return row["instruction"] + " " + row["response"]
+    return to_chat(row)
+
+
+def _text_raises_late(row):
+    if row["instruction"] == DATA[0][9]["instruction"]:
+        raise ValueError("boom on row 9")
+    return row["instruction"] + " " + row["response"]
+
+
+def _rows_then_none(row):
+    return None if row["instruction"] == DATA[0][3]["instruction"] else to_chat(row)
+
+
+FIRST_INSTRUCTION = DATA[0][0]["instruction"]
+
+
+@pytest.mark.parametrize("fn, message", [
+    (_text_then_dict, r"'_text_then_dict' returned a string for the first row of train_dataset .* "
+                      r"but dict \{'prompt'.* for row 1; it must return a string for every row"),
+    (_text_raises_late, r"'_text_raises_late' raised on train_dataset row 9: ValueError: boom on row 9"),
+    (_rows_then_none, r"'_rows_then_none' returned NoneType None for train_dataset row 3"),
+])
+def test_a_formatting_func_that_goes_wrong_on_a_later_row_is_refused_before_training(tmp_path, fn, message):
+    from rapidfire_nb.errors import ConfigError
+
+    assert len({r["instruction"] for r in DATA[0]}) == len(DATA[0])   # rows are told apart
+    exp = Experiment("T", experiment_path=tmp_path, tracking=[])
+    with pytest.raises(ConfigError, match=message):
+        exp.run_fit(RFGridSearch(model(formatting_func=fn), trainer_type="SFT"), tiny_create_model,
+                    *DATA, num_chunks=2)
+    assert exp.engine is None and not (tmp_path / "T" / "checkpoints").exists()
+    exp.end()
+
+
+def test_a_string_formatting_func_for_every_row_still_trains(tmp_path):
+    def text(row):
+        return row["instruction"] + " " + row["response"]
+
+    exp = Experiment("OK", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(RFGridSearch(model(formatting_func=text), trainer_type="SFT"), tiny_create_model,
+                *DATA, num_chunks=2)
+    assert exp.get_runs_info().status.tolist() == ["completed"]
+    exp.end()
+
+
+# -- clone changes that are ambiguous ---------------------------------------------------------
+
+def test_clone_changes_that_set_a_knob_twice_or_output_dir_are_refused(tmp_path):
+    from rapidfire_nb.errors import ConfigError
+
+    exp = Experiment("C", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(RFGridSearch(model(formatting_func=to_chat), trainer_type="SFT"), tiny_create_model,
+                *DATA, num_chunks=2)
+    with pytest.raises(ConfigError, match=r"changes set 'training_args.learning_rate' twice "
+                                          r"\('training_args.learning_rate' and \{'training_args': \{'learning_rate'"):
+        exp.clone_modify(1, {"training_args.learning_rate": 1e-3, "training_args": {"learning_rate": 2e-3}})
+    with pytest.raises(ConfigError, match=r"training_args.output_dir cannot be set"):
+        exp.clone_modify(1, {"training_args": {"output_dir": "/etc"}})
+    assert exp.get_runs_info().run_id.tolist() == [1] and evs(exp, "op") == []
+    # one spelling of each knob is fine, nested and dotted mixed
+    n = exp.clone_modify(1, {"training_args.learning_rate": 1e-3, "training_args": {"weight_decay": 0.1}})
+    assert exp.wait(timeout=120)
+    assert exp.get_runs_info().set_index("run_id").loc[n, "status"] == "completed"
+    exp.end()

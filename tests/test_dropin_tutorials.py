@@ -1,7 +1,7 @@
 """The flows of RapidFire AI's lite tutorials (RapidFireAI/rapidfireai, tutorial_notebooks/:
 rf-tutorial-sft-chatqa-lite, rf-tutorial-dpo-alignment-lite, rf-tutorial-grpo-mathreasoning-lite)
 with their configs as those notebooks write them, on local stand-ins for the hub models and
-datasets (tests/_dropin.py). Written here in our own code; what is cut (dataset sizes, max_steps,
+datasets (tests/helpers.py). Written here in our own code; what is cut (dataset sizes, max_steps,
 the rouge/bleu metric that downloads its scorer) is cut for CPU time and offline use only."""
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ import importlib.util
 import pytest
 import torch
 
-from _dropin import customer_support_rows, gsm8k_rows, hub, ultrafeedback_rows
+from helpers import customer_support_rows, gsm8k_rows, hub, ultrafeedback_rows
 from rapidfire_nb import Experiment
 from rapidfire_nb.automl import (List, RFDPOConfig, RFGridSearch, RFGRPOConfig, RFLoraConfig,
                                  RFModelConfig, RFSFTConfig)
+
+pytestmark = pytest.mark.slow   # slow tier: trains RapidFire's lite tutorials
 
 needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
                                reason="bitsandbytes is not installed: the DPO and GRPO tutorials use "

@@ -1,8 +1,8 @@
-"""Errors that used to surface only after training started are raised by run_fit (issue 15, item 8).
+"""Configuration errors are raised by run_fit (or by the config's constructor), before training.
 
-Each case was accepted before issue 15: the run failed later in the engine thread (LoRA targets
-matching nothing, a row that cannot be tokenized), or never: an unknown RFModelConfig keyword was
-kept silently, and a generation_config key that clone_modify refuses was accepted at construction.
+Each case would otherwise surface late in the engine thread (LoRA targets matching nothing, a row
+that cannot be tokenized) or never: an unknown RFModelConfig keyword kept silently, a
+generation_config key that clone_modify refuses accepted at construction.
 """
 
 from __future__ import annotations

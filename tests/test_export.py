@@ -1,8 +1,9 @@
-"""export writes files whose tensors fit the model and load back exactly (issue 15, item 9).
+"""export writes files whose tensors fit the model and load back exactly.
 
-Before issue 15 the adapter file was written by renaming keys by hand: a ``modules_to_save``
-run's file did not load (PEFT looks for the wrapped module's own name), and nothing checked the
-tensors against the model.
+The adapter file holds PEFT's saved form (``get_peft_model_state_dict``), not keys renamed by
+hand: a ``modules_to_save`` run's file loads (PEFT looks for the wrapped module's own name), and
+weights that do not fit the model are refused. Warm starts copy adapters through PEFT's state
+dicts the same way.
 """
 
 from __future__ import annotations

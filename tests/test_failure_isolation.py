@@ -30,6 +30,8 @@ from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.engine import fsio as fsio_mod
 from rapidfire_nb.engine.events import EventLog
 
+pytestmark = pytest.mark.slow   # slow tier: trains experiments whose runs fail
+
 LORA = RFLoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
 
 

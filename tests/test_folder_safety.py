@@ -1,8 +1,10 @@
-"""The experiment folder survives damage, sharing and hostile files (issue 15).
+"""The experiment folder survives damage, sharing and hostile files.
 
-Each test here failed on the code before issue 15: a damaged log line cut the history short, a
-second process could train the same folder, a planted pickle ran code, damaged metadata gave bare
-Python errors, and names with control characters made folders.
+A damaged log line is refused, never cuts the history short; a second process cannot train the
+same folder; a planted pickle is refused, never run; damaged metadata is named; names with control
+characters make no folder; a resume refuses an event log emptied or deleted under runs that have
+history; a checkpoint swapped between runs, or copied from another experiment, is refused naming
+the file. (Crafted content of a folder, links and read-only disks: tests/test_hostile_folder.py.)
 """
 
 from __future__ import annotations
@@ -19,10 +21,16 @@ from pathlib import Path
 import pytest
 
 from rapidfire_nb import Experiment
+from rapidfire_nb.automl import RFGridSearch
+from rapidfire_nb.demo_data import tiny_create_model
 from rapidfire_nb.engine.events import EventLog, EventLogError, read_events
 from rapidfire_nb.engine.lock import ExperimentLocked
 from rapidfire_nb.engine.store import CheckpointReadError, ExperimentStore, MetadataError
 from rapidfire_nb.errors import ConfigError
+
+from helpers import customer_support_rows, model, sft, to_chat
+from helpers import events_of as evs
+from helpers import two_chat_runs as grp
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -349,3 +357,87 @@ def test_hostile_safetensors_checkpoints_are_refused_with_a_reason(tmp_path):
     back = store.load_checkpoint(1)
     assert torch.equal(back["w"], state["w"]) and back["steps"] == (1, 2.5, None)
     assert back[0] == "int key" and back["$odd"] == float("inf")
+
+
+# -- resume with the event log emptied or deleted ---------------------------------------------
+
+DATA = (customer_support_rows(16), customer_support_rows(4, seed=1))
+
+
+@pytest.mark.parametrize("damage", ["empty", "deleted"])
+def test_resume_refuses_a_lost_event_log_when_runs_have_history(tmp_path, damage):
+    from rapidfire_nb.engine.events import EventLogError
+
+    exp = Experiment("H", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    exp.end()
+    log = tmp_path / "H" / "events.jsonl"
+    if damage == "empty":
+        log.write_bytes(b"")
+    else:
+        log.unlink()
+    runs_before = (tmp_path / "H" / "runs.json").read_bytes()
+    with pytest.raises(EventLogError, match=r"events.jsonl is (empty|missing) but .*runs.json records 2 run"):
+        Experiment("H", experiment_path=tmp_path, tracking=[], resume=True)
+    assert (tmp_path / "H" / "runs.json").read_bytes() == runs_before
+    assert log.exists() == (damage == "empty") and (damage == "deleted" or log.read_bytes() == b"")
+    # the folder lock was released: a second try gets the same clear refusal, not "in use"
+    with pytest.raises(EventLogError, match="events.jsonl"):
+        Experiment("H", experiment_path=tmp_path, tracking=[], resume=True)
+
+
+def test_resume_of_a_folder_where_no_run_was_created_is_still_allowed(tmp_path):
+    Experiment("F", experiment_path=tmp_path, tracking=[]).end()
+    (tmp_path / "F" / "events.jsonl").write_bytes(b"")
+    again = Experiment("F", experiment_path=tmp_path, tracking=[], resume=True)
+    again.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    assert set(again.get_runs_info().status) == {"completed"}
+    again.end()
+
+
+# -- checkpoints swapped or copied between runs -----------------------------------------------
+
+def test_a_checkpoint_swapped_between_runs_is_refused_naming_the_file(tmp_path):
+    from rapidfire_nb.engine.store import CheckpointReadError
+
+    exp = Experiment("S", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    exp.end()
+    c1 = tmp_path / "S" / "checkpoints" / "run_1" / "state.safetensors"
+    c2 = tmp_path / "S" / "checkpoints" / "run_2" / "state.safetensors"
+    b1, b2 = c1.read_bytes(), c2.read_bytes()
+    c1.write_bytes(b2)
+    c2.write_bytes(b1)
+    with pytest.warns(UserWarning, match=r"run 1 is completed but its checkpoint cannot be used: "
+                                         r".*run_1/state.safetensors belongs to run 2, not run 1"):
+        again = Experiment("S", experiment_path=tmp_path, tracking=[], resume=True)
+        again.run_fit(grp(), tiny_create_model, *DATA, num_chunks=2)
+    with pytest.raises(CheckpointReadError, match=r"run_1/state.safetensors belongs to run 2"):
+        again.engine.run_weights(1)
+    with pytest.raises(CheckpointReadError, match=r"run_2/state.safetensors belongs to run 1"):
+        again.export(2, tmp_path / "out")
+    n = again.clone_modify(1, {"training_args.learning_rate": 0.0}, warm_start=True)
+    assert again.wait(timeout=120)
+    op = evs(again, "op", op="clone")[-1]
+    assert not op["accepted"] and "belongs to run 2" in op["reason"], op
+    assert n not in set(again.get_runs_info().run_id)
+    again.end()
+
+
+def test_a_checkpoint_copied_from_another_experiments_run_is_refused(tmp_path):
+    from rapidfire_nb.engine.store import CheckpointReadError
+
+    one = lambda lr: RFGridSearch(model(sft(lr), formatting_func=to_chat), trainer_type="SFT")  # noqa: E731
+    for name, lr in (("A", 1e-2), ("B", 1e-3)):
+        exp = Experiment(name, experiment_path=tmp_path, tracking=[])
+        exp.run_fit(one(lr), tiny_create_model, *DATA, num_chunks=2)
+        exp.end()
+    ca = tmp_path / "A" / "checkpoints" / "run_1" / "state.safetensors"
+    cb = tmp_path / "B" / "checkpoints" / "run_1" / "state.safetensors"
+    cb.write_bytes(ca.read_bytes())
+    with pytest.warns(UserWarning, match=r"B/checkpoints/run_1/state.safetensors was written for another config"):
+        again = Experiment("B", experiment_path=tmp_path, tracking=[], resume=True)
+        again.run_fit(one(1e-3), tiny_create_model, *DATA, num_chunks=2)
+    with pytest.raises(CheckpointReadError, match=r"B/checkpoints/run_1/state.safetensors was written for another config"):
+        again.engine.run_weights(1)
+    again.end()

@@ -8,7 +8,7 @@ import torch
 from datasets import Dataset
 
 from rapidfire_nb import Experiment
-from rapidfire_nb.automl import List, RFDPOConfig, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.automl import List, Range, RFDPOConfig, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 from rapidfire_nb.demo_data import make_dpo_dataset, make_tiny_model_and_tokenizer, tiny_create_model
 from rapidfire_nb.engine import generation as G
 from rapidfire_nb.engine.runspec import RunSpec
@@ -37,8 +37,13 @@ def test_prompts_and_references_from_every_dataset_shape():
     assert G.split_example({"prompt": [user], "completion": [bot]}) == ([user], "hello")
     convo = [{"role": "system", "content": "s"}, user, bot, user, bot]
     assert G.split_example({"messages": convo}) == (convo[:4], "hello")
-    with pytest.raises(ConfigError, match="a 'messages' column, or 'prompt' with one of completion"):
-        G.split_example({"text": "just text"})
+    # RapidFire's plain-text forms (its GenerationMetricsCallback): input/output, text, instruction/response
+    assert G.split_example({"input": "q", "output": "a"}) == ("q", "a")
+    assert G.split_example({"text": "just text"}) == ("just text", "just text")
+    assert G.split_example({"text": "Q: q A: a", "response": "a", "instruction": "q"}) == ("Q: q A: a", "a")
+    assert G.split_example({"instruction": "q", "response": "a"}) == ("q", "a")
+    with pytest.raises(ConfigError, match="a 'messages' column, 'input'/'output', 'prompt' with one of completion"):
+        G.split_example({"user": "q", "assistant": "a"})
     with pytest.raises(ConfigError, match="no assistant message"):
         G.split_example({"messages": [user]})
 
@@ -62,6 +67,98 @@ def test_chat_template_is_applied_to_conversational_prompts(model_tok):
     assert G.generate(model, tok, [messages], kwargs, 1, 0) == G.generate(model, tok, [templated], kwargs, 1, 0)
     assert G.generate(model, tok, [messages], kwargs, 1, 0) != G.generate(model, tok, ["Reverse the word: river"],
                                                                           kwargs, 1, 0)
+
+
+def test_rapidfire_prompt_settings_shape_the_prompts_generated_from(model_tok):
+    # RapidFire 0.16.2's GenerationMetricsCallback reads max_input_length, truncation_side and
+    # add_generation_prompt from generation_config; they never reach generate()
+    model, tok = model_tok
+    prompt = "Reverse the word: apple\nAnswer: elppa\nReverse the word: river\nAnswer:"
+    ids = tok(prompt)["input_ids"]
+    assert len(ids) > 8
+    gc = {"max_new_tokens": 4, "max_input_length": 6, "truncation_side": "right", "add_generation_prompt": False}
+    kwargs = G.generation_kwargs(spec(generation_config=gc))
+    assert kwargs == {"max_new_tokens": 4, "do_sample": False}
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def direct(kept):
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([kept]), attention_mask=torch.ones(1, len(kept), dtype=torch.long),
+                                 pad_token_id=pad, eos_token_id=tok.eos_token_id, **kwargs)
+        return tok.decode(out[0, len(kept):], skip_special_tokens=True)
+
+    left = G.generate(model, tok, [prompt], kwargs, 1, 0, {"max_input_length": 6})     # RapidFire's default side
+    right = G.generate(model, tok, [prompt], kwargs, 1, 0, G.prompt_settings(spec(generation_config=gc)))
+    assert left == [direct(ids[-6:])] and right == [direct(ids[:6])]
+    # unset: the tokenizer's context less what is generated (RapidFire's rule), never under 64
+    assert tok.model_max_length == 512
+    assert G.prompt_limit(tok, G.prompt_settings(spec()), {"max_new_tokens": 32}) == 480
+    assert G.prompt_limit(tok, G.prompt_settings(spec()), {"max_new_tokens": 500}) == 64
+    assert G.generate(model, tok, [prompt], kwargs, 1, 0) == [direct(ids)]
+    # add_generation_prompt=False: the chat template without the assistant cue
+    messages = [{"role": "user", "content": "Reverse the word: river"}]
+    bare = tok.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
+    assert not bare.endswith("<|assistant|>")
+    assert G.generate(model, tok, [messages], kwargs, 1, 0, {"add_generation_prompt": False}) == \
+        G.generate(model, tok, [bare], kwargs, 1, 0)
+
+
+def test_a_truncated_prompt_keeps_the_bos_the_tokenizer_adds(model_tok):
+    # RapidFire truncates with the tokenizer itself (truncation=True, max_length): the BOS a
+    # Llama-style tokenizer puts first stays first on either side, and the tokenizer's own
+    # truncation_side is left as it was
+    from tokenizers.processors import TemplateProcessing
+
+    from rapidfire_nb.demo_data import make_tokenizer
+
+    model, _ = model_tok
+    tok = make_tokenizer()
+    tok._tokenizer.post_processor = TemplateProcessing(single="<s> $A",
+                                                       special_tokens=[("<s>", tok.bos_token_id)])
+    prompt = "Reverse the word: apple\nAnswer: elppa\nReverse the word: river\nAnswer:"
+    ids = tok(prompt)["input_ids"]
+    assert ids[0] == tok.bos_token_id and len(ids) > 8
+    kwargs = G.generation_kwargs(spec(generation_config={"max_new_tokens": 4}))
+
+    def direct(kept):
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([kept]), attention_mask=torch.ones(1, len(kept), dtype=torch.long),
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **kwargs)
+        return tok.decode(out[0, len(kept):], skip_special_tokens=True)
+
+    tok.truncation_side = "right"
+    left = G.generate(model, tok, [prompt], kwargs, 1, 0, {"max_input_length": 6})
+    right = G.generate(model, tok, [prompt], kwargs, 1, 0, {"max_input_length": 6, "truncation_side": "right"})
+    assert left == [direct([tok.bos_token_id] + ids[-5:])]
+    assert right == [direct(ids[:6])]
+    assert tok.truncation_side == "right"
+
+
+def test_prompt_settings_with_bad_values_are_refused_with_their_name():
+    evald = make_dpo_dataset(2)
+
+    def fn(pair):
+        return {}
+
+    for gc, named in (({"truncation_side": "middle"}, "truncation_side must be 'left' or 'right'"),
+                      ({"max_input_length": 0}, "max_input_length must be a positive int"),
+                      ({"max_input_length": True}, "max_input_length must be a positive int"),
+                      ({"add_generation_prompt": "yes"}, "add_generation_prompt must be True or False")):
+        with pytest.raises(ConfigError, match=named):
+            G.check_eval_dataset(spec(compute_metrics=fn, generation_config=gc), evald)
+        with pytest.raises(ConfigError, match=named):          # and when the config is written
+            RFModelConfig(model_name="tiny", training_args=RFSFTConfig(), compute_metrics=fn, generation_config=gc)
+    G.check_eval_dataset(spec(compute_metrics=fn, generation_config={"max_input_length": None}), evald)
+    # a grid over a prompt setting: every value is checked when the config is written, since a
+    # search (RFOptuna) may draw one only when it refills a slot, after run_fit's checks
+    RFModelConfig(model_name="tiny", training_args=RFSFTConfig(), compute_metrics=fn,
+                  generation_config={"max_input_length": List([16, 32]), "truncation_side": List(["left", "right"])})
+    for gc, named in (({"truncation_side": List(["left", "middle"])}, "truncation_side must be 'left' or 'right'"),
+                      ({"max_input_length": List([16, True])}, "max_input_length must be a positive int"),
+                      ({"max_input_length": Range(0, 64)}, "max_input_length must be a positive int"),
+                      ({"add_generation_prompt": List([True, "no"])}, "add_generation_prompt must be True or False")):
+        with pytest.raises(ConfigError, match=named):
+            RFModelConfig(model_name="tiny", training_args=RFSFTConfig(), compute_metrics=fn, generation_config=gc)
 
 
 def test_generation_leaves_every_rng_untouched_and_sampling_is_reproducible(model_tok):
@@ -109,9 +206,11 @@ def test_bad_generation_settings_are_refused_before_training():
     with pytest.raises(ConfigError, match="generation_config is invalid"):
         G.check_eval_dataset(spec(compute_metrics=fn, generation_config={"max_new_tokens": -1}), evald)
     with pytest.raises(ConfigError, match="needs an eval_dataset"):
-        G.check_eval_dataset(spec(compute_metrics=fn), None)
-    with pytest.raises(ConfigError, match="compute_metrics needs prompts and references"):
-        G.check_eval_dataset(spec(compute_metrics=fn), Dataset.from_list([{"text": "x"}]))
+        G.check_eval_dataset(spec(compute_metrics=fn, generation_config={}), None)
+    with pytest.raises(ConfigError, match="compute_metrics with generation_config needs prompts and references"):
+        G.check_eval_dataset(spec(compute_metrics=fn, generation_config={}), Dataset.from_list([{"user": "x"}]))
+    # without generation_config an SFT compute_metrics is the Trainer's (logits): no columns needed
+    G.check_eval_dataset(spec(compute_metrics=fn), Dataset.from_list([{"user": "x"}]))
     assert G.generation_kwargs(spec()) == {"max_new_tokens": 32, "do_sample": False}
     assert G.generation_kwargs(spec(generation_config={"max_length": 20})) == {"max_length": 20, "do_sample": False}
 
@@ -185,7 +284,7 @@ def test_bad_eval_columns_for_compute_metrics_are_refused_by_run_fit(tmp_path):
     train = make_dpo_dataset(8)
     evald = make_dpo_dataset(2)
     args = RFDPOConfig(learning_rate=1e-3, per_device_train_batch_size=4, bf16=False, max_length=48)
-    # a bad generation_config key is refused when the config is built (issue 15), as clone_modify does
+    # a bad generation_config key is refused when the config is built, as clone_modify does
     with pytest.raises(ConfigError, match="max_new_tokns"):
         RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), training_args=args,
                       compute_metrics=recording_metrics([]), generation_config={"max_new_tokns": 2})

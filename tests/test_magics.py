@@ -22,7 +22,9 @@ from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig,
 from rapidfire_nb.demo_data import tiny_create_model
 from rapidfire_nb.engine.events import read_events
 from rapidfire_nb.engine.state import fold
+from rapidfire_nb.notebook import magic_args as A
 from rapidfire_nb.notebook import magics as M
+from rapidfire_nb.notebook import status_text as S
 
 LR1, LR2 = 1e-3, 2e-2
 
@@ -158,55 +160,55 @@ def test_worker_lines_before_the_loss_and_with_chunks_in_flight():
     events = read_events(RAY_LOG)
     lost_at = next(ev["seq"] for ev in events if ev["type"] == "worker_lost")
     before = fold([ev for ev in events if ev["seq"] < lost_at])
-    assert M.worker_lines(before, {"w0": 1, "w1": 3}) == [
+    assert S.worker_lines(before, {"w0": 1, "w1": 3}) == [
         "workers: 2",
         "  w0  node 192.0.2.2  w0:cpu  training run 1; last trained run 1 (epoch 1 · chunk 1/3)",
         "  w1  node 192.0.2.2  w1:cpu  training run 3; last trained run 2 (epoch 1 · chunk 2/3)",
     ]
     # the workers event alone: known workers, nothing trained yet
     first = next(ev["seq"] for ev in events if ev["type"] == "workers")
-    assert M.worker_lines(fold([ev for ev in events if ev["seq"] <= first]), {"w1": 2}) == [
+    assert S.worker_lines(fold([ev for ev in events if ev["seq"] <= first]), {"w1": 2}) == [
         "workers: 2",
         "  w0  node 192.0.2.2  w0:cpu  no chunk trained yet",
         "  w1  node 192.0.2.2  w1:cpu  training run 2",
     ]
     # a lost worker trains nothing, whatever a stale in-flight map says
-    after = M.worker_lines(fold(events), {"w1": 1})
+    after = S.worker_lines(fold(events), {"w1": 1})
     assert after[2] == f"  w1  node 192.0.2.2  w1:cpu  {W1_LOST}; last trained run 2 (epoch 1 · chunk 2/3)"
 
 
 def test_worker_lines_when_no_worker_is_left():
     table = fold(read_events(RAY_LOG))
     table["lost_workers"][0]["workers_left"] = 0
-    assert "runs 1, 2 stopped (no worker left)" in M.worker_lines(table)[2]
-    assert "trained again" not in M.worker_lines(table)[2]
+    assert "runs 1, 2 stopped (no worker left)" in S.worker_lines(table)[2]
+    assert "trained again" not in S.worker_lines(table)[2]
 
 
 def test_status_names_each_live_workers_log_file():
     events = read_events(RAY_LOG)
-    logs = M.worker_logs(events)
+    logs = S.worker_logs(events)
     assert logs == {"w0": "/tmp/rapidfire-w0-ilfm4xpt/worker.log", "w1": "/tmp/rapidfire-w1-1bkw2vf8/worker.log"}
-    lines = M.worker_lines(fold(events), {}, live=True, logs=logs)
+    lines = S.worker_lines(fold(events), {}, live=True, logs=logs)
     assert lines[1].endswith("last trained run 3 (epoch 1 · chunk 3/3)  log /tmp/rapidfire-w0-ilfm4xpt/worker.log")
     assert lines[2].endswith("  log /tmp/rapidfire-w1-1bkw2vf8/worker.log")
     # a later session's pool reuses the name w1: its listing (and log) wins
     later = copy.deepcopy(events[-1])
     later.update(seq=later["seq"] + 1, type="workers",
                  workers=[{"worker": "w1", "node": "192.0.2.2", "device": "w1:cpu", "log": "/tmp/new/worker.log"}])
-    assert M.worker_logs(events + [later])["w1"] == "/tmp/new/worker.log"
+    assert S.worker_logs(events + [later])["w1"] == "/tmp/new/worker.log"
 
 
 def test_the_kernel_engine_has_no_worker_lines():
-    assert M.worker_lines(fold(read_events(RAY_LOG.with_name("sft_basic.jsonl")))) == []
+    assert S.worker_lines(fold(read_events(RAY_LOG.with_name("sft_basic.jsonl")))) == []
 
 
 def test_status_says_workers_are_starting_before_the_log_names_them():
     # a live worker engine whose workers are not up yet: no `workers` event in the log so far
     table = fold([e for e in read_events(RAY_LOG) if e["type"] not in ("workers", "chunk_done", "worker_lost")])
     assert not table.get("workers")
-    (line,) = M.worker_lines(table, {}, live=True, starting=2)
+    (line,) = S.worker_lines(table, {}, live=True, starting=2)
     assert line.startswith("workers: 2 starting") and "pending" in line
-    assert M.worker_lines(table, {}, live=False, starting=2) == []   # no engine runs them now
+    assert S.worker_lines(table, {}, live=False, starting=2) == []   # no engine runs them now
 
 
 # -- the commands on a live experiment -----------------------------------------------------------
@@ -268,15 +270,21 @@ def test_clone_cold_and_warm(exp, shell, capsys):
     assert spec4.training_args["num_train_epochs"] == 2
     assert exp.engine.snapshot()[4].completed_steps == 2 * exp.engine.snapshot()[2].completed_steps
     table = shell.run_line_magic("rapidfire", "status")
-    assert table.loc[3, "from"] == "1 (cold)" and table.loc[4, "from"] == "2 (warm)"
-    # progress is what the panel shows: the stream position of each run's last chunk_done event
-    # (a warm clone continues its parent's stream, so its own count of chunks done is not it)
+    # run 2 finished its stream: the warm clone's data starts over at chunk 1, told beside its parent
+    assert table.loc[3, "from"] == "1 (cold)" and table.loc[4, "from"] == "2 (warm, data from chunk 1/2)"
+    # progress is the panel's (js/src/format.ts chunkText, stepText): the run's own steps from 0 and
+    # its own epoch of its schedule, with the chunk of data it trained last; a warm clone's engine
+    # counters start at its parent's position, which is not progress of its own
     last = {}
     for ev in exp.events.since(0):
         if ev["type"] == "chunk_done":
             last[ev["run_id"]] = ev
-    for rid, ev in last.items():
-        assert table.loc[rid, "progress"] == f"epoch {ev['epoch'] + 1} · chunk {ev['chunk'] + 1}/2", rid
+    created = {ev["run_id"]: ev for ev in exp.events.since(0) if ev["type"] == "run_created"}
+    for rid, epochs in ((1, 1), (2, 1), (3, 2), (4, 2)):
+        own_total = created[rid]["total_steps"] - created[rid]["base_step"]
+        assert table.loc[rid, "steps"] == f"{own_total}/{own_total}", rid
+        assert table.loc[rid, "progress"] == f"epoch {epochs}/{epochs} · chunk {last[rid]['chunk'] + 1}/2", rid
+    assert int(table.loc[4, "steps"].split("/")[0]) == 2 * exp.engine.snapshot()[2].completed_steps
 
 
 def test_knobs_lists_the_editable_knobs(exp, shell, capsys):
@@ -381,7 +389,7 @@ BAD = [
 
 def _snapshot(exp):
     runs = {rid: (r.status, r.completed_steps) for rid, r in exp.engine.snapshot().items()}
-    return runs, exp.events.last_seq, not exp.engine.ops_pending(), set(exp._reserved_ids)
+    return runs, exp.events.last_seq, not exp.engine.ops_pending(), set(exp.engine.reserved_ids)
 
 
 @pytest.mark.parametrize("line,needles", BAD, ids=[b[0] for b in BAD])
@@ -398,18 +406,18 @@ def test_malformed_input_changes_nothing(exp, shell, capsys, tmp_path, monkeypat
 
 def test_ambiguous_short_name_is_an_error():
     knobs = {"training_args.beta": 0.1, "generation_config.beta": 0.5, "peft_config.r": 8}
-    with pytest.raises(M.MagicError, match="ambiguous.*generation_config.beta or training_args.beta"):
-        M.resolve_key("beta", knobs, 1)
-    assert M.resolve_key("training_args.beta", knobs, 1) == "training_args.beta"
-    assert M.resolve_key("rank", knobs, 1) == "peft_config.r"
+    with pytest.raises(A.MagicError, match="ambiguous.*generation_config.beta or training_args.beta"):
+        A.resolve_key("beta", knobs, 1)
+    assert A.resolve_key("training_args.beta", knobs, 1) == "training_args.beta"
+    assert A.resolve_key("rank", knobs, 1) == "peft_config.r"
 
 
 # -- the parser on its own -----------------------------------------------------------------------
 
 def test_split_args_keeps_quotes_and_brackets():
-    assert M.split_args('clone 1 target_modules=["q_proj", "v_proj"] name="a b" --warm-start') == [
+    assert A.split_args('clone 1 target_modules=["q_proj", "v_proj"] name="a b" --warm-start') == [
         "clone", "1", 'target_modules=["q_proj", "v_proj"]', 'name="a b"', "--warm-start"]
-    assert M.split_args("  status  ") == ["status"]
+    assert A.split_args("  status  ") == ["status"]
 
 
 @pytest.mark.parametrize("text,value", [
@@ -418,20 +426,20 @@ def test_split_args_keeps_quotes_and_brackets():
     ("('q_proj', 'v_proj')", ["q_proj", "v_proj"]), ('{"a": 1}', {"a": 1}), ("-3", -3),
 ])
 def test_parse_value_reads_literals(text, value):
-    assert M.parse_value(text, "k") == value
+    assert A.parse_value(text, "k") == value
 
 
 @pytest.mark.parametrize("text", ["abc", "__import__('os')", "1+", "open('x')", "[x for x in ()]",
                                   "b'x'", "1j", "{1, 2}", "{1: 2}", "NaN", "1e999", "lambda: 0"])
 def test_parse_value_refuses_non_literals(text):
-    with pytest.raises(M.MagicError):
-        M.parse_value(text, "k")
+    with pytest.raises(A.MagicError):
+        A.parse_value(text, "k")
 
 
 def test_bare_words_only_for_string_knobs():
-    assert M.parse_value("cosine", "lr_scheduler_type", bare_word_ok=True) == "cosine"
-    with pytest.raises(M.MagicError):
-        M.parse_value("os.system('x')", "lr_scheduler_type", bare_word_ok=True)
+    assert A.parse_value("cosine", "lr_scheduler_type", bare_word_ok=True) == "cosine"
+    with pytest.raises(A.MagicError):
+        A.parse_value("os.system('x')", "lr_scheduler_type", bare_word_ok=True)
 
 
 def test_engine_state_after_all_commands(exp):
@@ -442,6 +450,7 @@ def test_engine_state_after_all_commands(exp):
     assert 3 not in exp.engine.executor.trainers
 
 
+@pytest.mark.slow
 def test_load_ext_keeps_library_import_chatter_out_of_the_cell():
     """bitsandbytes (imported by peft) logs a 'Failed to load CPU gemm_4bit_forward' warning at
     import on machines without the `kernels` package; after %load_ext nothing of it is printed."""
@@ -463,11 +472,11 @@ def test_load_ext_keeps_library_import_chatter_out_of_the_cell():
 def test_status_sorts_best_eval_loss_first_like_the_panel():
     # every live run has a best eval loss: lowest first, ties by id; deleted/pruned ones after, by id
     ranks = {1: (0.9, False), 2: (0.5, False), 3: (0.7, True), 4: (0.5, False), 5: (None, True)}
-    assert M.best_first([1, 2, 3, 4, 5], ranks) == [2, 4, 1, 3, 5]
+    assert S.best_first([1, 2, 3, 4, 5], ranks) == [2, 4, 1, 3, 5]
     # one live run without an eval yet (or a NaN one): a ranking with gaps, so run order is kept
-    assert M.best_first([1, 2, 3], {1: (0.9, False), 2: (None, False), 3: (0.1, False)}) == [1, 2, 3]
-    assert M.best_first([1, 2], {1: (0.9, False), 2: (float("nan"), False)}) == [1, 2]
-    assert M.best_first([], {}) == []
+    assert S.best_first([1, 2, 3], {1: (0.9, False), 2: (None, False), 3: (0.1, False)}) == [1, 2, 3]
+    assert S.best_first([1, 2], {1: (0.9, False), 2: (float("nan"), False)}) == [1, 2]
+    assert S.best_first([], {}) == []
 
 
 def test_status_shows_a_dash_for_a_run_no_worker_trained_yet(exp):
@@ -477,7 +486,7 @@ def test_status_shows_a_dash_for_a_run_no_worker_trained_yet(exp):
     info = exp.get_runs_info()
     # get_runs_info on Ray workers: a `worker` column, None for a run that trained no chunk yet
     info["worker"] = pd.Series(["w0"] + [None] * (len(info) - 1), index=info.index, dtype=object)
-    table = M.status_table(exp, info)
+    table = S.status_table(exp, info)
     first = int(info.run_id.iloc[0])
     assert table.loc[first, "worker"] == "w0"
     assert set(table.drop(index=first)["worker"]) == {"-"}
@@ -509,13 +518,14 @@ def test_status_lists_the_ops_queued_for_the_next_chunk_boundary(shell, capsys, 
 
 
 def test_progress_before_any_chunk_uses_the_panels_words():
-    # js/src/state.ts chunkText: the same three texts before a run's first chunk_done
-    assert M._chunk_text(None, None, 4, "pending") == "first chunk next"
-    assert M._chunk_text(None, None, 4, "running", True, 3) == "warm start from run 3 · first chunk next"
-    assert M._chunk_text(None, None, 4, "stopped") == "no chunk trained"
-    assert M._chunk_text(1, 0, 4, "completed") == "epoch 2 · chunk 1/4"
+    # js/src/format.ts chunkText: the same three texts before a run's first chunk_done
+    assert S._chunk_text(None, None, 4, "pending") == "first chunk next"
+    assert S._chunk_text(None, None, 4, "running", True, 3) == "warm start from run 3 · first chunk next"
+    assert S._chunk_text(None, None, 4, "stopped") == "no chunk trained"
+    assert S._chunk_text(1, 0, 4, "completed") == "epoch 2 · chunk 1/4"
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_status_names_the_run_each_live_worker_trains(shell, capsys, tmp_path, tiny_data):
     """A real local Ray (two CPU "GPUs", ~45 s here): while chunks are in flight, status names the
@@ -587,13 +597,13 @@ def _resumed_events() -> list[dict]:
 
 
 def test_status_does_not_call_a_later_sessions_worker_of_the_same_name_lost():
-    lines = M.worker_lines(fold(_resumed_events()), {"w1": 3})
+    lines = S.worker_lines(fold(_resumed_events()), {"w1": 3})
     (w1,) = [ln for ln in lines if ln.strip().startswith("w1 ")]
     assert "LOST" not in w1, w1
     assert "training run 3" in w1, w1
     assert lines[0] == "workers: 2", lines[0]
     # not running: the header says these are the last session's workers, and nothing trains
-    idle = M.worker_lines(fold(_resumed_events()), {"w1": 3}, live=False)
+    idle = S.worker_lines(fold(_resumed_events()), {"w1": 3}, live=False)
     assert idle[0] == "workers of the last session (not running now): 2"
     assert not any("training run" in ln for ln in idle)
 
@@ -604,7 +614,7 @@ def test_status_survives_a_chunk_done_with_a_malformed_epoch():
         if e["type"] == "chunk_done" and e["worker"] == "w0":
             e["epoch"] = "x"
     # the reducer skips malformed fields ("never raised"); status must not raise on them either
-    lines = M.worker_lines(fold(events))
+    lines = S.worker_lines(fold(events))
     assert lines[0] == "workers: 2 (1 lost)"
     assert lines[1] == "  w0  node 192.0.2.2  w0:cpu  last trained run 3"
 
@@ -615,7 +625,7 @@ def test_status_without_epoch_and_chunk_says_only_the_run_last_trained():
         if e["type"] == "chunk_done":
             e.pop("epoch")
             e.pop("chunk")
-    lines = M.worker_lines(fold(events))
+    lines = S.worker_lines(fold(events))
     assert not any("(no chunk trained)" in ln for ln in lines), lines
     assert lines[2].endswith("; last trained run 2"), lines
 
@@ -625,15 +635,15 @@ def test_status_with_a_blank_ray_reason_has_no_empty_lost_text():
     for e in events:
         if e["type"] == "worker_lost":
             e["reason"] = "\n  \n"
-    lines = M.worker_lines(fold(events))
+    lines = S.worker_lines(fold(events))
     assert not any("LOST: ;" in ln or ln.rstrip().endswith("LOST:") for ln in lines), lines
     assert "LOST; runs 1, 2 continue" in lines[2]
 
 
 def test_status_does_not_repeat_the_error_type_of_a_ray_task_error():
-    assert M._reason_text("RayTaskError(ValueError): ray::ChunkWorker.train_chunk()\n"
+    assert S._reason_text("RayTaskError(ValueError): ray::ChunkWorker.train_chunk()\n"
                           "  File \"x.py\", line 1\nValueError: boom") == "RayTaskError(ValueError): boom"
-    assert M._reason_text("ActorDiedError: The actor died\nmore\nit was killed.") == "ActorDiedError: it was killed"
+    assert S._reason_text("ActorDiedError: The actor died\nmore\nit was killed.") == "ActorDiedError: it was killed"
 
 
 def test_status_says_the_experiment_folder_is_gone(shell, capsys, tmp_path):
@@ -667,6 +677,7 @@ def test_the_table_docstrings_name_every_column(exp):
     assert Experiment.editable_knobs.__doc__
 
 
+@pytest.mark.slow
 def test_a_plain_script_gets_no_bitsandbytes_kernels_line(tmp_path):
     """Without %load_ext or the CLI (a script, or a notebook that only imports rapidfire_nb): the
     configs' and run_fit's peft/trl imports keep bitsandbytes' 'pip install kernels' warning out."""

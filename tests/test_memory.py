@@ -13,6 +13,7 @@ import gc
 import time
 import warnings
 
+import pytest
 import torch
 
 from rapidfire_nb import Experiment
@@ -26,6 +27,8 @@ from rapidfire_nb.automl import (
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.adapters.base import RunTrainer
+
+pytestmark = pytest.mark.slow   # slow tier: twenty runs through one experiment
 
 TOTAL_RUNS = 20
 ALIVE = 4

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # slow tier: executes every tutorial notebook in a kernel
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -80,7 +82,8 @@ def test_notebook_is_committed_clean_and_complete(path):
     install = [s for s in sources if "%pip install" in s]
     assert len(install) == 1, f"{path.name}: one install cell"
     assert 'if "google.colab" in sys.modules:' in install[0], f"{path.name}: %pip must be guarded for Colab"
-    assert f"git+{repo}" in install[0], f"{path.name}: the install cell must install from {repo}"
+    assert f'REPO, REF = "{repo}", "main"' in install[0] and "git+{REPO}@{REF}" in install[0], \
+        f"{path.name}: the install cell must install from {repo} (its REPO setting)"
 
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "RF_SMOKE" in _source(params[0]), f"{path.name}: a parameters cell reading RF_SMOKE"

@@ -16,6 +16,8 @@ from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig,
 from rapidfire_nb.demo_data import tiny_create_model
 from rapidfire_nb.errors import ConfigError
 
+pytestmark = pytest.mark.slow   # slow tier: trains offloaded and resident experiments side by side
+
 
 def group(full: bool = False):
     lora = None if full else RFLoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
@@ -129,18 +131,18 @@ def test_auto_moves_nothing_without_a_gpu_and_bad_values_are_refused(tiny_data, 
 
 
 def rl_group(kind: str):
-    from test_dpo_grpo import LORA, dpo_args, grpo_args, short_answer
+    from helpers import PREFERENCE_LORA, dpo_args, grpo_args, short_answer
 
     from rapidfire_nb.automl import RFLoraConfig as Lora
 
     if kind == "dpo-lora":
-        cfg = RFModelConfig(model_name="tiny", peft_config=Lora(**LORA),
+        cfg = RFModelConfig(model_name="tiny", peft_config=Lora(**PREFERENCE_LORA),
                             training_args=dpo_args(List([1e-3, 2e-2]), 0.1))
         return RFGridSearch(cfg, trainer_type="DPO")
     if kind == "dpo-full":
         cfg = RFModelConfig(model_name="tiny", training_args=dpo_args(List([1e-4, 1e-3]), 0.1))
         return RFGridSearch(cfg, trainer_type="DPO")
-    cfg = RFModelConfig(model_name="tiny", peft_config=Lora(**LORA), reward_funcs=[short_answer],
+    cfg = RFModelConfig(model_name="tiny", peft_config=Lora(**PREFERENCE_LORA), reward_funcs=[short_answer],
                         training_args=grpo_args(List([1e-3, 2e-2]), 2, beta=0.1))
     return RFGridSearch(cfg, trainer_type="GRPO")
 

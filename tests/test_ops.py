@@ -17,25 +17,14 @@ import pytest
 import torch
 
 from rapidfire_nb import Experiment
-from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.automl import RFGridSearch, RFLoraConfig, RFModelConfig
 from rapidfire_nb.demo_data import tiny_create_model
 from rapidfire_nb.errors import ConfigError, OpRefused
 
-LR_A, LR_B = 3e-2, 1e-2
+from helpers import LR_A, LR_B, events_of, on_chunk_done, ops_group
+
 LR_TINY = 1e-6        # a clone trained at this rate barely moves from where it started
 NUM_CHUNKS = 4        # 64 examples, batch 8: 8 steps, 2 per chunk
-
-
-def config(lr):
-    return RFModelConfig(
-        model_name="tiny", model_kwargs={"hidden_size": 32},
-        peft_config=RFLoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
-        training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=8, num_train_epochs=1,
-                                  max_length=64, bf16=False, lr_scheduler_type="linear"))
-
-
-def group(*lrs):
-    return RFGridSearch(config(List(list(lrs)) if len(lrs) > 1 else lrs[0]), trainer_type="SFT")
 
 
 def renamed(weights):
@@ -55,31 +44,6 @@ def assert_same_weights(a, b):
         assert torch.equal(a[k], b[k]), k
 
 
-def on_chunk_done(exp, run_id, chunk, action):
-    """Call ``action()`` in the engine thread once ``run_id`` has finished ``chunk`` (epoch 0).
-
-    Returns a list that receives ``True`` when it fired, or the exception ``action`` raised
-    (the event log swallows listener exceptions, so tests must look)."""
-    fired: list = []
-
-    def listener(ev):
-        if (ev["type"] == "chunk_done" and ev["run_id"] == run_id and ev["epoch"] == 0
-                and ev["chunk"] == chunk and not fired):
-            fired.append(True)
-            try:
-                action()
-            except Exception as exc:  # noqa: BLE001 - surfaced by the test
-                fired.append(exc)
-
-    exp.events.subscribe(listener)
-    return fired
-
-
-def events(exp, type_, **match):
-    return [e for e in exp.events.since(0)
-            if e["type"] == type_ and all(e.get(k) == v for k, v in match.items())]
-
-
 def evals(exp, run_id):
     res = exp.get_results()
     sel = res[(res.run_id == run_id) & (res.metric == "eval_loss")]
@@ -95,8 +59,8 @@ def train_losses(exp, run_id):
 def assert_ops_within_one_chunk(exp):
     """The timeline check for op latency: between an op's submission and its application at most
     one chunk boundary passes (the chunk in flight), and that chunk had started before the op."""
-    chunks = events(exp, "chunk_done")
-    for op in events(exp, "op"):
+    chunks = events_of(exp, "chunk_done")
+    for op in events_of(exp, "op"):
         submitted = op["time"] - op["latency_s"]
         ended_between = [c for c in chunks if submitted < c["end"] and c["seq"] < op["seq"]]
         assert len(ended_between) <= 1, (op, ended_between)
@@ -109,7 +73,7 @@ def reference(tmp_path_factory, tiny_data):
     """Runs A and B trained to the end with no op at all."""
     train, evald = tiny_data
     exp = Experiment("reference", experiment_path=tmp_path_factory.mktemp("ref"))
-    exp.run_fit(group(LR_A, LR_B), tiny_create_model, train, evald, num_chunks=NUM_CHUNKS, seed=5)
+    exp.run_fit(ops_group(LR_A, LR_B), tiny_create_model, train, evald, num_chunks=NUM_CHUNKS, seed=5)
     assert set(exp.get_runs_info().status) == {"completed"}
     yield exp
     exp.end()
@@ -121,17 +85,17 @@ def test_stop_then_resume_ends_with_the_weights_of_a_run_never_stopped(reference
     train, evald = tiny_data
     exp = Experiment("stop-resume", experiment_path=tmp_path)
     fired = on_chunk_done(exp, 1, 1, lambda: exp.stop(1))
-    exp.run_fit(group(LR_A, LR_B), tiny_create_model, train, evald, num_chunks=NUM_CHUNKS, seed=5)
+    exp.run_fit(ops_group(LR_A, LR_B), tiny_create_model, train, evald, num_chunks=NUM_CHUNKS, seed=5)
     assert fired == [True]
     info = exp.get_runs_info().set_index("run_id")
     assert info.loc[1, "status"] == "stopped" and info.loc[2, "status"] == "completed"
 
     # the stopped run trained no chunk after the stop took effect
-    stop_op = events(exp, "op", op="stop", run_id=1)[0]
+    stop_op = events_of(exp, "op", op="stop", run_id=1)[0]
     assert stop_op["accepted"]
-    after = [c for c in events(exp, "chunk_done", run_id=1) if c["seq"] > stop_op["seq"]]
+    after = [c for c in events_of(exp, "chunk_done", run_id=1) if c["seq"] > stop_op["seq"]]
     assert after == []
-    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=1)] == [0, 1]
+    assert [c["chunk"] for c in events_of(exp, "chunk_done", run_id=1)] == [0, 1]
     assert int(info.loc[1, "chunks_done"]) == 2
     assert exp.store.load_checkpoint(1) is not None, "a stopped run keeps its checkpoint"
 
@@ -142,12 +106,12 @@ def test_stop_then_resume_ends_with_the_weights_of_a_run_never_stopped(reference
     assert exp.wait(timeout=300)
     assert exp.engine.thread is not first_thread
     assert exp.get_runs_info().set_index("run_id").loc[1, "status"] == "completed"
-    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=1)] == [0, 1, 2, 3]
+    assert [c["chunk"] for c in events_of(exp, "chunk_done", run_id=1)] == [0, 1, 2, 3]
 
     for rid in (1, 2):
         assert_same_weights(exp.engine.run_weights(rid), reference.engine.run_weights(rid))
         assert train_losses(exp, rid) == train_losses(reference, rid)
-    statuses = [e["status"] for e in events(exp, "run_status", run_id=1)]
+    statuses = [e["status"] for e in events_of(exp, "run_status", run_id=1)]
     assert statuses == ["pending", "running", "stopped", "pending", "running", "completed"]
     assert_ops_within_one_chunk(exp)
     exp.end()
@@ -165,10 +129,10 @@ def test_stopping_a_pending_run_takes_effect_before_it_trains(tiny_data, tmp_pat
             exp.stop(2)
 
     exp.events.subscribe(listener)
-    exp.run_fit(group(LR_A, LR_B), tiny_create_model, train.select(range(32)), evald, num_chunks=2,
+    exp.run_fit(ops_group(LR_A, LR_B), tiny_create_model, train.select(range(32)), evald, num_chunks=2,
                 seed=5)
     assert fired == [True]
-    assert events(exp, "chunk_done", run_id=2) == []
+    assert events_of(exp, "chunk_done", run_id=2) == []
     assert exp.get_runs_info().set_index("run_id").loc[2, "status"] == "stopped"
     exp.end()
 
@@ -189,7 +153,7 @@ def cloned(tmp_path_factory, tiny_data):
         ids.append(exp.clone_modify(1, {"training_args.learning_rate": LR_B}))
 
     fired = on_chunk_done(exp, 1, 1, branch)
-    exp.run_fit(group(LR_A), tiny_create_model, train, evald, num_chunks=NUM_CHUNKS, seed=5)
+    exp.run_fit(ops_group(LR_A), tiny_create_model, train, evald, num_chunks=NUM_CHUNKS, seed=5)
     assert fired == [True], fired
     assert ids == [2, 3, 4]
     yield exp
@@ -212,8 +176,8 @@ def test_warm_clone_starts_where_its_parent_is(cloned):
     # RapidFire's warm start: the clone's data starts at the chunk after the parent's last
     # completed one and it trains its own full schedule (8 steps = 4 chunks), wrapping around
     assert warm_first[0] == branch_chunk + 1
-    assert [(c["epoch"], c["chunk"]) for c in events(exp, "chunk_done", run_id=2)] == [(0, 2), (0, 3), (1, 0), (1, 1)]
-    created = events(exp, "run_created", run_id=2)[0]
+    assert [(c["epoch"], c["chunk"]) for c in events_of(exp, "chunk_done", run_id=2)] == [(0, 2), (0, 3), (1, 0), (1, 1)]
+    created = events_of(exp, "run_created", run_id=2)[0]
     assert created["total_steps"] - created["base_step"] == 8
     # its curve continues the parent's samples-seen axis from the branch point
     assert created["base_samples_seen"] == branch_samples
@@ -227,17 +191,24 @@ def test_warm_clone_starts_where_its_parent_is(cloned):
 
 
 def test_status_shows_a_warm_clones_progress_as_the_panel_does(cloned):
-    """``%rapidfire status`` and the panel (js/src/state.ts chunkText) both show the stream
-    position of the run's last chunk_done event: for the warm clone, which read chunks 3, 4 of
-    epoch 1 then 1, 2 of epoch 2, that is "epoch 2 · chunk 2/4", not its own 4th chunk."""
-    from rapidfire_nb.notebook.magics import status_table
+    """``%rapidfire status`` and the panel (js/src/format.ts chunkText, stepText) both show the
+    run's own progress: its own steps from 0 and its own epoch of its schedule, with the chunk of
+    data it trained last. The warm clone (run 2, 1 epoch) read chunks 3, 4 of the stream's epoch 1
+    then 1, 2 of epoch 2: that is "epoch 1/1 · chunk 2/4" and 8/8 steps, not "epoch 2" and the
+    parent's step count added; where its data starts is a separate fact, beside its parent."""
+    from rapidfire_nb.notebook.status_text import status_table
 
     table = status_table(cloned)
     for rid in (1, 2, 3, 4):
-        last = events(cloned, "chunk_done", run_id=rid)[-1]
-        assert table.loc[rid, "progress"] == (
-            f"epoch {last['epoch'] + 1} · chunk {last['chunk'] + 1}/{NUM_CHUNKS}"), rid
-    assert table.loc[2, "progress"] == f"epoch 2 · chunk 2/{NUM_CHUNKS}"
+        last = events_of(cloned, "chunk_done", run_id=rid)[-1]
+        assert table.loc[rid, "progress"] == f"epoch 1/1 · chunk {last['chunk'] + 1}/{NUM_CHUNKS}", rid
+    created = events_of(cloned, "run_created", run_id=2)[0]
+    assert created["base_step"] > 0     # the engine's counters start at the parent's position
+    assert table.loc[2, "steps"] == "8/8"
+    assert table.loc[2, "progress"] == f"epoch 1/1 · chunk 2/{NUM_CHUNKS}"
+    assert table.loc[2, "from"] == f"1 (warm, data from chunk 3/{NUM_CHUNKS})"
+    assert table.loc[3, "from"] == "1 (cold)"
+    assert table.loc[1, "steps"] == "8/8"
 
 
 def test_warm_clone_has_its_own_optimizer_and_schedule(cloned):
@@ -253,7 +224,7 @@ def test_warm_clone_has_its_own_optimizer_and_schedule(cloned):
 
 def test_cold_clone_trains_from_scratch(cloned, reference):
     exp = cloned
-    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=4)] == [0, 1, 2, 3]
+    assert [c["chunk"] for c in events_of(exp, "chunk_done", run_id=4)] == [0, 1, 2, 3]
     assert train_losses(exp, 4)[0][0] == 1
     # a cold clone of run 1 at LR_B is the reference's LR_B run, bit for bit
     assert_same_weights(exp.engine.run_weights(4), reference.engine.run_weights(2))
@@ -264,10 +235,10 @@ def test_cold_clone_trains_from_scratch(cloned, reference):
 
 def test_clone_ops_were_applied_before_any_further_chunk(cloned):
     exp = cloned
-    ops = events(exp, "op", op="clone")
+    ops = events_of(exp, "op", op="clone")
     assert [o["new_run_id"] for o in ops] == [2, 3, 4] and all(o["accepted"] for o in ops)
-    branch = [c for c in events(exp, "chunk_done", run_id=1) if c["chunk"] == 1][0]
-    later = [c for c in events(exp, "chunk_done") if c["seq"] > branch["seq"]]
+    branch = [c for c in events_of(exp, "chunk_done", run_id=1) if c["chunk"] == 1][0]
+    later = [c for c in events_of(exp, "chunk_done") if c["seq"] > branch["seq"]]
     assert all(o["seq"] < later[0]["seq"] for o in ops)
     assert_ops_within_one_chunk(exp)
 
@@ -276,7 +247,7 @@ def test_clone_ops_were_applied_before_any_further_chunk(cloned):
 
 def _snapshot(exp):
     runs = {rid: (r.status, r.completed_steps, r.spec.fingerprint()) for rid, r in exp.engine.snapshot().items()}
-    return runs, exp.events.last_seq, not exp.engine.ops_pending(), set(exp._reserved_ids)
+    return runs, exp.events.last_seq, not exp.engine.ops_pending(), set(exp.engine.reserved_ids)
 
 
 @pytest.mark.parametrize("call,error,needle", [
@@ -315,7 +286,7 @@ def test_refused_ops_raise_and_change_nothing(reference, call, error, needle):
 def test_ops_on_a_deleted_run_are_refused(tiny_data, tmp_path):
     train, evald = tiny_data
     exp = Experiment("deleted-ops", experiment_path=tmp_path)
-    exp.run_fit(group(LR_A), tiny_create_model, train.select(range(32)), evald, num_chunks=2, seed=5)
+    exp.run_fit(ops_group(LR_A), tiny_create_model, train.select(range(32)), evald, num_chunks=2, seed=5)
     exp.delete(1)
     assert exp.wait(timeout=60)
     for call, needle in [(lambda: exp.delete(1), "already deleted"), (lambda: exp.stop(1), "deleted"),
@@ -335,17 +306,17 @@ def test_warm_clone_raced_by_the_deletion_of_its_parent_is_refused(tiny_data, tm
 
     def race():
         # the delete is queued, not applied yet: the warm clone is validated against the state
-        # the queue will produce (issue 15), so it is refused at once instead of returning an id
+        # the queue will produce, so it is refused at once instead of returning an id
         # that never exists
         exp.delete(1)
         ids.append(exp.clone_modify(1, {"training_args.learning_rate": 1e-3}, warm_start=True))
 
     fired = on_chunk_done(exp, 1, 0, race)
-    exp.run_fit(group(LR_A), tiny_create_model, train.select(range(32)), evald, num_chunks=2, seed=5)
+    exp.run_fit(ops_group(LR_A), tiny_create_model, train.select(range(32)), evald, num_chunks=2, seed=5)
     assert fired[0] is True and isinstance(fired[1], OpRefused) and ids == [], fired
     assert "delete is queued" in str(fired[1])
-    assert events(exp, "op", op="clone") == []
-    assert 2 not in exp.engine.snapshot() and events(exp, "run_created", run_id=2) == []
+    assert events_of(exp, "op", op="clone") == []
+    assert 2 not in exp.engine.snapshot() and events_of(exp, "run_created", run_id=2) == []
     exp.end()
 
 
@@ -385,7 +356,7 @@ def test_an_op_sent_while_the_engine_thread_leaves_is_not_lost(tiny_data, tmp_pa
 
     on_chunk_done(exp, 1, 0, stop_both)
     exp.events.subscribe(listener)
-    exp.run_fit(group(LR_A, LR_B), tiny_create_model, train.select(range(16)), None, num_chunks=2,
+    exp.run_fit(ops_group(LR_A, LR_B), tiny_create_model, train.select(range(16)), None, num_chunks=2,
                 seed=5, block=False)
     deadline = time.monotonic() + 300
     while not users:
@@ -395,7 +366,7 @@ def test_an_op_sent_while_the_engine_thread_leaves_is_not_lost(tiny_data, tmp_pa
     assert not users[0].is_alive(), "resume() did not return"
     assert users[1] is True, "the engine thread was gone already: this test did not test anything"
     assert joined_within(lambda: exp.wait(timeout=20), 40), "wait() hung"
-    assert events(exp, "op", op="resume"), "the resume op was never applied"
+    assert events_of(exp, "op", op="resume"), "the resume op was never applied"
     assert exp.wait(timeout=0)
     assert exp.engine.snapshot()[1].status == "completed" and exp.engine.snapshot()[2].status == "stopped"
     exp.end()
@@ -435,6 +406,7 @@ def rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
+@pytest.mark.slow
 def test_deleting_ten_runs_frees_their_memory_and_checkpoints(tiny_data, tmp_path, capsys):
     train, evald = tiny_data
     exp = Experiment("delete-ten", experiment_path=tmp_path)
@@ -447,7 +419,7 @@ def test_deleting_ten_runs_frees_their_memory_and_checkpoints(tiny_data, tmp_pat
             stopped.append(ev["run_id"])
 
     # two 1-step chunks per run, no eval
-    exp.run_fit(group(LR_A), tiny_create_model, train.select(range(16)), None, num_chunks=2, seed=5)
+    exp.run_fit(ops_group(LR_A), tiny_create_model, train.select(range(16)), None, num_chunks=2, seed=5)
     base = exp.engine.factory.bases[exp.engine.snapshot()[1].spec.base_key()]
     before_tensors, before_rss = live_tensor_bytes(), rss_bytes()
 
@@ -482,7 +454,7 @@ def test_deleting_ten_runs_frees_their_memory_and_checkpoints(tiny_data, tmp_pat
     grown = peak_tensors - before_tensors
     assert grown > 0
     assert after_tensors <= before_tensors + 0.02 * grown, (before_tensors, peak_tensors, after_tensors)
-    deletes = events(exp, "op", op="delete")
+    deletes = events_of(exp, "op", op="delete")
     with capsys.disabled():
         print(f"\n[delete-ten] live tensor bytes: before {before_tensors}, with 10 stopped clones "
               f"{peak_tensors}, after deleting them {after_tensors}; RSS MiB: "
@@ -493,15 +465,16 @@ def test_deleting_ten_runs_frees_their_memory_and_checkpoints(tiny_data, tmp_pat
 
 # -- op latency, from another thread while training goes on ------------------------------------
 
+@pytest.mark.slow
 def test_op_latency_is_at_most_one_chunk(tiny_data, tmp_path, capsys):
     train, evald = tiny_data
     exp = Experiment("latency", experiment_path=tmp_path)
-    exp.run_fit(group(LR_A, LR_B, 2e-2), tiny_create_model, train, evald, num_chunks=NUM_CHUNKS,
+    exp.run_fit(ops_group(LR_A, LR_B, 2e-2), tiny_create_model, train, evald, num_chunks=NUM_CHUNKS,
                 seed=5, block=False)
 
     def wait_chunks(n):
         deadline = time.monotonic() + 300
-        while len(events(exp, "chunk_done")) < n:
+        while len(events_of(exp, "chunk_done")) < n:
             assert time.monotonic() < deadline, "training did not advance"
             exp.events.wait_for(exp.events.last_seq, timeout=1)
 
@@ -514,22 +487,22 @@ def test_op_latency_is_at_most_one_chunk(tiny_data, tmp_path, capsys):
     exp.resume(3) if exp.engine.snapshot()[3].status == "stopped" else None
     assert exp.wait(timeout=600)
 
-    ops = events(exp, "op")
+    ops = events_of(exp, "op")
     assert len(ops) >= 3 and all(o["accepted"] for o in ops), ops
     assert_ops_within_one_chunk(exp)
     # a stop takes effect before the run's next chunk: after the stop, run 3 trains nothing
     # until it is resumed
     stop = [o for o in ops if o["op"] == "stop"][0]
     resume = [o for o in ops if o["op"] == "resume"]
-    chunks3 = events(exp, "chunk_done", run_id=3)
+    chunks3 = events_of(exp, "chunk_done", run_id=3)
     upto = resume[0]["seq"] if resume else float("inf")
     assert not [c for c in chunks3 if stop["seq"] < c["seq"] < upto]
     # the deleted run trained no chunk after its delete was applied
     delete = [o for o in ops if o["op"] == "delete"][0]
-    assert not [c for c in events(exp, "chunk_done", run_id=2) if c["seq"] > delete["seq"]]
+    assert not [c for c in events_of(exp, "chunk_done", run_id=2) if c["seq"] > delete["seq"]]
     assert exp.engine.snapshot()[new].status == "completed"
 
-    durations = [c["end"] - c["start"] for c in events(exp, "chunk_done")]
+    durations = [c["end"] - c["start"] for c in events_of(exp, "chunk_done")]
     with capsys.disabled():
         print("\n[op latency] " + ", ".join(f"{o['op']} run {o['run_id']}: {o['latency_s'] * 1000:.0f} ms"
                                             for o in ops)
@@ -587,8 +560,8 @@ def test_dpo_and_grpo_clones_inherit_callables(trainer_type, tmp_path):
         assert spec.compute_metrics is parent.compute_metrics
         assert spec.reward_funcs == parent.reward_funcs
     # warm: from the parent's next chunk, its own full schedule (wrapping to the next epoch)
-    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=2)] == [1, 0]
-    assert [c["chunk"] for c in events(exp, "chunk_done", run_id=3)] == [0, 1]    # cold: from scratch
+    assert [c["chunk"] for c in events_of(exp, "chunk_done", run_id=2)] == [1, 0]
+    assert [c["chunk"] for c in events_of(exp, "chunk_done", run_id=3)] == [0, 1]    # cold: from scratch
     res = exp.get_results()
     for rid in (1, 2, 3):
         metrics = set(res[res.run_id == rid].metric)

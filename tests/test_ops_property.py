@@ -28,6 +28,8 @@ from rapidfire_nb.demo_data import make_sft_dataset, tiny_create_model
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.errors import RapidFireError
 
+pytestmark = pytest.mark.slow   # slow tier: random op sequences on real trainings
+
 OPS = ("stop", "resume", "delete", "clone", "clone_warm")
 PAUSES = (0.0, 0.0, 0.05, 0.3, 1.0)   # seconds before an op: same instant, mid-chunk, later
 TRAIN = make_sft_dataset(16, seed=0)  # 2 steps of 8; 2 chunks: one optimizer step per chunk

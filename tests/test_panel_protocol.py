@@ -290,7 +290,8 @@ def test_comm_message_path_reaches_the_handler(wire):
 
 def test_stop_resume_delete_reach_the_experiment(wire, exp):
     r = wire.ask({"type": "op", "op": "stop", "run_id": 2, "request_id": "a"})
-    assert r == {"type": "reply", "request_id": "a", "ok": True, "error": None, "run_id": 2, "op": "stop"}
+    assert r == {"type": "reply", "request_id": "a", "ok": True, "error": None, "run_id": 2, "op": "stop",
+                 "queued": []}  # this op surface applies at once: nothing stays queued
     assert exp.status(2) == "stopped"
     r = wire.ask({"type": "op", "op": "stop", "run_id": 2, "request_id": "b"})
     assert r["ok"] is False and "cannot stop run 2: it is stopped" in r["error"]
@@ -615,7 +616,14 @@ def test_real_experiment_driven_from_the_panel(tmp_path):
         r = wire.ask({"type": "op", "op": "clone", "run_id": 1, "changes": {"peft_config.r": 16},
                       "warm_start": True, "validate_only": True})
         assert r["ok"] is False and "warm start" in r["error"].lower() and "16" in r["error"]
-        assert wire.ask({"type": "op", "op": "stop", "run_id": 2})["ok"] is True
+        # Holding the engine's lock keeps the stop queued while the panel answers (the engine
+        # applies ops under it), so the reply, a pull and the snapshot must all show it queued.
+        with exp.engine.atomically():
+            r = wire.ask({"type": "op", "op": "stop", "run_id": 2})
+            assert r["ok"] is True and r["queued"] == [["stop", 2]], r
+            assert wire.ask({"type": "pull", "since": exp.events.last_seq})["queued"] == [["stop", 2]]
+            wire.panel._refresh_snapshot()
+            assert wire.panel.snapshot["queued"] == [["stop", 2]]
         r = wire.ask({"type": "op", "op": "clone", "run_id": 1, "changes": {"training_args.learning_rate": 5e-4}})
         assert r["ok"] is True and r["new_run_id"] == 3
         # The badges' "training" row: pull replies and the snapshot name the run on the device.
@@ -627,9 +635,10 @@ def test_real_experiment_driven_from_the_panel(tmp_path):
                 seen.add(on)
         assert seen and seen <= {1, 2, 3}, seen
         assert exp.wait(timeout=600)
-        assert wire.ask({"type": "pull", "since": exp.events.last_seq})["on_device"] is None
+        last = wire.ask({"type": "pull", "since": exp.events.last_seq})
+        assert last["on_device"] is None and last["queued"] == []   # applied: nothing queued
         wire.panel._refresh_snapshot()
-        assert wire.panel.snapshot["on_device"] is None
+        assert wire.panel.snapshot["on_device"] is None and wire.panel.snapshot["queued"] == []
 
         info = exp.get_runs_info().set_index("run_id")
         assert info.loc[2, "status"] == "stopped"
@@ -655,7 +664,7 @@ def test_real_experiment_driven_from_the_panel(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# scale (issue 20): 48 runs, thousands of steps
+# scale: 48 runs, thousands of steps
 
 
 def test_pruned_runs_are_flagged_on_the_wire_and_their_error_stays_in_python(wire, exp):

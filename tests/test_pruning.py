@@ -270,7 +270,7 @@ def test_lone_run_decisions_are_a_function_of_the_values_seen(table, late, eta, 
 def test_median_judges_a_lone_late_run_against_the_median_of_the_rung_history():
     policy = MedianRule("minimize", min_chunks=1)
     lockstep(policy, {1: [1.0, 1.0], 2: [2.0, 2.0], 3: [3.0, 3.0]})
-    # alone in its bracket, it used to be "the best of its bracket" and never stopped
+    # alone in its bracket it would be "the best of its bracket" and never stop
     [d] = _lone(policy, 4, [2.5, 0.0])            # median of 1, 2, 2.5, 3 is 2.25
     assert (d.run_id, d.rung, d.rank, d.of) == (4, 1, 3, 4)
     assert _lone(policy, 5, [1.5, 0.0]) == []     # median of 1, 1.5, 2, 2.5, 3 is 2

@@ -21,6 +21,8 @@ from rapidfire_nb import Experiment  # noqa: E402
 from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig  # noqa: E402
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model  # noqa: E402
 
+pytestmark = pytest.mark.slow   # slow tier: a real two-node Ray cluster
+
 
 @pytest.fixture(scope="module")
 def two_nodes():

@@ -1,7 +1,7 @@
 """The panel's buttons on an experiment trained by Ray workers: the same messages the browser sends
 (``Panel.handle_message``, as a click does) reach runs that train on another process, and are
-applied at their chunk boundaries, as in the kernel engine (issue 19: "ops from the panel and
-Python work"). A real local Ray with two declared GPUs, used as CPU devices."""
+applied at their chunk boundaries, as in the kernel engine: ops from the panel and from Python
+work alike. A real local Ray with two declared GPUs, used as CPU devices."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from rapidfire_nb import Experiment  # noqa: E402
 from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig  # noqa: E402
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model  # noqa: E402
 from rapidfire_nb.notebook.panel import Panel  # noqa: E402
+
+pytestmark = pytest.mark.slow   # slow tier: a real local Ray
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The local Ray session rapidfire starts for its workers does not outlive the kernel (issue 19).
+"""The local Ray session rapidfire starts for its workers does not outlive the kernel.
 
 Each test runs a small experiment on 2 workers in a fresh interpreter (a kernel stand-in) that
 started no Ray itself, records the process ids of the Ray session rapidfire started (its raylet,
@@ -15,6 +15,8 @@ import sys
 import time
 
 import pytest
+
+pytestmark = pytest.mark.slow   # slow tier: real Ray sessions in fresh interpreters
 
 SCRIPT = r"""
 import json, os, signal, sys
@@ -82,3 +84,79 @@ def test_nothing_of_the_local_ray_session_survives_the_kernel(tmp_path, how):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert [p for p in pids if alive(p)] == []
+
+
+LOCAL_RAY_SCRIPT = r"""
+import json, os, signal, sys, time
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+import psutil
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
+
+train, evald = make_demo_datasets(64, 8)
+group = RFGridSearch(List([RFModelConfig(
+    model_name="tiny", model_kwargs={"hidden_size": 32},
+    peft_config=RFLoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=8, num_train_epochs=1,
+                              max_length=64, bf16=False)) for lr in (1e-3, 1e-2)]), trainer_type="SFT")
+exp = Experiment("local-ray", experiment_path=sys.argv[1], num_workers=2)
+exp.run_fit(group, tiny_create_model, train, evald, num_chunks=4, seed=1, block=False)
+eng = exp.engine
+deadline = time.monotonic() + 300
+killed = False
+while time.monotonic() < deadline and not killed:   # a worker process killed mid-chunk
+    with eng.lock:
+        for rid, f in eng.inflight.items():
+            if rid not in eng.remote.arrived and eng.runs[rid].chunks_done >= 1:
+                os.kill(f.slot.info["pid"], signal.SIGKILL)   # as the OOM killer would
+                killed = True
+                break
+    time.sleep(0.002)
+assert killed, "no chunk in flight after the first"
+assert exp.wait(timeout=300)
+assert list(exp.get_runs_info().status) == ["completed", "completed"], exp.get_runs_info()
+me = psutil.Process()
+listening = []
+for p in [me] + me.children(recursive=True):   # the driver, GCS, raylet, agents, workers
+    try:
+        for c in p.net_connections(kind="inet"):
+            if c.status == psutil.CONN_LISTEN:
+                listening.append([p.name(), c.laddr.ip, c.laddr.port])
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+time.sleep(3)   # Ray's notice of the dead worker reaches the driver asynchronously
+print("LISTEN " + json.dumps(listening), flush=True)
+print("WORKERS_LOST " + str(sum(e["type"] == "worker_lost" for e in exp.events.since(0))), flush=True)
+exp.end()
+"""
+
+
+def test_a_local_ray_listens_on_loopback_only_and_keeps_its_notices_out_of_the_cell(tmp_path):
+    """The Ray rapidfire starts itself (no ray.init, no RAY_ADDRESS): every listening socket of
+    its processes is on 127.0.0.1 (with auth disabled, a port open to the network runs anyone's
+    code); and a worker killed mid-chunk is told by a worker_lost event, not by Ray's
+    "(raylet) A worker died..." line in the kernel's output."""
+    import ipaddress
+
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": os.getcwd()}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-c", LOCAL_RAY_SCRIPT, str(tmp_path / "exp")],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("LISTEN ")]
+    listening = json.loads(line[len("LISTEN "):])
+    names = {name for name, _, _ in listening}
+    assert "gcs_server" in names and "raylet" in names, listening
+    exposed = []
+    for name, ip, port in listening:
+        addr = ipaddress.ip_address(ip)
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        if not addr.is_loopback:
+            exposed.append((name, ip, port))
+    assert exposed == [], exposed
+    assert "WORKERS_LOST 1" in proc.stdout
+    out = proc.stdout + proc.stderr
+    assert "(raylet)" not in out and "A worker died" not in out, \
+        [ln for ln in out.splitlines() if "raylet" in ln or "worker died" in ln.lower()]

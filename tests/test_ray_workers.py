@@ -1,4 +1,4 @@
-"""Chunks trained by Ray workers (issue 19), on a real local Ray with CPU "GPUs".
+"""Chunks trained by Ray workers, on a real local Ray with CPU "GPUs".
 
 One Ray session for the module: ``ray.init(num_cpus=2, num_gpus=2)`` declares two GPUs that the
 workers claim (``num_gpus=1`` each) and then train on as CPUs. Every result is compared with the
@@ -29,6 +29,8 @@ from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig,
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model  # noqa: E402
 from rapidfire_nb.errors import ConfigError  # noqa: E402
 
+pytestmark = pytest.mark.slow   # slow tier: a real local Ray
+
 LR_A, LR_B, LR_TINY = 3e-2, 1e-2, 1e-6
 
 # the workers cannot import this module (the Ray workers' sys.path lacks tests/): the callables
@@ -36,12 +38,13 @@ LR_A, LR_B, LR_TINY = 3e-2, 1e-2, 1e-6
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def config(lr, targets=("q_proj", "v_proj"), r=8, **model):
+def config(lr, targets=("q_proj", "v_proj"), r=8, adam_epsilon=None, **model):
     return RFModelConfig(
         model_name="tiny", model_kwargs=model or {"hidden_size": 32},
         peft_config=RFLoraConfig(r=r, lora_alpha=16, target_modules=list(targets), lora_dropout=0.1),
         training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=8, num_train_epochs=1,
-                                  max_length=64, bf16=False, lr_scheduler_type="linear", warmup_steps=1))
+                                  max_length=64, bf16=False, lr_scheduler_type="linear", warmup_steps=1,
+                                  **({} if adam_epsilon is None else {"adam_epsilon": adam_epsilon})))
 
 
 def four_runs():
@@ -429,7 +432,10 @@ def test_a_run_failing_on_a_worker_gets_the_kernels_reason(ray_session, data, tm
     train, evald = data
 
     def group():
-        return RFGridSearch(config(List([LR_A, 1e6])), trainer_type="SFT")
+        # adam_epsilon=0: LoRA's A matrices get exactly zero gradient on the first step (B starts
+        # at zero), so Adam's update is 0/0 and the loss is NaN at step 2 in every torch build (a
+        # huge learning rate alone is tamed by RMSNorm in current transformers)
+        return RFGridSearch(List([config(LR_A), config(LR_A, adam_epsilon=0.0)]), trainer_type="SFT")
 
     exp = Experiment("nan-w", experiment_path=tmp_path, num_workers=2)
     try:
@@ -773,3 +779,102 @@ def test_snapshots_travel_as_numpy_buffers_bit_exact():
     back["weights"]["a"].add_(1)      # owned and writable
     assert back["rng"]["numpy"][0] == "MT19937" and back["rng"]["python"] == (3, (1, 2), None)
     assert back["optimizer"]["param_groups"] == [{"lr": 1e-3, "params": [0]}]
+
+
+class _CreateRaisingOnceMarked:
+    """tiny_create_model, raising in a process that builds it once ``marker`` exists: the workers
+    started by run_fit built their bases already, a replacement started later cannot."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __call__(self, cfg):
+        if os.path.exists(self.marker):
+            raise OSError(f"model files not found on this node (marker {self.marker})")
+        return tiny_create_model(cfg)
+
+
+def test_a_replacement_that_cannot_build_the_base_is_excluded_and_its_runs_go_to_healthy_workers(
+        ray_session, tmp_path, three_data):
+    """A worker of 2 killed; create_model raises on every replacement: the replacements are
+    excluded (lost, killed, counted towards the cut-off) and the healthy worker trains every run to
+    the end; no run fails. A long run keeps training (so a replacement is owed and starts) while
+    the two short ones wait, stopped, for the replacement to come up: it then gets runs, however
+    slowly it starts."""
+    from rapidfire_nb.engine.workers.engine import MAX_FAILED_STARTS
+
+    train, evald = three_data
+    marker = tmp_path / "no-model-here"
+    group = RFGridSearch(List([config(LR_A, hidden_size=64), config(LR_B, hidden_size=64)]
+                              + [RFModelConfig(
+                                  model_name="tiny", model_kwargs={"hidden_size": 64},
+                                  peft_config=RFLoraConfig(r=8, lora_alpha=16,
+                                                           target_modules=["q_proj", "v_proj"]),
+                                  training_args=RFSFTConfig(
+                                      learning_rate=LR_B, per_device_train_batch_size=8,
+                                      num_train_epochs=40, max_length=64, bf16=False))]),
+                         trainer_type="SFT")
+    exp = Experiment("unfit-replacement", experiment_path=tmp_path / "exp", num_workers=2)
+    try:
+        exp.run_fit(group, _CreateRaisingOnceMarked(marker), train, evald, num_chunks=3, seed=3,
+                    block=False)
+        marker.write_text("")
+        killed = kill_when_in_flight(exp, 1, chunks_done=0)
+        exp.stop(1)
+        exp.stop(2)
+        deadline = time.monotonic() + 600
+        while len(events(exp, "workers")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(events(exp, "workers")) >= 2, "the replacement never came up"
+        exp.resume(1)
+        exp.resume(2)
+        assert exp.wait(timeout=900)
+        info = exp.get_runs_info()
+        assert list(info.status) == ["completed"] * 3, info[["run_id", "status", "error"]]
+        assert not events(exp, "run_status", status="failed")
+        lost = events(exp, "worker_lost")
+        assert lost[0]["worker"] == killed.name
+        unfit = lost[1:]
+        assert unfit, "the replacement was never given a run"
+        assert all("create_model raised on worker" in e["reason"] and "model files not found" in e["reason"]
+                   for e in unfit)
+        # excluded for good: the actor is killed, never used again
+        names = {e["worker"] for e in unfit}
+        assert not any(s.alive for s in exp.engine.pool.slots if s.name in names)
+        assert len(unfit) <= MAX_FAILED_STARTS
+        assert {c["worker"] for c in events(exp, "chunk_done")} <= {"w0", "w1"}   # none from them
+    finally:
+        exp.end()
+
+
+def test_runs_stopped_by_workers_that_cannot_build_the_base_stay_resumable(
+        ray_session, tmp_path, three_data, three_ref):
+    """One worker, killed; every replacement's create_model raises: the cut-off counts them (they
+    raise, they do not die), the runs are stopped, not failed; once the node is fixed, resuming
+    them trains them to the kernel's result."""
+    from rapidfire_nb.engine.workers.engine import MAX_FAILED_STARTS
+
+    train, evald = three_data
+    marker = tmp_path / "no-model-here"
+    exp = Experiment("unfit-only", experiment_path=tmp_path / "exp", num_workers=1)
+    try:
+        exp.run_fit(three_runs(), _CreateRaisingOnceMarked(marker), train, evald, num_chunks=3,
+                    seed=3, block=False)
+        marker.write_text("")
+        kill_when_in_flight(exp, 1)
+        assert exp.wait(timeout=600)
+        assert list(exp.get_runs_info().status) == ["stopped"] * 3
+        assert not events(exp, "run_status", status="failed")
+        lost = events(exp, "worker_lost")
+        assert len(lost) == 1 + MAX_FAILED_STARTS
+        assert f"not replaced: {MAX_FAILED_STARTS} workers in a row" in lost[-1]["replacement"]
+        for e in events(exp, "run_status", status="stopped"):
+            assert "model files not found" in e["reason"], e["reason"]
+        marker.unlink()
+        for rid in (1, 2, 3):
+            exp.resume(rid)
+        assert exp.wait(timeout=600)
+        assert list(exp.get_runs_info().status) == ["completed"] * 3
+        assert_identical(exp, three_ref, [1, 2, 3])
+    finally:
+        exp.end()

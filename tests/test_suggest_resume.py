@@ -1,6 +1,6 @@
-"""Suggest mode and pruning across resume, late answers and ended runs (review_suggest.md).
+"""Suggest mode and pruning across resume, late answers and ended runs.
 
-Real SFTTrainer on the tiny in-process model, as in tests/test_tuning.py (its helpers are reused).
+Real SFTTrainer on the tiny in-process model, on the pruning grid of tests/helpers.py.
 """
 
 import json
@@ -10,7 +10,10 @@ import pytest
 from rapidfire_nb import Experiment
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.errors import ConfigError
-from tests.test_tuning import _answers, _wait_for_marks, grid
+
+from helpers import pruning_grid, suggestion_answers, wait_for_marks
+
+pytestmark = pytest.mark.slow   # slow tier: pruned trainings, resumed
 
 
 @pytest.fixture(scope="module")
@@ -19,13 +22,13 @@ def data():
 
 
 def test_resume_with_other_pruner_settings_is_refused_and_changes_nothing(data, tmp_path):
-    """Finding 1: a resume with another pruner/mode/factor was accepted and judged the stored
-    rungs by the new rules; an older folder without saved settings still resumes."""
+    """A resume with another pruner, mode or reduction factor is refused (it would judge the
+    stored rungs by new rules); an older folder without saved settings still resumes."""
     train, evald = data
     exp = Experiment("prune-resume", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=4, block=False)
-    _wait_for_marks(exp, 2)
+    wait_for_marks(exp, 2)
     exp.end(wait=False)
     root = tmp_path / "prune-resume"
     meta = json.loads((root / "experiment.json").read_text())
@@ -41,13 +44,13 @@ def test_resume_with_other_pruner_settings_is_refused_and_changes_nothing(data, 
             (dict(), "pruner", "'sha'", "None")):
         e2 = Experiment("prune-resume", experiment_path=tmp_path, resume=True)
         with pytest.raises(ConfigError, match=f"resume=True needs the original {knob}={old} \\(got {new}\\)"):
-            e2.run_fit(grid(epochs=2, **kw), tiny_create_model, train, evald, num_chunks=4, block=False)
+            e2.run_fit(pruning_grid(epochs=2, **kw), tiny_create_model, train, evald, num_chunks=4, block=False)
         assert e2.engine is None and e2.automl is None
         e2.end()
         assert {name: (root / name).read_bytes() for name in files} == files
     # the same settings resume, and the open marks are still answerable
     e3 = Experiment("prune-resume", experiment_path=tmp_path, resume=True)
-    e3.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    e3.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                num_chunks=4, block=False)
     assert e3.automl.suggestions
     e3.end(wait=False)
@@ -56,7 +59,7 @@ def test_resume_with_other_pruner_settings_is_refused_and_changes_nothing(data, 
     del meta["pruning"]
     (root / "experiment.json").write_text(json.dumps(meta))
     e4 = Experiment("prune-resume", experiment_path=tmp_path, resume=True)
-    e4.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest", reduction_factor=3), tiny_create_model,
+    e4.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest", reduction_factor=3), tiny_create_model,
                train, evald, num_chunks=4, block=False)
     e4.end(wait=False)
 
@@ -87,13 +90,13 @@ def _confirm_in_last_chunk(exp, last):
 
 
 def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_marks_close(data, tmp_path, capsys):
-    """Findings 5b, 8, 9: a confirm while the run trains its last chunk was reported as a
-    pruning followed by 'then resumed by hand (completed)'; marks on runs that completed stayed
-    open (a bare apply_suggestions() answered them, and the answer erased the mark from the
-    table); dismiss_suggestions accepted a mark on an ended run that apply refused."""
+    """A confirm while the run trains its last chunk is not reported as a pruning followed by
+    'then resumed by hand (completed)'; marks on runs that completed are closed (a bare
+    apply_suggestions() does not answer them, nor erase the mark from the table); and
+    dismiss_suggestions refuses a mark on an ended run as apply does."""
     train, evald = data
     exp = Experiment("suggest-late", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=1, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=1, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=2, block=False)
     late, release = _confirm_in_last_chunk(exp, last=1)
     other = next(r for r in exp.automl.suggestions if r != late)
@@ -134,7 +137,7 @@ def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_mar
     finally:
         InteractiveShell.clear_instance()
     assert f"run {other}: it ended before the answer; nothing to ignore" in out
-    assert _answers(exp)[-3:] == [("ignore_suggestion", other, False), ("confirm_suggestion", other, False),
+    assert suggestion_answers(exp)[-3:] == [("ignore_suggestion", other, False), ("confirm_suggestion", other, False),
                                   ("ignore_suggestion", other, False)]
     assert [ev["reason"] for ev in exp.events.since(before)] == [f"run {other} is completed"] * 3
     info = exp.get_runs_info().set_index("run_id")
@@ -142,7 +145,7 @@ def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_mar
     exp.end()
     # the log tells the same story after a restart
     exp = Experiment("suggest-late", experiment_path=tmp_path, resume=True)
-    exp.run_fit(grid(epochs=1, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=1, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=2, block=True)
     info = exp.get_runs_info().set_index("run_id")
     assert info.loc[late, "pruning"].endswith("; confirmed, but the run had completed")
@@ -150,10 +153,10 @@ def test_a_confirm_during_the_last_chunk_is_not_reported_as_a_stop_and_ended_mar
 
 
 def test_a_pruned_run_deleted_later_is_not_said_to_be_resumed(data, tmp_path):
-    """Finding 5c: in stop mode a pruned run the user deleted read 'then resumed by hand (deleted)'."""
+    """In stop mode a pruned run the user deletes does not read 'then resumed by hand (deleted)'."""
     train, evald = data
     exp = Experiment("prune-delete", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=1, pruner="sha"), tiny_create_model, train, evald, num_chunks=2, block=True)
+    exp.run_fit(pruning_grid(epochs=1, pruner="sha"), tiny_create_model, train, evald, num_chunks=2, block=True)
     info = exp.get_runs_info().set_index("run_id")
     pruned = [int(r) for r in info.index if info.loc[r, "status"] == "stopped"]
     assert pruned
@@ -170,18 +173,18 @@ def test_a_pruned_run_deleted_later_is_not_said_to_be_resumed(data, tmp_path):
 
 
 def test_an_ignored_mark_is_not_asked_again_when_automl_json_is_lost(data, tmp_path):
-    """Finding 7: the log holds the answer, so a lost automl.json must not bring the mark back."""
+    """The log holds the answer, so a lost automl.json must not bring the mark back."""
     train, evald = data
     exp = Experiment("suggest-lost", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=4, block=False)
-    marked = _wait_for_marks(exp, 2)
+    marked = wait_for_marks(exp, 2)
     b = int(marked.run_id.iloc[1])
     assert exp.dismiss_suggestions([b]) == [b]
     exp.end(wait=False)
     (tmp_path / "suggest-lost" / "automl.json").unlink()
     exp = Experiment("suggest-lost", experiment_path=tmp_path, resume=True)
-    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=4, block=True)
     marks = [ev["run_id"] for ev in exp.events.since(0) if ev["type"] == "pruning_suggested"]
     assert marks.count(b) == 1
@@ -204,7 +207,7 @@ def test_rfoptuna_confirm_prunes_the_trial_once_stopped_and_refills(data, tmp_pa
                      "SFT", n_initial=4, budget=6, pruner="sha", pruner_mode="suggest", seed=1)
     exp = Experiment("optuna-suggest", experiment_path=tmp_path)
     exp.run_fit(group, tiny_create_model, train, evald, num_chunks=4, block=False)
-    a, b = sorted(int(r) for r in _wait_for_marks(exp, 2).run_id)[:2]
+    a, b = sorted(int(r) for r in wait_for_marks(exp, 2).run_id)[:2]
     assert exp.apply_suggestions([a]) == [a]
     assert exp.dismiss_suggestions([b]) == [b]
     exp.wait()
@@ -218,8 +221,7 @@ def test_rfoptuna_confirm_prunes_the_trial_once_stopped_and_refills(data, tmp_pa
 
 
 def test_rfoptuna_a_confirm_that_came_too_late_leaves_the_trial_complete(data, tmp_path):
-    """Finding 5b for RFOptuna: the trial was told PRUNED at the confirm although its run then
-    trained to the end."""
+    """RFOptuna: a trial whose run trains to the end after a late confirm is not told PRUNED."""
     pytest.importorskip("optuna")
     from rapidfire_nb.automl import Range, RFLoraConfig, RFModelConfig, RFOptuna, RFSFTConfig
 

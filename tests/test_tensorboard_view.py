@@ -15,7 +15,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -24,8 +23,9 @@ from rapidfire_nb.notebook.tensorboard import (logdir_of, proxy_url, server_prox
                                                start_tensorboard, stop_tensorboard)
 from rapidfire_nb.tracking import TrackerHub
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_tracking import Recorder  # noqa: E402  the same recorded experiment
+from helpers import Recorder
+
+pytestmark = pytest.mark.slow   # slow tier: real TensorBoard and Jupyter servers
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +270,7 @@ def test_kernel_shows_an_iframe_that_works_through_the_proxy(jupyter_server, ten
     html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
     text = "".join(o.get("text", "") for o in outputs)
     assert text.strip() == "jupyter"
-    src = re.search(r'<iframe src="([^"]+)"', html).group(1)
+    src = re.search(r'<iframe[^>]*\bsrc="([^"]+)"', html).group(1)
     # the kernel reused this test's TensorBoard (same folder), and the URL is proxy-relative
     assert src == f"{base_url}proxy/{port}/"
     origin = root[: root.index(base_url)]

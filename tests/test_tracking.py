@@ -26,9 +26,9 @@ from rapidfire_nb.tracking import (Tracker, TrackerHub, TrackerWarning, metric_t
                                    resolve_trackers)
 from rapidfire_nb.tracking.base import flatten_config
 
-STEPS_PER_CHUNK = 4
-BATCH = 4
-NUM_CHUNKS = 3
+from helpers import (RECORDED_NUM_CHUNKS, RECORDED_STEPS_PER_CHUNK, Recorder, track_recorded,
+                     trackio_points, trackio_state, trackio_uid)
+
 ALL = ["tensorboard", "mlflow", "trackio"]
 
 
@@ -42,122 +42,9 @@ def _local_stores(monkeypatch):
 
 # -- a recorded experiment ---------------------------------------------------------------------
 
-def _config(lr: float) -> dict:
-    return {
-        "trainer_type": "SFT", "model_name": "tiny-llama", "model_type": "causal_lm",
-        "model_kwargs": {}, "tokenizer_kwargs": {}, "ref_model_name": None,
-        "training_args": {"learning_rate": lr, "per_device_train_batch_size": BATCH,
-                          "use_cpu": True, "lr_scheduler_type": "linear"},
-        "peft_config": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
-        "generation_config": None, "formatting_func": None, "compute_metrics": "accuracy_fn",
-    }
-
-
-class Recorder:
-    """Appends what the controller would, and keeps the points every backend must show."""
-
-    def __init__(self, events: EventLog):
-        self.events = events
-        self.expected: dict[int, dict[str, list[tuple[int, float]]]] = {}
-        self.samples: dict[int, int] = {}
-        self.steps: dict[int, int] = {}
-
-    def create(self, run_id, lr, parent=None, warm_start=False):
-        base_samples = self.samples[parent] if (parent and warm_start) else 0
-        base_step = self.steps[parent] if (parent and warm_start) else 0
-        self.samples[run_id], self.steps[run_id] = base_samples, base_step
-        self.expected[run_id] = {}
-        self.events.append(
-            "run_created", run_id=run_id, trainer_type="SFT", config=_config(lr),
-            knobs={"training_args.learning_rate": lr}, parent_run_id=parent,
-            warm_start=warm_start, total_steps=STEPS_PER_CHUNK * NUM_CHUNKS,
-            steps_per_epoch=STEPS_PER_CHUNK * NUM_CHUNKS, num_chunks=NUM_CHUNKS,
-            base_samples_seen=base_samples, base_step=base_step)
-        self.status(run_id, "pending")
-
-    def status(self, run_id, status, error=None, reason=None):
-        self.events.append("run_status", run_id=run_id, status=status, error=error, reason=reason)
-
-    def chunk(self, run_id, chunk, complete=False):
-        batch = []
-        for _ in range(STEPS_PER_CHUNK):
-            self.steps[run_id] += 1
-            self.samples[run_id] += BATCH
-            g, s = self.steps[run_id], self.samples[run_id]
-            metrics = {"loss": 3.0 / g + run_id / 100, "learning_rate": 1e-3 * (1 - g / 12),
-                       "grad_norm": 0.5 + run_id + g / 10, "num_tokens": 40.0 * g}
-            batch.append(("metric", dict(run_id=run_id, split="train", step=g, samples_seen=s,
-                                         epoch=0, chunk=chunk, metrics=metrics)))
-            self._expect(run_id, "train", s, {**metrics, "global_step": float(g)})
-        g, s = self.steps[run_id], self.samples[run_id]
-        eval_metrics = {"eval_loss": 2.5 / g + run_id / 50, "eval_accuracy": min(1.0, g / 12),
-                        "eval_runtime": 0.01}
-        batch.append(("metric", dict(run_id=run_id, split="eval", step=g, samples_seen=s,
-                                     epoch=0, chunk=chunk, metrics=eval_metrics)))
-        self._expect(run_id, "eval", s, eval_metrics)
-        batch.append(("chunk_done", dict(run_id=run_id, epoch=0, chunk=chunk, device="cpu",
-                                         start=0.0, end=1.0, train_s=0.5, eval_s=0.1, swap_s=0.1,
-                                         other_s=0.0, completed_steps=g,
-                                         total_steps=STEPS_PER_CHUNK * NUM_CHUNKS,
-                                         samples_seen=s, chunks_done=chunk + 1)))
-        self.events.extend(batch)
-        if complete:
-            self.status(run_id, "completed")
-
-    def _expect(self, run_id, split, step, metrics):
-        for name, value in metrics.items():
-            tag = metric_tag(split, name) if name != "global_step" else "train/global_step"
-            self.expected[run_id].setdefault(tag, []).append((step, float(value)))
-
-    # The experiment, in two phases so that a resume can happen in between.
-    def phase1(self):
-        self.events.append("experiment", name="exp", path="", resumed=False)
-        self.create(1, 1e-3)
-        self.create(2, 1e-4)
-        self.status(1, "running")
-        self.chunk(1, 0)
-        self.status(2, "running")
-        self.chunk(2, 0)
-        self.status(2, "stopped", reason="stopped by user")
-        self.events.append("op", op="stop", run_id=2, accepted=True, reason=None, new_run_id=None)
-        self.create(3, 5e-4, parent=1, warm_start=True)
-
-    def phase2(self):
-        self.create(4, 2e-4, parent=2, warm_start=False)
-        self.create(5, 3e-4, parent=1, warm_start=False)
-        self.status(5, "deleted", reason="deleted by user")
-        self.chunk(1, 1)
-        self.status(3, "running")
-        self.chunk(3, 1)
-        self.status(2, "pending", reason="resumed by user")
-        self.status(2, "running")
-        self.chunk(2, 1)
-        self.status(2, "stopped", reason="stopped by user")
-        self.status(4, "running")
-        self.chunk(4, 0)
-        self.status(4, "failed", error="Traceback (most recent call last):\nValueError: boom",
-                    reason="ValueError: boom")
-        self.chunk(1, 2, complete=True)
-        self.chunk(3, 2, complete=True)
-        self.events.append("experiment_end")
-
-    def record_all(self):
-        self.phase1()
-        self.phase2()
-        return self
-
 
 LIFECYCLES = {1: ["running", "completed"], 2: ["running", "stopped", "resumed", "stopped"],
               3: ["running", "completed"], 4: ["running", "failed"], 5: ["deleted"]}
-
-
-def _track(exp_path: Path, names, name="exp") -> tuple[Recorder, TrackerHub]:
-    events = EventLog(exp_path / "events.jsonl")
-    hub = TrackerHub(events, exp_path, name, names).start()
-    rec = Recorder(events).record_all()
-    assert hub.flush(120), hub.failures
-    hub.close()
-    return rec, hub
 
 
 # -- readers of the real files -----------------------------------------------------------------
@@ -214,31 +101,6 @@ def mlflow_points(exp_path: Path, run) -> dict:
     return out
 
 
-def trackio_state(exp_path: Path) -> dict:
-    return json.loads((exp_path / "tracking" / "trackio.json").read_text())["state"]
-
-
-def trackio_points(exp_path: Path, run_id: int, name: str | None = None) -> dict:
-    from trackio.sqlite_storage import SQLiteStorage
-
-    state = trackio_state(exp_path)
-    uid = _trackio_uid(exp_path, run_id, name)
-    out: dict[str, list] = {}
-    for row in SQLiteStorage.get_logs(state["project"], run_id=uid):
-        for key, value in row.items():
-            if key in ("step", "timestamp"):
-                continue
-            out.setdefault(key, []).append((row["step"], value))
-    return out
-
-
-def _trackio_uid(exp_path: Path, run_id: int, name: str | None = None) -> str:
-    import hashlib
-
-    digest = hashlib.sha1(str(exp_path.resolve()).encode()).hexdigest()
-    return f"rf-{digest[:10]}-{name or f'run {run_id}'}"
-
-
 def assert_same_points(actual: dict, expected: dict, where: str):
     assert sorted(actual) == sorted(expected), f"{where}: tags differ"
     for tag, points in expected.items():
@@ -291,7 +153,7 @@ def test_all_backends_hold_the_same_metrics_params_and_lifecycle(tmp_path):
     exp_path = tmp_path / "exp"
     with warnings.catch_warnings():
         warnings.simplefilter("error", TrackerWarning)
-        rec, hub = _track(exp_path, ALL)
+        rec, hub = track_recorded(exp_path, ALL)
     assert hub.failures == {}
 
     mruns = mlflow_runs(exp_path)
@@ -317,7 +179,7 @@ def test_all_backends_hold_the_same_metrics_params_and_lifecycle(tmp_path):
     from trackio.api import Run as TrackioRun
 
     state = trackio_state(exp_path)
-    config = TrackioRun(state["project"], "run_3", run_id=_trackio_uid(exp_path, 3)).config
+    config = TrackioRun(state["project"], "run_3", run_id=trackio_uid(exp_path, 3)).config
     assert config["training_args.learning_rate"] == pytest.approx(5e-4)
     assert config["rapidfire.parent_run_id"] == 1 and config["rapidfire.warm_start"] is True
 
@@ -337,7 +199,7 @@ def test_all_backends_hold_the_same_metrics_params_and_lifecycle(tmp_path):
         texts = tb_texts(exp_path, run_id, "lifecycle")
         assert [t.split("**")[1] for _, t in texts] == lifecycle
         alerts = TrackioRun(state["project"], f"run {run_id}",
-                            run_id=_trackio_uid(exp_path, run_id)).alerts()
+                            run_id=trackio_uid(exp_path, run_id)).alerts()
         assert sorted(a["title"] for a in alerts) == sorted(f"run {run_id} {e}" for e in lifecycle)
     # the stop/resume of run 2 happen at the samples it had seen (16, then 32)
     assert [s for s, _ in tb_texts(exp_path, 2, "lifecycle")] == [0, 16, 16, 32]
@@ -358,7 +220,7 @@ def test_mlflow_and_trackio_name_runs_as_the_panel_does(tmp_path):
 
     exp_path = tmp_path / "exp"
     # a project of its own: Trackio's directory is shared by every test of this process
-    _track(exp_path, ["mlflow", "trackio"], name="names")
+    track_recorded(exp_path, ["mlflow", "trackio"], name="names")
     mruns = mlflow_runs(exp_path, "names")
     assert {rid: r.info.run_name for rid, r in mruns.items()} == {i: f"run {i}" for i in range(1, 6)}
     state = trackio_state(exp_path)
@@ -498,7 +360,7 @@ def test_a_raising_tracker_warns_once_and_others_go_on(tmp_path):
     exp_path = tmp_path / "exp"
     raising, watcher = RaisingTracker(), ThreadRecorder()
     with pytest.warns(TrackerWarning) as caught:
-        rec, hub = _track(exp_path, ["tensorboard", raising, watcher])
+        rec, hub = track_recorded(exp_path, ["tensorboard", raising, watcher])
     messages = [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
     assert len(messages) == 1
     assert "raising tracker" in messages[0] and "backend exploded" in messages[0]
@@ -516,7 +378,7 @@ def test_missing_package_and_unwritable_folder_disable_only_that_tracker(tmp_pat
     (exp_path / "tensorboard").write_text("a file where the TensorBoard folder should be")
     monkeypatch.setitem(sys.modules, "trackio", None)  # what `import trackio` sees when missing
     with pytest.warns(TrackerWarning) as caught:
-        rec, hub = _track(exp_path, ALL)
+        rec, hub = track_recorded(exp_path, ALL)
     messages = sorted(str(w.message) for w in caught if issubclass(w.category, TrackerWarning))
     assert len(messages) == 2
     assert "tensorboard tracker failed" in messages[0]
@@ -528,6 +390,7 @@ def test_missing_package_and_unwritable_folder_disable_only_that_tracker(tmp_pat
         assert_same_points(mlflow_points(exp_path, mruns[run_id]), expected, f"mlflow run_{run_id}")
 
 
+@pytest.mark.slow
 def test_trackio_store_lives_in_the_experiment_folder(tmp_path):
     # trackio reads TRACKIO_DIR once, at import: a fresh interpreter shows the default placement
     exp_path = tmp_path / "exp"
@@ -536,8 +399,8 @@ import os, sys
 os.environ.pop("TRACKIO_DIR", None)
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from pathlib import Path
-import test_tracking as t
-rec, hub = t._track(Path({str(exp_path)!r}), ["trackio"], name="placement")
+import helpers as t
+rec, hub = t.track_recorded(Path({str(exp_path)!r}), ["trackio"], name="placement")
 assert hub.failures == {{}}, hub.failures
 assert "TRACKIO_DIR" not in os.environ, "the tracker left TRACKIO_DIR in the environment"
 print(len(t.trackio_points(Path({str(exp_path)!r}), 1)["train/loss"]))
@@ -546,7 +409,7 @@ print(len(t.trackio_points(Path({str(exp_path)!r}), 1)["train/loss"]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=str(Path(__file__).parent.parent), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == str(STEPS_PER_CHUNK * NUM_CHUNKS)
+    assert out.stdout.strip().splitlines()[-1] == str(RECORDED_STEPS_PER_CHUNK * RECORDED_NUM_CHUNKS)
     assert (exp_path / "trackio" / "placement.db").exists()
     assert trackio_state(exp_path)["trackio_dir"] == str((exp_path / "trackio").resolve())
 

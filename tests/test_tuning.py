@@ -1,4 +1,4 @@
-"""AutoML at chunk boundaries (issue 18): pruned grids, RFOptuna, suggest mode, resume.
+"""AutoML at chunk boundaries: pruned grids, RFOptuna, suggest mode, resume.
 
 Real SFTTrainer on the tiny in-process model; 32 training rows, batch 8 and num_chunks=4 give one
 optimizer step per chunk (a batch-4 run takes two), so a whole experiment takes seconds.
@@ -19,7 +19,6 @@ from rapidfire_nb import Experiment
 from rapidfire_nb.automl import (
     List,
     Range,
-    RFGridSearch,
     RFLoraConfig,
     RFModelConfig,
     RFOptuna,
@@ -31,24 +30,14 @@ from rapidfire_nb.demo_data import (
     make_tiny_model_and_tokenizer,
     tiny_create_model,
 )
-from rapidfire_nb.errors import ConfigError, OpRefused
+from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireConfigWarning
 
-LORA = dict(target_modules=["q_proj", "v_proj"])
-LRS = (1e-4, 1e-3, 1e-2, 3e-2)
+from helpers import PRUNING_LORA, pruning_grid, suggestion_answers, wait_for_marks
 
 
 @pytest.fixture(scope="module")
 def data():
     return make_demo_datasets(32, 8)
-
-
-def grid(epochs=1, **kw):
-    configs = List([
-        RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, **LORA),
-                      training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=bs,
-                                                num_train_epochs=epochs, max_length=64))
-        for lr, bs in zip(LRS, (8, 4, 8, 8))])
-    return RFGridSearch(configs, trainer_type="SFT", **kw)
 
 
 def eval_table(exp):
@@ -66,10 +55,11 @@ def status_reasons(exp):
             if ev["type"] == "run_status" and ev["status"] == "stopped"}
 
 
+@pytest.mark.slow
 def test_grid_with_sha_prunes_the_worse_half_at_each_rung_at_equal_samples(data, tmp_path):
     train, evald = data
     exp = Experiment("sha", experiment_path=tmp_path)
-    exp.run_fit(grid(pruner="sha"), tiny_create_model, train, evald, num_chunks=4)
+    exp.run_fit(pruning_grid(pruner="sha"), tiny_create_model, train, evald, num_chunks=4)
     info = exp.get_runs_info().set_index("run_id")
     table = eval_table(exp)
     # rung 1: the best 2 of 4 by eval loss after one chunk go on
@@ -90,7 +80,7 @@ def test_grid_with_sha_prunes_the_worse_half_at_each_rung_at_equal_samples(data,
     # the reason is in the log (the panel and %rapidfire status read it from there)
     reasons = status_reasons(exp)
     assert reasons[rung1[3]] == "pruned at chunk 1 (rank 4 of 4)"
-    from rapidfire_nb.notebook.magics import status_table
+    from rapidfire_nb.notebook.status_text import status_table
 
     table = status_table(exp)
     assert table.loc[rung1[3], "pruning"] == "pruned at chunk 1 (rank 4 of 4)"
@@ -104,10 +94,11 @@ def test_grid_with_sha_prunes_the_worse_half_at_each_rung_at_equal_samples(data,
     exp.end()
 
 
+@pytest.mark.slow
 def test_user_stopped_runs_are_not_counted_as_pruned(data, tmp_path):
     train, evald = data
     exp = Experiment("user", experiment_path=tmp_path)
-    exp.run_fit(grid(pruner="sha"), tiny_create_model, train, evald, num_chunks=4, block=False)
+    exp.run_fit(pruning_grid(pruner="sha"), tiny_create_model, train, evald, num_chunks=4, block=False)
     exp.stop(1)            # queued before any chunk: the user's stop comes first
     exp.wait()
     info = exp.get_runs_info().set_index("run_id")
@@ -119,10 +110,11 @@ def test_user_stopped_runs_are_not_counted_as_pruned(data, tmp_path):
     exp.end()
 
 
+@pytest.mark.slow
 def test_suggest_mode_only_marks_and_apply_suggestions_stops(data, tmp_path):
     train, evald = data
     exp = Experiment("suggest", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=4, block=False)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -147,29 +139,15 @@ def test_suggest_mode_only_marks_and_apply_suggestions_stops(data, tmp_path):
     exp.end()
 
 
-def _wait_for_marks(exp, n, timeout=300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        marked = exp.get_runs_info().dropna(subset=["pruning"])
-        if len(marked) >= n:
-            return marked
-        time.sleep(0.02)
-    raise AssertionError(f"fewer than {n} suggestions after {timeout} s")
-
-
-def _answers(exp):
-    return [(ev["op"], ev["run_id"], ev["accepted"]) for ev in exp.events.since(0)
-            if ev["type"] == "op" and ev["op"] in ("confirm_suggestion", "ignore_suggestion")]
-
-
+@pytest.mark.slow
 def test_suggestions_are_events_and_the_panel_confirms_or_ignores_each(data, tmp_path):
     from rapidfire_nb.notebook.panel import Panel
 
     train, evald = data
     exp = Experiment("suggest-panel", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=4, block=False)
-    marked = _wait_for_marks(exp, 2)
+    marked = wait_for_marks(exp, 2)
     a, b = (int(r) for r in marked.run_id[:2])
     logged = {ev["run_id"]: ev for ev in exp.events.since(0) if ev["type"] == "pruning_suggested"}
     assert {a, b} <= set(logged)
@@ -183,7 +161,7 @@ def test_suggestions_are_events_and_the_panel_confirms_or_ignores_each(data, tmp
     # answered once: a second answer names the problem and changes nothing
     again = panel.handle_message({"type": "op", "op": "ignore_suggestion", "run_id": b})
     assert not again["ok"] and f"run {b} has no pruning suggestion" in again["error"]
-    assert _answers(exp)[:2] == [("confirm_suggestion", a, True), ("ignore_suggestion", b, True)]
+    assert suggestion_answers(exp)[:2] == [("confirm_suggestion", a, True), ("ignore_suggestion", b, True)]
     with pytest.raises(OpRefused, match="no pruning suggestion"):
         exp.dismiss_suggestions([a])
     panel.close()
@@ -198,6 +176,7 @@ def test_suggestions_are_events_and_the_panel_confirms_or_ignores_each(data, tmp
     exp.end()
 
 
+@pytest.mark.slow
 def test_suggestions_are_answered_with_the_magic(data, tmp_path, capsys):
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
@@ -206,9 +185,9 @@ def test_suggestions_are_answered_with_the_magic(data, tmp_path, capsys):
 
     train, evald = data
     exp = Experiment("suggest-magic", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=4, block=False)
-    a, b = (int(r) for r in _wait_for_marks(exp, 2).run_id[:2])
+    a, b = (int(r) for r in wait_for_marks(exp, 2).run_id[:2])
     InteractiveShell.clear_instance()
     cfg = Config()
     cfg.HistoryManager.enabled = False
@@ -225,16 +204,17 @@ def test_suggestions_are_answered_with_the_magic(data, tmp_path, capsys):
     assert f"run {a}: suggestion ignored" in out and f"run {b}: stop requested" in out
     assert err.count("%rapidfire: ") == 1 and f"run {b} has no pruning suggestion" in err
     assert "Traceback" not in err
-    assert _answers(exp)[:2] == [("ignore_suggestion", a, True), ("confirm_suggestion", b, True)]
+    assert suggestion_answers(exp)[:2] == [("ignore_suggestion", a, True), ("confirm_suggestion", b, True)]
     exp.end(wait=False)
 
 
+@pytest.mark.slow
 def test_suggestions_survive_a_restart_from_the_event_log(data, tmp_path):
     train, evald = data
     exp = Experiment("suggest-restart", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=4, block=False)
-    marked = sorted(int(r) for r in _wait_for_marks(exp, 2).run_id)
+    marked = sorted(int(r) for r in wait_for_marks(exp, 2).run_id)
     exp.end(wait=False)
     # a kill after the suggestion events but before automl.json's save: the log alone knows them
     state_path = tmp_path / "suggest-restart" / "automl.json"
@@ -243,7 +223,7 @@ def test_suggestions_survive_a_restart_from_the_event_log(data, tmp_path):
     state["suggestions"] = {}
     state_path.write_text(json.dumps(state))
     exp = Experiment("suggest-restart", experiment_path=tmp_path, resume=True)
-    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=4, block=False)
     info = exp.get_runs_info().set_index("run_id")
     assert sorted(int(r) for r in info.dropna(subset=["pruning"]).index) == marked
@@ -260,33 +240,34 @@ def test_suggestions_survive_a_restart_from_the_event_log(data, tmp_path):
     exp.end()
 
 
+@pytest.mark.slow
 def test_pruner_needs_an_eval_set_and_bad_knobs_are_named(data, tmp_path):
     train, _ = data
     with pytest.raises(ConfigError, match="pruner must be one of"):
-        grid(pruner="asha")
+        pruning_grid(pruner="asha")
     with pytest.raises(ConfigError, match="pruner_mode"):
-        grid(pruner="sha", pruner_mode="ask")
+        pruning_grid(pruner="sha", pruner_mode="ask")
     with pytest.raises(ConfigError, match="reduction_factor"):
-        grid(pruner="sha", reduction_factor=1)
+        pruning_grid(pruner="sha", reduction_factor=1)
     with pytest.raises(ConfigError, match="objective part"):
-        grid(pruner="sha", objective="lowest:eval_loss")
+        pruning_grid(pruner="sha", objective="lowest:eval_loss")
     with pytest.raises(ConfigError, match="needs a single objective"):
-        grid(pruner="sha", objective="minimize:eval_loss,maximize:eval_mean_token_accuracy")
+        pruning_grid(pruner="sha", objective="minimize:eval_loss,maximize:eval_mean_token_accuracy")
     exp = Experiment("noeval", experiment_path=tmp_path)
     with pytest.raises(ConfigError, match="pass eval_dataset"):
-        exp.run_fit(grid(pruner="sha"), tiny_create_model, train, None, num_chunks=4)
+        exp.run_fit(pruning_grid(pruner="sha"), tiny_create_model, train, None, num_chunks=4)
     assert exp.engine is None
     cfg = RFModelConfig(model_name="tiny", training_args=RFSFTConfig(learning_rate=Range(1e-4, 1e-2)))
     RFRandomSearch(cfg, num_runs=2, pruner="median")      # accepted on random search too
-    with pytest.raises(ConfigError, match="budget"):
-        RFOptuna(cfg, n_initial=4, budget=2)
+    with pytest.raises(ConfigError, match="budget must be a positive integer"):
+        RFOptuna(cfg, n_initial=4, budget=0)
     with pytest.raises(ConfigError, match="sampler"):
         RFOptuna(cfg, sampler="grid")
 
 
 def optuna_group(seed=3, default_pruner=False, **kw):
     cfg = RFModelConfig(
-        model_name="tiny", peft_config=RFLoraConfig(r=List([4, 8]), **LORA),
+        model_name="tiny", peft_config=RFLoraConfig(r=List([4, 8]), **PRUNING_LORA),
         training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True), per_device_train_batch_size=8,
                                   num_train_epochs=1, max_length=64))
     base = dict(n_initial=3, budget=6, pruner="sha", seed=seed)
@@ -308,6 +289,7 @@ def run_optuna(path, data, **kw):
     return exp, out, trials
 
 
+@pytest.mark.slow
 def test_rfoptuna_refills_freed_slots_within_budget_deterministically(data, tmp_path):
     import optuna
 
@@ -343,6 +325,7 @@ def test_rfoptuna_refills_freed_slots_within_budget_deterministically(data, tmp_
     assert [s.knobs for s in optuna_group(seed=4).expand()] != [r[2] for r in runs[:3]]
 
 
+@pytest.mark.slow
 def test_multi_objective_has_no_pruning_and_a_pareto_front(data, tmp_path):
     train, evald = data
     with pytest.raises(ConfigError, match="needs a single objective"):   # as RFGridSearch does
@@ -396,6 +379,7 @@ def uninterrupted(tmp_path_factory):
 # comes from the checkpoint writer, racing the engine thread's decision); after 8: later rungs
 # -1: at the first pruning decision, before the checkpoint of the chunk that reached the rung is
 # durable (resumed, the pruned run must train that chunk again before it stops, as it did)
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_after", [3, 8, -1])
 def test_resume_after_sigkill_restores_the_study_and_reaches_the_same_decisions(
         tmp_path, uninterrupted, kill_after):
@@ -429,9 +413,7 @@ def _rouge_l(pred: str, ref: str) -> float:
     return 0.0 if lcs == 0 else 2 * p * r / (p + r)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("rapidfire_nb.engine.formatting") is None,
-                    reason="formatting_func as a row mapper on the eval set comes with issue 14 "
-                           "(rapidfire_nb/engine/formatting.py), merged separately")
+@pytest.mark.slow
 def test_port_of_rf_tutorial_optuna_sft_chatqa_tiny(tmp_path):
     """The flow of RapidFire AI's rf-tutorial-optuna-sft-chatqa-tiny notebook, import changed
     alone (a tiny model, an in-code support dataset and a word-level ROUGE-L stand in for
@@ -484,7 +466,7 @@ def test_port_of_rf_tutorial_optuna_sft_chatqa_tiny(tmp_path):
         formatting_func=sample_formatting_function,
         compute_metrics=sample_compute_metrics,
         # one deviation: the notebook's sampling knobs without do_sample=True are refused by
-        # this project's generation_config check (transformers 5 is strict); see notes/issue18.md
+        # this project's generation_config check (transformers 5 is strict)
         generation_config={"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9, "top_k": 30,
                            "repetition_penalty": 1.05, "do_sample": True},
     )
@@ -555,10 +537,11 @@ def test_the_sampler_learns_from_pruned_trials_rung_values(good_low):
     assert (x < 0.5) if good_low else (x > 0.5)
 
 
+@pytest.mark.slow
 def test_epoch_granularity_judges_runs_only_at_epoch_ends(data, tmp_path):
     train, evald = data
     cfg = RFModelConfig(
-        model_name="tiny", peft_config=RFLoraConfig(r=4, **LORA),
+        model_name="tiny", peft_config=RFLoraConfig(r=4, **PRUNING_LORA),
         training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True), per_device_train_batch_size=8,
                                   num_train_epochs=2, max_length=64))
     group = RFOptuna(cfg, trainer_type="SFT", n_initial=4, budget=4, pruner="sha", seed=1,
@@ -575,12 +558,13 @@ def test_epoch_granularity_judges_runs_only_at_epoch_ends(data, tmp_path):
     exp.end()
 
 
+@pytest.mark.slow
 def test_a_clone_enters_its_parents_bracket(data, tmp_path):
     """Hyperband deals runs 1-4 to brackets hb0, hb1, hb0, hb1 (first rungs 1 and 2 chunks); a new
     run would go to hb0 next, but a clone of run 2 joins run 2's bracket hb1."""
     train, evald = data
     exp = Experiment("clone", experiment_path=tmp_path)
-    exp.run_fit(grid(pruner="hyperband"), tiny_create_model, train, evald, num_chunks=4, block=False)
+    exp.run_fit(pruning_grid(pruner="hyperband"), tiny_create_model, train, evald, num_chunks=4, block=False)
     # applied within one chunk; hb1's first decision needs its members' second chunks
     clone = exp.clone_modify(2, {"training_args.learning_rate": 5e-3})
     exp.wait()
@@ -593,6 +577,7 @@ def test_a_clone_enters_its_parents_bracket(data, tmp_path):
 
 # -- an objective that is never logged (newcomer review #2) --------------------------------------
 
+@pytest.mark.slow
 def test_an_objective_an_sft_run_cannot_log_is_refused_before_training(data, tmp_path):
     from rapidfire_nb.tuning import check_objective_is_logged
 
@@ -603,17 +588,18 @@ def test_an_objective_an_sft_run_cannot_log_is_refused_before_training(data, tmp
         exp.run_fit(group, tiny_create_model, train, evald, num_chunks=4)
     assert exp.engine is None and not (exp.path / "automl.json").exists()
     with pytest.raises(ConfigError, match="'eval_los' is never logged"):   # a typo
-        exp.run_fit(grid(pruner="sha", objective="minimize:eval_los"), tiny_create_model, train,
+        exp.run_fit(pruning_grid(pruner="sha", objective="minimize:eval_los"), tiny_create_model, train,
                     evald, num_chunks=4)
     exp.end()
     # what an SFT run does log, with or without the eval_ prefix, is accepted
     for objective in ("minimize:loss", "maximize:eval_mean_token_accuracy", "minimize:entropy"):
-        g = grid(pruner="sha", objective=objective)
+        g = pruning_grid(pruner="sha", objective=objective)
         check_objective_is_logged(g, g.expand())
     # a plain grid has no objective to judge by: nothing to check
-    check_objective_is_logged(grid(), grid().expand())
+    check_objective_is_logged(pruning_grid(), pruning_grid().expand())
 
 
+@pytest.mark.slow
 def test_an_objective_missing_from_the_first_eval_stops_the_search_with_the_reason(data, tmp_path):
     """compute_metrics is there but does not return the objective: known only after the first
     eval. The runs stop there, each with a reason naming the metric and what was logged, and
@@ -624,7 +610,7 @@ def test_an_objective_missing_from_the_first_eval_stops_the_search_with_the_reas
         return {"bleu": 0.0}
 
     cfg = RFModelConfig(
-        model_name="tiny", peft_config=RFLoraConfig(r=List([4, 8]), **LORA),
+        model_name="tiny", peft_config=RFLoraConfig(r=List([4, 8]), **PRUNING_LORA),
         training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True), per_device_train_batch_size=8,
                                   num_train_epochs=1, max_length=64),
         compute_metrics=metrics_without_rouge,
@@ -650,7 +636,7 @@ def test_an_objective_missing_from_the_first_eval_stops_the_search_with_the_reas
 def test_rfoptuna_default_pruner_and_a_space_without_axes(data):
     assert optuna_group(default_pruner=True).pruning.pruner == "median"
     assert optuna_group(default_pruner=True, pruner="median").pruning.pruner == "median"
-    fixed = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, **LORA),
+    fixed = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, **PRUNING_LORA),
                           training_args=RFSFTConfig(learning_rate=1e-3, max_length=64))
     with pytest.raises(ConfigError, match="at least one List or Range axis"):
         RFOptuna(fixed, trainer_type="SFT", n_initial=2, budget=2)
@@ -658,15 +644,16 @@ def test_rfoptuna_default_pruner_and_a_space_without_axes(data):
         RFOptuna(List([fixed]), trainer_type="SFT", n_initial=2, budget=2)
 
 
+@pytest.mark.slow
 def test_suggestion_answers_take_numpy_ids_once_and_refuse_a_run_already_stopped_or_deleted(data, tmp_path):
     """Review rev1: ids from get_runs_info() (numpy ints) were refused as 'no pruning suggestion';
     a repeated id answered once and then raised a bare KeyError half-way; a confirm right after
     exp.delete()/exp.stop() was accepted and logged as a pruning of a deleted/user-stopped run."""
     train, evald = data
     exp = Experiment("suggest-answers", experiment_path=tmp_path)
-    exp.run_fit(grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
+    exp.run_fit(pruning_grid(epochs=2, pruner="sha", pruner_mode="suggest"), tiny_create_model, train, evald,
                 num_chunks=4, block=False)
-    marked = _wait_for_marks(exp, 2)
+    marked = wait_for_marks(exp, 2)
     a, b = (int(r) for r in marked.run_id[:2])
     before = len(exp.events.since(0))
     with pytest.raises(OpRefused, match=r"run_ids must be a run id or a list of run ids, got 1\.5"):
@@ -680,7 +667,7 @@ def test_suggestion_answers_take_numpy_ids_once_and_refuse_a_run_already_stopped
     exp.delete(a)
     assert exp.apply_suggestions([marked.run_id.iloc[0]]) == []
     exp.wait()
-    assert _answers(exp)[:2] == [("ignore_suggestion", b, True), ("confirm_suggestion", a, False)]
+    assert suggestion_answers(exp)[:2] == [("ignore_suggestion", b, True), ("confirm_suggestion", a, False)]
     info = exp.get_runs_info().set_index("run_id")
     assert info.loc[a, "status"] == "deleted"
     assert "resumed by hand" not in str(info.loc[a, "pruning"])
@@ -691,20 +678,22 @@ def test_suggest_mode_without_a_pruner_is_refused_at_construction():
     """Review rev1: RFGridSearch(..., pruner_mode='suggest') with no pruner was accepted, never
     marked anything, and apply_suggestions() then said it 'needs pruner_mode=suggest'."""
     with pytest.raises(ConfigError, match="pruner_mode='suggest' needs a pruner"):
-        grid(pruner_mode="suggest")
+        pruning_grid(pruner_mode="suggest")
     space = RFModelConfig(model_name="tiny", training_args=RFSFTConfig(learning_rate=Range(1e-4, 1e-2)))
     with pytest.raises(ConfigError, match="RFRandomSearch: pruner_mode='suggest' needs a pruner"):
         RFRandomSearch(space, trainer_type="SFT", num_runs=2, pruner_mode="suggest")
     if importlib.util.find_spec("optuna") is not None:
         with pytest.raises(ConfigError, match="RFOptuna: pruner_mode='suggest' needs a pruner"):
             RFOptuna(space, "SFT", n_initial=2, budget=2, pruner=None, pruner_mode="suggest")
-    assert grid(pruner="sha", pruner_mode="suggest").pruning.mode == "suggest"
+    assert pruning_grid(pruner="sha", pruner_mode="suggest").pruning.mode == "suggest"
 
 
+@pytest.mark.slow
 def test_rfoptuna_refills_asked_alone_are_pruned_against_the_rung_history(data, tmp_path):
     """n_initial=2 frees one slot at a time, so each refill is asked alone, in a bracket of one.
-    A bracket of one keeps ceil(1/2) = 1: it used to train every chunk, however bad. Now it is
-    ranked at each rung against every value the study recorded there (asynchronous SHA)."""
+    A bracket of one keeps ceil(1/2) = 1, so judged within its bracket it would train every chunk,
+    however bad; it is ranked at each rung against every value the study recorded there
+    (asynchronous SHA)."""
     import re
 
     exp, runs, trials = run_optuna(tmp_path / "a", data, seed=5, n_initial=2, budget=6)
@@ -724,4 +713,76 @@ def test_rfoptuna_refills_asked_alone_are_pruned_against_the_rung_history(data, 
         history = sorted((losses[r][chunk], r) for r in losses if r <= rid and chunk in losses[r])
         assert len(history) == of
         assert history.index((losses[rid][chunk], rid)) + 1 == rank > math.ceil(of / 2)
+    exp.end()
+
+
+# RFOptuna(budget < n_initial) trains max(budget, n_initial) trials end to end, as RapidFire AI
+# does: the n_initial trials and no refill, with every slot's pruning left to the pruner.
+
+@pytest.mark.slow
+def test_a_budget_below_n_initial_trains_exactly_n_initial_trials(tmp_path):
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+                        training_args=RFSFTConfig(learning_rate=List([1e-3, 5e-3, 1e-2]), per_device_train_batch_size=8,
+                                                  max_steps=2, max_length=64, bf16=False))
+    with pytest.warns(RapidFireConfigWarning, match=r"budget \(1\) is below n_initial \(3\)"):
+        group = RFOptuna(cfg, trainer_type="SFT", n_initial=3, budget=1, pruner=None, seed=3)
+    train, evald = make_demo_datasets(16, 4)
+    exp = Experiment("optuna-small-budget", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2)
+    info = exp.get_runs_info()
+    assert list(info.run_id) == [1, 2, 3], info[["run_id", "status"]]
+    assert set(info.status) == {"completed"}, info.error.tolist()
+    assert len(group._study.trials) == 3
+    assert all(t.state.name == "COMPLETE" for t in group._study.trials)
+    exp.end()
+
+
+# -- the boundary policy's decisions and the run ids it hands out -----------------------------
+
+@pytest.mark.slow
+def test_pruning_stops_survive_a_boundary_hook_that_fails_after_deciding(data, tmp_path):
+    # automl.json cannot be written (a directory stands in its place): the hook raises in its
+    # final save(), after SHA decided. The stops it decided still reach the runs, as its books
+    # say, instead of being dropped while the driver records them pruned.
+    train, evald = data
+    exp = Experiment("g", experiment_path=tmp_path)
+    (exp.path / "automl.json").mkdir(parents=True)
+    exp.run_fit(pruning_grid(pruner="sha"), tiny_create_model, train, evald, num_chunks=2)
+    assert "boundary hook failed" in (exp.path / "logs" / "engine.log").read_text()
+    info = exp.get_runs_info().set_index("run_id")
+    pruned = info[info.pruning.fillna("").str.startswith("pruned at chunk 1")]
+    assert len(pruned) == 2
+    # nobody resumed these runs by hand; they were pruned, so they stopped after one chunk
+    assert not pruned.pruning.str.contains("resumed by hand").any(), pruned.pruning.tolist()
+    assert set(pruned.status) == {"stopped"} and set(pruned.chunks_done) == {1}
+    exp.end()
+
+
+def _failing_refill_group():
+    # seed 4, random sampler: trial 0 draws gradient accumulation 1 (plannable), trial 1 draws 8
+    # (one optimizer step per epoch < num_chunks=2): the refill is refused, its id 2 logged
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(r=4, **PRUNING_LORA),
+                        training_args=RFSFTConfig(learning_rate=1e-2, per_device_train_batch_size=8,
+                                                  gradient_accumulation_steps=List([1, 8]),
+                                                  num_train_epochs=1, max_length=64))
+    return RFOptuna(cfg, trainer_type="SFT", n_initial=1, budget=2, sampler="random", pruner=None, seed=4)
+
+
+@pytest.mark.slow
+def test_a_clone_after_resume_does_not_reuse_an_id_the_study_and_log_handed_out(data, tmp_path):
+    train, evald = data
+    exp = Experiment("o", experiment_path=tmp_path)
+    exp.run_fit(_failing_refill_group(), tiny_create_model, train, evald, num_chunks=2, seed=3)
+    refused = [ev for ev in exp.events.since(0)
+               if ev["type"] == "op" and ev["op"] == "add" and not ev["accepted"]]
+    assert [ev["run_id"] for ev in refused] == [2]
+    exp.end()
+    exp = Experiment("o", experiment_path=tmp_path, resume=True)
+    exp.run_fit(_failing_refill_group(), tiny_create_model, train, evald, num_chunks=2, seed=3)
+    assert exp.automl.tuner.trial_of == {1: 0, 2: 1}
+    new_id = exp.clone_modify(1, {"training_args": {"learning_rate": 1e-3}})
+    exp.wait()
+    # run 2 is trial 1's id in the study and the refused add's in the log: a clone after the
+    # resume never takes it, as in the session that asked trial 1
+    assert new_id not in exp.automl.tuner.trial_of, new_id
     exp.end()

@@ -19,10 +19,11 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+
+from helpers import site_dirs, source_files
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "rapidfire_nb" / "static" / "panel.js"
@@ -30,26 +31,8 @@ BUNDLE = ROOT / "rapidfire_nb" / "static" / "panel.js"
 pytestmark = pytest.mark.slow
 
 
-def _source_files() -> list[str]:
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, check=True, capture_output=True,
-    ).stdout.decode()
-    return [p for p in out.split("\0") if p and (ROOT / p).is_file()]
-
-
-def _site_dirs() -> list[str]:
-    """Where this interpreter finds its packages (its venv's and, if it has them, the base's)."""
-    dirs = [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
-    for key in ("purelib", "platlib"):
-        p = sysconfig.get_paths()[key]
-        if p not in dirs and Path(p).is_dir():
-            dirs.append(p)
-    return dirs
-
-
 def test_bundle_is_committed_and_equals_a_fresh_build():
-    assert "rapidfire_nb/static/panel.js" in _source_files(), "the panel bundle must be committed"
+    assert "rapidfire_nb/static/panel.js" in source_files(), "the panel bundle must be committed"
     node = shutil.which("node")
     if node is None or not (ROOT / "js" / "node_modules").is_dir():
         pytest.fail("checking the committed bundle needs Node.js >= 20 and js/node_modules "
@@ -61,7 +44,7 @@ def test_bundle_is_committed_and_equals_a_fresh_build():
 
 def test_clone_installs_without_node(tmp_path):
     src = tmp_path / "clone"
-    for rel in _source_files():
+    for rel in source_files():
         dest = src / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, dest)
@@ -75,7 +58,7 @@ def test_clone_installs_without_node(tmp_path):
                              check=True, capture_output=True, text=True).stdout.strip()
     # Only paths: .pth files inside those folders are not run, so this checkout's editable
     # install (if any) stays out and the installed copy is the one imported.
-    (Path(purelib) / "_parent_site.pth").write_text("\n".join(_site_dirs()) + "\n")
+    (Path(purelib) / "_parent_site.pth").write_text("\n".join(site_dirs()) + "\n")
 
     # A PATH with the venv's bin and nothing else: no node, no npm.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}

@@ -2,7 +2,7 @@
 
 ``python tuning_worker.py ROOT fresh|resume KILL_AFTER``: trains (or resumes) a small RFOptuna
 experiment in ROOT; with KILL_AFTER > 0 the process SIGKILLs itself once that many chunks are
-logged. KILL_AFTER = -1 slows every checkpoint write and SIGKILLs at the first pruning decision on a run
+logged. KILL_AFTER = -2 SIGKILLs right after the study's ask() of the first refill. KILL_AFTER = -1 slows every checkpoint write and SIGKILLs at the first pruning decision on a run
 whose checkpoint is still being written: between a decision and the durable checkpoint of the
 chunk that reached its rung. At the end it prints one JSON line: the runs (status, knobs, pruning note) and the
 study's trials (state, params, intermediate values), which the test compares.
@@ -55,7 +55,7 @@ def main():
     train, evald = make_demo_datasets(32, 8)
     group = make_group()
     exp = Experiment("optuna", experiment_path=root, resume=(mode == "resume"))
-    if kill_after < 0:
+    if kill_after == -1:
         import time
 
         from rapidfire_nb.engine.store import ExperimentStore
@@ -79,6 +79,19 @@ def main():
                 os.kill(os.getpid(), signal.SIGKILL)
 
         ChunkAutoML.save = save_then_die
+    elif kill_after == -2:
+        # killed between the study's ask() of the first refill and anything logged about it
+        import optuna
+
+        ask = optuna.study.Study.ask
+
+        def ask_then_die(self, *args, **kwargs):
+            trial = ask(self, *args, **kwargs)
+            if trial.number >= group.n_initial:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return trial
+
+        optuna.study.Study.ask = ask_then_die
     elif kill_after:
         seen = []
 

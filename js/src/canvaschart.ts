@@ -12,7 +12,7 @@
  * The geometry (ticks, extents, nearest point, drag ranges) is in pure functions below, tested
  * with vitest; the class only turns them into pixels and mouse handling.
  */
-import type { Dash } from "./state";
+import type { Dash } from "./palette";
 
 /** One run's curve as drawn: its points and how it is emphasized now. */
 export interface DrawSeries {

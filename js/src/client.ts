@@ -29,7 +29,16 @@ export class Client {
   private pullInFlight: string | null = null;
   private pullSentAt = 0;
 
-  constructor(private readonly model: ModelLike, private readonly timeoutMs = 60000) {
+  /** Set once a send failed: the comm is gone (kernel restarted or shut down) for good. */
+  private gone: string | null = null;
+
+  /**
+   * `onGone` is told once, when a send fails: Jupyter's comm throws ("Cannot send") after the
+   * kernel restarted or shut down, and it never comes back, so every later request is refused
+   * at once instead of waiting for a reply that cannot come.
+   */
+  constructor(private readonly model: ModelLike, private readonly timeoutMs = 60000,
+              private readonly onGone: (why: string) => void = () => {}) {
     // Replies reach every view of the widget; the prefix lets each view recognise its own.
     viewCounter += 1;
     this.prefix = `v${viewCounter}-${Math.random().toString(36).slice(2, 8)}`;
@@ -39,6 +48,7 @@ export class Client {
   request(content: Record<string, unknown>): Promise<Reply> {
     this.counter += 1;
     const id = `${this.prefix}-${this.counter}`;
+    if (this.gone !== null) return Promise.resolve(this.goneReply(id));
     return new Promise<Reply>((resolve) => {
       const timer = setTimeout(() => {
         this.waiting.delete(id);
@@ -50,8 +60,33 @@ export class Client {
         });
       }, this.timeoutMs);
       this.waiting.set(id, { resolve, timer });
-      this.model.send({ ...content, request_id: id });
+      try {
+        this.model.send({ ...content, request_id: id });
+      } catch (err) {
+        this.markGone(`kernel restarted or shut down (${err instanceof Error ? err.message : String(err)})`);
+      }
     });
+  }
+
+  /** Whether the connection to the kernel is known to be gone. */
+  get disconnected(): boolean {
+    return this.gone !== null;
+  }
+
+  /** No reply can come any more: answer everything waiting, and every later request, at once. */
+  markGone(why: string): void {
+    if (this.gone !== null) return;
+    this.gone = why;
+    for (const [id, { resolve, timer }] of this.waiting) {
+      clearTimeout(timer);
+      resolve(this.goneReply(id));
+    }
+    this.waiting.clear();
+    this.onGone(why);
+  }
+
+  private goneReply(id: string): Reply {
+    return { type: "reply", request_id: id, ok: false, error: `not delivered: ${this.gone}`, disconnected: true };
   }
 
   /** Route an incoming reply to its request; false if it belongs to another view. */
@@ -68,6 +103,7 @@ export class Client {
 
   /** Whether a new pull may be sent now (none in flight, or the one in flight is stale). */
   canPull(now: number, staleMs = 20000): boolean {
+    if (this.gone !== null) return false;
     return this.pullInFlight === null || now - this.pullSentAt > staleMs;
   }
 

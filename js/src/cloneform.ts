@@ -78,3 +78,90 @@ export class CloneSubmitter {
     }
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Clone editor: turn the text a user typed back into the knob's JSON value.
+
+export type ParseResult = { ok: true; value: unknown } | { ok: false; error: string };
+
+/**
+ * Parse an edited knob. The original value's type decides: numbers must stay numbers, booleans
+ * booleans, strings are taken verbatim; lists, objects and nulls are read as JSON.
+ */
+export function parseKnobInput(original: unknown, text: string): ParseResult {
+  const t = text.trim();
+  if (typeof original === "string") return { ok: true, value: text };
+  if (typeof original === "number") {
+    if (t === "") return { ok: false, error: "a number is required" };
+    const v = Number(t);
+    if (!Number.isFinite(v)) return { ok: false, error: `not a number: ${JSON.stringify(text)}` };
+    return { ok: true, value: v };
+  }
+  if (typeof original === "boolean") {
+    if (t === "true") return { ok: true, value: true };
+    if (t === "false") return { ok: true, value: false };
+    return { ok: false, error: "true or false" };
+  }
+  if (t === "") return { ok: true, value: null };
+  try {
+    return { ok: true, value: JSON.parse(t) };
+  } catch {
+    // A null knob (e.g. an unset optional) may well be set to a bare word.
+    if (original === null && /^[A-Za-z_][\w.-]*$/.test(t)) return { ok: true, value: t };
+    return { ok: false, error: `not valid JSON: ${t.slice(0, 60)}` };
+  }
+}
+
+function jsonEqual(a: unknown, b: unknown): boolean {
+  return JSON.stringify(a) === JSON.stringify(b);
+}
+
+/** The knobs whose parsed value differs from the original: the clone's `changes`. */
+export function knobChanges(
+  original: Record<string, unknown>,
+  edited: Record<string, string>,
+): { changes: Record<string, unknown>; errors: Record<string, string> } {
+  const changes: Record<string, unknown> = {};
+  const errors: Record<string, string> = {};
+  for (const [key, text] of Object.entries(edited)) {
+    if (!(key in original)) continue;
+    const parsed = parseKnobInput(original[key], text);
+    if (!parsed.ok) errors[key] = parsed.error;
+    else if (!jsonEqual(parsed.value, original[key])) changes[key] = parsed.value;
+  }
+  return { changes, errors };
+}
+
+/** The knob an error message is about, so the editor can mark that field. */
+export function knobNamedIn(error: string, keys: string[]): string | null {
+  // Longest first: "training_args.learning_rate" before "learning_rate".
+  const sorted = [...keys].sort((a, b) => b.length - a.length);
+  for (const k of sorted) if (error.includes(k)) return k;
+  for (const k of sorted) {
+    const leaf = k.split(".").pop()!;
+    if (new RegExp(`\\b${leaf.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}\\b`).test(error)) return k;
+  }
+  return null;
+}
+
+/** Knobs the engine sets for the machine (not the user's to choose in a clone). */
+export function isMachineKnob(key: string): boolean {
+  return /(^|\.)(use_cpu|no_cuda)$/.test(key);
+}
+
+/**
+ * The clone form's knob order: the ones that vary across runs first (in column order), then the
+ * rest sorted, training arguments before the adapter's; machine knobs left out.
+ */
+export function cloneFormKnobs(keys: string[], varying: string[]): { main: string[]; more: string[] } {
+  const usable = keys.filter((k) => !isMachineKnob(k));
+  const main = varying.filter((k) => usable.includes(k));
+  const rank = (k: string) => (k.startsWith("training_args.") ? 0 : k.startsWith("peft_config.") ? 1 : 2);
+  const more = usable.filter((k) => !main.includes(k)).sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+  // Nothing varies (a single run): the learning rate is the knob people change first.
+  if (main.length === 0) {
+    const lr = more.findIndex((k) => k.endsWith("learning_rate"));
+    if (lr >= 0) main.push(...more.splice(lr, 1));
+  }
+  return { main, more };
+}

@@ -10,7 +10,7 @@
 import type { AnyModel, RenderProps } from "@anywidget/types";
 import { Client, type Reply } from "./client";
 import { CSS } from "./style";
-import { CloneSubmitter } from "./cloneform";
+import { CloneSubmitter, cloneFormKnobs, knobChanges, knobNamedIn } from "./cloneform";
 import { suggestedRuns, suggestionOpen } from "./suggest";
 import { createWorkerNotices, hasWorkers, workerCell } from "./workers";
 import { createTimelineView } from "./timeline";
@@ -19,52 +19,58 @@ import { CanvasChart, type Range, type RungMark } from "./canvaschart";
 import { loadPrefs, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
 import {
   applySnapshot,
-  createChartBook,
   createState,
-  defaultMetric,
+  ingest,
+  needsPull,
+  noteKnownSeq,
+  noteOnDevice,
+  noteQueued,
+  has,
+  lowerIsBetter,
+  type PanelState,
+  type RunState,
+} from "./state";
+import { runColor, runKey, STATUS_COLORS } from "./palette";
+import {
   fmtNumber,
   fmtSeconds,
   formatKnobValue,
-  ingest,
-  cloneFormKnobs,
-  headerCounts,
-  knobChanges,
-  knobColumns,
   readableKnob,
-  waitingText,
-  knobNamedIn,
-  legalOps,
-  needsPull,
-  noteKnownSeq,
-  planChart,
-  planIsEmpty,
-  pruneRungs,
   chunkText,
   progressFraction,
   stepText,
-  runColor,
+  readableMetric,
+  ownEpoch,
+  dataStartText,
+} from "./format";
+import {
+  headerCounts,
+  headerCountTitle,
+  knobColumns,
+  legalOps,
   runShown,
   isCollapsible,
   isPruned,
   effectiveSort,
   sortRuns,
-  readableMetric,
-  runKey,
   statusBadge,
-  noteOnDevice,
   heldOrder,
-  lowerIsBetter,
   type SortColumn,
   type SortKey,
   type StatusFilters,
-  STATUS_COLORS,
+} from "./table";
+import {
+  createChartBook,
+  defaultMetric,
+  waitingText,
+  planChart,
+  planIsEmpty,
+  pruneRungs,
   timeSplitFigure,
   type ChartBook,
   type ChartPlan,
-  type PanelState,
-  type RunState,
   type TraceSpec,
-} from "./state";
+} from "./chartplan";
 
 type Model = AnyModel<{ snapshot: Record<string, unknown> }>;
 type SimpleOp = "stop" | "resume" | "delete" | "confirm_suggestion" | "ignore_suggestion";
@@ -74,8 +80,16 @@ const OP_WORDS: Record<SimpleOp, string> = {
 };
 
 const PULL_INTERVAL_MS = 1000;
-/** Pull anyway when no push arrived for this long (Colab drops background-thread pushes). */
-const PUSH_SILENCE_MS = 2500;
+/**
+ * Pull anyway when no push arrived for this long (Colab drops background-thread pushes). A pull
+ * is also how the view learns that the kernel went away (its send fails), so this bounds how long
+ * a panel whose kernel restarted can still look live: about two seconds.
+ */
+const PUSH_SILENCE_MS = 1000;
+/** A click with no reply after this long says so (the kernel answers between cells only). */
+const OP_SLOW_MS = 4000;
+/** A confirming second click on Delete sooner than this is one double click, not a confirmation. */
+const DELETE_CONFIRM_MIN_MS = 400;
 
 function h<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -131,8 +145,11 @@ interface UpdateTiming {
 function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }>): () => void {
   const m = model as Model;
   const state: PanelState = createState();
-  const client = new Client(m);
+  const client = new Client(m, undefined, (why) => disconnect(why));
   let disposed = false;
+  /** Set once the kernel side is gone (restart, shutdown, closed comm): nothing can be sent. */
+  let disconnected: string | null = null;
+  let timer: ReturnType<typeof setInterval> | undefined = undefined;
 
   const style = h("style", { text: CSS });
   const root = h("div", { class: "rf-panel", "data-testid": "rf-panel" });
@@ -143,6 +160,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const counts = h("span", { class: "rf-counts" });
   const live = h("span", { class: "rf-live", "data-testid": "rf-live", text: "connecting…" });
   root.append(h("div", { class: "rf-header" }, [title, counts, live]));
+  const banner = h("div", { class: "rf-banner", "data-testid": "rf-disconnected" });
+  banner.style.display = "none";
+  root.append(banner);
 
   // --- charts ---------------------------------------------------------------------------------
   const charts: Chart[] = [];
@@ -153,7 +173,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const div = h("div", { class: "rf-chart-plot", "data-testid": `rf-chart-${split}` });
     const waiting = h("div", { class: "rf-chart-waiting", "data-testid": `rf-waiting-${split}` });
     const head = h("div", { class: "rf-chart-head", title: "drag to zoom (a flat drag: x only, a tall one: y only); double-click, or Escape on the focused chart, to zoom out" },
-      [label, select, `vs ${xLabel}`]);
+      [h("span", { text: label }), " ", select, " ", h("span", { text: `vs ${xLabel}` })]);
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const plot = new CanvasChart(div, {
       xLabel,
@@ -235,7 +255,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   });
   root.append(timeDetails);
 
-  // --- Ray workers (issue 19): lost-worker notices above the filters, the chunk timeline ----------
+  // --- Ray workers: lost-worker notices above the filters, the chunk timeline ----------
   // Both live in workers.ts / timeline.ts; renderHeader (run for every applied batch) calls
   // renderWorkers, and the timeline keeps its own redraw cadence, drawing nothing while folded.
   const workerNotices = createWorkerNotices();
@@ -313,8 +333,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       ...headerCounts(state).map(([text, s]) => {
         const span = h("span", { class: "rf-count", text });
         span.style.background = STATUS_COLORS[s];
-        if (s === "pending") span.title = "runs train one chunk at a time on the device; these wait for their turn (rows marked waiting)";
-        if (text === "1 training") span.title = "the run on the device now (the row marked training)";
+        const title = headerCountTitle(state, s);
+        if (title) span.title = title;
         return span;
       }),
     );
@@ -325,6 +345,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         text: `${asked.length} suggested to stop` });
       span.title = `the pruner suggests stopping run${asked.length > 1 ? "s" : ""} ${asked.join(", ")}: Confirm or Ignore on each row`;
       counts.append(span);
+    }
+    if (disconnected !== null) {
+      live.textContent = "disconnected";
+      return;
     }
     live.textContent = `${state.ended ? "ended" : "live"} · seq ${state.lastSeq}${state.knownSeq > state.lastSeq ? ` / ${state.knownSeq}` : ""}`;
   }
@@ -471,6 +495,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   interface Row {
     tr: HTMLTableRowElement;
     status: HTMLSpanElement;
+    /** "▶ on device" beside the badge of the run training now. */
+    device: HTMLSpanElement;
     knobCells: HTMLSpanElement[];
     progressBar: HTMLSpanElement;
     progressText: HTMLSpanElement;
@@ -489,8 +515,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     busy: boolean;
   }
   const rows = new Map<number, Row>();
-  const deleteArmed = new Map<number, ReturnType<typeof setTimeout>>();
+  const deleteArmed = new Map<number, { at: number; timer: ReturnType<typeof setTimeout> }>();
   let columnsKey = "";
+  let rowColumnsKey = "";
   let sortKey: SortKey = { column: "auto", descending: false };
   const sortHeads = new Map<SortColumn, HTMLTableCellElement>();
   let groupOpen = false;
@@ -524,15 +551,20 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const lineage = [...state.runs.values()].some((r) => r.parent !== null);
     const workers = hasWorkers(state);
     const key = JSON.stringify([knobs, metric, lineage, workers]);
+    // The eval metric only names a header: its first value must not rebuild the rows, or the
+    // button under the pointer is replaced between press and release.
+    const rowsKey = JSON.stringify([knobs, lineage, workers]);
     if (key !== columnsKey) {
       columnsKey = key;
       const heads: [string, string, SortColumn | null][] = [
+        // What a user steers by comes first (id, status, buttons, the eval metric), so it stays
+        // in view however narrow the notebook; the knobs and the rest follow.
         ["run", "", "id"], ["status", "", "status"], ["", "Stop · Resume · Delete · Clone", null],
+        [metric ? readableMetric(metric) : "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
         ...knobs.map((k): [string, string, null] => [readableKnob(k), k, null]),
-        ["progress", "optimizer steps, and the last chunk trained", "progress"],
+        ["progress", "the run's own optimizer steps and epochs, and the chunk of data it trained last", "progress"],
         ...(workers ? [["worker", "the Ray worker that trained the run's last chunk", null] as [string, string, null]] : []),
         ["train loss", "latest training loss", "loss"],
-        [metric ? readableMetric(metric) : "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
         ...(lineage ? [["parent", "the run this one was cloned from", null] as [string, string, null]] : []),
       ];
       sortHeads.clear();
@@ -548,9 +580,12 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         return th;
       })));
       groupCell.colSpan = heads.length;
-      rows.clear();
-      tbody.replaceChildren();
-      shownOrder = "";
+      if (rowsKey !== rowColumnsKey) {
+        rowColumnsKey = rowsKey;
+        rows.clear();
+        tbody.replaceChildren();
+        shownOrder = "";
+      }
     }
     const sort = effectiveSort(state, sortKey, metric);
     for (const [col, th] of sortHeads) {
@@ -664,6 +699,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const row: Row = {
       tr,
       status,
+      device: h("span", { class: "rf-on-device", "data-testid": "rf-on-device", text: " ▶ on device" }),
       knobCells,
       progressBar,
       progressText: progressTextEl,
@@ -689,13 +725,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     answers.ignore_suggestion.addEventListener("click", () => simpleOp(row, run.id, "ignore_suggestion"));
     tr.append(
       h("td", { class: "rf-id" }, [swatch, `${run.id}`]),
-      h("td", {}, [status]),
+      h("td", {}, [status, row.device]),
       h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note, suggestion]),
+      h("td", { class: "rf-num", "data-testid": "rf-eval-cell" }, [row.latest, row.best]),
       ...knobCells.map((c) => h("td", { class: "rf-knob" }, [c])),
       h("td", {}, [h("span", { class: "rf-progress" }, [progressBar]), progressTextEl, chunkTextEl]),
       ...(row.worker ? [row.worker] : []),
       row.trainLoss,
-      h("td", { class: "rf-num" }, [row.latest, row.best]),
       ...(row.parent ? [row.parent] : []),
     );
     return row;
@@ -706,36 +742,47 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const badge = statusBadge(run, state);
     row.status.textContent = badge.text;
     row.status.style.background = STATUS_COLORS[badge.status];
+    row.status.classList.toggle("rf-queued", state.queued.has(run.id));
+    row.device.style.display = badge.onDevice ? "" : "none";
+    row.device.title = badge.onDevice ? "this run has the device now (runs train one chunk at a time)" : "";
     knobs.forEach((k, i) => {
-      const text = k in run.knobs ? formatKnobValue(run.knobs[k]) : "";
+      // A knob the run leaves at its default has no entry: show what the run does, not a blank.
+      const epochs = k.endsWith("num_train_epochs") ? ownEpoch(run)?.epochs : undefined;
+      const set = has(run.knobs, k);
+      const text = set ? formatKnobValue(run.knobs[k]) : epochs !== undefined ? String(epochs) : "default";
       row.knobCells[i].textContent = text;
-      row.knobCells[i].title = `${k} = ${text}`;
+      row.knobCells[i].classList.toggle("rf-default", !set);
+      row.knobCells[i].title = set ? `${k} = ${text}` : `${k} not set: the trainer's default${epochs !== undefined ? ` (${epochs})` : ""}`;
     });
     row.progressBar.style.width = `${(progressFraction(run) * 100).toFixed(1)}%`;
     row.progressText.textContent = stepText(run);
     row.chunkText.textContent = chunkText(run);
-    row.trainLoss.textContent = fmtNumber(run.latest["loss"]);
-    row.latest.textContent = metric ? fmtNumber(run.latest[metric]) : "–";
-    const best = metric ? run.best[metric] : undefined;
-    row.best.textContent = best !== undefined && best !== run.latest[metric!] ? `best ${fmtNumber(best)}` : "";
+    row.chunkText.title = dataStartText(run);
+    row.trainLoss.textContent = fmtNumber(has(run.latest, "loss") ? run.latest["loss"] : null);
+    const latest = metric !== null && has(run.latest, metric) ? run.latest[metric] : null;
+    row.latest.textContent = metric ? fmtNumber(latest) : "–";
+    const best = metric !== null && has(run.best, metric) ? run.best[metric] : undefined;
+    row.best.textContent = best !== undefined && best !== latest ? `best ${fmtNumber(best)}` : "";
     if (row.worker) {
       const cell = workerCell(state, run);
       row.worker.textContent = cell.text;
       row.worker.title = cell.title;
     }
     if (row.parent) row.parent.textContent = run.parent !== null ? `${run.parent}${run.warmStart ? " (warm)" : ""}` : "";
-    const legal = legalOps(run.status);
-    row.buttons.stop.disabled = row.busy || !legal.stop;
-    row.buttons.resume.disabled = row.busy || !legal.resume;
-    row.buttons.delete.disabled = row.busy || !legal.delete;
-    row.buttons.clone.disabled = !legal.clone;
+    const legal = legalOps(run.status, state.queued.get(run.id) ?? null);
+    const off = disconnected !== null;
+    row.buttons.stop.disabled = off || row.busy || !legal.stop;
+    row.buttons.resume.disabled = off || row.busy || !legal.resume;
+    row.buttons.delete.disabled = off || row.busy || !legal.delete;
+    row.buttons.clone.disabled = off || !legal.clone;
+    row.buttons.traceback.disabled = off;
     row.buttons.traceback.style.display = run.hasError ? "" : "none";
     const asked = suggestionOpen(run);
     row.suggestion.style.display = asked ? "" : "none";
     row.suggestionText.textContent = asked ? run.suggestion! : "";
     row.suggestion.title = asked ? run.suggestion! : "";
-    row.answers.confirm_suggestion.disabled = row.busy;
-    row.answers.ignore_suggestion.disabled = row.busy;
+    row.answers.confirm_suggestion.disabled = off || row.busy;
+    row.answers.ignore_suggestion.disabled = off || row.busy;
     row.tr.classList.toggle("rf-suggested", asked);
     const op = run.lastOp;
     const note = run.reason ?? (op && !op.accepted ? `${op.op} refused: ${op.reason ?? ""}` : "");
@@ -746,16 +793,66 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   }
 
   async function simpleOp(row: Row, runId: number, op: SimpleOp): Promise<void> {
-    row.busy = true;
-    scheduleRender({ table: true });
     const words = OP_WORDS[op];
-    say(`${words} run ${runId}…`);
-    const reply = await client.request({ type: "op", op, run_id: runId });
-    row.busy = false;
-    if (reply.ok) say(`${words} run ${runId}: accepted`, "ok");
-    else say(`${words} run ${runId}: ${reply.error}`, "error");
+    if (disconnected !== null) {
+      say(`${words} run ${runId}: not sent, ${disconnected}`, "error");
+      return;
+    }
+    // A second click (a double click, or Stop then Resume before the first reply) would reach
+    // the kernel before the next render disables the buttons: one op per row at a time.
+    if (row.busy) return;
+    row.busy = true;
+    setRowButtonsBusy(row);
     scheduleRender({ table: true });
-    requestPull();
+    say(`${words} run ${runId}…`);
+    // The kernel answers a click only between cells: past a few seconds, say why it waits.
+    const slow = setTimeout(() => {
+      if (row.busy && disconnected === null) {
+        say(`${words} run ${runId}: no reply from the kernel after ${OP_SLOW_MS / 1000} s; a cell is `
+          + "probably running (clicks act once it finishes)", "error");
+      }
+    }, OP_SLOW_MS);
+    const reply = await client.request({ type: "op", op, run_id: runId });
+    clearTimeout(slow);
+    row.busy = false;
+    if (disconnected !== null) say(`${words} run ${runId}: not delivered, ${disconnected}`, "error");
+    // Only a run training now waits for a boundary; the engine applies the rest on its next turn.
+    else if (reply.ok) say(`${words} run ${runId}: accepted${(op === "stop" || op === "resume" || op === "delete") && state.runs.get(runId)?.status === "running" ? " (applies at its next chunk boundary)" : ""}`, "ok");
+    else say(`${words} run ${runId}: ${reply.error}`, "error");
+    if ("queued" in reply) noteQueued(state, reply.queued);
+    scheduleRender({ table: true, header: true });
+    if (disconnected === null) requestPull();
+  }
+
+  /** Disable the row's op buttons now, not at the next frame (the render keeps them so). */
+  function setRowButtonsBusy(row: Row): void {
+    row.buttons.stop.disabled = true;
+    row.buttons.resume.disabled = true;
+    row.buttons.delete.disabled = true;
+    row.answers.confirm_suggestion.disabled = true;
+    row.answers.ignore_suggestion.disabled = true;
+  }
+
+  /** The kernel side is gone: grey the panel, say so once, and stop sending. */
+  function disconnect(why: string): void {
+    if (disconnected !== null || disposed) return;
+    disconnected = why;
+    clearInterval(timer);
+    root.classList.add("rf-disconnected");
+    // Re-running the run_fit cell as it is starts a new experiment from scratch; after a restart
+    // what continues the runs is resume=True, so the banner names that with this experiment.
+    const name = state.experiment !== null ? JSON.stringify(state.experiment) : "NAME";
+    banner.textContent = `${why}: this panel no longer controls anything. If the kernel still runs, `
+      + `\`%rapidfire panel\` shows a live one. After a restart, \`Experiment(${name}, resume=True)\` `
+      + "and the same run_fit(...) continue the runs from their last chunk boundary (re-running the "
+      + "cell as it is starts a new experiment from scratch).";
+    banner.style.display = "";
+    live.textContent = "disconnected";
+    live.title = why;
+    // the counts are the last ones seen, not what trains now
+    counts.title = "as last seen before the kernel went away; nothing here is live";
+    for (const b of root.querySelectorAll("button")) b.disabled = true;
+    scheduleRender({ header: true, table: true });
   }
 
   function deleteClicked(row: Row, runId: number): void {
@@ -766,15 +863,20 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       // armed, so the second click lands on the same run.
       row.buttons.delete.textContent = "Confirm?";
       row.buttons.delete.title = `click again within 4 s to delete run ${runId}`;
-      deleteArmed.set(runId, setTimeout(() => {
-        deleteArmed.delete(runId);
-        row.buttons.delete.textContent = "Delete";
-        row.buttons.delete.title = `Delete run ${runId}`;
-        scheduleRender({ table: true });
-      }, 4000));
+      deleteArmed.set(runId, {
+        at: performance.now(),
+        timer: setTimeout(() => {
+          deleteArmed.delete(runId);
+          row.buttons.delete.textContent = "Delete";
+          row.buttons.delete.title = `Delete run ${runId}`;
+          scheduleRender({ table: true });
+        }, 4000),
+      });
       return;
     }
-    clearTimeout(armed);
+    // A double click is not a confirmation: the second click must come a moment later.
+    if (performance.now() - armed.at < DELETE_CONFIRM_MIN_MS) return;
+    clearTimeout(armed.timer);
     deleteArmed.delete(runId);
     row.buttons.delete.textContent = "Delete";
     row.buttons.delete.title = `Delete run ${runId}`;
@@ -1110,9 +1212,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
     pullAgain = false;
     void client.pull(state.lastSeq, now).then((reply: Reply) => {
-      if (disposed) return;
+      if (disposed || disconnected !== null) return;
       if (reply.ok) {
         if ("on_device" in reply && noteOnDevice(state, reply.on_device)) scheduleRender({ header: true, table: true });
+        if ("queued" in reply && noteQueued(state, reply.queued)) scheduleRender({ header: true, table: true });
         absorb(reply.events, reply.last_seq);
         live.title = "";
         // Batches are capped in size: keep pulling until caught up.
@@ -1129,6 +1232,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const data = msg as Record<string, unknown>;
     if (data.type === "events") {
       lastPushAt = Date.now();
+      if ("queued" in data && noteQueued(state, data.queued)) scheduleRender({ table: true });
       absorb(data.events, data.last_seq);
       if (needsPull(state)) requestPull();
     } else if (data.type === "reply") {
@@ -1139,20 +1243,25 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   };
   const onSnapshot = () => {
     const before = state.onDevice;
+    const queuedBefore = state.queued;
     applySnapshot(state, m.get("snapshot"));
-    // The badges name the run on the device: a swap repaints the rows.
-    scheduleRender({ header: true, table: state.onDevice !== before });
+    // The badges name the run on the device and queued ops: either change repaints the rows.
+    scheduleRender({ header: true, table: state.onDevice !== before || state.queued !== queuedBefore });
     if (needsPull(state)) requestPull();
   };
   m.on("msg:custom", onCustom);
   m.on("change:snapshot", onSnapshot);
+  // ipywidgets' model says when its comm closes (the kernel closed the widget or went away).
+  const onClosed = () => disconnect("the kernel closed this panel's connection (kernel restarted or shut down)");
+  const events = m as unknown as { on(name: string, cb: () => void): void; off(name: string, cb: () => void): void };
+  events.on("comm:close", onClosed);
   applySnapshot(state, m.get("snapshot"));
   restorePrefs();
   renderHeader();
   scheduleRender({ charts: true });
   requestPull();
 
-  const timer = setInterval(() => {
+  timer = setInterval(() => {
     const now = Date.now();
     if (needsPull(state) || now - lastPushAt > PUSH_SILENCE_MS) requestPull();
   }, PULL_INTERVAL_MS);
@@ -1175,9 +1284,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     clearInterval(timer);
     if (timeTimer !== undefined) clearTimeout(timeTimer);
     timeline.dispose();
-    for (const t of deleteArmed.values()) clearTimeout(t);
+    for (const a of deleteArmed.values()) clearTimeout(a.timer);
     m.off("msg:custom", onCustom);
     m.off("change:snapshot", onSnapshot);
+    events.off("comm:close", onClosed);
     resizeObserver?.disconnect();
     client.dispose();
     for (const c of charts) c.plot.destroy();

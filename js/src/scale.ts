@@ -1,7 +1,7 @@
 import type { DrawSeries } from "./canvaschart";
-import {
-  isCollapsible, runShown, type PanelState, type StatusFilters, type TimeSplit, type TimeSplitFigure, type TraceSpec,
-} from "./state";
+import type { PanelState, TimeSplit } from "./state";
+import { isCollapsible, runShown, type StatusFilters } from "./table";
+import type { TimeSplitFigure, TraceSpec } from "./chartplan";
 
 /**
  * Choices that keep the charts readable and cheap at AutoML scale (dozens of runs). Pure functions,

@@ -96,7 +96,7 @@ export const CSS = `
 .rf-field-error { color: var(--rf-error); font-size: 11px; }
 .rf-error { color: var(--rf-error); white-space: pre-wrap; }
 .rf-worker-notices { margin: 4px 0; font-size: 12px; }
-/* Ray workers (issue 19): the notices' dismiss button and the chunk timeline */
+/* Ray workers: the notices' dismiss button and the chunk timeline */
 .rf-notice { display: flex; gap: 6px; align-items: baseline; }
 .rf-panel button.rf-notice-close { padding: 0 5px; line-height: 1.2; color: var(--rf-fg2); background: transparent; border-color: transparent; }
 .rf-panel button.rf-notice-close:hover { border-color: var(--rf-border); color: var(--rf-fg); }
@@ -122,4 +122,10 @@ export const CSS = `
 .rf-time-total { flex: 0 0 56px; color: var(--rf-fg2); font-variant-numeric: tabular-nums; white-space: nowrap; }
 .rf-messages { margin-top: 4px; font-size: 11px; min-height: 1em; }
 .rf-panel details > summary { cursor: pointer; color: var(--rf-fg2); margin-top: 8px; }
+.rf-banner { margin: 4px 0; padding: 4px 8px; border: 1px solid var(--rf-error); border-radius: 4px; color: var(--rf-error); font-size: 12px; font-weight: 600; }
+.rf-panel.rf-disconnected .rf-charts, .rf-panel.rf-disconnected .rf-table-wrap, .rf-panel.rf-disconnected .rf-filters, .rf-panel.rf-disconnected .rf-counts { opacity: 0.45; filter: grayscale(1); }
+.rf-panel.rf-disconnected .rf-live { color: var(--rf-error); font-weight: 600; }
+.rf-status.rf-queued { font-style: italic; }
+.rf-on-device { font-size: 10px; color: var(--rf-fg2); white-space: nowrap; }
+.rf-clip.rf-default { color: var(--rf-fg2); font-style: italic; }
 `;

@@ -5,7 +5,9 @@
  * recorded logs; `createTimelineView` draws it to one canvas, so 48 runs and hundreds of chunks
  * cost one element and a bounded number of rectangles, and nothing at all while folded.
  */
-import { fmtSeconds, runColor, runDash, type PanelState, type TimelineRow } from "./state";
+import type { PanelState, TimelineRow } from "./state";
+import { runColor, runDash } from "./palette";
+import { fmtSeconds } from "./format";
 
 export interface LostSpan {
   /** Axis seconds (see TimelineModel.breaks) where the worker was lost. */

@@ -7,7 +7,7 @@
  * always in this module's memory, which outlives a single view within one page. What is read back
  * is checked field by field: another version of the panel, or a user, may have left anything there.
  */
-import type { SortColumn, SortKey, StatusFilters } from "./state";
+import type { SortColumn, SortKey, StatusFilters } from "./table";
 
 export interface ViewPrefs {
   hide: StatusFilters;

@@ -16,17 +16,14 @@ import {
   type Scales,
 } from "../src/canvaschart";
 import { drawSeries, seriesStyles, timeBars, EVAL_MARKER_RUNS } from "../src/scale";
+import { createState, ingest, type WireEvent } from "../src/state";
+import { runColor, runDash } from "../src/palette";
 import {
   createChartBook,
-  createState,
   drawnPoints,
-  ingest,
   planChart,
-  runColor,
-  runDash,
   timeSplitFigure,
-  type WireEvent,
-} from "../src/state";
+} from "../src/chartplan";
 
 function series(runId: number, x: number[], y: (number | null)[], extra: Partial<DrawSeries> = {}): DrawSeries {
   return {

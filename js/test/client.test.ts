@@ -43,4 +43,27 @@ describe("Client", () => {
       vi.useRealTimers();
     }
   });
+  it("a send that throws (the kernel restarted) answers every request at once, and says so once", async () => {
+    const gone: string[] = [];
+    let live = true;
+    const sent: unknown[] = [];
+    // Jupyter's comm after a kernel restart: send throws "Cannot send".
+    const model = { send: (c: unknown) => { if (!live) throw new Error("Cannot send"); sent.push(c); } };
+    const c = new Client(model, 60000, (why) => gone.push(why));
+    const waiting = c.request({ type: "op", op: "stop", run_id: 1 }); // sent, no reply yet
+    live = false;
+    const pull = await c.pull(5, 0);
+    expect(pull.ok).toBe(false);
+    expect(pull.disconnected).toBe(true);
+    expect(pull.error).toMatch(/kernel restarted or shut down.*Cannot send/);
+    // The click that was waiting for its reply is answered too: it will never come.
+    expect((await waiting).disconnected).toBe(true);
+    expect(c.disconnected).toBe(true);
+    expect(c.canPull(100000)).toBe(false);
+    // Later requests are refused without touching the dead comm.
+    const later = await c.request({ type: "op", op: "resume", run_id: 1 });
+    expect(later.error).toMatch(/^not delivered/);
+    expect(sent).toHaveLength(1);
+    expect(gone).toHaveLength(1);
+  });
 });

@@ -1,6 +1,9 @@
 // Pruning rungs on the eval chart: where each pruned run was cut, with the pruner's reason.
 import { describe, expect, it } from "vitest";
-import { createState, ingest, pruneRungs, runColor, statusBadge, type WireEvent } from "../src/state";
+import { createState, ingest, type WireEvent } from "../src/state";
+import { runColor } from "../src/palette";
+import { statusBadge } from "../src/table";
+import { pruneRungs } from "../src/chartplan";
 
 function log(): WireEvent[] {
   const raw: Record<string, unknown>[] = [];

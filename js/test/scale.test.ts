@@ -1,27 +1,25 @@
 // The panel at AutoML scale: run colours, downsampling, sorting, pruned/deleted grouping.
 import { describe, expect, it } from "vitest";
+import { createState, ingest, type WireEvent } from "../src/state";
+import { PALETTE, runColor, runDash } from "../src/palette";
 import {
-  createChartBook,
-  createState,
-  drawnPoints,
   effectiveSort,
   headerCounts,
-  ingest,
   isCollapsible,
   isPruned,
+  runShown,
+  sortRuns,
+} from "../src/table";
+import {
+  createChartBook,
+  drawnPoints,
   lttb,
   MAX_TRACE_POINTS,
   POINT_BUDGET,
   tracePointLimit,
-  PALETTE,
   planChart,
   planIsEmpty,
-  runColor,
-  runDash,
-  runShown,
-  sortRuns,
-  type WireEvent,
-} from "../src/state";
+} from "../src/chartplan";
 
 /** CIE L*a*b* of an sRGB hex colour (D65), for a perceptual distance between run colours. */
 function lab(hex: string): [number, number, number] {
@@ -262,7 +260,7 @@ describe("run table at scale", () => {
     expect(isPruned(state.runs.get(4)!)).toBe(false);
   });
 
-  it("sorts by the best eval metric by default once every live run has one, by id before", () => {
+  it("sorts by the best eval metric by default, runs without one last, by id with no metric", () => {
     const state = table();
     const live = () => [...state.runs.values()].filter((r) => !isCollapsible(r));
     // Runs 1-3 have eval_loss; 4 (pruned) and 5 (deleted) do not count.
@@ -272,9 +270,13 @@ describe("run table at scale", () => {
     // Higher is better for accuracy.
     sort = effectiveSort(state, { column: "auto", descending: false }, "eval_accuracy");
     expect(sortRuns(live(), sort, "eval_accuracy")).toEqual([3, 2, 1]);
-    // A live run without an eval point: id order until it has one.
+    // A live run without an eval point (a new clone) joins the end: the sort stays on the metric.
     ingest(state, [{ seq: 11, type: "run_created", run_id: 6, total_steps: 10 }]);
-    expect(effectiveSort(state, { column: "auto", descending: false }, "eval_loss")).toEqual({ column: "id", descending: false });
+    sort = effectiveSort(state, { column: "auto", descending: false }, "eval_loss");
+    expect(sort).toEqual({ column: "eval", descending: false });
+    expect(sortRuns(live(), sort, "eval_loss")).toEqual([2, 1, 3, 6]);
+    // No metric at all yet: id order.
+    expect(effectiveSort(state, { column: "auto", descending: false }, null)).toEqual({ column: "id", descending: false });
     // An explicit sort puts runs without the value last, whatever the direction.
     expect(sortRuns(live(), { column: "eval", descending: true }, "eval_loss")).toEqual([3, 1, 2, 6]);
     expect(sortRuns(live(), { column: "eval", descending: false }, "eval_loss")).toEqual([2, 1, 3, 6]);
@@ -283,7 +285,7 @@ describe("run table at scale", () => {
   it("counts pruned runs apart from stopped ones in the header", () => {
     const state = table();
     ingest(state, [{ seq: 11, type: "run_status", run_id: 1, status: "stopped", reason: "stopped by user", has_error: false }]);
-    expect(headerCounts(state).map(([t]) => t)).toEqual(["2 waiting", "1 stopped", "1 pruned", "1 deleted"]);
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["2 pending", "1 stopped", "1 pruned", "1 deleted"]);
   });
 
   it("hides stopped, pruned and deleted runs only when asked", () => {
@@ -300,7 +302,7 @@ describe("run table at scale", () => {
 
 describe("rows hold their places under the pointer (review finding 2)", () => {
   it("keeps the shown order while held, appends new rows, drops rows that left", async () => {
-    const { heldOrder } = await import("../src/state");
+    const { heldOrder } = await import("../src/table");
     // The eval ranking changed from 1,2,3,4 to 1,4,2,3 (the review's shots 02 -> 03).
     expect(heldOrder([1, 2, 3, 4], [1, 4, 2, 3], true)).toEqual([1, 2, 3, 4]);
     expect(heldOrder([1, 2, 3, 4], [1, 4, 2, 3], false)).toEqual([1, 4, 2, 3]);
@@ -315,7 +317,7 @@ describe("rows hold their places under the pointer (review finding 2)", () => {
 
 describe("keys outside the charts show the dash (review finding 4) and readable names (finding 7)", () => {
   it("run 25's swatch and glyph differ from run 1's while the colour stays", async () => {
-    const { runKey, runColor, runDash } = await import("../src/state");
+    const { runKey, runColor, runDash } = await import("../src/palette");
     const one = runKey(1);
     const twentyFive = runKey(25);
     expect(twentyFive.color).toBe(one.color);
@@ -333,7 +335,9 @@ describe("keys outside the charts show the dash (review finding 4) and readable 
   });
 
   it("metric headers read as words; the waiting text says points come per chunk", async () => {
-    const { readableMetric, waitingText, createState, ingest } = await import("../src/state");
+    const { readableMetric } = await import("../src/format");
+    const { waitingText } = await import("../src/chartplan");
+    const { createState, ingest } = await import("../src/state");
     expect(readableMetric("eval_loss")).toBe("eval loss");
     expect(readableMetric("eval_mean_token_accuracy")).toBe("eval mean token accuracy");
     expect(readableMetric("accuracy")).toBe("accuracy");

@@ -2,32 +2,45 @@
 import { describe, expect, it } from "vitest";
 import {
   applySnapshot,
-  createChartBook,
   createState,
-  defaultMetric,
   ingest,
-  knobChanges,
-  cloneFormKnobs,
-  headerCounts,
-  statusBadge,
+  noteQueued,
   noteOnDevice,
-  knobColumns,
-  readableKnob,
-  waitingText,
-  knobNamedIn,
-  legalOps,
   MAX_PENDING,
   needsPull,
   noteKnownSeq,
-  parseKnobInput,
-  planChart,
-  planIsEmpty,
-  progressText,
-  runColor,
-  shortKnobNames,
-  timeSplitFigure,
   type WireEvent,
 } from "../src/state";
+import { runColor } from "../src/palette";
+import {
+  dataStartText,
+  progressFraction,
+  readableKnob,
+  progressText,
+  shortKnobNames,
+} from "../src/format";
+import {
+  headerCounts,
+  headerCountTitle,
+  statusBadge,
+  knobColumns,
+  legalOps,
+  sortRuns,
+} from "../src/table";
+import {
+  createChartBook,
+  defaultMetric,
+  waitingText,
+  planChart,
+  planIsEmpty,
+  timeSplitFigure,
+} from "../src/chartplan";
+import {
+  knobChanges,
+  cloneFormKnobs,
+  knobNamedIn,
+  parseKnobInput,
+} from "../src/cloneform";
 
 /** A small but complete experiment log, shaped like rapidfire_nb/engine/events.py's schema. */
 function experimentLog(): WireEvent[] {
@@ -323,13 +336,25 @@ describe("derived view data", () => {
   it("describes progress", () => {
     const state = createState();
     ingest(state, experimentLog());
-    expect(progressText(state.runs.get(1)!)).toBe("epoch 1 · chunk 1/4 · step 2/8");
+    expect(progressText(state.runs.get(1)!)).toBe("epoch 1/1 · chunk 1/4 · step 2/8");
     // run 3 failed before its first chunk; run 4 is a warm clone that has not trained yet
     expect(progressText(state.runs.get(3)!)).toBe("no chunk trained · step 0/8");
+    // The engine counts a warm clone's steps on from its parent's data position (base_step):
+    // the clone's own progress starts at 0 of its own total, and where its data starts is apart.
     ingest(state, [{ seq: 22, type: "run_created", run_id: 4, knobs: {}, parent_run_id: 1, warm_start: true,
-      total_steps: 8, num_chunks: 4, base_samples_seen: 16, base_step: 2 }]);
-    expect(progressText(state.runs.get(4)!)).toBe("warm start from run 1 · first chunk next · step 2/8");
-    expect(progressText(state.runs.get(4)!)).not.toContain("chunk 0/");
+      total_steps: 10, steps_per_epoch: 8, num_chunks: 4, base_samples_seen: 16, base_step: 2, base_chunk: 1 }]);
+    const clone = state.runs.get(4)!;
+    expect(progressText(clone)).toBe("warm start from run 1 · first chunk next · step 0/8");
+    expect(progressText(clone)).not.toContain("chunk 0/");
+    expect(progressFraction(clone)).toBe(0);
+    expect(dataStartText(clone)).toBe("data from chunk 2/4 (where run 1 was)");
+    // A 3-epoch warm clone (8 steps an epoch, 2 a chunk) that ends on the stream's epoch 4
+    // reads as its own epoch 3 of 3, at its own last step.
+    ingest(state, [{ seq: 23, type: "run_created", run_id: 5, knobs: {}, parent_run_id: 1, warm_start: true,
+      total_steps: 26, steps_per_epoch: 8, num_chunks: 4, base_samples_seen: 16, base_step: 2, base_chunk: 1 },
+    { seq: 24, type: "chunk_done", run_id: 5, completed_steps: 26, total_steps: 26, epoch: 3, chunk: 0, chunks_done: 12 }]);
+    expect(progressText(state.runs.get(5)!)).toBe("epoch 3/3 · chunk 1/4 · step 24/24");
+    expect(progressFraction(state.runs.get(5)!)).toBe(1);
   });
 });
 
@@ -389,41 +414,59 @@ describe("what a newcomer reads", () => {
     expect(knobColumns(state)).toEqual(["training_args.learning_rate"]);
   });
 
-  it("counts one run training and the rest waiting", () => {
+  it("counts the runs in get_runs_info()'s status words", () => {
     const state = createState();
     ingest(state, numbered([...run(1, {}, "running"), ...run(2, {}, "running"), ...run(3, {}, "pending"),
       ...run(4, {}, "stopped")]));
-    expect(headerCounts(state).map(([t]) => t)).toEqual(["1 training", "2 waiting", "1 stopped"]);
-    expect(headerCounts(state).map(([t]) => t).join(" ")).not.toContain("running");
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["2 running", "1 pending", "1 stopped"]);
+    expect(headerCounts(state).map(([t]) => t).join(" ")).not.toMatch(/training|waiting/);
+    // the running count's title names the run on the device (run 2 took it last)
+    expect(headerCountTitle(state, "running")).toMatch(/^run 2 has the device now/);
+    expect(headerCountTitle(state, "pending")).toContain("wait for their turn");
     ingest(state, [{ seq: 9, type: "experiment_end" }]);
-    expect(headerCounts(state).map(([t]) => t)).toEqual(["3 waiting", "1 stopped"]);
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["2 running", "1 pending", "1 stopped"]);
+    expect(headerCountTitle(state, "running")).not.toContain("device now");   // nothing trains once ended
   });
 
-  it("badges tell the header's truth: one row training, the other active rows waiting (review finding 3)", () => {
+  it("badges say the status as get_runs_info() does; one row is marked on the device", () => {
     const state = createState();
     ingest(state, numbered([...run(1, {}, "running"), ...run(2, {}, "running"), ...run(3, {}, "pending"),
       ...run(4, {}, "stopped")]));
     const badges = () => [1, 2, 3, 4].map((id) => statusBadge(state.runs.get(id)!, state).text);
+    const device = () => [1, 2, 3, 4].filter((id) => statusBadge(state.runs.get(id)!, state).onDevice);
+    expect(badges()).toEqual(["running", "running", "pending", "stopped"]);
     // No word from Python yet: the run that took the device last (run 2 turned running last).
-    expect(badges()).toEqual(["waiting", "training", "waiting", "stopped"]);
+    expect(device()).toEqual([2]);
     // A chunk of run 1 ends: its adapter is the one loaded.
     ingest(state, [{ seq: 9, type: "chunk_done", run_id: 1, completed_steps: 2, chunks_done: 1 }]);
-    expect(badges()).toEqual(["training", "waiting", "waiting", "stopped"]);
+    expect(device()).toEqual([1]);
     // Python's snapshot names the run on the device; it wins.
     applySnapshot(state, { on_device: 2 });
-    expect(badges()).toEqual(["waiting", "training", "waiting", "stopped"]);
-    const header = headerCounts(state).map(([t]) => t);
-    expect(header).toEqual(["1 training", "2 waiting", "1 stopped"]);
-    // The header's counts are the badges' counts.
-    expect(badges().filter((b) => b === "training")).toHaveLength(1);
-    expect(badges().filter((b) => b === "waiting")).toHaveLength(2);
-    expect(badges().join(" ")).not.toMatch(/running|pending/);
+    expect(device()).toEqual([2]);
+    expect(badges()).toEqual(["running", "running", "pending", "stopped"]);
     // on_device naming a run that is not running (stopped meanwhile) falls back to the rule above.
     noteOnDevice(state, 4);
-    expect(badges()).toEqual(["training", "waiting", "waiting", "stopped"]);
+    expect(device()).toEqual([1]);
     ingest(state, [{ seq: 10, type: "experiment_end" }]);
-    expect(badges()).toEqual(["waiting", "waiting", "waiting", "stopped"]);
-    expect(headerCounts(state).map(([t]) => t)).toEqual(["3 waiting", "1 stopped"]);
+    expect(device()).toEqual([]);
+  });
+
+  it("a run with a queued op says so and its buttons follow the op (stopping…)", () => {
+    const state = createState();
+    ingest(state, numbered([...run(1, {}, "running"), ...run(2, {}, "stopped"), ...run(3, {}, "pending")]));
+    expect(noteQueued(state, [["stop", 1], ["resume", 2], ["delete", 3]])).toBe(true);
+    expect([1, 2, 3].map((id) => statusBadge(state.runs.get(id)!, state).text)).toEqual(["stopping…", "resuming…", "deleting…"]);
+    expect(legalOps("running", state.queued.get(1)!)).toEqual({ stop: false, resume: true, delete: true, clone: true });
+    expect(legalOps("stopped", state.queued.get(2)!)).toMatchObject({ stop: true, resume: false });
+    expect(legalOps("pending", state.queued.get(3)!)).toMatchObject({ stop: false, resume: false, delete: false });
+    // The same list again changes nothing; malformed entries are ignored.
+    expect(noteQueued(state, [["stop", 1], ["resume", 2], ["delete", 3], ["eval", 1], ["stop", "1"], 7])).toBe(false);
+    // Applied at the boundary: Python's list is empty, and the badge is the status again.
+    ingest(state, [{ seq: 7, type: "run_status", run_id: 1, status: "stopped" }]);
+    expect(noteQueued(state, [])).toBe(true);
+    expect(statusBadge(state.runs.get(1)!, state).text).toBe("stopped");
+    applySnapshot(state, { queued: [["stop", 3]] });
+    expect(statusBadge(state.runs.get(3)!, state).text).toBe("stopping…");
   });
 
   it("a pruned run's badge says pruned, as the header counts it", () => {
@@ -456,5 +499,43 @@ describe("what a newcomer reads", () => {
     const single = cloneFormKnobs(keys, []);
     expect(single.main).toEqual(["training_args.learning_rate"]);
     expect([...single.main, ...single.more]).not.toContain("training_args.use_cpu");
+  });
+});
+
+describe("metric and knob names that are Object.prototype members", () => {
+  const NAMES = ["constructor", "__proto__", "toString", "hasOwnProperty", "valueOf", "isPrototypeOf"];
+  it("folds them like any other name", () => {
+    const state = createState();
+    // As the view receives them: JSON.parse makes "__proto__" an own key.
+    const events = JSON.parse(JSON.stringify([
+      { seq: 1, type: "run_created", run_id: 1, total_steps: 4, num_chunks: 2 },
+      { seq: 2, type: "metric", run_id: 1, split: "train", step: 1, samples_seen: 8, metrics: {} },
+      { seq: 3, type: "metric", run_id: 1, split: "eval", step: 2, samples_seen: 16, metrics: {} },
+      { seq: 4, type: "metric", run_id: 1, split: "eval", step: 4, samples_seen: 32, metrics: {} },
+      { seq: 5, type: "run_created", run_id: 2, total_steps: 4, num_chunks: 2 },
+    ]).replace(/"metrics":\{\}/g, `"metrics":{${NAMES.map((n, i) => `"${n}":${i + 1}`).join(",")}}`)
+      .replace(/"run_id":2,/, `"run_id":2,"knobs":{"constructor":1,"__proto__":2},`));
+    expect(Object.keys(events[1].metrics)).toEqual(NAMES);
+    const r = ingest(state, events);
+    expect(r.applied).toBe(5);
+    expect(state.lastSeq).toBe(5);
+    const run = state.runs.get(1)!;
+    for (const [i, n] of NAMES.entries()) {
+      expect(run.latest[n]).toBe(i + 1);
+      expect(run.train[n]).toEqual({ x: [8], y: [i + 1] });
+      expect(run.eval[n]).toEqual({ x: [16, 32], y: [i + 1, i + 1] });
+      expect(state.evalMetrics.has(n)).toBe(true);
+    }
+    // "constructor" counts as higher-is-better: the best of equal values stays.
+    expect(run.best["constructor"]).toBe(1);
+    expect(Object.getPrototypeOf(run.latest)).toBe(null);
+    expect(Object.keys(state.runs.get(2)!.knobs).sort()).toEqual(["__proto__", "constructor"]);
+    // The next event still applies (lastSeq does not stick) and charts plan the names.
+    ingest(state, [{ seq: 6, type: "chunk_done", run_id: 1, completed_steps: 2, chunks_done: 1, epoch: 0, chunk: 0 }]);
+    expect(state.lastSeq).toBe(6);
+    const book = createChartBook("eval", "constructor");
+    expect(() => planChart(state, book)).not.toThrow();
+    expect(sortRuns([...state.runs.values()], { column: "eval", descending: false }, "toString")).toEqual([1, 2]);
+    expect(knobColumns(state)).toEqual(["__proto__", "constructor"]);
   });
 });

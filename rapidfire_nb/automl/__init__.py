@@ -27,7 +27,8 @@ and ``clone_modify`` use on expanded runs: ``apply_changes``, ``editable_knobs``
 ``build_training_args``, ``build_lora_config``, ``warm_start_conflicts``.
 
 The package, by concern: ``axes`` (List, Range), ``configs`` (the RF* wrappers and RFModelConfig),
-``groups`` (RFGridSearch, RFRandomSearch), ``specs`` (expanded leaves -> RunSpecs), ``edits`` (work
+``groups`` (RFGridSearch, RFRandomSearch), ``optuna_search`` (RFOptuna), ``pruning`` (PruningOptions,
+the ``pruner=`` knobs every group takes), ``specs`` (expanded leaves -> RunSpecs), ``edits`` (work
 on expanded runs), ``policy`` (public: RapidFireConfigWarning, the removed-knob table, the device
 policy below); ``_backend`` holds what it knows of the installed TRL/PEFT, ``_space`` the search
 trees.
@@ -36,8 +37,9 @@ Devices: configs are validated as the engine will run them *on this machine*. Wi
 accelerator, ``use_cpu=True`` is added unless you set ``use_cpu``, and the run is fp32 unless you
 chose a precision (TRL's default bf16 autocast measured ~2x slower than fp32 on CPU); ``fp16=True``
 on a CPU-only machine is accepted with a warning and run in fp32, because float16 autocast on CPU
-is ~60x slower (measured with torch 2.13). On a GPU without bf16 (a T4), TRL's default bf16 becomes
-fp32 and an explicit ``bf16=True`` falls back to fp32 with a warning. A config written for a GPU
+is ~60x slower (measured with torch 2.13). On a CUDA GPU without bf16 (a T4, compute capability 7.5),
+TRL's default bf16 becomes ``fp16=True`` and an explicit ``bf16=True`` falls back to fp32 with a
+warning. A config written for a GPU
 therefore always constructs on a laptop; on a GPU it runs as written.
 """
 
@@ -50,10 +52,12 @@ from rapidfire_nb.automl.edits import (
     apply_changes, build_lora_config, build_training_args, editable_knobs, warm_start_conflicts,
 )
 from rapidfire_nb.automl.groups import RFGridSearch, RFRandomSearch
+from rapidfire_nb.automl.optuna_search import RFOptuna
 from rapidfire_nb.automl.policy import RapidFireConfigWarning
+from rapidfire_nb.automl.pruning import PruningOptions
 
-# Private names that tuning.py (RFOptuna), experiment.py and engine/precheck.py reach through
-# ``automl.<name>``, re-exported so those call sites read as before.
+# Private names that experiment.py reaches through ``automl.<name>``, re-exported so those call
+# sites (and code written against them) read as before.
 from rapidfire_nb.automl.edits import _EDITABLE_SECTIONS as _EDITABLE_SECTIONS
 from rapidfire_nb.automl.edits import _check_generation_config as _check_generation_config
 from rapidfire_nb.automl.edits import flatten_changes as flatten_changes
@@ -65,18 +69,8 @@ from rapidfire_nb.automl.specs import _varying as _varying
 
 __all__ = [
     "List", "Range", "RFLoraConfig", "RFSFTConfig", "RFDPOConfig", "RFGRPOConfig", "RFModelConfig",
-    # RFOptuna comes from the module __getattr__ below (created on first use)
-    "RFGridSearch", "RFRandomSearch", "RFOptuna",  # noqa: F822
+    "RFGridSearch", "RFRandomSearch", "RFOptuna", "PruningOptions",
     "RapidFireConfigWarning", "apply_changes", "editable_knobs",
     "build_training_args", "build_lora_config", "warm_start_conflicts",
 ]
-
-
-def __getattr__(name: str):
-    # RFOptuna lives in tuning.py (issue 18) and needs this module's classes: created on first use
-    if name == "RFOptuna":
-        from rapidfire_nb.tuning import rfoptuna_class
-
-        return rfoptuna_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -328,7 +328,7 @@ _NOISE = (
 def construct(target: Target, kwargs: dict, *, record: list | None = None):
     """``target.cls(**kwargs)``, with TRL's default-value noise silenced; other warnings are
     appended to ``record`` when given, else silenced."""
-    from rapidfire_nb.engine.hfstate import preserved_accelerate_state
+    from rapidfire_nb.engine import preserved_accelerate_state
 
     # building a TrainingArguments resets accelerate's global state under running trainers
     with preserved_accelerate_state(), warnings.catch_warnings(record=True) as caught:

@@ -127,7 +127,7 @@ class Span(Node):
         yield from self.range.values()
 
     def corners(self):
-        yield from dict.fromkeys([self.range.start, self.range.end])
+        yield from dict.fromkeys([self.range.start, self.range.top])
 
 
 @dataclass

@@ -13,8 +13,8 @@ from rapidfire_nb.automl import _backend as _be
 from rapidfire_nb.automl._space import Choice, Const, Node, Record, Span
 from rapidfire_nb.automl.axes import List, Range
 from rapidfire_nb.automl.edits import _check_generation_keys
-from rapidfire_nb.automl.policy import RapidFireConfigWarning
-from rapidfire_nb.engine.runspec import _callable_name
+from rapidfire_nb.automl.policy import RapidFireConfigWarning, first_time
+from rapidfire_nb.engine import PROMPT_KEYS, callable_name, check_prompt_settings
 from rapidfire_nb.errors import ConfigError
 
 # Validating every corner of a config with many axes at construction would be exponential; above
@@ -158,20 +158,23 @@ class _RFConfig:
         axes = [name for name, value in knobs.items() if _has_axis(value)]
         per_knob = {name: list(_node(value, name).corners()) for name, value in knobs.items()}
         records: list = []
+        device_notes: list[str] = []
         for combo in _construction_combos(per_knob):
             combination = {k: combo[k] for k in axes} if axes else None
             _, _, combo_notes = _be.build_checked(
                 target, combo, combination=combination, record=records if not records else None)
-            notes.extend(combo_notes)
+            device_notes.extend(combo_notes)
+        notes.extend(device_notes)
         if warn:
             seen = set()
             found = [(RapidFireConfigWarning, t) for t in notes] + records
             for category, text in found:
                 if about is not None and about not in text:
                     continue
-                if text not in seen:
-                    seen.add(text)
-                    warnings.warn(text, category, stacklevel=3)
+                if text in seen or (text in device_notes and not first_time(text)):
+                    continue
+                seen.add(text)
+                warnings.warn(text, category, stacklevel=3)
 
     # -- attribute access (RapidFire tutorials do ``cfg = base.copy(); cfg.r = 16``) ------------
     def __getattr__(self, name: str):
@@ -327,8 +330,8 @@ class RFModelConfig:
             fine-tuning), or ``None``.
         training_args: an ``RFSFTConfig``/``RFDPOConfig``/``RFGRPOConfig`` matching the group's
             ``trainer_type`` (``None``: TRL's defaults).
-        model_type, model_kwargs, tokenizer_kwargs, ref_model_name, ref_model_type,
-        ref_model_kwargs: passed to ``create_model`` in ``model_config``; dict values may be Lists.
+        model_type, model_kwargs, tokenizer_kwargs, ref_model_name, ref_model_type, ref_model_kwargs: passed
+            to ``create_model`` in ``model_config``; dict values may be Lists.
             DPO/GRPO: a ``ref_model_name`` other than ``model_name`` is loaded through
             ``create_model`` (with ``ref_model_type``/``ref_model_kwargs``, defaulting to the
             base's) and used as the frozen reference; otherwise the base is the reference.
@@ -404,7 +407,7 @@ class RFModelConfig:
 
 def _short(value: Any) -> str:
     if callable(value) and not isinstance(value, (_RFConfig, List)):
-        return _callable_name(value) or repr(value)
+        return callable_name(value) or repr(value)
     if isinstance(value, list):
         return "[" + ", ".join(_short(v) for v in value) + "]"
     return repr(value)
@@ -473,6 +476,12 @@ def _check_model_field(name: str, value: Any) -> Any:
         _node(value, name)  # refuses Lists hidden in plain lists
         if name == "generation_config":
             _check_generation_keys(value)   # the keys clone_modify would refuse, refused here too
+            # RapidFire's prompt settings, every value of a List (and both ends of a Range) too: a
+            # search may draw a value only when it refills a slot, long after run_fit's checks
+            for key in PROMPT_KEYS:
+                if key in value:
+                    for candidate in _node(value[key], f"generation_config.{key}").corners():
+                        check_prompt_settings({key: candidate})
         return _normalize(value)
     if name in ("formatting_func", "compute_metrics"):
         for v in _options(value):

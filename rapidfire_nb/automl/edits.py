@@ -11,9 +11,11 @@ from typing import Any
 
 from rapidfire_nb.automl import _backend as _be
 from rapidfire_nb.automl.axes import List, Range
-from rapidfire_nb.automl.policy import RapidFireConfigWarning
+from rapidfire_nb.automl.policy import RapidFireConfigWarning, first_time
 from rapidfire_nb.automl.specs import _display
-from rapidfire_nb.engine.runspec import RunSpec
+from rapidfire_nb.engine import RunSpec
+from rapidfire_nb.engine import check_generation_keys as _check_generation_keys  # noqa: F401
+from rapidfire_nb.engine import check_generation_settings as _check_generation_config
 from rapidfire_nb.errors import ConfigError
 
 _EDITABLE_SECTIONS = ("training_args", "peft_config", "generation_config", "model_kwargs")
@@ -175,7 +177,8 @@ def apply_changes(spec: RunSpec, changes: dict) -> RunSpec:
         _check_generation_config(sections["generation_config"])
     _, normalized, notes = _be.build_checked(target, sections["training_args"], context=" (clone)")
     for note in notes:
-        warnings.warn(note, RapidFireConfigWarning, stacklevel=2)
+        if first_time(note):
+            warnings.warn(note, RapidFireConfigWarning, stacklevel=2)
     if sections["peft_config"] is not None:
         _be.build_checked(lora, sections["peft_config"], context=" (clone)")
     knobs = dict(spec.knobs)
@@ -244,28 +247,6 @@ def _set_nested(container: dict, knob: str, nested: str, value: Any, key: str) -
         node[part] = dict(child or {})
         node = node[part]
     node[parts[-1]] = value
-
-
-def _check_generation_keys(gc: dict) -> None:
-    from transformers import GenerationConfig
-    known = set(GenerationConfig().to_dict())
-    for k in gc:
-        if k not in known:
-            raise ConfigError(f"'generation_config.{k}' is not a generation setting."
-                              + _be.did_you_mean(k, known))
-
-
-def _check_generation_config(gc: dict) -> None:
-    from transformers import GenerationConfig
-    _check_generation_keys(gc)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            GenerationConfig(**gc).validate(strict=False)   # as run time: sampling-only flags warn, not fail
-    except TypeError:
-        pass  # older transformers: validate() has no strict flag; construction was the check
-    except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"generation_config rejected by transformers.GenerationConfig: {exc}") from exc
 
 
 # LoRA knobs that change which weights exist (or their shapes): a warm start cannot carry over.

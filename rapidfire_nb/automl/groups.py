@@ -1,4 +1,4 @@
-"""Search groups: ``RFGridSearch`` and ``RFRandomSearch`` (``RFOptuna`` lives in ``tuning.py``)."""
+"""Search groups: ``RFGridSearch`` and ``RFRandomSearch`` (``RFOptuna`` is in ``optuna_search.py``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import random
 from rapidfire_nb.automl._space import Choice, Node, canonical
 from rapidfire_nb.automl.axes import List
 from rapidfire_nb.automl.configs import _TRAINING_CLASSES, RFModelConfig, _node, _options
+from rapidfire_nb.automl.pruning import PruningOptions
 from rapidfire_nb.automl.specs import _leaves_to_specs
-from rapidfire_nb.engine.runspec import TRAINER_TYPES, RunSpec
+from rapidfire_nb.engine import TRAINER_TYPES, RunSpec
 from rapidfire_nb.errors import ConfigError
 
 class _SearchGroup:
@@ -189,8 +190,6 @@ class RFRandomSearch(_SearchGroup):
 
 
 def _pruning(where, pruner, pruner_mode, reduction_factor, min_chunks, objective):
-    """Pruning at chunk boundaries (``pruner="sha"|"median"|"hyperband"``), see ``tuning.py``."""
-    from rapidfire_nb.tuning import PruningOptions
-
+    """Pruning at chunk boundaries (``pruner="sha"|"median"|"hyperband"``), see ``automl/pruning.py``."""
     return PruningOptions(where, pruner, pruner_mode, reduction_factor, min_chunks, objective)
 

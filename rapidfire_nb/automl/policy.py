@@ -15,14 +15,11 @@ from dataclasses import dataclass
 import functools
 from typing import Any
 
+# defined below both layers (the engine warns with it too), re-exported here and by automl
+from rapidfire_nb.errors import RapidFireConfigWarning
+
 __all__ = ["RapidFireConfigWarning", "Removed", "REMOVED_KNOBS", "Machine", "detect_machine",
            "normalize_for_machine"]
-
-
-class RapidFireConfigWarning(UserWarning):
-    """A config was accepted but changed: a removed knob mapped or dropped, or a precision setting
-    that cannot run on this machine replaced by one that can."""
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,13 +131,29 @@ def detect_machine() -> Machine:
     import torch
     if torch.cuda.is_available():
         from transformers.utils import is_torch_bf16_gpu_available
-        return Machine("cuda", bool(is_torch_bf16_gpu_available()), torch.cuda.get_device_name(0))
+        # bf16 needs compute capability 8.0 (Ampere); torch.cuda.is_bf16_supported() also says
+        # True on a T4 (7.5), counting slow emulation, so the capability decides first
+        bf16 = torch.cuda.get_device_capability(0) >= (8, 0) and bool(is_torch_bf16_gpu_available())
+        return Machine("cuda", bf16, torch.cuda.get_device_name(0))
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         from transformers.utils import is_torch_bf16_gpu_available
         return Machine("mps", bool(is_torch_bf16_gpu_available()), "Apple MPS")
     if hasattr(torch, "xpu") and torch.xpu.is_available():
         return Machine("xpu", bool(torch.xpu.is_bf16_supported()), "Intel XPU")
     return Machine(None, False, "CPU")
+
+
+# What the device policy changes (fp16 on a CPU, an 8-bit optimizer without CUDA) is the same
+# fact for every config of a grid and every clone: said once per process, not once per config.
+_NOTES_SHOWN: set[str] = set()
+
+
+def first_time(note: str) -> bool:
+    """True the first time this process is to say ``note`` (and remembers it as said)."""
+    if note in _NOTES_SHOWN:
+        return False
+    _NOTES_SHOWN.add(note)
+    return True
 
 
 def normalize_for_machine(kwargs: dict, machine: Machine, label: str) -> tuple[dict, list[str]]:
@@ -156,9 +169,9 @@ def normalize_for_machine(kwargs: dict, machine: Machine, label: str) -> tuple[d
       float16 on CPU) but measured ~60x slower than fp32 (7 s vs 0.11 s per step), so a config
       written for a T4 falls back. On a GPU the config keeps fp16.
     - bitsandbytes optimizers (``adamw_8bit``, ``paged_adamw_8bit``...) on CPU: ``adamw_torch``.
-    - A GPU without bf16 (a T4): TRL's default ``bf16=True`` cannot run; it becomes ``bf16=False``
-      (fp32) when the user did not choose a precision, and an explicit ``bf16=True`` falls back to
-      fp32 with a note suggesting ``fp16=True``.
+    - A GPU without bf16 (a T4, compute capability 7.5): TRL's default ``bf16=True`` cannot run;
+      on CUDA it becomes ``fp16=True`` when the user chose no precision (elsewhere fp32), and an
+      explicit ``bf16=True`` falls back to fp32 with a note suggesting ``fp16=True``.
     """
     kw = dict(kwargs)
     notes: list[str] = []
@@ -175,23 +188,27 @@ def normalize_for_machine(kwargs: dict, machine: Machine, label: str) -> tuple[d
                     kw["bf16"] = False
                 notes.append(
                     f"{label}: {knob}=True needs a CUDA GPU; on this CPU-only machine float16 autocast "
-                    f"is ~60x slower than fp32, so the engine runs this config in fp32 "
-                    f"({knob}=False). On a GPU the config keeps {knob}=True.")
+                    f"is ~60x slower than fp32, so the engine runs every config with {knob}=True in fp32 "
+                    f"({knob}=False; said once). On a GPU the configs keep {knob}=True.")
         optim = kw.get("optim")
         if isinstance(optim, str) and _is_bnb_optim(optim):
             kw["optim"] = "adamw_torch"
             notes.append(
                 f"{label}: optim={optim!r} is a bitsandbytes GPU optimizer; on this CPU-only machine "
-                f"the engine runs this config with optim='adamw_torch'. On a GPU it keeps {optim!r}.")
+                f"the engine runs every config with it on optim='adamw_torch' (said once). On a GPU they "
+                f"keep {optim!r}.")
     elif not machine.bf16:
-        if "bf16" not in kw and not kw.get("fp16"):
+        if "bf16" not in kw and "fp16" not in kw and machine.accelerator == "cuda":
+            kw["bf16"], kw["fp16"] = False, True   # a T4: fp16 mixed precision, as on Colab
+        elif "bf16" not in kw and not kw.get("fp16"):
             kw["bf16"] = False
         for knob in ("bf16", "bf16_full_eval"):
             if kw.get(knob) is True:
                 kw[knob] = False
                 notes.append(
                     f"{label}: {knob}=True cannot run on this GPU ({machine.name} has no bf16); the "
-                    f"engine runs this config in fp32. Set fp16=True for mixed precision here.")
+                    f"engine runs every config with it in fp32 (said once). Set fp16=True for mixed "
+                    f"precision here.")
     return kw, notes
 
 

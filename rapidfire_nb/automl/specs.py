@@ -9,7 +9,7 @@ from typing import Any
 from rapidfire_nb.automl import _backend as _be
 from rapidfire_nb.automl._space import canonical
 from rapidfire_nb.automl.policy import RapidFireConfigWarning, detect_machine, normalize_for_machine
-from rapidfire_nb.engine.runspec import RunSpec, _callable_name
+from rapidfire_nb.engine import RunSpec, callable_name
 from rapidfire_nb.errors import ConfigError
 
 _SECTIONS = ("model_kwargs", "tokenizer_kwargs", "ref_model_kwargs", "training_args", "peft_config",
@@ -39,7 +39,7 @@ def _display(value: Any) -> Any:
     if isinstance(value, list):
         return [_display(v) for v in value]
     if callable(value) and not isinstance(value, type):
-        return _callable_name(value)
+        return callable_name(value)
     return value
 
 

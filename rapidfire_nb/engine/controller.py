@@ -1,9 +1,9 @@
 """The engine: one background thread that applies ops and trains chunks (mechanism only; policy
 lives in scheduler.py).
 
-The thread loops: apply queued ops, ask the scheduler for the next run, have the chunk executor
-train one chunk of it (engine/executor.py), then hand the chunk's checkpoint and events to the
-writer (engine/persistence.py). It never touches a widget or prints: everything it has to say
+The thread loops: apply queued ops, give each free slot of the chunk executor (engine/executor.py:
+one in the kernel, one per Ray worker) the chunk its policy picks, collect the chunks that come
+back, and hand each one's checkpoint and events to the writer (engine/persistence.py). It never touches a widget or prints: everything it has to say
 goes into the event log or the experiment's log file (engine/routing.py).
 
 The rest of the package talks to it through a narrow API: ``submit`` an op, ``snapshot`` the
@@ -23,10 +23,12 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+from rapidfire_nb.engine import ops as rules
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.executor import ChunkExecutor, LocalChunkExecutor
@@ -40,6 +42,9 @@ from rapidfire_nb.engine.scheduler import FairScheduler, RunView
 from rapidfire_nb.engine.store import ExperimentStore
 from rapidfire_nb.errors import OpRefused, RapidFireError
 
+_POLL_S = 0.1          # how long the loop waits for a chunk before looking at the op queue again
+_WRITE_POLL_S = 0.005  # ... and before looking whether the checkpoint writer is done
+
 
 @dataclass
 class Op:
@@ -51,6 +56,14 @@ class Op:
     new_run_id: int | None = None
     submitted: float = field(default_factory=time.time)
     reason: str | None = None     # why (a pruner's stop); default: the user asked
+
+
+@dataclass
+class Note:
+    """An event a boundary policy wants logged (a pruner's suggestion, a trial that could not be
+    added): the engine appends it, in the order the policy returned it among its ops."""
+    type: str
+    fields: dict
 
 
 def _collect_garbage(full: bool = True) -> None:
@@ -105,6 +118,8 @@ class Engine:
             progress_of=lambda rid: self.runs[rid].progress)
         self.ops: queue.SimpleQueue[Op] = queue.SimpleQueue()
         self.queued_ops: list[Op] = []   # submitted, not yet applied (under self.lock)
+        self._held_ops: list[Op] = []    # taken from the queue, waiting for a chunk in flight
+        self._last_booked: int | None = None
         self.thread: threading.Thread | None = None
         self.closed = False
         self._draining = False   # drain() asked the loop to leave at the next chunk boundary
@@ -113,9 +128,14 @@ class Engine:
         # a new thread, even though the old one is still alive in its clean-up
         self._leaving = False
         # called by the engine thread, under the lock, before each scheduling decision (i.e. at
-        # every chunk boundary); it may submit ops, applied before the next chunk (AutoML pruning
-        # and refills, rapidfire_nb/tuning.py)
-        self.boundary_hook: Callable[[], None] | None = None
+        # every chunk boundary) with a read-only view of the run table and a list to which it
+        # appends what it decides, as ops and notes; the engine acts on them before the next
+        # chunk (AutoML pruning and refills, rapidfire_nb/tuning.py). The policy never writes
+        # engine state.
+        self.boundary_hook: Callable[[Mapping[int, RunRecord], list], None] | None = None
+        # ids handed out for runs that do not exist yet (a queued clone, a trial's run): a later
+        # id never takes one of them
+        self.reserved_ids: set[int] = set()
 
     # -- set-up (run_fit, in the caller's thread) ---------------------------------------------
     def load_base(self, spec: RunSpec, need_pristine: bool):
@@ -136,6 +156,52 @@ class Engine:
 
     def next_run_id(self) -> int:
         return max(self.runs, default=0) + 1
+
+    def reserve_run_id(self, avoid: Iterable[int] = ()) -> int:
+        """A new run id above every run, every id reserved before and ``avoid``; it stays
+        reserved, so an op queued with it keeps it until the op is applied."""
+        with self.lock:
+            new_id = max(set(self.runs) | self.reserved_ids | set(avoid), default=0) + 1
+            self.reserved_ids.add(new_id)
+            return new_id
+
+    def log_answer(self, op: str, run_id: int, accepted: bool, reason: str | None,
+                   new_run_id: int | None = None, latency_s: float = 0.0) -> None:
+        """The ``op`` event that answers an op, applied here or answered by a policy's facade
+        (a pruning suggestion confirmed or ignored): every answer has the same shape in the log."""
+        self.events.append("op", op=op, run_id=run_id, accepted=accepted, reason=reason,
+                           new_run_id=new_run_id, latency_s=latency_s)
+
+    def reserve_run_ids(self, run_ids: Iterable[int]) -> None:
+        """Keep ``run_ids`` from being handed out: ids a policy gave out in an earlier session
+        (an Optuna trial's run that does not exist yet, or whose add was refused)."""
+        with self.lock:
+            self.reserved_ids.update(int(r) for r in run_ids)
+
+    def _boundary(self) -> None:
+        """Under the lock: ask the boundary policy for its decisions, then act on them in order.
+
+        The policy appends to ``decided`` as it decides: a policy that fails after deciding
+        (its own bookkeeping raised) still has what it decided acted on, as its books say."""
+        decided: list = []
+        try:
+            self.boundary_hook(MappingProxyType(self.runs), decided)
+        finally:
+            for action in decided:
+                try:
+                    self._act_on(action)
+                except Exception:   # one bad decision does not drop the ones after it
+                    self._log_file.write("boundary decision failed:\n" + traceback.format_exc())
+
+    def _act_on(self, action) -> None:
+        if isinstance(action, Op):
+            if action.kind == "add":
+                self.reserved_ids.add(action.run_id)
+            self.submit(action)
+        elif isinstance(action, Note):
+            self.events.append(action.type, **action.fields)
+        else:
+            raise TypeError(f"a boundary policy decided {action!r}; expected an Op or a Note")
 
     def add_run(self, spec: RunSpec, run_id: int | None = None, parent: RunRecord | None = None,
                 warm_start: bool = False, changes: dict | None = None, emit: bool = True) -> RunRecord:
@@ -219,15 +285,22 @@ class Engine:
 
     def ops_pending(self) -> bool:
         """True while a submitted op has not been applied yet."""
-        return not self.ops.empty()
+        return not self.ops.empty() or bool(self._held_ops)
 
     def thread_alive(self) -> bool:
         t = self.thread
         return t is not None and t.is_alive()
 
-    def busy(self) -> bool:
-        with self.lock:
-            return any(r.status in R.ACTIVE for r in self.runs.values()) or not self.ops.empty()
+    def busy(self, timeout: float = -1) -> bool:
+        """True while a run is pending/running, an op is queued or a chunk is in flight; also
+        True when the engine's lock is not free within ``timeout`` seconds (-1: wait for it)."""
+        if not self.lock.acquire(timeout=timeout):
+            return True
+        try:
+            return (any(r.status in R.ACTIVE for r in self.runs.values()) or self.ops_pending()
+                    or bool(self.executor.inflight))
+        finally:
+            self.lock.release()
 
     def in_own_thread(self) -> bool:
         """True in the engine thread or the checkpoint writer's (where event listeners run)."""
@@ -318,11 +391,16 @@ class Engine:
         while True:
             t = self.thread
             if t is None or not t.is_alive():
-                with self.lock:
+                if not self.lock.acquire(timeout=-1 if deadline is None
+                                         else max(0.0, deadline - time.monotonic())):
+                    return False
+                try:
                     if self.thread is not t:
                         continue                  # a new thread took over
                     ops_queued = not self.ops.empty()
                     active = any(r.status in R.ACTIVE for r in self.runs.values())
+                finally:
+                    self.lock.release()
                 if not ops_queued and not active:
                     return True
                 if t is None or self.closed or self._draining or not ops_queued:
@@ -334,7 +412,8 @@ class Engine:
                 continue
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if remaining == 0.0:
-                return not self.busy() and not (self.thread and self.thread.is_alive())
+                # by the deadline whatever the engine thread does (it may hold the lock)
+                return not self.busy(timeout=0) and not (self.thread and self.thread.is_alive())
             t.join(timeout=0.2 if remaining is None else min(0.2, remaining))
 
     def drain(self) -> None:
@@ -431,18 +510,28 @@ class Engine:
             job()
 
     def _loop(self) -> None:
+        """The one control loop, over the executor's slots (one in the kernel, one per Ray worker).
+
+        Each turn, under the lock: at a chunk boundary the AutoML hook; then ops (once the writer
+        has caught up), then every free slot gets a chunk. Outside the lock: wait for a chunk to
+        come back and book it (counters, checkpoint, events), or flush the writer when what comes
+        next needs a write on disk first."""
+        ex = self.executor
+        self._begin_loop()
+        boundary = True    # the AutoML hook runs at chunk boundaries, not at every poll
         while True:
-            flush = False
+            flush = pause = False
             with self.lock:
-                if self.boundary_hook is not None and not self._draining:
+                if boundary and self.boundary_hook is not None and not self._draining:
                     try:
-                        self.boundary_hook()
+                        self._boundary()
                     except Exception:   # a policy bug must not kill training: logged, ignored
                         self._log_file.write("boundary hook failed:\n" + traceback.format_exc())
+                boundary = False
                 writer = self.persistence.writer
                 if self._draining:
-                    flush = True
-                elif not self.ops.empty() and writer.busy():
+                    flush = not ex.inflight   # chunks in flight come back first, and are booked
+                elif self.ops_pending() and writer.busy():
                     flush = True   # ops see every finished chunk on disk and in the log
                 else:
                     self._settle_writes()
@@ -450,39 +539,143 @@ class Engine:
                         # only this thread submits writes: the writer stays idle while ops apply;
                         # an op queued meanwhile waits for the next turn (flush, then apply)
                         self._apply_ops()
-                    choice = self.fair_choice()
-                    if choice is not None and writer.pending(choice):
-                        # its last chunk's checkpoint first: skipping to another run here would
-                        # make the training order (and AutoML's decisions) depend on the writer's
-                        # speed; the Ray workers book chunks in this same order (workers/engine.py)
-                        flush = True
-                    elif choice is None:
+                    self._dispatch()
+                    if not ex.inflight:
                         if writer.busy():
-                            flush = True           # a finishing run's checkpoint is in flight
-                        elif self.ops.empty():
+                            # a finishing run's checkpoint is in flight, or the next choice's own
+                            # last chunk: its write first, so that the training order (and
+                            # AutoML's decisions) never depends on the writer's speed
+                            flush = True
+                        elif self.ops_pending():
+                            boundary = True
+                            continue
+                        elif self._recovering():
+                            pause = True   # every worker died: their replacements are starting
+                        else:
+                            self._on_leave()
                             self._leaving = True  # under the lock: a later submit starts a new thread
                             _collect_garbage(full=False)
                             return
-                        else:
-                            continue
-                    else:
-                        rec = self.runs[choice]
-                        if rec.status == R.PENDING:
-                            self._set_status(rec, R.RUNNING)
+                    elif not ex.waiting() and writer.busy() and self._reply_due() is None:
+                        flush = True   # the reply due next waits for its run's checkpoint write
+            if pause:
+                time.sleep(_POLL_S)
+                continue
             if flush:
                 self.persistence.flush()   # outside the lock: the writer's follow-ups take it
                 with self.lock:
-                    if self._draining:
+                    if self._draining and not ex.inflight:
                         self._settle_writes()
                         # ops accepted before end(wait=False) are applied (or refused, logged),
                         # never dropped: a returned clone id must exist, a user stop must stay one
                         self._apply_ops()
                         return
+                # back to the top: ops that waited for this flush are applied before any other
+                # reply is booked (a pruner's stop lands where the kernel puts it)
+                boundary = True
                 continue
+            due = self._take_reply()
+            if due is None:
+                with self.lock:
+                    wait = _WRITE_POLL_S if self.persistence.writer.busy() and ex.arrived else _POLL_S
+                results = ex.collect(wait)
+                with self.lock:   # every death seen in this batch counts before any is logged
+                    for flight, _, exc in results:
+                        if exc is not None and ex.is_death(exc):
+                            flight.slot.alive = False
+                for flight, reply, exc in results:
+                    with self.lock:
+                        if exc is None:
+                            ex.arrive(flight, reply)
+                        else:
+                            boundary = True
+                            self._chunk_lost(flight, exc)
+                due = self._take_reply()
+                if due is None:
+                    continue
+            boundary = True
+            self._book(*due)
+
+    def _take_reply(self) -> tuple | None:
+        """The reply to book now (``_reply_due``), taken out of ``executor.arrived``. Booking while
+        the previous checkpoint is still being written would wait for that write, deaf to the
+        slots still training: while they train, a reply is booked once the write is done."""
+        with self.lock:
+            if self.persistence.writer.busy() and self.executor.waiting():
+                return None
+            rid = self._reply_due()
+            return None if rid is None else self.executor.arrived.pop(rid)
+
+    def _reply_due(self) -> int | None:
+        """Under the lock: the run whose reply is to be booked now, or None.
+
+        Without AutoML, replies are booked as they come back. With a boundary hook (pruners,
+        RFOptuna) what the hook decides depends on the order in which it sees chunks, so an
+        executor whose replies may come back out of order has them booked in the order the
+        kernel trains chunks (``fair_choice``, the run booked last breaking ties as the run on the
+        device does there); a reply that comes back early waits for its turn. The hook then sees
+        the same sequence of states as in the kernel and decides the same. While draining,
+        whatever came back is booked as it is."""
+        arrived = self.executor.arrived
+        if not arrived:
+            return None
+        if self.boundary_hook is None or self._draining or not self.executor.reorders():
+            return next(iter(arrived))
+        rid = self.fair_choice(last=self._last_booked)
+        return rid if rid in arrived else None
+
+    def _dispatch(self) -> None:
+        """Under the lock: every free slot gets the chunk the executor's policy picks for it."""
+        for slot, rid in self.executor.assignments(self):
+            rec = self.runs[rid]
             try:
-                self._train_chunk(rec)
-            except Exception as exc:  # failure isolation: this run fails, the others go on
+                self.executor.dispatch(slot, rec, self.store.load_checkpoint)
+            except Exception as exc:   # an unreadable checkpoint fails this run, not the engine
                 self._fail(rec, exc)
+                continue
+            if rec.status == R.PENDING:
+                self._set_status(rec, R.RUNNING)
+
+    def _book(self, flight, reply) -> None:
+        """A chunk came back and its turn has come: its counters, checkpoint and events."""
+        with self.lock:
+            rec = self.runs.get(flight.run_id)
+            if rec is None or rec.status == R.DELETED:
+                # deleted while its chunk trained: dropped, as its checkpoints were
+                self.executor.drop(flight)
+                return
+            self._last_booked = flight.run_id
+            try:
+                result = self.executor.book(flight, reply)
+            except Exception as exc:   # the chunk failed where it trained
+                result, error = None, exc
+            else:
+                error = None
+        if error is not None:
+            self._fail(rec, error)
+            return
+        try:
+            self._record_chunk(rec, result)
+        except Exception as exc:  # failure isolation: this run fails, the others go on
+            self._fail(rec, exc)
+
+    # -- what the Ray executor's engine adds (workers/engine.py) --------------------------------
+    def _begin_loop(self) -> None:
+        """In the engine thread, before the first turn."""
+
+    def _recovering(self) -> bool:
+        """Nothing in flight, nothing to do: is something coming back (a replacement worker)?"""
+        return False
+
+    def _on_leave(self) -> None:
+        """Under the lock, when the loop leaves with nothing left to train."""
+
+    def _chunk_lost(self, flight, exc: BaseException) -> None:
+        """Under the lock: a dispatched chunk came back as an error instead of a reply."""
+        self.executor.drop(flight)
+        rec = self.runs.get(flight.run_id)
+        if rec is not None:
+            self._fail(rec, exc)
 
     def fair_choice(self, last: int | None = None) -> int | None:
         """Under the lock: the run the fair policy trains next on this device, whatever the
@@ -494,8 +687,7 @@ class Engine:
         return self.scheduler.choose(views, self.device_name,
                                      self.executor.on_device if last is None else last)
 
-    def _train_chunk(self, rec: RunRecord) -> None:
-        result = self.executor.train_chunk(rec)
+    def _record_chunk(self, rec: RunRecord, result) -> None:
         counters = result.counters
         with self.lock:
             for k, v in result.restored.items():
@@ -524,28 +716,41 @@ class Engine:
 
     # -- ops ----------------------------------------------------------------------------------
     def _apply_ops(self) -> None:
-        freed = False
+        """Apply queued ops in order, holding (in order) those on a run whose chunk is in flight:
+        they are applied once it has come back and been booked, so that they see the run at a
+        chunk boundary (in the kernel nothing is in flight between chunks)."""
+        drained = []
         while True:
             try:
-                op = self.ops.get_nowait()
+                drained.append(self.ops.get_nowait())
             except queue.Empty:
                 break
+        blocked = set(self.executor.inflight)
+        held, ready = [], []
+        for op in self._held_ops + drained:
+            ids = {op.run_id} | ({op.new_run_id} if op.new_run_id is not None else set())
+            if ids & blocked:
+                held.append(op)
+                blocked |= ids      # later ops on these runs wait behind it
+            else:
+                ready.append(op)
+        self._held_ops = held
+        freed = False
+        for op in ready:
             self.queued_ops[:] = [q for q in self.queued_ops if q is not op]
             rec = self.runs.get(op.run_id)
             ok, reason = True, None
             try:
                 if rec is None and op.kind != "add":   # a queued clone that was refused when applied
                     raise OpRefused(f"run {op.run_id} does not exist (its clone was refused)")
-                if op.kind == "stop":
-                    if rec.status in R.ACTIVE:
-                        self._set_status(rec, R.STOPPED, reason=op.reason or "stopped by user")
-                    else:
-                        ok, reason = False, f"run {op.run_id} is {rec.status}"
+                if op.kind in ("stop", "resume", "delete") and not rules.allowed(op.kind, rec.status):
+                    # the run moved on since the op was validated (it finished, or failed)
+                    ok, reason = False, f"run {op.run_id} is {rec.status}"
+                elif op.kind == "stop":
+                    self._set_status(rec, rules.leaves("stop", rec.status),
+                                     reason=op.reason or "stopped by user")
                 elif op.kind == "resume":
-                    if rec.status == R.STOPPED:
-                        self._set_status(rec, R.PENDING, reason="resumed by user")
-                    else:
-                        ok, reason = False, f"run {op.run_id} is {rec.status}"
+                    self._set_status(rec, rules.leaves("resume", rec.status), reason="resumed by user")
                 elif op.kind == "delete":
                     self._delete(rec)
                 elif op.kind == "clone":
@@ -557,8 +762,8 @@ class Engine:
                         self.add_run(op.spec, run_id=op.run_id)
             except Exception as exc:
                 ok, reason = False, f"{type(exc).__name__}: {exc}"
-            self.events.append("op", op=op.kind, run_id=op.run_id, accepted=ok, reason=reason,
-                               new_run_id=op.new_run_id, latency_s=time.time() - op.submitted)
+            self.log_answer(op.kind, op.run_id, ok, reason, new_run_id=op.new_run_id,
+                            latency_s=time.time() - op.submitted)
             freed = freed or (ok and op.kind == "delete")
         if freed:
             # one collection per batch of deletes: a gc.collect() is slow with

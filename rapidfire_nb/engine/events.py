@@ -64,20 +64,23 @@ class EventLog:
         self._broken: str | None = None
         self.write_error: EventLogWriteError | None = None
         self._listeners: list[Callable[[dict], None]] = []
+        self.recreated = 0      # times the file was written again after it vanished
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            if self._path.exists():
+            if os.path.lexists(self._path):
                 self._events, good, torn = _parse_log(self._path)
                 last = _complete_tail(torn, len(self._events) + 1) if torn.strip() else None
                 if last is not None:
-                    with open(self._path, "ab") as f:
-                        f.write(b"\n")
-                        f.flush()
-                        os.fsync(f.fileno())
+                    fd = _open_nofollow(self._path, os.O_WRONLY | os.O_APPEND)
+                    try:
+                        os.write(fd, b"\n")
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
                     self._events.append(last)
                 elif torn:
                     _set_aside_torn_tail(self._path, good, torn)
-            self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = _open_nofollow(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             self._size = os.fstat(self._fd).st_size
             self._durable = len(self._events)
 
@@ -133,6 +136,8 @@ class EventLog:
             self.write_error = EventLogWriteError(self.write_error.errno if self.write_error else None,
                                                   self._broken)
             return False
+        if not self._still_linked():
+            return self._write_whole_log()
         pending = self._events[self._durable:]
         data = "".join(json.dumps(e, default=_json_default) + "\n" for e in pending).encode("utf-8")
         try:
@@ -157,6 +162,42 @@ class EventLog:
             return False
         self._size += len(data)
         self._durable = len(self._events)
+        self.write_error = None
+        return True
+
+    def _still_linked(self) -> bool:
+        """False when ``events.jsonl`` was deleted (or renamed away) while the log was open:
+        appending to the open file would then write history nobody can ever read."""
+        try:
+            st = os.fstat(self._fd)
+            here = os.lstat(self._path)
+        except OSError:
+            return False
+        return st.st_nlink > 0 and (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+    def _write_whole_log(self) -> bool:
+        """The file was deleted or replaced under us: write the whole history (it is all in
+        memory) to a new ``events.jsonl`` atomically and append there from now on. A file that
+        someone put in its place is kept beside it, never overwritten."""
+        from rapidfire_nb.engine.fsio import atomic_write_bytes
+
+        data = "".join(json.dumps(e, default=_json_default) + "\n" for e in self._events).encode("utf-8")
+        try:
+            if os.path.lexists(self._path):
+                os.replace(self._path, self._path.with_name(
+                    f"{self._path.name}.replaced-{int(time.time() * 1000)}"))
+            atomic_write_bytes(self._path, data)
+            fd = _open_nofollow(self._path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            self.write_error = EventLogWriteError(
+                exc.errno, f"{self._path} was deleted while the experiment was open and could not "
+                           f"be written again: {_os_reason(exc)}")
+            return False
+        os.close(self._fd)
+        self._fd = fd
+        self._size = len(data)
+        self._durable = len(self._events)
+        self.recreated += 1
         self.write_error = None
         return True
 
@@ -223,17 +264,120 @@ def _json_default(obj: Any) -> Any:
 def read_events(path: str | os.PathLike) -> list[dict]:
     """Every event of a log file, without changing it (a torn final line is skipped).
 
-    Raises ``EventLogError`` naming the line when the file is damaged elsewhere."""
+    Raises ``EventLogError`` naming the file, the line and the field when the file is damaged
+    elsewhere (see ``_check_line``), or when it is a symbolic link."""
     return _parse_log(Path(path))[0]
+
+
+class FolderLinkError(EventLogError):
+    """A file of an experiment folder is a symbolic link: following it could read or overwrite
+    a file outside the folder, so the folder is refused."""
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that refuses to follow a symbolic link at ``path`` (ELOOP)."""
+    import errno
+
+    try:
+        return os.open(path, flags | _NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (os.path.islink(path)):
+            raise FolderLinkError(
+                f"{path} is a symbolic link (to {os.readlink(path)!r}); rapidfire does not follow "
+                "links in an experiment folder, since they could read or overwrite files outside "
+                "it. Replace the link with the file itself; nothing was changed") from None
+        raise
+
+
+def read_nofollow(path: Path) -> bytes:
+    """A file's bytes; a symbolic link at ``path`` raises ``FolderLinkError``."""
+    fd = _open_nofollow(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# How deep the JSON of one event may nest: the engine writes a few levels (a config's sections,
+# a list of target modules); hundreds of levels only come from a crafted file and would exhaust
+# the stack of every reader (the reducer's copies, the panel).
+MAX_DEPTH = 32
+_SCHEMA: dict | None = None
+
+
+def _schema() -> dict:
+    global _SCHEMA
+    if _SCHEMA is None:
+        from rapidfire_nb.engine.state import load_schema
+
+        _SCHEMA = load_schema()
+    return _SCHEMA
+
+
+def _depth_exceeded(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
+def check_logged_event(event: dict) -> str | None:
+    """What makes one parsed event unfit to fold (None when nothing does): too deep, a known
+    event type whose fields break ``events_schema.json`` (missing, wrong type, not in its enum),
+    a run id below 1 or a negative count. Unknown types and fields pass (newer engines)."""
+    if _depth_exceeded(event, MAX_DEPTH):
+        return f"nested more than {MAX_DEPTH} levels deep"
+    from rapidfire_nb.engine.state import check_event
+
+    schema = _schema()
+    if event["type"] not in schema["events"]:
+        return None
+    problems = check_event(event, schema)
+    if problems:
+        return problems[0]
+    spec = {**schema["common"], **schema["events"][event["type"]]["fields"]}
+    for name in spec:
+        value = event.get(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if event["type"] == "op" and name in ("run_id", "new_run_id"):
+            continue     # an op the engine refused may name any id; it creates no run
+        low = 1 if name in ("seq", "run_id", "parent_run_id", "num_chunks") else 0
+        if value < low:
+            return f"{event['type']}.{name}: {value} is below {low}"
+    if event["type"] == "metric":
+        for name, value in event["metrics"].items():
+            if isinstance(value, (dict, list)):
+                return f"metric.metrics.{name}: a JSON {type(value).__name__} is not a metric value"
+    return None
 
 
 def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
     """(events, bytes of whole lines, torn tail). Refuses any damage other than a torn tail."""
-    data = path.read_bytes()
+    data = read_nofollow(path)
     lines = data.split(b"\n")
     tail = lines.pop()          # b"" when the file ends with a newline
     events: list[dict] = []
     expected = 1
+    left = "the log was left as it is. Repair or remove that line, then open the experiment again"
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue             # an empty line holds no history
@@ -242,14 +386,16 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise EventLogError(f"{where}: not UTF-8 text (byte {exc.start} is "
-                                f"{raw[exc.start:exc.start + 1]!r}); the log was left as it is. "
-                                "Repair or remove that line, then open the experiment again") from None
+                                f"{raw[exc.start:exc.start + 1]!r}); {left}") from None
         try:
             event = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise EventLogError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); the "
-                                "log was left as it is. Repair or remove that line, then open the "
-                                "experiment again") from None
+            raise EventLogError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                                f"{left}") from None
+        except (ValueError, RecursionError) as exc:
+            # an integer of thousands of digits, or arrays nested thousands deep
+            what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+            raise EventLogError(f"{where}: not readable JSON ({what}); {left}") from None
         if not isinstance(event, dict) or not isinstance(event.get("type"), str) \
                 or isinstance(event.get("seq"), bool) or not isinstance(event.get("seq"), int):
             raise EventLogError(f"{where}: not an event (a JSON object with an integer 'seq' and "
@@ -258,6 +404,9 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
             raise EventLogError(
                 f"{where}: sequence number {event['seq']} where {expected} was expected (were two "
                 "processes writing to this experiment?); the log was left as it is")
+        problem = check_logged_event(event)
+        if problem is not None:
+            raise EventLogError(f"{where} (seq {event['seq']}): {problem}; {left}")
         expected += 1
         events.append(event)
     return events, len(data) - len(tail), tail
@@ -268,10 +417,10 @@ def _complete_tail(tail: bytes, expected: int) -> dict | None:
     event: kept, not dropped."""
     try:
         event = json.loads(tail.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if isinstance(event, dict) and isinstance(event.get("type"), str) and event.get("seq") == expected \
-            and not isinstance(event.get("seq"), bool):
+            and not isinstance(event.get("seq"), bool) and check_logged_event(event) is None:
         return event
     return None
 
@@ -281,13 +430,69 @@ def _set_aside_torn_tail(path: Path, good: int, torn: bytes) -> None:
     line-aligned."""
     aside = path.with_name(f"{path.name}.torn-{int(time.time() * 1000)}")
     try:
-        with open(aside, "wb") as f:
-            f.write(torn)
-            f.flush()
-            os.fsync(f.fileno())
+        fd = _open_nofollow(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, torn)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError:
         pass     # a full disk must not keep the experiment from opening: the bytes were a torn write
-    with open(path, "r+b") as f:
-        f.truncate(good)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = _open_nofollow(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, good)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ReadOnlyLog:
+    """A log file read without writing anything (``Experiment.open``): ``since`` like
+    ``EventLog``'s; ``append`` refuses. ``reload`` reads what a live writer appended since (a
+    torn last line, a write in progress, is skipped until it is whole)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self._path = Path(path)
+        self._events: list[dict] = []
+        self.reload()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def last_seq(self) -> int:
+        return self._events[-1]["seq"] if self._events else 0
+
+    durable_seq = last_seq
+
+    def reload(self) -> int:
+        if not os.path.lexists(self._path):
+            return 0
+        events = _parse_log(self._path)[0]
+        if len(events) < len(self._events):
+            raise EventLogError(f"{self._path} is shorter than when it was read ({len(events)} "
+                                f"events, {len(self._events)} before): it was replaced; open it again")
+        new = len(events) - len(self._events)
+        self._events = events
+        return new
+
+    def since(self, seq: int = 0, limit: int | None = None) -> list[dict]:
+        start = max(0, min(int(seq), len(self._events)))
+        out = self._events[start:]
+        return list(out if limit is None else out[:limit])
+
+    def last_seq_unlocked(self) -> int:
+        return self.last_seq
+
+    def subscribe(self, listener):
+        return lambda: None
+
+    def append(self, *args, **kwargs):
+        raise RapidFireError(f"{self._path} was opened read-only (Experiment.open); nothing is "
+                             "written to it")
+
+    extend = append
+
+    def close(self) -> None:
+        pass

@@ -1,9 +1,12 @@
 """The seam between the engine loop and the place where a chunk trains.
 
 The loop (controller.py) decides *which* run trains its next chunk; a ``ChunkExecutor`` trains
-it. ``LocalChunkExecutor`` does that in this process: it holds the shared bases (through the
-trainer factory), every live ``RunTrainer`` and the residency policy. A remote executor (one Ray
-actor per GPU) implements the same interface, holding its own bases and trainers.
+it, asynchronously: the loop ``dispatch``es a chunk to one of the executor's slots, ``collect``s
+the chunks that finished, and ``book``s each one (counters, checkpoint, events) in its turn.
+``LocalChunkExecutor`` is the one-slot case in this process: it holds the shared bases (through
+the trainer factory), every live ``RunTrainer`` and the residency policy, and its chunk is done
+as soon as it is collected. The Ray executor (workers/engine.py) has one slot per worker, each
+holding its own bases and trainers.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rapidfire_nb.engine.adapters.base import RunTrainer, merge_window
 from rapidfire_nb.engine.factory import TrainerFactory
@@ -35,10 +39,52 @@ class ChunkResult:
     restored: dict = field(default_factory=dict)   # record fields the executor (re)set, see below
 
 
+@dataclass
+class Flight:
+    """One chunk dispatched to a slot and not booked yet."""
+
+    run_id: int
+    slot: Any
+    ref: object = None       # the executor's handle (a Ray object ref; the record in the kernel)
+    epoch: int = 0
+    chunk: int = 0
+    sent: float = 0.0        # perf_counter at dispatch
+    moved: bool = False      # the run arrived on this slot with this chunk
+    arrived: float = 0.0     # when the controller saw the reply ready (perf_counter)
+    sent_wall: float = 0.0   # time.time() at dispatch, against the worker's own clock readings
+    noticed_wall: float = 0.0
+    got_s: float = 0.0       # fetching the reply (transfer, unpickling)
+
+
+@dataclass
+class Slot:
+    """Where one chunk at a time trains (the kernel's device, or a Ray worker)."""
+
+    name: str
+    busy_with: int | None = None   # run id of the chunk in flight
+    last: int | None = None        # the run it trained last
+    alive: bool = True
+
+
 class ChunkExecutor:
     """Trains chunks of runs; the engine loop's only way to touch models and trainers.
 
-    Contract (what the engine relies on; a Ray-actor implementation must keep it):
+    The asynchronous seam the loop drives (under the engine lock unless said otherwise):
+
+    - ``assignments(engine)`` yields ``(slot, run_id)``: which free slot should train which run's
+      next chunk (the policy of this executor: the fair scheduler on one device, workers/policy.py
+      across workers); each one is dispatched before the next is computed.
+    - ``dispatch(slot, record, load_checkpoint)`` starts that chunk; it is in ``inflight`` until
+      booked or dropped.
+    - ``collect(timeout)`` (outside the lock) waits up to ``timeout`` for chunks in flight and
+      returns ``(flight, reply, error)`` for each one that finished; ``arrive`` then keeps a reply
+      in ``arrived`` until the loop books it (``book(flight, reply) -> ChunkResult``, which raises
+      when the chunk failed) or ``drop``s it (its run was deleted meanwhile).
+    - ``is_death(error)``: the slot itself is gone (a dead worker), not just this chunk;
+      ``reorders()``: replies may come back in another order than the kernel trains chunks, so the
+      loop books them in the kernel's order when AutoML decides at boundaries.
+
+    Training itself (what the engine relies on; the Ray worker trains with the local executor):
 
     ``train_chunk(record) -> ChunkResult`` trains the next chunk of ``record`` (a ``RunRecord``
     whose ``epoch``/``chunk``/``completed_steps``/``samples_seen`` give the stream position and
@@ -67,6 +113,49 @@ class ChunkExecutor:
 
     on_device: int | None = None
 
+    def __init__(self):
+        self.inflight: dict[int, Flight] = {}
+        # replies back but not booked yet; their flights stay in ``inflight`` until booked, so
+        # ops on those runs still wait for them
+        self.arrived: dict[int, tuple[Flight, Any]] = {}
+
+    # -- the asynchronous seam ------------------------------------------------------------------
+    def assignments(self, engine):
+        raise NotImplementedError
+
+    def dispatch(self, slot, record: RunRecord, load_checkpoint) -> None:
+        raise NotImplementedError
+
+    def collect(self, timeout: float) -> list[tuple[Flight, Any, BaseException | None]]:
+        raise NotImplementedError
+
+    def book(self, flight: Flight, reply) -> ChunkResult:
+        raise NotImplementedError
+
+    def is_death(self, exc: BaseException) -> bool:
+        return False
+
+    def reorders(self) -> bool:
+        return False
+
+    def waiting(self) -> bool:
+        """True while a chunk trains whose reply has not come back."""
+        return any(rid not in self.arrived for rid in self.inflight)
+
+    def arrive(self, flight: Flight, reply) -> None:
+        """A reply came back: the slot is free; the engine books the reply in its turn."""
+        if flight.slot.busy_with == flight.run_id:
+            flight.slot.busy_with = None
+        self.arrived[flight.run_id] = (flight, reply)
+
+    def drop(self, flight: Flight) -> None:
+        """A chunk nobody books (its run was deleted meanwhile, or it failed)."""
+        self.inflight.pop(flight.run_id, None)
+        self.arrived.pop(flight.run_id, None)
+        if flight.slot.busy_with == flight.run_id:
+            flight.slot.busy_with = None
+
+    # -- training and run state -----------------------------------------------------------------
     def train_chunk(self, record: RunRecord) -> ChunkResult:
         raise NotImplementedError
 
@@ -87,11 +176,16 @@ class ChunkExecutor:
 
 
 class LocalChunkExecutor(ChunkExecutor):
-    """Trains in this process on one device, runs sharing their bases (engine/factory.py)."""
+    """Trains in this process on one device, runs sharing their bases (engine/factory.py).
+
+    As the loop's executor it has one slot; a dispatched chunk trains when it is collected (in the
+    engine thread, outside the lock), so it is back at once and booked before anything else."""
 
     def __init__(self, factory: TrainerFactory, store: ExperimentStore, device_name: str,
                  residency: Residency, may_move: Callable[[int], bool],
                  progress_of: Callable[[int], float]):
+        super().__init__()
+        self.slot = Slot(device_name)
         self.factory = factory
         self.store = store
         self.device_name = device_name
@@ -124,6 +218,37 @@ class LocalChunkExecutor(ChunkExecutor):
         if rt is not None:
             self.factory.drop_adapter(rec.spec, rt)
             rt.close()
+
+    # -- the loop's seam: one slot ----------------------------------------------------------------
+    def assignments(self, engine):
+        """The fair scheduler's choice, unless its last chunk's checkpoint is still being written
+        (then nothing: the loop flushes the writer first, so the training order never depends on
+        the writer's speed)."""
+        if self.slot.busy_with is not None or self.inflight:
+            return
+        choice = engine.fair_choice()
+        if choice is not None and not engine.persistence.writer.pending(choice):
+            yield self.slot, choice
+
+    def dispatch(self, slot, rec: RunRecord, load_checkpoint) -> None:
+        slot.busy_with = slot.last = rec.run_id
+        self.inflight[rec.run_id] = Flight(rec.run_id, slot, ref=rec, epoch=rec.epoch,
+                                           chunk=rec.chunk, sent=time.perf_counter())
+
+    def collect(self, timeout: float) -> list[tuple[Flight, Any, BaseException | None]]:
+        out = []
+        for rid, flight in list(self.inflight.items()):
+            if rid in self.arrived:
+                continue
+            try:
+                out.append((flight, self.train_chunk(flight.ref), None))
+            except Exception as exc:   # this run failed; the loop fails it, the others go on
+                out.append((flight, None, exc))
+        return out
+
+    def book(self, flight: Flight, reply: ChunkResult) -> ChunkResult:
+        self.drop(flight)
+        return reply
 
     # -- building ----------------------------------------------------------------------------
     def _trainer_for(self, rec: RunRecord, restored: dict) -> RunTrainer:

@@ -103,3 +103,52 @@ def export_adapter(base_model, lora_config, weights: dict, adapter: str, path: P
     save_file({k: v.detach().contiguous() for k, v in state.items()},
               str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
     return path
+
+
+# what an experiment folder holds besides exports (engine/store.py, tracking/, tuning.py)
+_FOLDER_OWN = frozenset({"checkpoints", "events.jsonl", "experiment.json", "runs.json", "automl.json",
+                         "optuna", "logs", "outputs", "engine.log", "worker.log", "tensorboard", "runs",
+                         "mlflow", "trackio", "tracking"})
+
+
+def check_export_path(path, experiment_folder: Path, overwrite: bool = False) -> Path:
+    """Where ``Experiment.export`` may write, or ``ExportError`` saying why not (nothing is
+    written): never silently over another export, a file, the current directory by accident
+    (``""``) or the experiment folder itself (its checkpoints and log)."""
+    import os
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ExportError(f"export path must be a directory name, got {path!r}")
+    if not isinstance(overwrite, bool):
+        raise ExportError(f"overwrite must be True or False, got {overwrite!r}")
+    target = Path(path).expanduser().absolute()
+    resolved = target.resolve()
+    folder = Path(experiment_folder).resolve()
+    if resolved == folder:
+        raise ExportError(f"export path {target} is the experiment folder itself; export into a "
+                          "directory of its own (the folder holds the checkpoints and the event log)")
+    if folder in resolved.parents:
+        # a directory of its own inside the folder (the tutorials' exp.path / "best-adapter") is
+        # fine; the engine's and the trackers' own entries are not
+        first = resolved.relative_to(folder).parts[0]
+        if first in _FOLDER_OWN or first.startswith((".", "events.jsonl")):
+            raise ExportError(f"export path {target} is inside {folder / first}, which the "
+                              "experiment itself writes; export into a new directory of the "
+                              f"folder (say {folder / 'export'}) or somewhere else")
+    if resolved in folder.parents:
+        raise ExportError(f"export path {target} contains the experiment folder {folder}; export "
+                          "into a directory of its own")
+    if target.exists() and not target.is_dir():
+        raise ExportError(f"export path {target} exists and is not a directory; choose a new name")
+    if target.is_dir() and any(target.iterdir()) and overwrite \
+            and not any((target / name).is_file() for name in ("adapter_config.json", "config.json")):
+        # overwrite=True replaces an earlier export, not a directory of other files (the home
+        # folder, a project's root) where an export's file names could replace the user's own
+        raise ExportError(f"export path {target} holds files but no earlier export (no "
+                          "adapter_config.json or config.json); overwrite=True only writes over an "
+                          "export: choose a new directory")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise ExportError(f"export path {target} is not empty ({len(list(target.iterdir()))} "
+                          "entries: another export?); choose a new directory, or pass "
+                          "overwrite=True to write over its files")
+    return target

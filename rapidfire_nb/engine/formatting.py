@@ -6,7 +6,8 @@ for GRPO, ``prompt``/``chosen``/``rejected`` for DPO). TRL's own ``SFTTrainer(fo
 takes a row and returns the training *text*. The two are told apart by what the function returns
 for the first row of the training data:
 
-- a dict: the function is applied with ``datasets.map`` to the train and the eval data, before any
+- a dict: the function is applied with ``datasets.map`` to the train and the eval data (the
+  original columns stay beside the returned ones, as RapidFire's ``map`` keeps them), before any
   validation and before generation-based metrics read the eval prompts; the mapped data is shared
   by every run with the same function and the same data (it is mapped once);
 - a string (SFT only): the function is handed to TRL's ``SFTTrainer`` as it is.
@@ -18,14 +19,14 @@ from __future__ import annotations
 
 import hashlib
 
-from rapidfire_nb.engine.runspec import _callable_name
+from rapidfire_nb.engine.runspec import callable_name
 from rapidfire_nb.errors import ConfigError
 
 ROWS, TEXT = "rows", "text"
 
 
 def _name(fn) -> str:
-    return _callable_name(fn) or repr(fn)
+    return callable_name(fn) or repr(fn)
 
 
 def formatting_kind(spec, dataset, name: str = "train_dataset") -> str | None:
@@ -120,8 +121,9 @@ def formatted(spec, dataset, cache: dict, name: str):
     fn = spec.formatting_func
     if fn is None or dataset is None:
         return dataset
-    # GRPO hands every column to the reward functions: the source columns stay unless replaced
-    keep = spec.trainer_type == "GRPO"
+    # as RapidFire's dataset.map(formatting_func): the source columns stay beside the new ones
+    # (references for metrics, reward functions and the user's own code read them)
+    keep = True
     key = ("formatted", id(fn), id(dataset), keep)
     hit = cache.get(key)
     # the entry holds the function and the source: their ids cannot be reused while cached
@@ -153,7 +155,7 @@ def check_run_data(spec, cls, train_dataset, eval_dataset, cache: dict) -> None:
         # TRL's form: the text is built inside SFTTrainer; only the generation metrics read columns
         if eval_dataset is not None:
             formatted(spec, eval_dataset, cache, "eval_dataset")   # every eval row gives a string
-        if eval_dataset is not None and spec.compute_metrics is not None:
+        if eval_dataset is not None and spec.compute_metrics is not None:   # a no-op without generation
             from rapidfire_nb.engine.generation import check_eval_dataset
 
             check_eval_dataset(spec, eval_dataset)

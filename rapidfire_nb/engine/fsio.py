@@ -62,7 +62,14 @@ def atomic_write_bytes(path: Path, data: bytes, writer=None) -> None:
     _make_dirs(path.parent)
     tmp = tmp_path_for(path)
     try:
-        with open(tmp, "wb") as f:
+        # a leftover of this very process and thread (or a planted link) goes first; the file is
+        # then created afresh, never opened through a link (rename replaces a link at ``path``
+        # itself, not what it points at)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        with open(tmp, "wb", opener=_create_new) as f:
             (writer or _plain_write)(f, data)
             f.flush()
             os.fsync(f.fileno())
@@ -74,6 +81,10 @@ def atomic_write_bytes(path: Path, data: bytes, writer=None) -> None:
             pass
         raise
     fsync_dir(path.parent)
+
+
+def _create_new(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
 
 
 def _plain_write(f, data: bytes) -> None:

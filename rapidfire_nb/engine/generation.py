@@ -1,15 +1,30 @@
 """Generation-based evaluation: the user's ``compute_metrics`` on texts the run generates.
 
-For any trainer type, when ``RFModelConfig(compute_metrics=fn, generation_config={...})`` is given,
-after every chunk the run generates a completion for each eval prompt (left padding, the chat
-template when the data is conversational, greedy with ``max_new_tokens=32`` unless
-``generation_config`` says otherwise) and logs ``fn((predictions, references))`` with an ``eval_``
-prefix. Prompts and references come from the eval dataset's columns:
+As in RapidFire AI, ``compute_metrics`` means one of two things:
+
+- with ``generation_config`` (any trainer type), after every chunk the run generates a completion
+  for each eval prompt (left padding, the chat template when the data is conversational, greedy
+  with ``max_new_tokens=32`` unless ``generation_config`` says otherwise) and logs
+  ``fn((predictions, references))`` with an ``eval_`` prefix (this module). RapidFire's prompt
+  settings in ``generation_config`` are honoured as it defines them: ``max_input_length`` (prompt
+  tokens kept; by default the tokenizer's ``model_max_length``, or 4096 when unset, less
+  ``max_new_tokens``, never under 64), ``truncation_side`` (which end a long prompt loses,
+  default ``"left"``) and ``add_generation_prompt`` (for the chat template, default True);
+- without it, for SFT, ``fn`` is the transformers Trainer's ``compute_metrics``: it gets an
+  ``EvalPrediction`` (the eval logits and labels) after every chunk (``adapters/base.py``). DPO and
+  GRPO runs without ``generation_config`` generate with the defaults, as before.
+
+Prompts and references come from the eval dataset's columns (after ``formatting_func``, whose
+output is added beside the original columns), the first form that fits:
 
 - ``messages``: the prompt is the conversation before the last assistant message, the reference
   that message's content;
+- ``input``/``output`` (RapidFire's first form);
 - ``prompt`` with one of ``completion``, ``chosen``, ``answer``, ``solution``, ``reference``,
-  ``label``, ``target`` (first present wins; a list of messages gives its last message's content).
+  ``label``, ``target`` (first present wins; a list of messages gives its last message's content);
+- ``text``: the text is the prompt, the reference ``response`` (else ``instruction``, else the
+  text), as RapidFire takes it;
+- ``instruction``/``response``.
 
 Predictions and references are passed as they are (no stripping), in eval-dataset order. The
 training RNG is not touched: generation runs in ``rng_fork`` from a fixed seed, so sampled
@@ -25,6 +40,7 @@ from typing import Any
 
 import torch
 
+from rapidfire_nb.engine.genconfig import PROMPT_KEYS, check_prompt_settings, split_prompt_settings
 from rapidfire_nb.engine.rng import rng_fork
 from rapidfire_nb.errors import ConfigError
 
@@ -58,18 +74,38 @@ def split_example(row: dict) -> tuple[Any, Any]:
         from trl.data_utils import extract_prompt
 
         row = {**row, **extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})}
+    if "input" in row and "output" in row:
+        return row["input"], row["output"]
     if "prompt" in row:
         for col in REFERENCE_COLUMNS:
             if col in row:
                 return row["prompt"], _content(row[col])
+    if "text" in row:
+        return row["text"], row.get("response", row.get("instruction", row["text"]))
+    if "instruction" in row and "response" in row:
+        return row["instruction"], row["response"]
     raise ConfigError(
-        f"eval_dataset has columns {sorted(row)}; compute_metrics needs prompts and references: a "
-        f"'messages' column, or 'prompt' with one of {', '.join(REFERENCE_COLUMNS)}")
+        f"eval_dataset has columns {sorted(row)}; compute_metrics with generation_config needs "
+        f"prompts and references: a 'messages' column, 'input'/'output', 'prompt' with one of "
+        f"{', '.join(REFERENCE_COLUMNS)}, 'text', or 'instruction'/'response' (a formatting_func "
+        f"may add them)")
+
+
+def generates(spec) -> bool:
+    """True when ``compute_metrics`` is evaluated on generations (not on the Trainer's logits)."""
+    if spec.compute_metrics is None:
+        return False
+    return spec.generation_config is not None or spec.trainer_type != "SFT"
+
+
+def on_logits(spec) -> bool:
+    """True when ``compute_metrics`` is the transformers Trainer's (SFT without generation_config)."""
+    return spec.compute_metrics is not None and not generates(spec)
 
 
 def generation_kwargs(spec) -> dict:
     """The keyword arguments passed to ``generate`` (user's ``generation_config`` over defaults)."""
-    user = dict(spec.generation_config or {})
+    user, _ = split_prompt_settings(dict(spec.generation_config or {}))
     kwargs = dict(DEFAULT_GENERATION)
     if "max_length" in user:
         kwargs.pop("max_new_tokens")
@@ -84,10 +120,11 @@ def check_generation_config(spec) -> None:
     user = spec.generation_config or {}
     known = set(GenerationConfig().to_dict()) | {"max_new_tokens", "min_new_tokens", "max_length"}
     for key in user:
-        if key not in known:
-            near = difflib.get_close_matches(key, sorted(known), n=1)
+        if key not in known and key not in PROMPT_KEYS:
+            near = difflib.get_close_matches(key, sorted(known | set(PROMPT_KEYS)), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ConfigError(f"generation_config: unknown generation setting {key!r}{hint}")
+    check_prompt_settings(user)
     kwargs = generation_kwargs(spec)
     try:
         GenerationConfig(**kwargs).validate(strict=False)
@@ -100,7 +137,7 @@ def check_generation_config(spec) -> None:
         # what transformers does (and RapidFire's tutorials rely on): greedy, the flags unused
         import warnings
 
-        from rapidfire_nb.automl.policy import RapidFireConfigWarning
+        from rapidfire_nb.errors import RapidFireConfigWarning
 
         warnings.warn(RapidFireConfigWarning(
             f"generation_config: {', '.join(ignored)} only apply to sampling; without do_sample=True "
@@ -113,23 +150,58 @@ def check_eval_dataset(spec, dataset) -> None:
         return
     if not callable(spec.compute_metrics):
         raise ConfigError(f"compute_metrics must be callable, got {type(spec.compute_metrics).__name__}")
+    if not generates(spec):
+        return    # the Trainer's compute_metrics: any data SFT trains on gives logits and labels
     if dataset is None or len(dataset) == 0:
         raise ConfigError("compute_metrics needs an eval_dataset to generate on")
     split_example(dataset[0])
     check_generation_config(spec)
 
 
-def _encode(tokenizer, prompt) -> list[int]:
+def prompt_settings(spec) -> dict:
+    """RapidFire's prompt settings of a run's ``generation_config``, defaults filled in."""
+    return split_prompt_settings(dict(spec.generation_config or {}))[1]
+
+
+def prompt_limit(tokenizer, settings: dict, kwargs: dict) -> int:
+    """Prompt tokens kept, as RapidFire resolves it: ``max_input_length`` when given, else the
+    tokenizer's context (4096 when the tokenizer leaves it unset) less the tokens to generate."""
+    if settings.get("max_input_length"):
+        return int(settings["max_input_length"])
+    context = getattr(tokenizer, "model_max_length", None)
+    if not isinstance(context, int) or context <= 0 or context >= 10**9:
+        context = 4096
+    return max(64, context - int(kwargs.get("max_new_tokens", 0) or 0))
+
+
+def _encode(tokenizer, prompt, add_generation_prompt: bool = True, limit: int | None = None,
+            side: str = "left") -> list[int]:
     if _is_messages(prompt):
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    if not isinstance(prompt, str):
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=add_generation_prompt,
+                                             tokenize=False)
+        special = False   # the template already holds the special tokens
+    elif isinstance(prompt, str):
+        text, special = prompt, True
+    else:
         raise ConfigError(f"eval prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
-    return tokenizer(prompt)["input_ids"]
+    if limit is None:
+        return tokenizer(text, add_special_tokens=special)["input_ids"]
+    # the tokenizer's own truncation, as RapidFire's: it cuts the text and keeps the special tokens
+    # it adds (a BOS stays first), where cutting the ids afterwards would drop them
+    before = getattr(tokenizer, "truncation_side", "right")
+    tokenizer.truncation_side = side
+    try:
+        return tokenizer(text, add_special_tokens=special, truncation=True, max_length=limit)["input_ids"]
+    finally:
+        tokenizer.truncation_side = before
 
 
-def generate(model, tokenizer, prompts: list, kwargs: dict, batch_size: int, seed: int) -> list[str]:
-    """Decoded completions (new tokens only) of ``prompts``; the caller's RNG is left untouched."""
+def generate(model, tokenizer, prompts: list, kwargs: dict, batch_size: int, seed: int,
+             settings: dict | None = None) -> list[str]:
+    """Decoded completions (new tokens only) of ``prompts``; the caller's RNG is left untouched.
+    ``settings``: RapidFire's prompt settings (``prompt_settings``); RapidFire's defaults if None."""
+    settings = split_prompt_settings(settings or {})[1]
+    limit = prompt_limit(tokenizer, settings, kwargs)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     kwargs = {"pad_token_id": pad_id, **kwargs}
     if "eos_token_id" not in kwargs and tokenizer.eos_token_id is not None:
@@ -142,7 +214,8 @@ def generate(model, tokenizer, prompts: list, kwargs: dict, batch_size: int, see
         with rng_fork(), torch.no_grad():
             torch.manual_seed(int(seed) % (2**32))
             for start in range(0, len(prompts), max(1, batch_size)):
-                ids = [_encode(tokenizer, p) for p in prompts[start:start + batch_size]]
+                ids = [_encode(tokenizer, p, settings["add_generation_prompt"], limit, settings["truncation_side"])
+                       for p in prompts[start:start + batch_size]]
                 width = max(len(x) for x in ids)
                 input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids], device=device)
                 mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
@@ -167,9 +240,13 @@ def _as_float(key: str, value) -> float:
     raise TypeError(f"compute_metrics returned {type(value).__name__} for {key!r}; metric values must be numbers")
 
 
-def run_compute_metrics(fn, predictions: list[str], references: list) -> dict[str, float]:
+def run_compute_metrics(fn, predictions, references) -> dict[str, float]:
     """Call the user's ``compute_metrics((predictions, references))`` and check what it returns."""
-    result = fn((predictions, references))
+    return checked_metrics(fn((predictions, references)))
+
+
+def checked_metrics(result) -> dict[str, float]:
+    """What ``compute_metrics`` returned, as ``eval_``-prefixed floats (NaN for non-finite)."""
     if not isinstance(result, dict):
         raise TypeError(f"compute_metrics must return a dict of metric name -> number, got {type(result).__name__}")
     out = {}
@@ -184,11 +261,12 @@ def generation_metrics(rt) -> dict[str, float]:
     """Generation-based metrics of one run (a ``RunTrainer``) on its raw eval dataset; {} if not asked."""
     spec = rt.spec
     dataset = getattr(rt, "raw_eval_dataset", None)
-    if spec.compute_metrics is None or dataset is None:
+    if not generates(spec) or dataset is None:
         return {}
     pairs = [split_example(dataset[i]) for i in range(len(dataset))]
     prompts = [p for p, _ in pairs]
     references = [r for _, r in pairs]
     batch_size = int(getattr(rt.args, "per_device_eval_batch_size", 8) or 8)
-    predictions = generate(rt.model, rt.tokenizer, prompts, generation_kwargs(spec), batch_size, rt.seed)
+    predictions = generate(rt.model, rt.tokenizer, prompts, generation_kwargs(spec), batch_size, rt.seed,
+                           prompt_settings(spec))
     return run_compute_metrics(spec.compute_metrics, predictions, references)

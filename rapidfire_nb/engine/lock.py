@@ -35,6 +35,10 @@ class ExperimentLocked(RapidFireError):
     """Another live Experiment (in this or another process) owns the folder."""
 
 
+class FolderNotWritable(RapidFireError):
+    """The folder (or its ``.lock``) cannot be written: it cannot be trained in, only read."""
+
+
 class FolderLock:
     def __init__(self, folder: Path):
         self.folder = Path(folder).resolve()
@@ -52,7 +56,7 @@ class FolderLock:
                 raise ExperimentLocked(
                     f"experiment folder {self.folder} is already open in this process by another "
                     "Experiment; call .end() on that one first (one live engine per folder)")
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock_file(self.path)
             try:
                 _lock_fd(fd)
             except BlockingIOError:
@@ -96,6 +100,24 @@ class FolderLock:
             self.release()
         except Exception:
             pass
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file, never through a symbolic link: a planted ``.lock`` link would make the
+    open below empty and overwrite whatever file it points at."""
+    import errno
+
+    from rapidfire_nb.engine.events import _open_nofollow
+
+    try:
+        return _open_nofollow(path, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise FolderNotWritable(
+                f"cannot open {path} for writing ({exc.strerror}): the experiment folder is "
+                "read-only here, so it cannot be trained in or resumed. To read its results, plots "
+                f"and reports, open it read-only: Experiment.open({str(path.parent)!r})") from None
+        raise
 
 
 def _lock_fd(fd: int) -> None:

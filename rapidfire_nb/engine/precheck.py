@@ -128,7 +128,7 @@ def _tokenize(text: str, where: str, tokenizer) -> None:
 def check_before_training(specs, bases_for, train_dataset, eval_dataset, cache: dict | None = None) -> None:
     """Every check above, for every run; ``bases_for(spec)`` gives the loaded base (model,
     tokenizer). Raises the first ``ConfigError``, naming the run."""
-    from rapidfire_nb import automl
+    from rapidfire_nb.engine.genconfig import check_generation_settings
 
     done_rows: set = set()
     for i, spec in enumerate(specs, start=1):
@@ -136,7 +136,7 @@ def check_before_training(specs, bases_for, train_dataset, eval_dataset, cache: 
         try:
             check_target_modules(spec, model)
             if spec.generation_config:
-                automl._check_generation_config(dict(spec.generation_config))
+                check_generation_settings(dict(spec.generation_config))
             key = (spec.base_key(), id(spec.formatting_func))
             if key not in done_rows:
                 done_rows.add(key)

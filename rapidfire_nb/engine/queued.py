@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rapidfire_nb.engine import ops as rules
 from rapidfire_nb.engine import runs as R
 
 
@@ -39,13 +40,8 @@ def project(engine, run_id: int) -> ProjectedRun | None:
         for op in list(engine.queued_ops):
             if op.kind == "clone" and op.new_run_id == run_id and view is None:
                 view = ProjectedRun(run_id, R.PENDING, op.spec, queued_clone=op)
-            elif view is not None and op.run_id == run_id:
-                if op.kind == "stop" and view.status in R.ACTIVE:
-                    view.status = R.STOPPED
-                elif op.kind == "resume" and view.status == R.STOPPED:
-                    view.status = R.PENDING
-                elif op.kind == "delete":
-                    view.status = R.DELETED
+            elif view is not None and op.run_id == run_id and op.kind in rules.OPS:
+                view.status = rules.leaves(op.kind, view.status)
         return view
 
 

@@ -86,7 +86,7 @@ _RECORD_TYPES: dict[str, tuple] = {
 def check_runs_json(data: Any, path) -> dict[int, dict]:
     """runs.json as ``{run_id: record}``, or a ``MetadataError`` naming the file, the run and
     what is wrong (an unknown status would leave a run that silently never trains)."""
-    from rapidfire_nb.engine.store import MetadataError
+    from rapidfire_nb.errors import MetadataError
 
     if not isinstance(data, dict):
         kind = "array" if isinstance(data, list) else type(data).__name__

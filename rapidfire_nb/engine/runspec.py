@@ -91,9 +91,9 @@ class RunSpec:
             "training_args": _jsonable(self.training_args),
             "peft_config": _jsonable(self.peft_config),
             "generation_config": _jsonable(self.generation_config),
-            "formatting_func": _callable_name(self.formatting_func),
-            "compute_metrics": _callable_name(self.compute_metrics),
-            "reward_funcs": [_callable_name(f) for f in self.reward_funcs or []] or None,
+            "formatting_func": callable_name(self.formatting_func),
+            "compute_metrics": callable_name(self.compute_metrics),
+            "reward_funcs": [callable_name(f) for f in self.reward_funcs or []] or None,
         }
 
     def seed_fingerprint(self) -> str:
@@ -113,7 +113,19 @@ class RunSpec:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _callable_name(fn: Any) -> str | None:
+def model_identity(spec: RunSpec) -> dict:
+    """What ``create_model`` loads for a run, and how: model and reference model names, types
+    and kwargs (``trust_remote_code`` lives there) and the tokenizer's kwargs. On resume this
+    comes from ``run_fit``'s arguments only, never from a folder (``recovery.plan_restore``)."""
+    return {"model_name": spec.model_name, "model_type": spec.model_type,
+            "model_kwargs": _jsonable(spec.model_kwargs),
+            "tokenizer_kwargs": _jsonable(spec.tokenizer_kwargs),
+            "ref_model_name": spec.ref_model_name, "ref_model_type": spec.ref_model_type,
+            "ref_model_kwargs": _jsonable(spec.ref_model_kwargs)}
+
+
+def callable_name(fn: Any) -> str | None:
+    """The name a function is recorded under (its qualified name); None for None."""
     if fn is None:
         return None
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)

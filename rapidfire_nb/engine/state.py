@@ -1,6 +1,6 @@
 """The one reducer: the event log folded into a run table.
 
-Every reader of run state goes through here: crash recovery (``Experiment._restore_runs``),
+Every reader of run state goes through here: crash recovery (``recovery.restore_runs``),
 ``get_runs_info`` / ``get_results`` / ``get_timeline``, the panel's snapshot and traceback
 requests, the trackers (``tracking/hub.py``), the CLI demo and ``rapidfire bench``. The panel's
 front end mirrors the same fold in ``js/src/state.ts``; both are checked against the same
@@ -400,6 +400,88 @@ def check_event(event: Any, schema: dict) -> list[str]:
         elif "enum" in field and value not in field["enum"]:
             problems.append(f"{event['type']}.{name}: {value!r} is not one of {field['enum']}")
     return problems
+
+
+# -- automl.json -------------------------------------------------------------------------------
+
+_DECISION = {"run_id": "int", "rung": "int", "rank": "int", "of": "int", "reason": "string"}
+
+
+def check_automl_state(data: Any, path: Any) -> dict | None:
+    """``automl.json`` (the pruning driver's state, rapidfire_nb/tuning.py) checked field by
+    field: a ``MetadataError`` naming the file and the field, or the data (None: no file)."""
+    from rapidfire_nb.errors import MetadataError
+
+    if data is None:
+        return None
+
+    def bad(field: str, why: str):
+        raise MetadataError(f"{path}: field {field!r} {why}; it was left as it is")
+
+    def decision(field: str, d: Any) -> None:
+        if not isinstance(d, dict) or set(d) != set(_DECISION):
+            bad(field, f"must be an object with exactly {', '.join(_DECISION)}")
+        for key, kind in _DECISION.items():
+            if not _TYPE_CHECKS[kind](d[key]) or (kind == "int" and d[key] < (key == "run_id")):
+                bad(f"{field}.{key}", f"is {d[key]!r:.40}, not a {'run id' if key == 'run_id' else kind}")
+
+    def run_keyed(field: str, obj: Any, check) -> None:
+        if obj is None:
+            return
+        if not isinstance(obj, dict):
+            bad(field, "must be an object of run id -> value")
+        for key, value in obj.items():
+            if not (key.isdigit() and int(key) >= 1):
+                bad(f"{field}.{key}", "is not a run id (a positive integer)")
+            check(f"{field}.{key}", value)
+
+    def count(field: str, v: Any) -> None:
+        if not _is_int(v) or v < 0:
+            bad(field, f"is {v!r:.40}, not a count (an integer >= 0)")
+
+    if _deeper_than(data, 12):
+        bad("(file)", "is nested too deeply")
+    for field in ("suggestions", "pruned", "dismissed"):
+        run_keyed(field, data.get(field), decision)
+    run_keyed("seen", data.get("seen"), count)
+    if data.get("objective_error") is not None and not isinstance(data["objective_error"], str):
+        bad("objective_error", "must be a string or null")
+    policy = data.get("policy")
+    if policy is not None:
+        if not isinstance(policy, dict) or not isinstance(policy.get("members"), list) \
+                or not isinstance(policy.get("decided"), list) or not _is_int(policy.get("added")):
+            bad("policy", "must be an object with 'added' (int), 'members' and 'decided' (arrays)")
+        for i, m in enumerate(policy["members"]):
+            where = f"policy.members[{i}]"
+            if not isinstance(m, dict):
+                bad(where, "is not an object")
+            for key, kind in (("run_id", "int"), ("chunks", "int"), ("live", "bool"),
+                              ("finished", "bool"), ("values", "object")):
+                if key not in m or not _TYPE_CHECKS[kind](m[key]):
+                    bad(f"{where}.{key}", f"is missing or not {kind}")
+            count(f"{where}.chunks", m["chunks"])
+            for k, v in m["values"].items():
+                if not k.isdigit() or (v is not None and _num(v) is None):
+                    bad(f"{where}.values.{k}", "must map a rung to a finite number or null")
+            if m.get("pruned") is not None:
+                decision(f"{where}.pruned", m["pruned"])
+        for i, d in enumerate(policy["decided"]):
+            if not (isinstance(d, list) and len(d) == 2 and isinstance(d[1], list)
+                    and all(_is_int(r) for r in d[1])
+                    and (d[0] is None or isinstance(d[0], (str, int)))):
+                bad(f"policy.decided[{i}]", "must be [bracket, [run ids]]")
+    return data
+
+
+def _deeper_than(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        if children and depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
 
 
 # -- an incrementally folded log ---------------------------------------------------------------

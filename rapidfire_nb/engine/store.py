@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from rapidfire_nb.engine.fsio import TMP_MARK as _TMP_MARK
 from rapidfire_nb.engine.fsio import atomic_write_bytes
-from rapidfire_nb.errors import RapidFireError
+from rapidfire_nb.errors import MetadataError, RapidFireError  # noqa: F401 -- read from here too
 
 # Atomic writes live in engine/fsio.py (the one writer of the package); the store cleans up the
 # temporary files (".<name>.tmp-<pid>-<thread id>") a crash can leave behind.
@@ -78,16 +78,14 @@ def durable_write_failure(events, last_seq: int, runs_saved: bool, runs_error: O
         + ". The checkpoint is intact; free disk space, then continue with Experiment(..., resume=True)")
 
 
-class MetadataError(RapidFireError):
-    """experiment.json or runs.json is damaged; the message names the file and what is wrong."""
-
-
 def read_json(path: Path, default: Any = None, expect: type | None = None) -> Any:
     """A JSON file's content (``default`` when it does not exist). A file that is not UTF-8, not
     JSON, or (with ``expect``) not of that JSON type raises ``MetadataError`` naming it."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        from rapidfire_nb.engine.events import read_nofollow
+
+        raw = read_nofollow(path)
     except FileNotFoundError:
         return default
     try:
@@ -99,6 +97,10 @@ def read_json(path: Path, default: Any = None, expect: type | None = None) -> An
     except json.JSONDecodeError as exc:
         raise MetadataError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column "
                             f"{exc.colno}; it was left as it is") from None
+    except (ValueError, RecursionError) as exc:
+        # an integer of thousands of digits, or arrays nested thousands deep
+        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise MetadataError(f"{path} is not readable JSON ({what}); it was left as it is") from None
     if expect is not None and not isinstance(obj, expect):
         names = {dict: "an object", list: "an array"}
         raise MetadataError(f"{path} holds a JSON {_json_kind(obj)} where {names.get(expect, expect.__name__)} "
@@ -124,6 +126,36 @@ def check_experiment_meta(meta: Any, path: Path) -> dict:
     if isinstance(meta.get("runs"), list) and not all(isinstance(r, str) for r in meta["runs"]):
         raise MetadataError(f"{path}: 'runs' must be a list of run fingerprints (strings)")
     return meta
+
+
+def refuse_links(root: Path) -> None:
+    """Refuse an experiment folder that is, or holds, a symbolic link (``FolderLinkError`` naming
+    it): a link in a shared or downloaded folder would let the engine read, or write over, a file
+    outside the folder. Checked before anything of the folder is read or written."""
+    from rapidfire_nb.engine.events import FolderLinkError
+
+    root = Path(root)
+    found = None
+    if root.is_symlink():
+        found = root
+    elif root.is_dir():
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            for name in dirnames + filenames:
+                p = Path(dirpath) / name
+                if p.is_symlink():
+                    found = p
+                    break
+            if found is not None:
+                break
+    if found is not None:
+        try:
+            target = os.readlink(found)
+        except OSError:
+            target = "?"
+        raise FolderLinkError(
+            f"{found} is a symbolic link (to {target!r}); an experiment folder may not hold links, "
+            "since following one could read or overwrite a file outside the folder. Replace it "
+            "with the file itself (or remove it); nothing was changed")
 
 
 class ExperimentStore:

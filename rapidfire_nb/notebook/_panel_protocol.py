@@ -13,9 +13,14 @@ Front-end -> Python messages (every one may carry an optional ``request_id``, ec
 
 Python -> front-end messages:
 
-- ``{"type": "events", "events": [...], "last_seq": int}``    pushed by the publisher thread
+- ``{"type": "events", "events": [...], "last_seq": int, "queued": [[op, run_id], ...]}``
+  pushed by the publisher thread
 - ``{"type": "reply", "request_id": ..., "ok": bool, "error": str|None, ...}``; a pull reply adds
-  ``events``, ``last_seq``, ``more``; a clone ``new_run_id``; traceback ``traceback``; editable ``knobs``.
+  ``events``, ``last_seq``, ``more``, ``on_device``, ``queued``; a stop / resume / delete reply
+  ``queued``; a clone ``new_run_id``; traceback ``traceback``; editable ``knobs``.
+- ``queued`` (also in the ``snapshot`` trait): the stop / resume / delete ops accepted but not
+  applied yet, in queue order (they apply at the run's next chunk boundary); left out when the
+  engine's lock was busy.
 
 Everything from the front end is data: it is checked field by field against the schema below
 (types, allowed keys, sizes) and never evaluated.
@@ -29,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapidfire_nb.engine.state import is_pruned_text
+from rapidfire_nb.engine import is_pruned_text
 
 PROTOCOL_VERSION = 1
 

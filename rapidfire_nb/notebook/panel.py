@@ -34,7 +34,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from rapidfire_nb.engine.state import LiveTable, get_run
+from rapidfire_nb.engine import LiveTable, get_run
 from rapidfire_nb.errors import RapidFireError
 from rapidfire_nb.notebook import _panel_protocol as proto
 
@@ -136,7 +136,26 @@ class Panel(anywidget.AnyWidget):
             "last_seq": last_seq,
             "runs": {str(k): v for k, v in statuses.items()},
             "on_device": self._on_device(),
+            "queued": self._queued(),
         }
+
+    def _queued(self) -> list[list] | None:
+        """The stop / resume / delete ops accepted but not applied yet, as ``[[op, run_id], ...]``
+        in queue order, so a row can say "stopping…" until the run's next chunk boundary. Read
+        from the engine's own op queue; None when the engine is busy holding its lock (the view
+        keeps what it last had)."""
+        engine = getattr(self._exp, "engine", None)
+        lock = getattr(engine, "lock", None)
+        if engine is None or lock is None or not hasattr(engine, "queued_ops"):
+            return []
+        if not lock.acquire(timeout=0.2):
+            return None
+        try:
+            ops = list(engine.queued_ops)
+        finally:
+            lock.release()
+        return [[op.kind, op.run_id] for op in ops
+                if op.kind in ("stop", "resume", "delete") and isinstance(op.run_id, int)]
 
     def _on_device(self) -> int | None:
         """The run whose adapter is on the device now (the engine's own record), so the view's
@@ -157,6 +176,22 @@ class Panel(anywidget.AnyWidget):
         detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs yet"
         return f"<rapidfire panel: {getattr(self._exp, 'name', '?')} ({detail})>"
 
+    def _repr_mimebundle_(self, **kwargs: Any):
+        """The widget view plus a static ``text/html`` copy of the run table: front ends with a
+        live kernel render the widget, a saved notebook on GitHub or nbviewer shows the table."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict):
+            try:
+                from rapidfire_nb.report import fallback_html, snapshot
+
+                table = self._table.read(snapshot)
+                table["experiment"] = table["experiment"] or str(getattr(self._exp, "name", ""))
+                data["text/html"] = fallback_html(table)
+            except Exception:   # the live view matters more than its static copy
+                log.debug("rapidfire panel: no static fallback", exc_info=True)
+        return bundle
+
     # -- Python -> view ------------------------------------------------------------------------
 
     def _send_custom(self, content: dict) -> None:
@@ -166,7 +201,11 @@ class Panel(anywidget.AnyWidget):
             self.send(content)
 
     def _push(self, events: list[dict]) -> None:
-        self._send_custom({"type": "events", "events": events, "last_seq": self._events.last_seq})
+        message = {"type": "events", "events": events, "last_seq": self._events.last_seq}
+        queued = self._queued()
+        if queued is not None:
+            message["queued"] = queued
+        self._send_custom(message)
 
     # -- view -> Python ------------------------------------------------------------------------
 
@@ -212,8 +251,9 @@ class Panel(anywidget.AnyWidget):
         if req.type == "pull":
             pending = self._events.since(req.since, limit=proto.MAX_BATCH_EVENTS + 1)
             events, more = proto.batch_events(pending)
+            extra = {} if (queued := self._queued()) is None else {"queued": queued}
             return proto.reply(rid, True, events=events, last_seq=self._events.last_seq, more=more,
-                               on_device=self._on_device())
+                               on_device=self._on_device(), **extra)
         if req.type == "traceback":
             return self._traceback(req)
         if req.type == "editable":
@@ -232,7 +272,9 @@ class Panel(anywidget.AnyWidget):
             answer([req.run_id])
             return proto.reply(rid, True, run_id=req.run_id, op=req.op)
         getattr(self._exp, req.op)(req.run_id)
-        return proto.reply(rid, True, run_id=req.run_id, op=req.op)
+        # The op is queued now: the reply carries the queue, so the row says "stopping…" at once.
+        extra = {} if (queued := self._queued()) is None else {"queued": queued}
+        return proto.reply(rid, True, run_id=req.run_id, op=req.op, **extra)
 
     def _traceback(self, req: proto.Request) -> dict:
         def lookup(table: dict):

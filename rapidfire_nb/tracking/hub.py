@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterable
 
-from ..engine.events import EventLog
-from ..engine.fsio import atomic_write_json
-from ..engine.state import get_run, metric_x, new_table, reduce
+from ..engine import EventLog, atomic_write_json, get_run, metric_x, new_table, reduce
 from .base import RunState, Tracker, TrackerContext, metric_tag, numeric, run_params
 
 STATE_DIR = "tracking"

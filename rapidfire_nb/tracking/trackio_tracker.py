@@ -6,7 +6,11 @@ for it). So: a ``TRACKIO_DIR`` you set wins; otherwise, if this process has not 
 yet, ``TRACKIO_DIR`` names ``<experiment>/trackio`` for the length of that import only (the
 variable is removed right after, so the user's environment and subprocesses never see it);
 otherwise trackio's own directory is used (the tracker's ``state["trackio_dir"]`` says which). View it with
-``TRACKIO_DIR=<that dir> trackio show --project <experiment name>``.
+``TRACKIO_DIR=<that dir> trackio show --project <experiment name>``: the Experiment prints that
+command once when Trackio is on (RapidFire's tutorial runs ``trackio show --project <name>``,
+which without ``TRACKIO_DIR`` looks in Trackio's default directory and shows nothing), and keeps it
+as ``Experiment.trackio_command``. In the same Python process ``trackio.show(project=...)`` needs
+nothing more: trackio was imported with the directory already set.
 
 The project is the experiment's name, runs are ``run <id>`` as in the panel (``run_<id>`` in a
 Trackio project written before that naming: Trackio knows a run by its name, so a resumed
@@ -33,6 +37,28 @@ from pathlib import Path
 from .base import RunState, Tracker, TrackerContext, legacy_run_name, run_name
 
 _LEVEL = {"failed": "error", "stopped": "warn", "deleted": "warn"}
+
+
+def trackio_dir_for(experiment_path) -> str:
+    """The directory the tracker will write to (the rule in this module's docstring)."""
+    if os.environ.get("TRACKIO_DIR"):
+        return os.environ["TRACKIO_DIR"]
+    if "trackio" in sys.modules:
+        from trackio import utils
+
+        return str(utils.TRACKIO_DIR)
+    return str(Path(experiment_path).resolve() / "trackio")
+
+
+def show_command(experiment_path, project: str) -> str | None:
+    """The shell command that shows this experiment in Trackio's dashboard, or None when the
+    plain ``trackio show --project <name>`` (RapidFire's tutorial) already finds it."""
+    import shlex
+
+    where = trackio_dir_for(experiment_path)
+    if os.environ.get("TRACKIO_DIR") == where:
+        return None    # the user's own TRACKIO_DIR: their shell has it too
+    return f"TRACKIO_DIR={shlex.quote(where)} trackio show --project {shlex.quote(project)}"
 
 
 class TrackioTracker(Tracker):

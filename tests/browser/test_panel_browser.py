@@ -9,13 +9,10 @@ is checked against the experiment's event log on disk. Screenshots go to test-ou
 
 from __future__ import annotations
 
-from browser_wait import waiter
+from browser_helpers import experiment_events, row_status, run_first_cell, trace_points, waiter, write_notebook
 
-import json
-import time
 from pathlib import Path
 
-import nbformat
 import pytest
 
 OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "browser"
@@ -42,106 +39,49 @@ exp.run_fit(RFGridSearch(config, trainer_type="SFT"), tiny_create_model, train, 
 """
 
 
-def _write_notebook(root: Path, name: str = EXPERIMENT, filename: str = "panel_demo.ipynb",
-                    code: str = NOTEBOOK_CODE) -> Path:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(code.replace("{name}", name))]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = root / filename
-    nbformat.write(nb, path)
-    return path
-
-
-def _events(root: Path, name: str = EXPERIMENT) -> list[dict]:
-    path = root / "experiments" / name / "events.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line being written
-    return out
-
-
 def _all_done(root: Path) -> bool:
     status = {}
-    for e in _events(root):
+    for e in experiment_events(root, EXPERIMENT):
         if e["type"] == "run_status":
             status[e["run_id"]] = e["status"]
     return bool(status) and all(s not in ("pending", "running") for s in status.values())
 
 
-def _trace_points(page, chart: str) -> dict[str, int]:
-    """Points per curve (by run name) that one of the panel's charts drew last (its canvas's
-    inspection hook, js/src/canvaschart.ts)."""
-    return page.evaluate(
-        """(chart) => {
-            const div = document.querySelector(`[data-testid=rf-chart-${chart}]`);
-            const out = {};
-            for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[t.name] = t.x.length;
-            return out;
-        }""",
-        chart,
-    )
-
-
-def _row_status(page, run_id: int) -> str | None:
-    loc = page.locator(f'[data-testid=rf-runs] tr[data-run-id="{run_id}"]')
-    return loc.get_attribute("data-status") if loc.count() else None
-
-
 _wait = waiter("timeout.png", full_page=True)
 
 
-def _run_first_cell(page) -> None:
-    """Shift+Enter in the first cell; a keypress that lands before the editor has focus is lost,
-    so check that execution started (the prompt shows [*] or a count) and try again if not."""
-    prompt = page.locator(".jp-Cell .jp-InputPrompt").first
-    for _ in range(3):
-        page.locator(".jp-Cell .jp-InputArea-editor").first.click()
-        page.keyboard.press("Shift+Enter")
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if "[*]" in prompt.inner_text() or any(ch.isdigit() for ch in prompt.inner_text()):
-                return
-            time.sleep(0.25)
-    raise AssertionError("the notebook cell did not start executing")
-
-
 def test_panel_in_jupyterlab(lab, page):
-    _write_notebook(lab.root)
+    write_notebook(lab.root, EXPERIMENT, "panel_demo.ipynb", NOTEBOOK_CODE)
     page.goto(f"{lab.url}/lab/tree/panel_demo.ipynb?token={lab.token}")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-    _run_first_cell(page)
+    run_first_cell(page)
 
     # --- the panel appears and the curves grow ------------------------------------------------
     panel = page.locator("[data-testid=rf-panel]")
     panel.wait_for(timeout=180_000)
-    points = _wait(lambda: (lambda p: p if len(p) >= 2 and min(p.values()) >= 2 else None)(_trace_points(page, "train")),
+    points = _wait(lambda: (lambda p: p if len(p) >= 2 and min(p.values()) >= 2 else None)(trace_points(page, "train")),
                    240, "train curves of two runs", page)
     page.screenshot(path=str(OUTPUT / "01_curves.png"), full_page=True)
     before = sum(points.values())
-    _wait(lambda: sum(_trace_points(page, "train").values()) > before + 4, 120, "the curves to grow", page)
+    _wait(lambda: sum(trace_points(page, "train").values()) > before + 4, 120, "the curves to grow", page)
     assert page.locator("[data-testid=rf-runs] tr[data-run-id]").count() == 3
     assert "Traceback" not in page.locator(".jp-OutputArea-output").first.inner_text()
 
     # --- Stop run 1: it stops, the others go on ------------------------------------------------
-    _wait(lambda: _row_status(page, 1) in ("running", "pending"), 60, "run 1 to be active", page)
+    _wait(lambda: row_status(page, 1) in ("running", "pending"), 60, "run 1 to be active", page)
     stop = page.locator('[data-testid=rf-runs] tr[data-run-id="1"] button[data-op="stop"]')
     assert stop.is_enabled()
     stop.click()
-    _wait(lambda: _row_status(page, 1) == "stopped", 180, "run 1 to show as stopped", page)
+    _wait(lambda: row_status(page, 1) == "stopped", 180, "run 1 to show as stopped", page)
     page.screenshot(path=str(OUTPUT / "02_stopped.png"), full_page=True)
     assert page.locator('[data-testid=rf-runs] tr[data-run-id="1"] button[data-op="stop"]').is_disabled()
     assert page.locator('[data-testid=rf-runs] tr[data-run-id="1"] button[data-op="resume"]').is_enabled()
-    stopped_points = _trace_points(page, "train")
+    stopped_points = trace_points(page, "train")
     others_before = {k: v for k, v in stopped_points.items() if k != "run 1"}
-    _wait(lambda: any(_trace_points(page, "train").get(k, 0) > v + 2 for k, v in others_before.items()),
+    _wait(lambda: any(trace_points(page, "train").get(k, 0) > v + 2 for k, v in others_before.items()),
           180, "other runs to keep training after run 1 stopped", page)
-    assert _trace_points(page, "train")["run 1"] == stopped_points["run 1"]
-    events = _events(lab.root)
+    assert trace_points(page, "train")["run 1"] == stopped_points["run 1"]
+    events = experiment_events(lab.root, EXPERIMENT)
     stop_seq = next(e["seq"] for e in events
                     if e["type"] == "run_status" and e["run_id"] == 1 and e["status"] == "stopped")
     later = [e for e in events if e["seq"] > stop_seq and e["type"] == "metric"]
@@ -154,7 +94,7 @@ def test_panel_in_jupyterlab(lab, page):
     lr = editor.locator('input[data-knob="training_args.learning_rate"]')
     lr.wait_for(timeout=60_000)
     assert float(lr.input_value()) == pytest.approx(1e-3)
-    runs_before = {e["run_id"] for e in _events(lab.root) if e["type"] == "run_created"}
+    runs_before = {e["run_id"] for e in experiment_events(lab.root, EXPERIMENT) if e["type"] == "run_created"}
 
     lr.fill("fast")  # not a number: refused in the editor, nothing sent
     field_error = editor.locator('[data-error-for="training_args.learning_rate"]')
@@ -164,17 +104,17 @@ def test_panel_in_jupyterlab(lab, page):
           and "learning_rate" in editor.locator("[data-testid=rf-clone-status]").inner_text(),
           60, "a validation error naming learning_rate", page)
     page.screenshot(path=str(OUTPUT / "03_clone_invalid.png"), full_page=True)
-    assert {e["run_id"] for e in _events(lab.root) if e["type"] == "run_created"} == runs_before
+    assert {e["run_id"] for e in experiment_events(lab.root, EXPERIMENT) if e["type"] == "run_created"} == runs_before
 
     lr.fill(str(NEW_LR))
     # Click at once, as a user does: the edit's debounced validation starts while the click's
-    # create waits for Python. The click must still create the clone (review_panel.md finding 1).
+    # create waits for Python. The click must still create the clone.
     editor.locator("[data-testid=rf-clone-create]").click()
     new_row = page.locator('[data-testid=rf-runs] tr[data-run-id="4"]')
     new_row.wait_for(timeout=120_000)
-    _wait(lambda: _trace_points(page, "train").get("run 4", 0) >= 2, 240, "the clone to train", page)
-    assert new_row.locator("td").nth(1).inner_text() in ("training", "waiting", "completed")
-    created = next(e for e in _events(lab.root) if e["type"] == "run_created" and e["run_id"] == 4)
+    _wait(lambda: trace_points(page, "train").get("run 4", 0) >= 2, 240, "the clone to train", page)
+    assert new_row.locator("[data-testid=rf-status]").inner_text() in ("running", "pending", "completed")
+    created = next(e for e in experiment_events(lab.root, EXPERIMENT) if e["type"] == "run_created" and e["run_id"] == 4)
     assert created["parent_run_id"] == 2 and created["warm_start"] is False
     assert created["config"]["training_args"]["learning_rate"] == pytest.approx(NEW_LR)
     panel.scroll_into_view_if_needed()
@@ -196,7 +136,7 @@ def test_panel_in_jupyterlab(lab, page):
     late.wait_for(timeout=120_000)
     _wait(lambda: late.locator("[data-testid=rf-runs] tr[data-run-id]").count() == 4, 120,
           "the late view to list all four runs", page)
-    first_panel_points = _trace_points(page, "train")
+    first_panel_points = trace_points(page, "train")
 
     def late_points():
         return page.evaluate(
@@ -228,29 +168,29 @@ def test_panel_in_notebook_7(lab, page):
     for kernel in lab.api("/api/kernels") or []:   # the JupyterLab test's kernel: free the cores
         lab.api(f"/api/kernels/{kernel['id']}", method="DELETE")
     code = NOTEBOOK_CODE.replace("make_demo_datasets(192, 16)", "make_demo_datasets(96, 16)")
-    _write_notebook(lab.root, NB7_EXPERIMENT, "panel_nb7.ipynb", code)
+    write_notebook(lab.root, NB7_EXPERIMENT, "panel_nb7.ipynb", code)
     page.goto(f"{lab.url}/notebooks/panel_nb7.ipynb?token={lab.token}")
     page.locator(".jp-Cell .jp-InputArea-editor").first.wait_for(timeout=120_000)
     assert page.locator("#jp-top-panel, .jp-NotebookPanel").count() > 0
     # Notebook 7 itself may report a page error while it loads (seen: a settings-schema lookup
     # in its own bundle, before any kernel exists); the panel's page errors come after this mark
     mark = len(page.console_log)
-    _run_first_cell(page)
+    run_first_cell(page)
 
     panel = page.locator("[data-testid=rf-panel]")
     panel.wait_for(timeout=180_000)
-    _wait(lambda: (lambda p: p if len(p) >= 2 and min(p.values()) >= 2 else None)(_trace_points(page, "train")),
+    _wait(lambda: (lambda p: p if len(p) >= 2 and min(p.values()) >= 2 else None)(trace_points(page, "train")),
           240, "train curves of two runs in Notebook 7", page)
     assert page.locator("[data-testid=rf-runs] tr[data-run-id]").count() == 3
 
-    _wait(lambda: _row_status(page, 1) in ("running", "pending"), 60, "run 1 to be active", page)
+    _wait(lambda: row_status(page, 1) in ("running", "pending"), 60, "run 1 to be active", page)
     page.locator('[data-testid=rf-runs] tr[data-run-id="1"] button[data-op="stop"]').click()
-    _wait(lambda: _row_status(page, 1) == "stopped", 180, "run 1 to show as stopped", page)
-    stopped = _trace_points(page, "train")
-    _wait(lambda: any(_trace_points(page, "train").get(k, 0) > v for k, v in stopped.items() if k != "run 1")
+    _wait(lambda: row_status(page, 1) == "stopped", 180, "run 1 to show as stopped", page)
+    stopped = trace_points(page, "train")
+    _wait(lambda: any(trace_points(page, "train").get(k, 0) > v for k, v in stopped.items() if k != "run 1")
           or _all_done_in(lab.root, NB7_EXPERIMENT), 180, "other runs to keep training", page)
-    assert _trace_points(page, "train")["run 1"] == stopped["run 1"]
-    events = _events(lab.root, NB7_EXPERIMENT)
+    assert trace_points(page, "train")["run 1"] == stopped["run 1"]
+    events = experiment_events(lab.root, NB7_EXPERIMENT)
     assert any(e["type"] == "op" and e["op"] == "stop" and e["run_id"] == 1 and e["accepted"] for e in events)
     stop_seq = next(e["seq"] for e in events
                     if e["type"] == "run_status" and e["run_id"] == 1 and e["status"] == "stopped")
@@ -262,7 +202,7 @@ def test_panel_in_notebook_7(lab, page):
 
 def _all_done_in(root: Path, name: str) -> bool:
     status = {}
-    for e in _events(root, name):
+    for e in experiment_events(root, name):
         if e["type"] == "run_status":
             status[e["run_id"]] = e["status"]
     return bool(status) and all(s not in ("pending", "running") for s in status.values())

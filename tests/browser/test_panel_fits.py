@@ -10,7 +10,7 @@ invalid. Measured widths go to test-output/browser/fit_1280.json, screenshots be
 
 from __future__ import annotations
 
-from browser_wait import waiter
+from browser_helpers import waiter
 
 import json
 from pathlib import Path
@@ -61,6 +61,7 @@ MEASURE = """() => {
       status: tr.querySelector('[data-testid=rf-status]'),
       stop: tr.querySelector('button[data-op=stop]'),
       clone: tr.querySelector('button[data-op=clone]'),
+      eval: tr.querySelector('[data-testid=rf-eval-cell]'),
     };
     const out = {run: tr.dataset.runId};
     for (const [k, el] of Object.entries(parts)) {
@@ -127,7 +128,7 @@ def test_run_table_fits_at_1280_with_file_browser(lab, browser):
         assert m["tableScrollWidth"] <= m["wrapClientWidth"] + 1, (
             f"run table {m['tableScrollWidth']} px wide in a {m['wrapClientWidth']} px box")
         for row in m["rows"]:
-            for part in ("id", "status", "stop", "clone"):
+            for part in ("id", "status", "stop", "clone", "eval"):
                 assert row[part]["inView"], f"run {row['run']}: {part} out of view {row[part]} ({m['visibleLeft']}..{m['visibleRight']})"
 
         # --- the clone form: in view, varying knobs first, readable labels, Create gated -------

@@ -27,7 +27,7 @@ run, a second view's cleanup, and the keyboard (Tab, Escape, 0) and screen-reade
 
 from __future__ import annotations
 
-from browser_wait import waiter
+from browser_helpers import waiter
 
 import json
 import re
@@ -43,7 +43,7 @@ OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "browser"
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-# js/src/state.ts: a chart draws POINT_BUDGET points in all, at most MAX_TRACE_POINTS a trace.
+# js/src/chartplan.ts: a chart draws POINT_BUDGET points in all, at most MAX_TRACE_POINTS a trace.
 POINT_BUDGET, MAX_TRACE_POINTS = 9600, 1000
 UPDATES = 12
 
@@ -345,18 +345,7 @@ def test_panel_at_48_runs_and_10000_steps(lab, browser):
         page.mouse.move(5, 5)
 
         # Every Stop button can be reached: scrolled to, it is the element under the pointer.
-        reach = panel.evaluate("""async (el) => {
-            const out = [];
-            for (const tr of el.querySelectorAll('[data-testid=rf-runs] tbody tr[data-run-id]')) {
-                const b = tr.querySelector('button[data-op=stop]');
-                b.scrollIntoView({block: 'center'});
-                await new Promise((r) => requestAnimationFrame(r));
-                const r = b.getBoundingClientRect();
-                const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
-                out.push({run: +tr.dataset.runId, hit: hit === b || b.contains(hit), enabled: !b.disabled});
-            }
-            return out;
-        }""")
+        reach = panel.evaluate(REACH_STOPS)
         assert len(reach) == 48
         assert all(r["hit"] for r in reach), [r for r in reach if not r["hit"]]
         assert {r["run"] for r in reach if r["enabled"]} == set(range(1, 44)) | {48}, reach
@@ -492,13 +481,21 @@ EVAL_DOT = """(el) => {
 REACH_STOPS = """async (el) => {
     const out = [];
     for (const tr of el.querySelectorAll('[data-testid=rf-runs] tbody tr[data-run-id]')) {
-        const b = tr.querySelector('button[data-op=stop]');
-        b.scrollIntoView({block: 'center'});
-        await new Promise((r) => requestAnimationFrame(r));
-        const r = b.getBoundingClientRect();
-        const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
-        out.push({run: +tr.dataset.runId, hit: hit === b || b.contains(hit), enabled: !b.disabled,
-                  status: tr.dataset.status});
+        // a status update may redraw or move rows between the scroll and the probe: a few tries,
+        // and what counts is that the point lands on this run's Stop, and the state it then shows
+        let got = null, same = false, status = null;
+        for (let attempt = 0; attempt < 5 && !same; attempt++) {
+            const b = tr.querySelector('button[data-op=stop]');
+            b.scrollIntoView({block: 'center'});
+            await new Promise((r) => requestAnimationFrame(r));
+            const r = b.getBoundingClientRect();
+            const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+            got = hit && hit.closest('button[data-op=stop]');
+            const row = got && got.closest('tr[data-run-id]');
+            same = !!row && row.dataset.runId === tr.dataset.runId;
+            status = tr.dataset.status;   // read with the button's state, in the same task
+        }
+        out.push({run: +tr.dataset.runId, hit: same, enabled: same && !got.disabled, status});
     }
     return out;
 }"""
@@ -543,6 +540,16 @@ def test_panel_with_48_real_tiny_model_runs(lab, browser):
               "48 rows", page, interval=1)
         created = [e for e in _real_events(lab.root) if e["type"] == "run_created"]
         assert len(created) == 48 and len({json.dumps(e["knobs"], sort_keys=True) for e in created}) == 48
+
+        # The rows' buttons are the same DOM nodes before and after the first eval value names the
+        # eval column: a rebuilt row would swap the button under a pointer between press and release.
+        panel.evaluate("""(el) => { window.__rfStops = [...el.querySelectorAll('button[data-op=stop]')]; }""")
+        _wait(lambda: any(e["type"] == "metric" and e.get("split") == "eval" for e in _real_events(lab.root)),
+              300, "the first eval value", page, interval=1)
+        _wait(lambda: panel.locator("[data-testid=rf-latest]").evaluate_all(
+            "(els) => els.some((e) => /\\d/.test(e.textContent))"), 60, "the eval column's first value", page)
+        kept = panel.evaluate("""(el) => window.__rfStops.filter((b) => el.contains(b)).length""")
+        assert kept == 48, f"{48 - kept} Stop buttons were replaced when the eval column got its first value"
 
         # Stop run 48 (still waiting for its turn) with a real click; the engine logs the op.
         stop48 = panel.locator('tr[data-run-id="48"] button[data-op=stop]')

@@ -10,8 +10,7 @@ are ``op`` events like any other.
 
 from __future__ import annotations
 
-from browser_wait import waiter
-from test_panel_browser import _events, _row_status, _run_first_cell, _trace_points, _write_notebook
+from browser_helpers import experiment_events, row_status, run_first_cell, trace_points, waiter, write_notebook
 
 from pathlib import Path
 
@@ -54,18 +53,18 @@ def _open_questions(page) -> list[int]:
 def test_confirm_and_ignore_suggestions_from_the_panel(lab, page):
     for kernel in lab.api("/api/kernels") or []:   # another test's kernel: free the cores
         lab.api(f"/api/kernels/{kernel['id']}", method="DELETE")
-    _write_notebook(lab.root, EXPERIMENT, "suggest.ipynb", CODE)
+    write_notebook(lab.root, EXPERIMENT, "suggest.ipynb", CODE)
     # a workspace of its own: another test's notebook, restored hidden, must not take the clicks
     page.goto(f"{lab.url}/lab/workspaces/suggest/tree/suggest.ipynb?reset&token={lab.token}")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-    _run_first_cell(page)
+    run_first_cell(page)
     page.locator("[data-testid=rf-panel]").wait_for(timeout=180_000)
 
     def page_agrees_with_log():
         # the runs keep training while marked, so the next rung may add a mark at any moment:
         # read the page and the log until they agree, then answer the first rung's two marks
         q = _open_questions(page)
-        log = {e["run_id"]: e for e in _events(lab.root, EXPERIMENT) if e["type"] == "pruning_suggested"}
+        log = {e["run_id"]: e for e in experiment_events(lab.root, EXPERIMENT) if e["type"] == "pruning_suggested"}
         return (q, log) if len(q) >= 2 and set(q) == set(log) else None
 
     asked, logged = _wait(page_agrees_with_log, 300, "two rows with a pruning suggestion", page)
@@ -77,7 +76,7 @@ def test_confirm_and_ignore_suggestions_from_the_panel(lab, page):
         assert box.is_visible()
         assert logged[rid]["reason"] in box.inner_text()          # "pruned at chunk 1 (rank r of 4)"
     for rid in first_rung:
-        assert _row_status(page, rid) in ("pending", "running", "completed")   # only marked, not stopped
+        assert row_status(page, rid) in ("pending", "running", "completed")   # only marked, not stopped
     count = page.locator("[data-testid=rf-suggested-count]")
     _wait(lambda: count.inner_text() == f"{len(_open_questions(page))} suggested to stop", 30,
           "the header to count the open marks", page)
@@ -92,7 +91,7 @@ def test_confirm_and_ignore_suggestions_from_the_panel(lab, page):
     _wait(lambda: ignore_id not in _open_questions(page), 120, f"run {ignore_id}'s question to close", page)
     page.screenshot(path=str(OUTPUT / "suggest_02_answered.png"), full_page=True)
 
-    events = _events(lab.root, EXPERIMENT)
+    events = experiment_events(lab.root, EXPERIMENT)
     answers = [(e["op"], e["run_id"], e["accepted"]) for e in events
                if e["type"] == "op" and e["op"] in ("confirm_suggestion", "ignore_suggestion")]
     assert answers == [("confirm_suggestion", confirm_id, True), ("ignore_suggestion", ignore_id, True)]
@@ -101,15 +100,19 @@ def test_confirm_and_ignore_suggestions_from_the_panel(lab, page):
     assert stopped and stopped[-1]["reason"] == logged[confirm_id]["reason"]
     page.locator("[data-testid=rf-group]").click()
     _row(page, confirm_id).wait_for(timeout=30_000)
-    assert _row_status(page, confirm_id) == "stopped"
+    assert row_status(page, confirm_id) == "stopped"
     assert _row(page, confirm_id).locator("[data-testid=rf-status]").inner_text() == "pruned"
     assert _row(page, confirm_id).locator("[data-testid=rf-status]").get_attribute("title") == logged[confirm_id]["reason"]
     assert not _row(page, confirm_id).locator("[data-testid=rf-suggestion]").is_visible()
-    # the ignored run trains on
-    before = _trace_points(page, "train").get(f"run {ignore_id}", 0)
-    _wait(lambda: _trace_points(page, "train").get(f"run {ignore_id}", 0) > before, 240,
-          f"run {ignore_id} to keep training after Ignore", page)
-    assert _row_status(page, ignore_id) in ("pending", "running", "completed")
+    # the ignored run trains on to its last step, like a run that was never marked: waiting for
+    # "one more point" would race a fast machine, where the run may finish before the click lands
+    _wait(lambda: row_status(page, ignore_id) == "completed", 300,
+          f"run {ignore_id} to train to the end after Ignore", page)
+    points = _wait(lambda: (lambda p: p if p.get(f"run {ignore_id}", 0) == max(p.values()) else None)(
+        trace_points(page, "train")), 60, f"run {ignore_id}'s curve to reach the last step", page)
+    assert points[f"run {ignore_id}"] == max(points.values()) > 0, points
+    assert not [e for e in experiment_events(lab.root, EXPERIMENT) if e["type"] == "run_status"
+                and e["run_id"] == ignore_id and e["status"] == "stopped"]
     assert not _row(page, ignore_id).locator("[data-testid=rf-suggestion]").is_visible()
 
     # --- the set-up survives a re-render: hide pruned runs, sort by run id, show the panel again --

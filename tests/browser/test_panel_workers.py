@@ -10,6 +10,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from rapidfire_nb.engine.events import read_events
 from rapidfire_nb.notebook._panel_protocol import PROTOCOL_VERSION, batch_events
 
@@ -18,6 +20,8 @@ _spec = importlib.util.spec_from_file_location("rf_browser_conftest", Path(__fil
 _conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_conftest)
 BUNDLE, ensure_bundle = _conftest.BUNDLE, _conftest.ensure_bundle
+
+pytestmark = pytest.mark.browser   # a real Chromium, though no JupyterLab
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "events"
 ORIGIN = "http://rf-panel.test"

@@ -9,22 +9,39 @@ its ``_metrics``) one optimizer step at a time over the run's deterministic data
 avoids ``Trainer.train()``'s fixed set-up cost per chunk and lets a chunk end on any optimizer
 step. Each trainer type subclasses ``RunTrainer`` in its own module (sft.py, dpo.py, grpo.py).
 
-Private contacts with transformers / accelerate / PEFT made here (used by every trainer type):
-- ``Trainer._get_num_items_in_batch``, ``Trainer._clip_grad_norm``, ``Trainer._prepare_inputs``
-- ``Trainer._metrics`` (TRL's per-mode metric store, drained after every step and evaluation)
-- ``Trainer.current_gradient_accumulation_steps``, ``Trainer.state.global_step`` (set per step)
-- ``Trainer.autocast_smart_context_manager`` replaced per instance (the run owns its autocast)
-- ``Accelerator.gradient_state._set_sync_gradients``, ``Accelerator.optimizer_step_was_skipped``,
-  ``Accelerator.scaler``, ``Accelerator.prepare_optimizer``
-- ``Accelerator._schedulers/_optimizers/_models/_dataloaders`` emptied on close (what
-  ``free_memory`` does, minus its ``gc.collect``)
-- ``Trainer.callback_handler.{model,optimizer,lr_scheduler,...}`` cleared on close
-- ``accelerate.utils.imports._is_package_available`` memoized (``cache_package_probes``)
-- ``torch.nn.Module._parameters`` / ``_buffers`` slots swapped in place to park a run's tensors
-- accelerate's ``AcceleratorState._shared_state`` reset before a build (engine/hfstate.py)
-Public but relied on: ``Trainer.create_optimizer``/``create_scheduler``/``training_step``/
-``compute_loss``/``compute_loss_context_manager``/``data_collator``; PEFT's ``set_adapter`` and
+Public hooks used where one exists: ``Trainer.get_batch_samples`` (the token count that scales
+the loss), ``Accelerator.clip_grad_norm_`` (Trainer's clipping on every setup the engine runs),
+``Trainer.create_optimizer``/``create_scheduler``/``training_step``/``compute_loss``/
+``compute_loss_context_manager``/``data_collator``, ``Accelerator.optimizer_step_was_skipped``,
+``Accelerator.scaler``, ``Accelerator.prepare_optimizer``; PEFT's ``set_adapter`` and
 ``prepare_model_for_kbit_training``.
+
+Private names that remain, each because no public one does the same here:
+- ``Trainer._prepare_inputs`` (eval): ``prediction_step`` is the public road, but TRL's trainers
+  override it with their own metric bookkeeping (DPO stores eval rewards in ``_metrics`` there),
+  so the eval loop would count metrics twice or differently from TRL's own evaluation.
+- ``Trainer._metrics`` (TRL's per-mode metric store, drained after every step and evaluation):
+  TRL empties it only inside its ``log()``, which would also run every ``report_to`` callback;
+  the engine logs the step itself.
+- ``Trainer.current_gradient_accumulation_steps``, ``Trainer.state.global_step`` (set per step):
+  the attributes ``training_step`` reads; Trainer sets them inside ``_inner_training_loop`` only.
+- ``Trainer.autocast_smart_context_manager`` replaced per instance: the run owns its autocast
+  (several runs with different precisions share one process); a subclass method would need one
+  class per precision.
+- ``Accelerator.gradient_state._set_sync_gradients``: accelerate's public ``accumulate()``
+  context decides syncing from its own step counter, which does not follow a run's stream across
+  chunks.
+- ``Accelerator._schedulers/_optimizers/_models/_dataloaders`` emptied on close: what
+  ``free_memory`` does, minus its ``gc.collect`` (a full collection per closed run is seconds
+  with 48 runs).
+- ``Trainer.callback_handler.{model,optimizer,lr_scheduler,...}`` cleared on close, for the
+  same memory reason; there is no public reset.
+- ``accelerate.utils.imports._is_package_available`` memoized (``cache_package_probes``): the
+  probes run at every trainer build and are not cached by accelerate.
+- ``torch.nn.Module._parameters`` / ``_buffers`` slots swapped in place to park a run's tensors:
+  ``load_state_dict`` copies, and a copy is what parking avoids.
+- accelerate's ``AcceleratorState._shared_state`` reset before a build (engine/hfstate.py): the
+  process-wide state would carry one run's precision into the next; accelerate has no public reset.
 """
 
 from __future__ import annotations
@@ -119,6 +136,44 @@ def cache_package_probes() -> None:
     cached._rf_cached = True
     cached.__wrapped__ = probe
     imports._is_package_available = cached
+
+
+_WARNED: set = set()
+_OUR_TRACKERS = ("tensorboard", "mlflow", "trackio")
+
+
+def warn_engine_owned_knobs(spec) -> None:
+    """``report_to`` and ``run_name`` are the engine's (it logs every run itself): say once what
+    becomes of a user's value instead of replacing it without a word."""
+    import warnings
+
+    from rapidfire_nb.errors import RapidFireConfigWarning
+
+    args = spec.training_args or {}
+    report = args.get("report_to")
+    names = [report] if isinstance(report, str) else list(report or [])
+    names = [str(n).lower() for n in names if str(n).lower() not in ("none", "")]
+    if names:
+        ours = [n for n in names if n in _OUR_TRACKERS or n == "all"]
+        other = [n for n in names if n not in ours]
+        key = ("report_to", tuple(names))
+        if key not in _WARNED:
+            _WARNED.add(key)
+            parts = []
+            if ours:
+                parts.append(f"{', '.join(ours)}: the engine logs every run to the experiment's trackers "
+                             "(Experiment(tracking=[...]) or the RF_*_ENABLED switches choose them)")
+            if other:
+                parts.append(f"{', '.join(other)}: not a tracker here, nothing is sent there")
+            warnings.warn(RapidFireConfigWarning(
+                f"training_args report_to={report!r}: TRL's own reporting is off ({'; '.join(parts)})"),
+                stacklevel=4)
+    name = args.get("run_name")
+    if name is not None and ("run_name", str(name)) not in _WARNED:
+        _WARNED.add(("run_name", str(name)))
+        warnings.warn(RapidFireConfigWarning(
+            f"training_args run_name={name!r} is not used: runs are named 'run <id>' in the panel "
+            "and the trackers (the id is in get_runs_info())"), stacklevel=4)
 
 
 class RunTrainer:
@@ -364,7 +419,8 @@ class RunTrainer:
         # the shared PeftModel, every step)
         micro = self.plan.step_micro_batches(epoch, step_in_epoch)
         batches = [self.collate(idx) for idx in micro]
-        n_items = t._get_num_items_in_batch(batches, t.args.device)
+        # the public face of Trainer's token count for loss scaling (it pulls from an iterator)
+        _, n_items = t.get_batch_samples(iter(batches), len(batches), t.args.device)
         t.current_gradient_accumulation_steps = len(batches)
         t.state.global_step = global_step
         t.accelerator.gradient_state._set_sync_gradients(True)
@@ -375,7 +431,9 @@ class RunTrainer:
             raise FloatingPointError(f"training loss is {loss} at step {global_step + 1}")
         grad_norm = None
         if t.args.max_grad_norm and t.args.max_grad_norm > 0:
-            grad_norm = t._clip_grad_norm(model)
+            # what Trainer's clipping does on every setup the engine runs (no SageMaker MP, no
+            # mixed device meshes)
+            grad_norm = t.accelerator.clip_grad_norm_(model.parameters(), t.args.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         if not t.accelerator.optimizer_step_was_skipped:
@@ -422,19 +480,43 @@ class RunTrainer:
                 idx = list(range(start, min(start + bs, n)))
                 rows = getitems(idx) if getitems is not None else [self.eval_data[i] for i in idx]
                 self._eval_batches.append((len(idx), t.data_collator(list(rows))))
+        from rapidfire_nb.engine.generation import on_logits
+
+        # compute_metrics without generation_config is the transformers Trainer's: it gets the
+        # eval logits and labels (as RapidFire hands it to the Trainer)
+        keep = on_logits(self.spec)
+        logits, labels = None, None
         with rng_fork(), torch.no_grad():
             for size, batch in self._eval_batches:
                 inputs = t._prepare_inputs(batch)
                 with t.compute_loss_context_manager():
-                    loss = t.compute_loss(model, inputs)
+                    if keep:
+                        loss, outputs = t.compute_loss(model, inputs, return_outputs=True)
+                        logits, labels = _gather(logits, labels, outputs, inputs)
+                    else:
+                        loss = t.compute_loss(model, inputs)
                 total += float(loss) * size
                 count += size
         if was_training:
             model.train()
         out = {"eval_loss": total / max(count, 1)}
         out.update(self.pop_trainer_metrics("eval"))
+        if keep:
+            out.update(self.trainer_metrics(logits, labels))
         out.update(self.generation_eval())
         return out
+
+    def trainer_metrics(self, logits, labels) -> dict:
+        """The user's compute_metrics on ``EvalPrediction(logits, labels)`` of the whole eval set."""
+        from transformers import EvalPrediction
+
+        from rapidfire_nb.engine.generation import checked_metrics
+
+        if logits is None:
+            return {}
+        pred = EvalPrediction(predictions=logits.float().numpy(),
+                              label_ids=None if labels is None else labels.numpy())
+        return checked_metrics(self.spec.compute_metrics(pred))
 
     def generation_eval(self) -> dict:
         """The user's compute_metrics on generations for the eval prompts ({} when not configured)."""
@@ -489,6 +571,20 @@ class RunTrainer:
             acc._schedulers, acc._optimizers, acc._models, acc._dataloaders = [], [], [], []
         self.trainer = self.optimizer = self.scheduler = self.model = None
         self.train_data = self.eval_data = None
+
+
+def _gather(logits, labels, outputs, inputs):
+    """Append one eval batch's logits and labels (on the host), padding the sequence axis as the
+    Trainer does (labels with -100)."""
+    from transformers.trainer_pt_utils import nested_concat
+
+    new_logits = (outputs["logits"] if isinstance(outputs, dict) else outputs.logits).detach().cpu()
+    new_labels = inputs.get("labels")
+    new_labels = None if new_labels is None else new_labels.detach().cpu()
+    logits = new_logits if logits is None else nested_concat(logits, new_logits, padding_index=-100)
+    if new_labels is not None:
+        labels = new_labels if labels is None else nested_concat(labels, new_labels, padding_index=-100)
+    return logits, labels
 
 
 def merge_window(window: list[dict]) -> dict:

@@ -6,7 +6,9 @@ the reference is one frozen copy of the base, shared by the full fine-tuning run
 (or the model named by ``ref_model_name``). ``precompute_ref_log_probs`` is honoured against that
 reference.
 
-Private contacts with TRL made here (beyond those of adapters/base.py and adapters/shared.py):
+Private contacts with TRL made here (beyond those of adapters/base.py and adapters/shared.py),
+all because TRL builds its reference and precomputes log-probs inside ``__init__`` with no hook to
+hand it a shared reference instead:
 - ``DPOTrainer._precompute_ref_logps`` and ``DPOTrainer._precompute_model_hash`` (with
   ``trl.trainer.utils.hash_module``): precomputed after construction, against our reference
 - ``DPOTrainer.precompute_ref_logps`` and ``DPOTrainer.ref_model`` set after construction

@@ -7,7 +7,10 @@ stream walks whole generation batches of its (seed, epoch) permutation, and chun
 only where the buffer is used up, so a swap or a checkpoint never has to carry buffered
 completions; the generation RNG is the run's own torch RNG, saved and restored at every swap.
 
-Private contacts with TRL made here (beyond those of adapters/base.py and adapters/shared.py):
+Private contacts with TRL made here (beyond those of adapters/base.py and adapters/shared.py),
+because TRL keeps its generation schedule (micro-step counter, completion buffer) and its
+reference model in trainer attributes set up by ``__init__`` and ``train()``, with no public way to
+resume them mid-stream or share one reference:
 - ``GRPOTrainer._step`` (its micro-step counter, aligned with the run's stream before each step)
 - ``GRPOTrainer._buffered_inputs`` (dropped at chunk boundaries, where nothing buffered is needed)
 - ``GRPOTrainer.num_generations_eval``, ``GRPOTrainer.temperature``, ``GRPOTrainer.beta``,

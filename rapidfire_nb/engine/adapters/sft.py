@@ -4,7 +4,9 @@ Private contacts with TRL made here (beyond those of adapters/base.py):
 - ``SFTTrainer._prepare_dataset`` overridden (a documented hook) so that runs that differ only in
   training hyperparameters share one prepared (tokenized) dataset; its cache key reads
   ``dataclasses.fields(SFTConfig)`` minus ``TrainingArguments``'s fields (the data-preparation
-  knobs SFTConfig adds)
+  knobs SFTConfig adds). The public alternative, ``dataset_kwargs={"skip_prepare_dataset": True}``,
+  would leave the preparation (tokenizing, chat template, completion masks) to the engine, and
+  TRL's own preparation is reachable only through this method: the override keeps TRL's result.
 """
 
 from __future__ import annotations

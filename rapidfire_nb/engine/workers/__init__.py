@@ -6,10 +6,12 @@ its resident runs' trainers, exactly as the in-kernel engine keeps them, and sen
 events and the state to checkpoint.
 
 - ``worker.py``  ``ChunkWorker``: the actor's body; it trains chunks with the in-kernel engine's
-  own code (``Engine._trainer_for`` / ``Engine._train_chunk``), nothing re-implemented.
+  own chunk executor (``LocalChunkExecutor.train_chunk``), nothing re-implemented.
 - ``policy.py``  which run an idle worker trains next (pure Python: fairness, stickiness).
-- ``pool.py``    connecting to Ray (or starting it), the actors, their deaths.
-- ``engine.py``  ``WorkerEngine``: the controller loop that keeps every worker busy.
+- ``pool.py``    connecting to Ray (or starting it), the actors, their deaths, and the
+  replacement policy (``Replacements``).
+- ``engine.py``  ``RemoteChunkExecutor`` (one slot per worker) under the engine's one loop
+  (engine/controller.py), and ``WorkerEngine``: that engine, plus starting and replacing workers.
 
 Nothing here imports Ray at module level, and ``rapidfire_nb`` imports this package only when
 an experiment asks for workers: the single-device path never loads Ray.
@@ -20,10 +22,8 @@ from __future__ import annotations
 import os
 import sys
 
+from rapidfire_nb.engine.workers.pool import RAY_MISSING  # no Ray import there at module level
 from rapidfire_nb.errors import ConfigError
-
-RAY_MISSING = ("Ray is not installed; workers need it: pip install -e '.[ray]' from the clone "
-               "(or pip install 'ray>=2.60')")
 
 
 def check_num_workers(num_workers) -> None:
@@ -59,7 +59,7 @@ def cluster_auto_workers(gpus: int) -> int:
         return gpus
     import warnings
 
-    from rapidfire_nb.automl.policy import RapidFireConfigWarning
+    from rapidfire_nb.errors import RapidFireConfigWarning
 
     warnings.warn(f"num_workers='auto': the Ray cluster chosen (ray.init or RAY_ADDRESS) has {gpus} "
                   "GPU(s), fewer than 2, so training runs in this kernel, not on the cluster; pass "

@@ -21,8 +21,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapidfire_nb.engine.workers import RAY_MISSING
 from rapidfire_nb.errors import ConfigError
+
+RAY_MISSING = ("Ray is not installed; workers need it: pip install -e '.[ray]' from the clone "
+               "(or pip install 'ray>=2.60')")
+
+_PLACEMENT_S = 300.0   # how long a new worker may take to start (imports, a node to come up)
+# replacements of lost workers stop after this many workers in a row were lost before training a
+# chunk (a create_model the workers cannot unpickle or that raises there, a GPU that fails at
+# once): no endless loop
+MAX_FAILED_STARTS = 3
 
 
 def connect():
@@ -35,9 +43,71 @@ def connect():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
         else:
-            # logical CPUs: a worker needs one even on a machine with fewer cores than workers
-            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+            _init_local(ray)
+    _keep_ray_errors_out_of_the_cell(ray)
     return ray
+
+
+def _init_local(ray) -> None:
+    """A Ray of our own, for this machine alone: every server it starts (GCS, raylet, object
+    manager, workers, the driver's own) listens on the loopback interface only. With
+    ``RAY_AUTH_MODE=disabled`` anything that reaches those ports can run code.
+
+    Ray binds its servers to the node's address and turns a loopback address given as
+    ``_node_ip_address`` into the machine's network address, unless it runs as a single-machine
+    Ray (its mode on macOS and Windows, chosen by ``ray_constants.ENABLE_RAY_CLUSTER``, which
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` sets at import): that mode is chosen for the start."""
+    try:
+        from ray._private import ray_constants
+    except ImportError:   # another Ray layout: the address alone (tests/test_ray_session.py checks)
+        ray_constants = None
+    was = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    if ray_constants is not None and was is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        # logical CPUs: a worker needs one even on a machine with fewer cores than workers
+        ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1")
+    finally:
+        if ray_constants is not None and was is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = was
+
+
+# Ray's own error notices about the cluster ("(raylet) A worker died or was killed while executing
+# a task..."): kept here, and in the debug log, instead of in the notebook cell that happens to be
+# running; the engine says what happened in its ``worker_lost`` event.
+RAY_NOTICES: list[str] = []
+_NOTICES_KEPT = 200
+
+
+def _keep_ray_errors_out_of_the_cell(ray) -> None:
+    """Ray's driver prints the errors the cluster publishes (``pid`` "raylet") from a thread of
+    its own, straight to ``sys.stdout``, even with ``log_to_driver=False``. That thread calls
+    ``ray._private.worker.print_to_stdstream`` by name: wrapped, those records go to
+    ``RAY_NOTICES`` and the ``rapidfire_nb.ray`` logger (debug level); every other record (the
+    workers' own output, when a user's ``ray.init`` asked for it) is printed as before."""
+    try:
+        from ray._private import worker as ray_worker
+    except ImportError:
+        return
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "_rapidfire_wrapped", False):
+        return
+    import logging
+
+    log = logging.getLogger("rapidfire_nb.ray")
+
+    def print_to_stdstream(data, *args, **kwargs):
+        if isinstance(data, dict) and data.get("pid") == "raylet":
+            for line in data.get("lines") or []:
+                RAY_NOTICES.append(plain(str(line)))
+                log.debug("ray: %s", line)
+            del RAY_NOTICES[:-_NOTICES_KEPT]
+            return None
+        return original(data, *args, **kwargs)
+
+    print_to_stdstream._rapidfire_wrapped = True
+    ray_worker.print_to_stdstream = print_to_stdstream
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -106,6 +176,7 @@ class RayWorkerPool:
         self._next_index = 0
         self.start_s = 0.0
         self.fingerprints: dict[str, tuple[str, str]] = {}   # base key -> (worker, fingerprint)
+        self.replacements = Replacements(self)
 
     # -- start / top up ------------------------------------------------------------------------
     def start(self, blobs: dict | None = None, bases: list | None = None) -> None:
@@ -283,3 +354,127 @@ class RayWorkerPool:
             pass
         for s in live:
             self.kill(s)
+
+
+class Replacements:
+    """The pool's replacement policy: workers started in place of lost ones, and when to give up.
+
+    A lost worker is owed a replacement while runs are left to train; it is started once the
+    cluster has room (within ``placement_s``, else no more are started). A worker lost before it
+    trained a chunk, because it died starting or because its environment could not build a run's
+    base, is a failed start: after ``MAX_FAILED_STARTS`` in a row none is started any more (the
+    reason is kept in ``not_replaced``), until the next loop start (a user's resume) tries once
+    more. Everything runs under the engine lock; only ``describe`` waits."""
+
+    def __init__(self, pool: RayWorkerPool):
+        self.pool = pool
+        self.placement_s = _PLACEMENT_S
+        self.starting: dict = {}          # describe() ref -> replacement worker not yet up
+        self.owed = 0                     # lost workers to replace once the cluster has room
+        self.owed_since = 0.0
+        self.failed_starts = 0            # workers in a row lost before training a chunk
+        self.not_replaced: str | None = None   # why replacements stopped, for the stop reason
+
+    def restart(self) -> list[WorkerSlot]:
+        """A loop starts: forget earlier give-ups, top the pool up; the workers not yet up."""
+        self.owed, self.failed_starts, self.not_replaced = 0, 0, None
+        self.starting.clear()
+        self.pool.top_up()
+        return [s for s in self.pool.live() if not s.info]
+
+    def describe(self, slots: list[WorkerSlot]):
+        """Outside the lock: wait for ``slots`` to say where they run. Returns (up, lost), lost
+        being (slot, error) of those that could not start or were never placed (killed)."""
+        ray = self.pool.ray
+        refs = {s.actor.describe.remote(): s for s in slots}
+        ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=_PLACEMENT_S)
+        up, lost = [], []
+        for ref in ready:
+            self._came_up(refs[ref], ref, up, lost)
+        for ref in late:               # never placed: it would hold its chunks forever
+            slot = refs[ref]
+            self.pool.kill(slot)
+            lost.append((slot, TimeoutError(
+                f"worker {slot.name} was not placed on the Ray cluster within {_PLACEMENT_S:.0f} s "
+                f"(it asks for {self.pool.resources})")))
+        return up, lost
+
+    def _came_up(self, slot: WorkerSlot, ref, up: list, lost: list) -> None:
+        """A worker's ``describe`` answered: it is up, or it could not start (or load
+        ``create_model``) and is gone."""
+        try:
+            slot.info = self.pool.ray.get(ref)
+            up.append(slot)
+        except Exception as exc:
+            self.pool.kill(slot)
+            lost.append((slot, exc))
+
+    def tick(self, active: bool, draining: bool):
+        """Every loop turn, never blocking: take in replacements that came up (or died starting)
+        and start those owed when the cluster has room. Returns (up, lost) as ``describe``."""
+        ray = self.pool.ray
+        up, lost = [], []
+        if self.starting:
+            refs = list(self.starting)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                slot = self.starting.pop(ref)
+                if slot.alive:      # else killed meanwhile (end())
+                    self._came_up(slot, ref, up, lost)
+            for ref, slot in list(self.starting.items()):
+                if time.monotonic() - slot.created > self.placement_s:
+                    del self.starting[ref]
+                    self.pool.kill(slot)
+                    lost.append((slot, TimeoutError(
+                        f"replacement worker {slot.name} was not up on the Ray cluster within "
+                        f"{self.placement_s:.0f} s (it asks for {self.pool.resources})")))
+        while self.owed and not draining:
+            if not active:
+                self.owed = 0   # nothing left to train: no replacement needed
+                break
+            if not self.pool.resources_free():
+                if time.monotonic() - self.owed_since > self.placement_s:
+                    self.not_replaced = (f"the Ray cluster had no room for a replacement worker "
+                                         f"within {self.placement_s:.0f} s")
+                    self.owed = 0
+                break
+            slot = self.pool.add_worker()
+            self.starting[slot.actor.describe.remote()] = slot
+            self.owed -= 1
+            self.owed_since = time.monotonic()
+        return up, lost
+
+    def lost(self, slot: WorkerSlot, cause: str, *, stopping: bool, active: bool) -> str | None:
+        """A worker was lost (dead, or excluded): owe a replacement or give up. Returns what the
+        ``worker_lost`` event says about its replacement."""
+        if slot.chunks == 0:
+            self.failed_starts += 1
+        if self.failed_starts >= MAX_FAILED_STARTS:
+            self.not_replaced = (f"not replaced: {self.failed_starts} workers in a row died before "
+                                 f"training a chunk (or could not build a run's base); the last "
+                                 f"one: {cause}")
+            self.owed = 0
+            return self.not_replaced
+        if stopping:
+            return None
+        if not active:
+            return "none: no run is left to train"
+        if not self.owed:
+            self.owed_since = time.monotonic()
+        self.owed += 1
+        return "a replacement worker starts as soon as the Ray cluster has room"
+
+    def trained(self) -> None:
+        """A worker trained a chunk: starts work again."""
+        self.failed_starts = 0
+
+    def recovering(self) -> bool:
+        return bool(self.starting or self.owed)
+
+    def drop(self) -> None:
+        """When the loop leaves: replacements still starting are killed (they would hold a GPU
+        until end()), and none is owed any more; a later loop tops up again."""
+        for slot in self.starting.values():
+            self.pool.kill(slot)
+        self.starting.clear()
+        self.owed = 0

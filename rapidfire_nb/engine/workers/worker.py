@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rapidfire_nb.engine.executor import LocalChunkExecutor
 from rapidfire_nb.engine.factory import TrainerFactory
+from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.routing import routed_to
 from rapidfire_nb.engine.runs import RunRecord
@@ -227,7 +228,9 @@ class ChunkWorker:
         run continues from what was shipped. Returns ``{"ok": True, "result": ChunkResult}``; a
         training error comes back as ``{"ok": False, "error": traceback, "reason": "Type: msg"}``
         (the kernel's run_status fields), the run's trainer
-        already freed here (failure isolation: the worker goes on with the other runs)."""
+        already freed here (failure isolation: the worker goes on with the other runs); with
+        ``"unfit": True`` when it was this worker's ``create_model`` that raised, building the
+        run's base (the controller then excludes the worker, and the run trains elsewhere)."""
         t0 = time.perf_counter()
         started = time.time()   # wall clock: the controller splits the hop with it
         try:
@@ -245,6 +248,16 @@ class ChunkWorker:
                 raise RuntimeError(f"worker {self.name} holds no run {run_id} and got no state for it")
             for k, v in counters.items():
                 setattr(rec, k, v)
+            try:   # this worker's environment first: a base it cannot build is not the run's fault
+                with routed_to(self._log), HF_STATE_LOCK:
+                    self.factory.load_base(rec.spec, need_pristine=rec.spec.peft_config is None)
+            except Exception as exc:
+                tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                self.release(run_id)
+                return {"ok": False, "unfit": True, "error": tb,
+                        "reason": f"create_model raised on worker {self.name}: "
+                                  f"{type(exc).__name__}: {exc}",
+                        "worker_s": time.perf_counter() - t0}
             with routed_to(self._log):   # TRL/transformers warnings go to the worker's log
                 result = self.executor.train_chunk(rec)
             result.chunk_event["worker"] = self.name

@@ -136,8 +136,8 @@ def progress_line(side: dict, repeat: int, repeats: int) -> str:
 def run_workers_bench(p, workers: int, repeats: int = 1, log=print) -> dict:
     import torch
 
-    from rapidfire_nb.bench import _quiet, build_base, make_datasets, make_group
-    from rapidfire_nb.engine.workers.pool import connect
+    from rapidfire_nb.bench.presets import _quiet, build_base, make_datasets, make_group
+    from rapidfire_nb.engine import connect
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     t0 = time.perf_counter()

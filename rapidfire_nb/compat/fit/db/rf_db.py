@@ -1,0 +1,73 @@
+"""``rapidfireai.fit.db.rf_db.RfDb``: the one call RapidFire's notebooks make, to find paths.
+
+There is no database here; ``RfDb().get_experiments_path(name)`` answers from the experiment
+folders, with RapidFire's meaning: the *parent* folder of the experiment (``experiment_path``,
+default ``./rapidfire_experiments``). So the paths those notebooks build from it exist:
+
+- ``<experiments path>/tensorboard_logs/<name>/``: a link to the experiment's TensorBoard folder
+  (``<experiments path>/<name>/tensorboard/``), made by this call;
+- ``<experiments path>/<name>/runs/<id>/checkpoints/final_checkpoint/``: written by
+  ``Experiment.end()`` for every completed run.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from rapidfire_nb.errors import ConfigError
+
+
+def _find(experiment_name: str) -> Path:
+    from rapidfire_nb.experiment import current_experiment
+
+    if not isinstance(experiment_name, str) or not experiment_name:
+        raise ConfigError(f"RfDb.get_experiments_path: experiment_name must be the experiment's name "
+                          f"(a non-empty string), got {experiment_name!r}")
+
+    exp = current_experiment()
+    if exp is not None and exp.name == experiment_name:
+        return Path(exp.path)
+    here = Path("rapidfire_experiments") / experiment_name
+    if (here / "experiment.json").exists():
+        return here.resolve()
+    raise ConfigError(f"RfDb.get_experiments_path: no experiment named {experiment_name!r} is open, "
+                      f"and ./rapidfire_experiments/{experiment_name} does not exist; create it with "
+                      f"Experiment(experiment_name={experiment_name!r}) first")
+
+
+def tensorboard_link(exp_path: Path) -> Path:
+    """``<parent>/tensorboard_logs/<name>`` pointing at ``<exp_path>/tensorboard`` (made if missing)."""
+    exp_path = Path(exp_path)
+    target = exp_path / "tensorboard"
+    link = exp_path.parent / "tensorboard_logs" / exp_path.name
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return link
+    if link.exists() or link.is_symlink():
+        if link.resolve() != target.resolve():
+            warnings.warn(f"{link} exists and is not this experiment's TensorBoard folder ({target}); "
+                          "it was left as it is", stacklevel=3)
+        return link
+    target.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        link.symlink_to(target, target_is_directory=True)
+    except OSError as exc:   # e.g. Windows without the symlink privilege
+        warnings.warn(f"could not link {link} to {target} ({exc}); point TensorBoard at {target}",
+                      stacklevel=3)
+    return link
+
+
+class RfDb:
+    """RapidFire's database handle, reduced to ``get_experiments_path`` (no database here)."""
+
+    def get_experiments_path(self, experiment_name: str) -> Path:
+        """The folder that holds experiment ``experiment_name`` (RapidFire's experiments path)."""
+        exp_path = _find(experiment_name)
+        tensorboard_link(exp_path)
+        return exp_path.parent
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"RfDb.{name}: there is no database in rapidfire_nb; runs are in "
+                             "Experiment.get_runs_info() and metrics in Experiment.get_results()")

@@ -1,0 +1,1 @@
+"""RapidFire AI module path, mapped onto rapidfire_nb (see rapidfire_nb.compat)."""

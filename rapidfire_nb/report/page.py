@@ -1,0 +1,202 @@
+"""The self-contained HTML report and the static leaderboard a saved notebook shows.
+
+``write_report`` writes one file: plotly.js inlined from the installed plotly package, the
+figures as JSON, the tables as HTML. It loads nothing from the network and needs no server.
+Every string from the experiment (names, knob values, reasons, tracebacks) is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from pathlib import Path
+
+from rapidfire_nb._version import __version__
+from rapidfire_nb.engine import lower_is_better, runs_by_id
+from rapidfire_nb.report.model import (ReportError, differing_knobs, knob_text, leaderboard,
+                                       lineage, ranking_metric, run_note)
+from rapidfire_nb.report.style import run_color
+
+_STATUS_ORDER = ("running", "pending", "completed", "stopped", "failed", "deleted")
+
+
+def _e(v) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def _num(v) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def status_counts(table: dict) -> str:
+    counts: dict[str, int] = {}
+    for run in runs_by_id(table):
+        counts[run["status"]] = counts.get(run["status"], 0) + 1
+    order = sorted(counts, key=lambda s: _STATUS_ORDER.index(s) if s in _STATUS_ORDER else 99)
+    return ", ".join(f"{counts[s]} {s}" for s in order) or "no runs"
+
+
+def log_state(table: dict) -> str:
+    """What the log says about the experiment's end, in words."""
+    if table["ended"]:
+        return "ended (the log closes with the experiment's end)"
+    live = [r["run_id"] for r in runs_by_id(table) if r["status"] == "running"]
+    tail = (f"; run{'s' if len(live) > 1 else ''} {', '.join(map(str, live))} "
+            f"{'were' if len(live) > 1 else 'was'} training at its last event" if live else "")
+    return ("not ended: the experiment is still training, or its process stopped without "
+            f"end() (a crash, a kill, a closed notebook){tail}")
+
+
+def leaderboard_html(table: dict, *, compact: bool = False) -> str:
+    """The run table, best first: rank, run, status, the ranking metric, the knobs that differ,
+    progress, lineage and the reason a run stopped. Plain HTML (inline styles only)."""
+    runs = leaderboard(table)
+    metric = ranking_metric(table)
+    knobs = differing_knobs(runs_by_id(table))
+    head = ["#", "run", "status"]
+    if metric is not None:
+        word = "lowest" if lower_is_better(metric) else "highest"
+        head += [f"best {metric} ({word} first)", f"last {metric}"]
+    head += list(knobs.values())
+    head += ["samples seen", "steps", "chunks"]
+    if not compact or any(r["parent_run_id"] is not None for r in runs):
+        head.append("lineage")
+    show_lineage = "lineage" in head
+    head.append("note")
+    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left"'
+    out = ['<table style="border-collapse:collapse;font-size:13px">',
+           "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
+    for rank, run in enumerate(runs, start=1):
+        color = run_color(run["run_id"])
+        steps = (f"{run['completed_steps']}/{run['total_steps']}" if run["total_steps"]
+                 else str(run["completed_steps"]))
+        row = [str(rank) if metric is not None and run["best"].get(metric) is not None else "",
+               f'<span style="color:{color}">&#9632;</span> {run["run_id"]}', _e(run["status"])]
+        if metric is not None:
+            row += [_num(run["best"].get(metric)), _num(run["latest"].get(metric))]
+        row += [_e(v) for _, v in knob_text(run, knobs)]
+        row += [str(run["samples_seen"]), steps, str(run["chunks_done"])]
+        if show_lineage:
+            row.append(_e(lineage(table, run)))
+        row.append(_e(run_note(run)))
+        out.append("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in row) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def fallback_html(table: dict) -> str:
+    """What a saved notebook shows where the live panel cannot render (GitHub, nbviewer, a
+    notebook reopened without its kernel): the runs when the cell ran, and how to see more."""
+    name = table["experiment"] or "experiment"
+    return (
+        '<div style="font-family:sans-serif">'
+        f"<div><b>rapidfire_nb</b> · {_e(name)}: {_e(status_counts(table))} "
+        f"when this output was made (event {table['last_seq']}; later progress is not in it)</div>"
+        + leaderboard_html(table, compact=True)
+        + '<div style="color:#666;font-size:12px">This is a static copy. The live panel (curves '
+        "and Stop/Resume/Clone buttons) needs a running kernel with rapidfire_nb; "
+        "<code>exp.plot()</code> draws curves anywhere plotly renders, and "
+        "<code>rapidfire report &lt;experiment folder&gt; -o report.html</code> writes a "
+        "self-contained report.</div></div>")
+
+
+def _figure_div(fig, div_id: str) -> str:
+    import plotly.io as pio
+
+    return pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div_id,
+                       default_width="100%", config={"displaylogo": False, "responsive": True})
+
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px; color: #222; }
+h1 { font-size: 20px; margin-bottom: 4px; } h2 { font-size: 16px; margin-top: 28px; }
+.meta { color: #555; font-size: 13px; } .fig { margin: 8px 0 16px; }
+pre { background: #f6f6f6; padding: 6px; font-size: 12px; overflow-x: auto; }
+"""
+
+
+def report_html(table: dict, meta: dict | None = None, source: str | None = None) -> str:
+    """The whole report as one HTML string (plotly.js included)."""
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    from rapidfire_nb.report.figures import curves_figure, time_split_figure, timeline_figure
+
+    meta = meta or {}
+    name = table["experiment"] or "experiment"
+    figs: list[str] = []
+    for split in ("eval", "train"):
+        for i, metric in enumerate(table[f"{split}_metrics"]):
+            fig = curves_figure(table, metric, split)
+            figs.append(f'<div class="fig">{_figure_div(fig, f"curve-{split}-{i}")}</div>')
+    facts = [f"{_e(status_counts(table))}", f"log: {_e(log_state(table))}",
+             f"{table['last_seq']} events"]
+    for key, label in (("num_chunks", "chunks per epoch"), ("seed", "seed")):
+        if isinstance(meta.get(key), (int, str)) and not isinstance(meta.get(key), bool):
+            facts.append(f"{label} {_e(meta[key])}")
+    where = source or table.get("path")
+    failed = [r for r in runs_by_id(table) if r["status"] == "failed" and r["error"]]
+    errors = "".join(
+        f"<h3>run {r['run_id']}</h3><pre>{_e(r['error'][-4000:])}</pre>" for r in failed)
+    lost = table.get("lost_workers") or []
+    lost_html = "".join(f"<li>{_e(w['worker'])}: {_e(w['reason'])} (runs {_e(w['runs'])})</li>"
+                        for w in lost)
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
+        f"<title>{_e(name)} · rapidfire_nb report</title><style>{_CSS}</style>",
+        # plotly.js inline: the file opens offline, anywhere
+        f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>',
+        f"<h1>{_e(name)}</h1>",
+        f'<div class="meta">{" · ".join(facts)}</div>',
+        f'<div class="meta">folder: {_e(where)}</div>' if where else "",
+        "<h2>Leaderboard</h2>", leaderboard_html(table),
+        "<h2>Curves</h2>",
+        *(figs or ["<p>No metric logged yet.</p>"]),
+        "<h2>Engine time</h2>",
+        f'<div class="fig">{_figure_div(time_split_figure(table), "time-split")}</div>',
+        "<h2>Chunk timeline</h2>",
+        f'<div class="fig">{_figure_div(timeline_figure(table), "timeline")}</div>',
+        f"<h2>Lost workers</h2><ul>{lost_html}</ul>" if lost_html else "",
+        f"<h2>Failures</h2>{errors}" if errors else "",
+        f'<p class="meta">Written by rapidfire_nb {_e(__version__)} at '
+        f"{_e(time.strftime('%Y-%m-%d %H:%M:%S'))} from the experiment's event log; plotly.js "
+        f"{_e(get_plotlyjs_version())} is inside this file, so it opens without a network.</p>",
+        "</body></html>",
+    ]
+    return "\n".join(p for p in parts if p)
+
+
+def write_report(table: dict, path: str | Path, meta: dict | None = None,
+                 source: str | None = None, *, overwrite: bool = True,
+                 outside: str | Path | None = None) -> Path:
+    """Write the report to ``path`` (a file; its folder must exist) and return the path.
+
+    ``overwrite=False`` refuses an existing file; ``outside`` is a folder the report must not be
+    written into (the experiment folder it is read from, which stays as it is)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ReportError(f"{path} is a folder; give the report's file name, e.g. {path / 'report.html'}")
+    if not path.parent.is_dir():
+        raise ReportError(f"cannot write {path}: the folder {path.parent} does not exist")
+    if outside is not None:
+        guarded = Path(outside).resolve()
+        # resolve() follows a link at path too: a link into the folder is refused as well
+        if path.resolve().is_relative_to(guarded) or path.parent.resolve().is_relative_to(guarded):
+            raise ReportError(f"will not write {path} inside the experiment folder {outside}, which the "
+                              "report only reads; give a path outside it")
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise ReportError(f"{path} already exists; give another file name, or --force to replace it")
+    text = report_html(table, meta, source)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise ReportError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    return path

@@ -1,0 +1,118 @@
+"""Result frames: the folded run table (engine/state.py) as pandas DataFrames.
+
+Both a live ``Experiment`` and a folder opened read-only (``Experiment.open(folder)``) build
+their ``get_runs_info`` / ``get_results`` / ``get_timeline`` / ``time_split`` here, from the
+same table, so a report made from a folder reads exactly what the notebook showed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rapidfire_nb.engine import DELETED, TIMELINE_COLUMNS, runs_by_id
+
+RUN_FIELDS = ("run_id", "status", "completed_steps", "total_steps", "samples_seen",
+              "chunks_done", "parent_run_id", "warm_start", "error")
+
+
+def runs_frame(table: dict, pruning_of: Callable[[int], str | None] | None = None):
+    """``get_runs_info``'s frame (see ``Experiment.get_runs_info`` for the columns); with
+    ``pruning_of`` a ``pruning`` column holds its note for each run."""
+    import pandas as pd
+
+    runs = [{**{k: r[k] for k in RUN_FIELDS}, "epoch": r["next_epoch"], "config": r["config"],
+             "knobs": list(r["knobs"]), "eval_loss": r["latest"].get("eval_loss"),
+             "worker": r["worker"]}
+            for r in runs_by_id(table)]
+    if not runs:
+        return pd.DataFrame(columns=["run_id", "status"])
+    # Ray workers (num_workers): the worker that trained each run's last chunk
+    on_workers = any(run["worker"] is not None for run in runs)
+    knob_keys: list[str] = []
+    for run in runs:
+        for k in run["knobs"]:
+            if k not in knob_keys:
+                knob_keys.append(k)
+    short = _short_names(knob_keys)
+    rows = []
+    for run in runs:
+        row = {"run_id": run["run_id"], "status": run["status"]}
+        for k in knob_keys:
+            row[short[k]] = _cell(_get_knob(run["config"], k))
+        row.update({k: run[k] for k in ("completed_steps", "total_steps", "samples_seen",
+                                        "chunks_done", "epoch", "parent_run_id", "warm_start",
+                                        "eval_loss", "error")})
+        if on_workers:
+            row["worker"] = run["worker"]
+        if pruning_of is not None:
+            row["pruning"] = pruning_of(run["run_id"])
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    # text columns keep None for "nothing to say": pandas would turn a partly filled one into
+    # a string column with NaN, so `error` (all None) and `pruning` would disagree
+    for col in ("error", "pruning", "worker"):
+        if col in df:
+            df[col] = pd.Series([row[col] for row in rows], index=df.index, dtype=object)
+    # run ids are integers; a column with missing parents would otherwise read 1.0, 2.0
+    df["parent_run_id"] = df["parent_run_id"].astype("Int64")
+    return df
+
+
+def logged_pruning_note(table: dict, run_id: int) -> str | None:
+    """A run's pruning note as the log tells it (a folder opened read-only has no driver)."""
+    run = table["runs"].get(str(run_id))
+    if run is None:
+        return None
+    if run["pruned"]:
+        return run["reason"] or run["error"]
+    if run["suggestion"]:
+        return "suggested: " + run["suggestion"]
+    return None
+
+
+def results_frame(table: dict):
+    import pandas as pd
+
+    deleted = {r["run_id"] for r in table["runs"].values() if r["status"] == DELETED}
+    rows = [{"run_id": p["run_id"], "split": p["split"], "step": p["step"],
+             "samples_seen": p["samples_seen"], "epoch": p["epoch"], "chunk": p["chunk"],
+             "metric": m, "value": float("nan") if v is None else v,
+             "deleted": p["run_id"] in deleted}
+            for p in table["points"] for m, v in p["metrics"].items()]
+    return pd.DataFrame(rows, columns=["run_id", "split", "step", "samples_seen", "epoch", "chunk",
+                                       "metric", "value", "deleted"])
+
+
+def timeline_frame(table: dict):
+    import pandas as pd
+
+    rows = [dict(row) for row in table["timeline"]]
+    frame = pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
+    # None (kernel engine, old logs) would make these object columns that cannot filter or sum
+    frame["moved"] = frame["moved"].astype(bool)
+    frame["hop_s"] = pd.to_numeric(frame["hop_s"], errors="coerce").astype(float)
+    return frame
+
+
+def time_split(table: dict) -> dict:
+    return {k: float(v) for k, v in table["time"].items()}
+
+
+def _get_knob(config: dict, key: str):
+    """A dotted knob's value in a run's logged config (``training_args.learning_rate``)."""
+    obj: Any = config
+    for p in key.split("."):
+        obj = obj.get(p) if isinstance(obj, dict) else getattr(obj, p, None)
+    return obj
+
+
+def _cell(v):
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return v
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    last = [k.split(".")[-1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}

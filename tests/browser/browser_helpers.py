@@ -1,0 +1,93 @@
+"""Helpers shared by the browser tests: a polling wait that screenshots the page on timeout, a
+one-cell notebook, an experiment's event log read from disk, and readers of what the panel shows."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import nbformat
+
+OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "browser"
+
+
+def wait_until(predicate, timeout: float, what: str, page=None, interval: float = 0.5, *,
+               screenshot: str = "timeout.png", full_page: bool = False):
+    """``predicate()``'s first truthy value, polled every ``interval`` s for ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    if page is not None:
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(OUTPUT / screenshot), full_page=full_page)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def waiter(screenshot: str, interval: float = 0.5, full_page: bool = False):
+    """A ``wait_until`` with this test file's screenshot name and polling interval."""
+    return functools.partial(wait_until, screenshot=screenshot, full_page=full_page,
+                             interval=interval)
+
+
+def write_notebook(root: Path, name: str, filename: str, code: str) -> Path:
+    """A one-cell notebook ``root/filename`` running ``code`` with ``{name}`` as the experiment."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(code.replace("{name}", name))]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = root / filename
+    nbformat.write(nb, path)
+    return path
+
+
+def experiment_events(root: Path, name: str) -> list[dict]:
+    """The event log of experiment ``name`` under ``root/experiments``, up to a line being written."""
+    path = root / "experiments" / name / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line being written
+    return out
+
+
+def trace_points(page, chart: str) -> dict[str, int]:
+    """Points per curve (by run name) that one of the panel's charts drew last (its canvas's
+    inspection hook, js/src/canvaschart.ts)."""
+    return page.evaluate(
+        """(chart) => {
+            const div = document.querySelector(`[data-testid=rf-chart-${chart}]`);
+            const out = {};
+            for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[t.name] = t.x.length;
+            return out;
+        }""",
+        chart,
+    )
+
+
+def row_status(page, run_id: int) -> str | None:
+    """The status the panel's runs table shows for ``run_id`` (None while the row is absent)."""
+    loc = page.locator(f'[data-testid=rf-runs] tr[data-run-id="{run_id}"]')
+    return loc.get_attribute("data-status") if loc.count() else None
+
+
+def run_first_cell(page) -> None:
+    """Shift+Enter in the first cell; a keypress that lands before the editor has focus is lost,
+    so check that execution started (the prompt shows [*] or a count) and try again if not."""
+    prompt = page.locator(".jp-Cell .jp-InputPrompt").first
+    for _ in range(3):
+        page.locator(".jp-Cell .jp-InputArea-editor").first.click()
+        page.keyboard.press("Shift+Enter")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if "[*]" in prompt.inner_text() or any(ch.isdigit() for ch in prompt.inner_text()):
+                return
+            time.sleep(0.25)
+    raise AssertionError("the notebook cell did not start executing")

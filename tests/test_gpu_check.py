@@ -1,0 +1,224 @@
+"""The GPU check (tests/gpu/run) in its CPU dry run, so it cannot rot while no GPU is at hand.
+
+The dry run is the real script at tiny sizes: the same orchestration (wheel install, one process
+per section, time limits, the report and its summary) and the same measurements through the
+Experiment API and ``rapidfire bench``; only what needs CUDA (pinned copies, the grad scaler,
+CUDA peak memory) is skipped, and the report says so. On a CPU the engine promises bit-identical
+results, so the dry run's exactness figures must be exactly zero.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow   # slow tier: the GPU check's whole CPU dry run
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = REPO / "tests" / "gpu" / "run"
+SECTIONS = ("env", "exactness", "precision", "offload", "memory", "bench", "ray")
+
+
+def load_run():
+    loader = importlib.machinery.SourceFileLoader("gpu_check_run", str(RUN))
+    spec = importlib.util.spec_from_loader("gpu_check_run", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def make_wheel(folder: Path) -> Path:
+    """A real (tiny, pure-Python) wheel: a package, a module under .data/purelib, one need that is
+    met, one that is not, and one behind an extra that does not count."""
+    folder.mkdir(parents=True)
+    path = folder / "rfgpu_probe-1.2.3-py3-none-any.whl"
+    info = "rfgpu_probe-1.2.3.dist-info"
+    files = {
+        "rfgpu_probe/__init__.py": "VALUE = 42\n",
+        "rfgpu_probe-1.2.3.data/purelib/rfgpu_probe_extra.py": "EXTRA = 'purelib'\n",
+        f"{info}/METADATA": ("Metadata-Version: 2.1\nName: rfgpu-probe\nVersion: 1.2.3\n"
+                             "Requires-Dist: packaging>=20\nRequires-Dist: rfgpu-no-such-dist>=1\n"
+                             "Requires-Dist: rfgpu-only-with-extra; extra == \"x\"\n"),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/top_level.txt": "rfgpu_probe\nrfgpu_probe_extra\n",
+        f"{info}/RECORD": "",
+    }
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def run_check(tmp: Path, *args: str, timeout: float = 1500) -> tuple[subprocess.CompletedProcess, dict, float]:
+    out = tmp / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env.pop("OUT", None)
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, str(RUN), "--dry-run", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp)
+    wall = time.time() - t0
+    report = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").exists() else {}
+    return proc, report, wall
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu-check")
+    make_wheel(tmp / "wheels")
+    proc, report, wall = run_check(tmp, "--wheels", str(tmp / "wheels"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"GPU check dry run: {wall:.0f} s")
+    return tmp / "out", report, wall
+
+
+def ok(report: dict, name: str) -> dict:
+    sec = report["sections"][name]
+    assert sec["status"] == "ok", f"{name}: {sec.get('error')}\n{sec.get('traceback') or sec.get('log_tail')}"
+    assert sec["seconds"] > 0 and sec["cpu_s"] > 0
+    return sec["result"]
+
+
+def exact(pair: dict) -> None:
+    assert pair["all_completed"], pair["status"]
+    assert pair["weights"]["compared"] > 0 and pair["weights"]["bitwise"] and pair["weights"]["max_abs_diff"] == 0
+    assert pair["train_loss"]["points"] >= 2 and pair["train_loss"]["bitwise"]
+    assert pair["train_loss"]["max_abs_diff"] == 0 and pair["train_loss"]["finite"]
+    assert pair["eval_loss"]["points"] >= 2 and pair["eval_loss"]["bitwise"]
+    assert pair["runs_among"] == 2 and pair["swaps_among"] == 4   # 2 runs x 2 chunks
+
+
+def test_dry_run_report_structure(dry_run):
+    out, report, wall = dry_run
+    assert report["schema"] == 1 and report["mode"] == "dry-run" and report["finished"]
+    assert list(report["sections"]) == list(SECTIONS)
+    assert 0 < report["wall_s"] <= wall and report["wall_s"] < report["budget_s"]
+    summary = (out / "gpu_check_summary.txt").read_text()
+    assert summary.splitlines() == report["summary"]
+    for name in SECTIONS:
+        assert any(line.startswith(f"{name}: {report['sections'][name]['status']}") for line in report["summary"])
+    assert "summary failed" not in summary
+    log = (out / "gpu_check.log").read_text()
+    assert all(f"===== {name}:" in log for name in SECTIONS)
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check_summary.txt"]
+
+
+def test_dry_run_installs_the_wheels_and_checks_their_needs(dry_run):
+    _, report, _ = dry_run
+    inst = report["install"]
+    assert [w["file"] for w in inst["installed"]] == ["rfgpu_probe-1.2.3-py3-none-any.whl"] and not inst["error"]
+    env = ok(report, "env")
+    probe = env["carried"]["rfgpu-probe"]
+    assert probe["version"] == "1.2.3" and probe["resolved_from_target"]
+    assert probe["imports"] == {"rfgpu_probe": "ok", "rfgpu_probe_extra": "ok"}
+    assert probe["unmet"] == ["rfgpu-no-such-dist>=1 (missing)"]
+    assert env["cuda"] is False and env["versions"]["torch"] and env["versions"]["trl"]
+    assert env["rapidfire_version_problems"] == [] and env["rapidfire_nb"]["path"] == str(REPO / "rapidfire_nb")
+
+
+def test_dry_run_exactness_is_bitwise_on_cpu(dry_run):
+    _, report, _ = dry_run
+    res = ok(report, "exactness")
+    exact(res["default"])
+    exact(res["deterministic"])
+    assert res["cublas_workspace_config"] == ":4096:8"
+
+
+def test_dry_run_precision(dry_run):
+    _, report, _ = dry_run
+    res = ok(report, "precision")
+    for prec in ("fp16", "bf16"):
+        exact(res[prec])
+        assert res[prec]["precision"] == prec and res[prec]["scaler_in_use"] is False
+    assert "no CUDA" in res["note"]
+
+
+def test_dry_run_offload(dry_run):
+    _, report, _ = dry_run
+    res = ok(report, "offload")
+    assert res["all_completed"] and res["bitwise_weights"] and res["bitwise_losses"]
+    assert len(res["weights"]) == 2 and all(w["compared"] > 0 for w in res["weights"].values())
+    assert res["parks_done"]["never"] == 0 and res["parks_done"]["always"] >= 1
+    assert res["bytes_per_parked_run"] > 0
+    assert res["parks"] == res["parks_done"]["always"] and res["unparks"] >= 1
+    assert res["park_ms_median"] > 0 and res["unpark_ms_median"] > 0
+    assert res["swap"]["always"]["swaps"] == 2 and res["swap"]["always"]["median_ms"] > 0
+    ref = res["reference"]
+    assert ref["bytes"] == res["bytes_per_parked_run"] and ref["same_bytes_round_trip_ms"] > 0
+    assert ref["pinned"] == "skipped: no CUDA" and res["swap_vs_reference"] > 0
+
+
+def test_dry_run_memory(dry_run):
+    _, report, _ = dry_run
+    res = ok(report, "memory")
+    assert res["runs_compared"] == [1, 3]
+    for n in (1, 3):
+        x = res[f"n{n}"]
+        assert x["runs"] == n and x["all_completed"] and x["parks_done"] == 0 and x["rss_peak_mb"] > 100
+        assert x["model_params"] > 0 and "cuda_peak_mb" not in x
+    assert res["ratio"] == res["n3"]["rss_peak_mb"] / res["n1"]["rss_peak_mb"]
+    assert res["measure"].startswith("process RSS")
+
+
+def test_dry_run_bench_through_the_cli(dry_run):
+    _, report, _ = dry_run
+    res = ok(report, "bench")
+    assert res["command"].startswith("python -m rapidfire_nb bench --preset smoke")
+    med = res["report"]["median"]
+    assert med["ratio"] > 0 and med["swap_ms"] >= 0 and 0 < med["first_all_frac"]
+    assert set(res["report"]["targets"]) >= {"ratio", "overhead_frac", "first_all_frac"}
+
+
+def test_dry_run_ray_is_skipped_with_its_reason(dry_run):
+    _, report, _ = dry_run
+    sec = report["sections"]["ray"]
+    assert sec["status"] == "skipped"
+    res = sec["result"]
+    if res["importable"]:
+        assert "dry run" in res["reason"]
+    else:
+        assert "not carried" in res["reason"]
+
+
+def test_a_failing_or_hanging_section_leaves_the_others_running(tmp_path):
+    """An error is recorded and the next section runs; a hang is killed at the time limit; what
+    no longer fits the budget is skipped, and the report is complete."""
+    proc, report, wall = run_check(tmp_path, "--wheels", str(tmp_path / "none"), "--budget", "25",
+                                   "--only", "env,bench,ray", "--inject", "env:error", "--inject", "bench:hang",
+                                   timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env, bench, ray = (report["sections"][n] for n in ("env", "bench", "ray"))
+    assert env["status"] == "error" and "failure injected" in env["error"]
+    assert bench["status"] == "timeout" and bench["seconds"] >= bench["limit_s"] - 1
+    assert bench["limit_s"] <= 25
+    assert ray["status"] == "skipped" and ray["reason"].startswith("time budget")
+    assert report["finished"] and wall < 60
+    assert "no wheels in" in report["install"]["error"]
+    assert list(report["sections"]) == ["env", "bench", "ray"]
+
+
+def test_wheel_tags_refused_for_another_python(tmp_path):
+    run = load_run()
+    here = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert run.wheel_fits(f"x-1-{here}-{here}-manylinux_2_28_x86_64.whl") is None or os.uname().machine != "x86_64"
+    assert run.wheel_fits("x-1-py3-none-any.whl") is None
+    assert "built for cp39" in run.wheel_fits("x-1-cp39-cp39-manylinux2014_x86_64.whl")
+    assert "built for" in run.wheel_fits("x-1-py3-none-win_amd64.whl")
+
+
+def test_run_needs_an_output_folder(tmp_path):
+    env = dict(os.environ)
+    env.pop("OUT", None)
+    proc = subprocess.run([sys.executable, str(RUN), "--dry-run"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and "no output folder" in proc.stderr
+    proc = subprocess.run([sys.executable, str(RUN), "--out", str(tmp_path), "--only", "nope"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown section" in proc.stderr
