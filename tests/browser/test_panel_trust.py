@@ -3,8 +3,8 @@
 One notebook, three LoRA runs of a tiny model, chunks long enough (12 steps) to watch:
 
 - the columns a user steers by (id, status, Stop/Clone, the eval metric) are in view;
-- with the pointer resting on a row, a clone added from another cell (run by keyboard, so the
-  pointer stays put) joins at the end and the row under the pointer stays the same run; once the
+- with the pointer resting on a row, a clone added from a console on the same kernel (so the
+  pointer stays put and the notebook does not scroll) joins at the end and the row under the pointer stays the same run; once the
   pointer leaves, the sort is still the eval metric's (it never switches by itself);
 - Stop on a run shows ``stopping…`` (Stop disabled) until the run's chunk boundary, then
   ``stopped``;
@@ -68,6 +68,30 @@ def _order(page) -> list[str]:
         "(rows) => rows.map((r) => r.dataset.runId)")
 
 
+def _run_from_a_console(lab, notebook: str, code: str) -> str:
+    """Run ``code`` in ``notebook``'s kernel from a second client, as a console attached to the
+    kernel would: the notebook neither runs a cell nor scrolls, and the pointer stays put."""
+    from jupyter_client import BlockingKernelClient
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    kernel = next(s["kernel"]["id"] for s in lab.api("/api/sessions") if s["path"].endswith(notebook))
+    client = BlockingKernelClient(connection_file=str(Path(jupyter_runtime_dir()) / f"kernel-{kernel}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    out: list[str] = []
+    try:
+        reply = client.execute_interactive(
+            code, timeout=60, output_hook=lambda m: out.append(m["content"].get("text", "")))
+    finally:
+        client.stop_channels()
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return "".join(out)
+
+
+def _row(page, run_id: str):
+    return page.locator(f'[data-testid=rf-runs] tbody tr[data-run-id="{run_id}"]')
+
+
 def _run_cell(page, index: int) -> None:
     """Run cell ``index`` from the keyboard (Ctrl+Enter: run in place), its editor focused
     without moving the pointer or scrolling the notebook."""
@@ -88,7 +112,7 @@ def _run_cell(page, index: int) -> None:
 
 def test_panel_trust_at_1280(lab, browser):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(RUN_FIT.replace("{name}", EXPERIMENT)), nbformat.v4.new_code_cell(CLONE)]
+    nb.cells = [nbformat.v4.new_code_cell(RUN_FIT.replace("{name}", EXPERIMENT))]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, lab.root / "trust.ipynb")
     OUTPUT.mkdir(parents=True, exist_ok=True)
@@ -141,33 +165,30 @@ def test_panel_trust_at_1280(lab, browser):
         assert not out_of_view, f"out of view at 1280x900 with the file browser open: {out_of_view}"
 
         # --- item 4: rows keep their places under the pointer; a clone joins the end -------------
+        # The clone comes from a console on the same kernel: running a notebook cell would let
+        # JupyterLab scroll the notebook to that cell, carrying the table out from under a still
+        # pointer (a real leave, after which the order may settle), and that scroll is JupyterLab's.
         order = _order(page)
         target = rows.nth(1)
         under = target.get_attribute("data-run-id")
+        target = _row(page, under)
         box = target.bounding_box()
         panel_box = panel.bounding_box()
         x, y = box["x"] + 12, box["y"] + box["height"] / 2
         page.mouse.move(x, y)
         assert page.evaluate("([x, y]) => document.elementFromPoint(x, y)?.closest('tr')?.dataset.runId ?? null",
                              [x, y]) == under
-        _run_cell(page, 1)   # the clone, from the keyboard: the pointer stays on the table
-        # Running the cell may let JupyterLab scroll the notebook, which can carry the table out
-        # from under a pointer that did not move (a real leave: the order may then settle). The
-        # clone joins only at the next chunk boundary: put the pointer back on the same run first.
-        again = target.bounding_box()
-        page.mouse.move(again["x"] + 12, again["y"] + again["height"] / 2)
+        assert _run_from_a_console(lab, "trust.ipynb", CLONE).strip() == "clone 4"
         _wait(lambda: rows.count() == 4, 180, "the clone's row", page)
         assert _order(page)[:3] == order, f"rows moved under the pointer: {order} -> {_order(page)}"
         assert _order(page)[3] == "4"
-        # Running a cell from the keyboard lets JupyterLab scroll the notebook to it; what the
-        # panel owes is that the table does not move its rows: the same point of the table
-        # (shifted with the notebook's scroll) is still over the same run.
-        shift = panel.bounding_box()["y"] - panel_box["y"]
+        # the notebook did not move, and the point under the pointer is still over the same run
+        assert panel.bounding_box()["y"] == pytest.approx(panel_box["y"], abs=0.5)
         hit = page.evaluate("([x, y]) => document.elementFromPoint(x, y)?.closest('tr')?.dataset.runId ?? null",
-                            [x, y + shift])
+                            [x, y])
         page.screenshot(path=str(OUTPUT / "trust_4_hover.png"))
         assert hit == under, f"the row under the pointer changed from run {under} to {hit}"
-        assert target.bounding_box()["y"] - box["y"] == pytest.approx(shift, abs=0.5)
+        assert target.bounding_box()["y"] == pytest.approx(box["y"], abs=0.5)
         sorted_by = page.locator("[data-testid=rf-runs] th[data-sorted]:not([data-sorted=''])")
         assert sorted_by.get_attribute("data-sort") == "eval"
         page.mouse.move(5, 5)   # off the table: the order may settle, the sort stays on eval loss
