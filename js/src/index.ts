@@ -5,16 +5,20 @@
  * anywidget model API (`model.get/on/off/send`). The state lives in ./state.ts (tested alone);
  * this file turns state changes into DOM updates and canvas draws: each chart keeps its own copy
  * of its traces, changes them in place, and draws a frame's changes in one canvas pass
- * (./canvaschart.ts).
+ * (./canvaschart.ts). The boxes below the table are views of their own (./cloneview.ts,
+ * ./tracebackview.ts, ./timesplit.ts, ./timeline.ts), as are the worker notices (./workers.ts).
  */
 import type { AnyModel, RenderProps } from "@anywidget/types";
 import { Client, type Reply } from "./client";
 import { CSS } from "./style";
-import { CloneSubmitter, cloneFormKnobs, knobChanges, knobNamedIn } from "./cloneform";
+import { h } from "./dom";
+import { createCloneEditor } from "./cloneview";
+import { createTracebackView } from "./tracebackview";
+import { createTimeSplitView } from "./timesplit";
 import { suggestedRuns, suggestionOpen } from "./suggest";
 import { createWorkerNotices, hasWorkers, workerCell } from "./workers";
 import { createTimelineView } from "./timeline";
-import { drawSeries, seriesStyles, TIME_COLORS, timeBars, timeSplitInterval } from "./scale";
+import { drawSeries, seriesStyles } from "./scale";
 import { CanvasChart, type Range, type RungMark } from "./canvaschart";
 import { loadPrefs, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
 import {
@@ -30,10 +34,9 @@ import {
   type PanelState,
   type RunState,
 } from "./state";
-import { runColor, runKey, STATUS_COLORS } from "./palette";
+import { runKey, STATUS_COLORS } from "./palette";
 import {
   fmtNumber,
-  fmtSeconds,
   formatKnobValue,
   readableKnob,
   chunkText,
@@ -66,7 +69,6 @@ import {
   planChart,
   planIsEmpty,
   pruneRungs,
-  timeSplitFigure,
   type ChartBook,
   type ChartPlan,
   type TraceSpec,
@@ -90,21 +92,6 @@ const PUSH_SILENCE_MS = 1000;
 const OP_SLOW_MS = 4000;
 /** A confirming second click on Delete sooner than this is one double click, not a confirmation. */
 const DELETE_CONFIRM_MIN_MS = 400;
-
-function h<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  attrs: Record<string, string> = {},
-  children: (Node | string)[] = [],
-): HTMLElementTagNameMap[K] {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") el.className = v;
-    else if (k === "text") el.textContent = v;
-    else el.setAttribute(k, v);
-  }
-  for (const c of children) el.append(c);
-  return el;
-}
 
 interface Chart {
   book: ChartBook;
@@ -241,19 +228,13 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const messages = h("div", { class: "rf-messages", "data-testid": "rf-messages" });
   root.append(messages);
 
-  // --- clone editor, traceback, time split -----------------------------------------------------
-  const editorBox = h("div", { class: "rf-box", "data-testid": "rf-clone-editor" });
-  editorBox.style.display = "none";
-  const tracebackBox = h("div", { class: "rf-box", "data-testid": "rf-traceback" });
-  tracebackBox.style.display = "none";
-  root.append(editorBox, tracebackBox);
-  const timeSummary = h("summary", { text: "engine time split" });
-  const timeDiv = h("div", { class: "rf-time-plot", "data-testid": "rf-time-split" });
-  const timeDetails = h("details", { open: "" }, [timeSummary, timeDiv]);
-  timeDetails.addEventListener("toggle", () => {
-    if (timeDetails.open) scheduleRender({ time: true });
+  // --- clone editor, traceback, time split (views of their own) --------------------------------
+  const cloneEditor = createCloneEditor({
+    client, knobColumns: () => knobColumns(state), say, requestPull: () => requestPull(), isDisposed: () => disposed,
   });
-  root.append(timeDetails);
+  const traceback = createTracebackView(client);
+  const timeSplit = createTimeSplitView({ requestDraw: () => scheduleRender({ time: true }), noteCall: (w) => noteCall(w) });
+  root.append(cloneEditor.el, traceback.el, timeSplit.details);
 
   // --- Ray workers: lost-worker notices above the filters, the chunk timeline ----------
   // Both live in workers.ts / timeline.ts; renderHeader (run for every applied batch) calls
@@ -304,7 +285,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         // In the same frame as the curves and the table: the bars are a few divs a run, rebuilt at
         // most every timeSplitInterval. (Deferring it to a frame without chart or table work, as
         // for Plotly, starved it while events streamed in.)
-        if (what.time) renderTimeSplit();
+        if (what.time) timeSplit.render(state);
       } catch (err) {
         say(`panel render error: ${String(err)}`, "error");
       }
@@ -719,8 +700,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     buttons.stop.addEventListener("click", () => simpleOp(row, run.id, "stop"));
     buttons.resume.addEventListener("click", () => simpleOp(row, run.id, "resume"));
     buttons.delete.addEventListener("click", () => deleteClicked(row, run.id));
-    buttons.clone.addEventListener("click", () => openCloneEditor(run.id));
-    buttons.traceback.addEventListener("click", () => showTraceback(run.id));
+    buttons.clone.addEventListener("click", () => void cloneEditor.open(run.id));
+    buttons.traceback.addEventListener("click", () => void traceback.show(run.id));
     answers.confirm_suggestion.addEventListener("click", () => simpleOp(row, run.id, "confirm_suggestion"));
     answers.ignore_suggestion.addEventListener("click", () => simpleOp(row, run.id, "ignore_suggestion"));
     tr.append(
@@ -883,271 +864,6 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     void simpleOp(row, runId, "delete");
   }
 
-  // --- clone editor ---------------------------------------------------------------------------
-  let editorSerial = 0;
-  async function openCloneEditor(runId: number): Promise<void> {
-    const serial = ++editorSerial;
-    editorBox.style.display = "";
-    // The form opens below the table: bring it into view, or the click seems to do nothing.
-    editorBox.scrollIntoView({ block: "nearest", behavior: "smooth" });
-    editorBox.replaceChildren(h("h4", { text: `Clone run ${runId}` }), h("div", { class: "rf-note", text: "loading knobs…" }));
-    const reply = await client.request({ type: "editable", run_id: runId });
-    if (serial !== editorSerial || disposed) return;
-    if (!reply.ok || !reply.knobs || typeof reply.knobs !== "object") {
-      editorBox.replaceChildren(
-        h("h4", { text: `Clone run ${runId}` }),
-        h("div", { class: "rf-error", text: reply.error ?? "no editable knobs" }),
-        h("div", { class: "rf-buttons" }, [closeButton()]),
-      );
-      return;
-    }
-    buildCloneForm(runId, reply.knobs as Record<string, unknown>, serial);
-  }
-
-  function closeButton(): HTMLButtonElement {
-    const b = h("button", { text: "Close", "data-testid": "rf-clone-cancel" });
-    b.addEventListener("click", () => {
-      editorSerial++;
-      editorBox.style.display = "none";
-      editorBox.replaceChildren();
-    });
-    return b;
-  }
-
-  function buildCloneForm(runId: number, original: Record<string, unknown>, serial: number): void {
-    const { main, more } = cloneFormKnobs(Object.keys(original), knobColumns(state));
-    const keys = [...main, ...more];
-    const inputs = new Map<string, HTMLInputElement>();
-    const fieldErrors = new Map<string, HTMLSpanElement>();
-    const field = (k: string, grid: HTMLDivElement) => {
-      const input = h("input", { type: "text", "data-knob": k, value: formatKnobValue(original[k]), title: k });
-      input.value = formatKnobValue(original[k]);
-      const err = h("span", { class: "rf-field-error", "data-error-for": k });
-      inputs.set(k, input);
-      fieldErrors.set(k, err);
-      grid.append(h("label", { text: readableKnob(k), title: k }), input, err);
-      input.addEventListener("input", () => scheduleCheck());
-    };
-    const mainForm = h("div", { class: "rf-form rf-form-main" });
-    const moreForm = h("div", { class: "rf-form" });
-    for (const k of main) field(k, mainForm);
-    for (const k of more) field(k, moreForm);
-    const moreBox = h("details", { class: "rf-more" }, [h("summary", { text: `other knobs (${more.length})` }), moreForm]);
-    const warm = h("input", { type: "checkbox", "data-testid": "rf-clone-warm" });
-    warm.addEventListener("change", () => scheduleCheck());
-    const status = h("div", { class: "rf-note", "data-testid": "rf-clone-status" });
-    const create = h("button", { class: "rf-primary", text: "Create clone", "data-testid": "rf-clone-create" });
-    editorBox.replaceChildren(
-      h("h4", { text: `Clone run ${runId}` }),
-      keys.length ? mainForm : h("div", { class: "rf-note", text: "this run has no editable knobs" }),
-      ...(more.length ? [moreBox] : []),
-      h("div", { class: "rf-buttons" }, [
-        h("label", {}, [warm, " warm start (continue from the parent's current weights)"]),
-      ]),
-      h("div", { class: "rf-buttons" }, [create, closeButton()]),
-      status,
-    );
-    editorBox.scrollIntoView({ block: "nearest", behavior: "smooth" });
-    let serverError = false;
-    const gate = (ok: boolean) => {
-      create.disabled = !ok;
-      create.title = ok ? "" : "fix the marked fields first";
-    };
-
-    function collect(): { changes: Record<string, unknown>; ok: boolean } {
-      const edited: Record<string, string> = {};
-      for (const [k, input] of inputs) edited[k] = input.value;
-      const { changes, errors } = knobChanges(original, edited);
-      for (const [k, input] of inputs) {
-        input.classList.toggle("rf-invalid", k in errors);
-        input.classList.toggle("rf-changed", k in changes);
-        fieldErrors.get(k)!.textContent = errors[k] ?? "";
-      }
-      const ok = Object.keys(errors).length === 0;
-      gate(ok && !serverError);
-      return { changes, ok };
-    }
-
-    function showServerError(error: string): void {
-      status.className = "rf-error";
-      status.textContent = error;
-      const k = knobNamedIn(error, keys);
-      if (k) {
-        inputs.get(k)!.classList.add("rf-invalid");
-        fieldErrors.get(k)!.textContent = error.length > 120 ? `${error.slice(0, 117)}…` : error;
-      }
-    }
-
-    let checkTimer: ReturnType<typeof setTimeout> | undefined;
-    const submitter = new CloneSubmitter({
-      collect: () => ({ ...collect(), warm_start: warm.checked }),
-      send: (payload, validateOnly) =>
-        client.request({ type: "op", op: "clone", run_id: runId, ...payload, validate_only: validateOnly }),
-      isOpen: () => serial === editorSerial,
-    });
-    function scheduleCheck(): void {
-      // An edit may fix what the server refused; parse errors gate Create at once.
-      serverError = false;
-      collect();
-      if (checkTimer !== undefined) clearTimeout(checkTimer);
-      checkTimer = setTimeout(() => void check(), 400);
-    }
-
-    /** validate_only: Python builds the real configs and creates nothing. */
-    async function check(): Promise<void> {
-      const { changes, ok } = collect();
-      if (ok && Object.keys(changes).length === 0) {
-        status.className = "rf-note";
-        status.textContent = "no changes yet: edit a knob (a clone with no changes repeats its parent)";
-      }
-      const outcome = await submitter.check();
-      if (outcome.kind === "stale") return;
-      if (outcome.kind === "parse-error") {
-        status.className = "rf-error";
-        status.textContent = "fix the marked fields";
-        return;
-      }
-      if (outcome.kind === "refused") {
-        serverError = true;
-        gate(false);
-        showServerError(outcome.error);
-        return;
-      }
-      serverError = false;
-      gate(true);
-      const now = collect().changes;
-      if (Object.keys(now).length > 0) {
-        status.className = "rf-ok";
-        status.textContent = `valid: ${Object.entries(now).map(([k, v]) => `${k}=${formatKnobValue(v)}`).join(", ")}`;
-      }
-    }
-
-    create.addEventListener("click", async () => {
-      // The click creates from what the form holds now; a debounced check still pending or in
-      // flight is dropped (the submit validates in Python before creating).
-      if (checkTimer !== undefined) clearTimeout(checkTimer);
-      checkTimer = undefined;
-      create.disabled = true;
-      status.className = "rf-note";
-      status.textContent = "creating the clone…";
-      let outcome: Awaited<ReturnType<CloneSubmitter["submit"]>> = { kind: "closed" };
-      try {
-        outcome = await submitter.submit();
-        if (outcome.kind === "closed") return;
-        if (outcome.kind === "parse-error") {
-          status.className = "rf-error";
-          status.textContent = "fix the marked fields first";
-          return;
-        }
-        if (outcome.kind === "refused") {
-          serverError = true;
-          showServerError(outcome.error);
-          return;
-        }
-        say(`cloned run ${runId} as run ${String(outcome.newRunId)}`, "ok");
-        editorSerial++;
-        editorBox.style.display = "none";
-        editorBox.replaceChildren();
-        requestPull();
-      } finally {
-        if (outcome.kind !== "created" && outcome.kind !== "closed") gate(!serverError && collect().ok);
-      }
-    });
-  }
-
-  // --- traceback --------------------------------------------------------------------------------
-  async function showTraceback(runId: number): Promise<void> {
-    tracebackBox.style.display = "";
-    tracebackBox.replaceChildren(h("h4", { text: `Run ${runId}: traceback` }), h("div", { class: "rf-note", text: "loading…" }));
-    const reply = await client.request({ type: "traceback", run_id: runId });
-    const close = h("button", { text: "Close" });
-    close.addEventListener("click", () => {
-      tracebackBox.style.display = "none";
-      tracebackBox.replaceChildren();
-    });
-    const body = reply.ok
-      ? h("pre", { class: "rf-traceback", text: typeof reply.traceback === "string" ? reply.traceback : "(no traceback recorded)" })
-      : h("div", { class: "rf-error", text: reply.error ?? "failed" });
-    tracebackBox.replaceChildren(h("h4", { text: `Run ${runId}: traceback` }), body, h("div", { class: "rf-buttons" }, [close]));
-  }
-
-  // --- engine time split ------------------------------------------------------------------------
-  let lastTimeDraw = 0;
-  let timeTimer: ReturnType<typeof setTimeout> | undefined;
-  function renderTimeSplit(): void {
-    const now = Date.now();
-    // Folded: nothing to draw until it opens. Times change with every chunk and a row per run is
-    // rebuilt, so the interval grows with the runs shown (2 s up to 8 runs, 12 s at 48).
-    const every = timeSplitInterval(state.runs.size);
-    if (timeDetails.open && needsPull(state)) {
-      // Still catching up on the log (a panel shown late): draw once caught up, rather than a
-      // partial split that the cadence would then hold for `every`.
-      if (timeTimer === undefined) {
-        timeTimer = setTimeout(() => {
-          timeTimer = undefined;
-          scheduleRender({ time: true });
-        }, 500);
-      }
-      return;
-    }
-    if (timeDetails.open && now - lastTimeDraw < every) {
-      if (timeTimer === undefined) {
-        timeTimer = setTimeout(() => {
-          timeTimer = undefined;
-          scheduleRender({ time: true });
-        }, every);
-      }
-      return;
-    }
-    if (timeDetails.open) lastTimeDraw = now;
-    const fig = timeSplitFigure(state);
-    if (fig.total <= 0) {
-      timeSummary.textContent = "engine time split (after the first chunk)";
-      return;
-    }
-    const pct = (v: number) => `${((100 * v) / fig.total).toFixed(1)}%`;
-    timeSummary.textContent =
-      `engine time ${fmtSeconds(fig.total)}: train ${pct(fig.values.train[0])} · eval ${pct(fig.values.eval[0])} · ` +
-      `swap ${pct(fig.values.swap[0])} · other ${pct(fig.values.other[0])} (overhead ${(fig.overhead * 100).toFixed(1)}%)`;
-    if (!timeDetails.open) return;
-    noteCall("time:render");
-    // Stacked bars on one seconds scale, as plain DOM: a bar row per run is a handful of divs, and
-    // each run's label carries its chart colour and dash glyph, so it reads with the same key.
-    const legend = h("div", { class: "rf-time-legend" }, fig.categories.map((c) => {
-      const key = h("span", { class: "rf-time-key" });
-      key.style.background = TIME_COLORS[c];
-      return h("span", {}, [key, c]);
-    }));
-    // 22 px a row for a few runs; thinner rows (12 px at least) at 48 runs rather than a block a
-    // screen tall.
-    const rowPx = Math.max(12, Math.min(22, 500 / fig.rows.length));
-    const rowsEl = timeBars(fig).map((bar) => {
-      const label = h("span", { class: "rf-time-label" });
-      if (bar.runId !== null) {
-        const glyph = h("span", { text: runKey(bar.runId).glyph });
-        glyph.style.color = runColor(bar.runId);
-        label.append(glyph, ` ${bar.label}`);
-      } else {
-        label.textContent = bar.label;
-      }
-      const fill = h("span", { class: "rf-time-fill" }, bar.segments.filter((g) => g.seconds > 0).map((g) => {
-        const seg = h("span", { title: `${bar.label} ${g.category}: ${g.seconds.toFixed(2)} s` });
-        seg.style.width = `${g.pct}%`;
-        seg.style.background = TIME_COLORS[g.category];
-        return seg;
-      }));
-      fill.style.width = `${bar.widthPct}%`;
-      const row = h("div", {
-        class: "rf-time-row",
-        title: `${bar.label}: ${bar.segments.map((g) => `${g.category} ${g.seconds.toFixed(2)} s`).join(" · ")}`,
-      }, [label, h("span", { class: "rf-time-track" }, [fill]), h("span", { class: "rf-time-total", text: fmtSeconds(bar.total) })]);
-      row.style.height = `${rowPx}px`;
-      row.style.fontSize = `${Math.min(11, rowPx - 2)}px`;
-      return row;
-    });
-    timeDiv.replaceChildren(legend, ...rowsEl);
-  }
-
   // --- protocol: push, pull, snapshot -----------------------------------------------------------
   let lastPushAt = 0;
   let update: { start: number; ingestMs: number; events: number } | null = null;
@@ -1282,7 +998,6 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   return () => {
     disposed = true;
     clearInterval(timer);
-    if (timeTimer !== undefined) clearTimeout(timeTimer);
     timeline.dispose();
     for (const a of deleteArmed.values()) clearTimeout(a.timer);
     m.off("msg:custom", onCustom);
@@ -1291,7 +1006,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     resizeObserver?.disconnect();
     client.dispose();
     for (const c of charts) c.plot.destroy();
-    timeDiv.replaceChildren();
+    timeSplit.dispose();
     el.replaceChildren();
   };
 }

@@ -1,0 +1,112 @@
+/**
+ * The engine time split under the table: where the engine's seconds went (train, eval, swap,
+ * other), for all runs and a bar per run, drawn as plain DOM on one seconds scale.
+ */
+import { timeSplitFigure } from "./chartplan";
+import { h } from "./dom";
+import { fmtSeconds } from "./format";
+import { runColor, runKey } from "./palette";
+import { TIME_COLORS, timeBars, timeSplitInterval } from "./scale";
+import { needsPull, type PanelState } from "./state";
+
+export interface TimeSplitView {
+  details: HTMLDetailsElement;
+  /** Redraw from `state`, at most every timeSplitInterval; a later draw is asked for through
+   * the factory's `requestDraw`. */
+  render(state: PanelState): void;
+  dispose(): void;
+}
+
+export function createTimeSplitView(opts: {
+  /** Ask the panel for a render of the split in a later frame. */
+  requestDraw: () => void;
+  /** Record a draw in the panel's update timings. */
+  noteCall: (what: string) => void;
+}): TimeSplitView {
+  const summary = h("summary", { text: "engine time split" });
+  const plot = h("div", { class: "rf-time-plot", "data-testid": "rf-time-split" });
+  const details = h("details", { open: "" }, [summary, plot]);
+  details.addEventListener("toggle", () => {
+    if (details.open) opts.requestDraw();
+  });
+  let lastDraw = 0;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const later = (ms: number) => {
+    if (timer !== undefined) return;
+    timer = setTimeout(() => {
+      timer = undefined;
+      opts.requestDraw();
+    }, ms);
+  };
+
+  function render(state: PanelState): void {
+    const now = Date.now();
+    // Folded: nothing to draw until it opens. Times change with every chunk and a row per run is
+    // rebuilt, so the interval grows with the runs shown (2 s up to 8 runs, 12 s at 48).
+    const every = timeSplitInterval(state.runs.size);
+    if (details.open && needsPull(state)) {
+      // Still catching up on the log (a panel shown late): draw once caught up, rather than a
+      // partial split that the cadence would then hold for `every`.
+      later(500);
+      return;
+    }
+    if (details.open && now - lastDraw < every) {
+      later(every);
+      return;
+    }
+    if (details.open) lastDraw = now;
+    const fig = timeSplitFigure(state);
+    if (fig.total <= 0) {
+      summary.textContent = "engine time split (after the first chunk)";
+      return;
+    }
+    const pct = (v: number) => `${((100 * v) / fig.total).toFixed(1)}%`;
+    summary.textContent =
+      `engine time ${fmtSeconds(fig.total)}: train ${pct(fig.values.train[0])} · eval ${pct(fig.values.eval[0])} · ` +
+      `swap ${pct(fig.values.swap[0])} · other ${pct(fig.values.other[0])} (overhead ${(fig.overhead * 100).toFixed(1)}%)`;
+    if (!details.open) return;
+    opts.noteCall("time:render");
+    // Stacked bars on one seconds scale: a bar row per run is a handful of divs, and each run's
+    // label carries its chart colour and dash glyph, so it reads with the same key.
+    const legend = h("div", { class: "rf-time-legend" }, fig.categories.map((c) => {
+      const key = h("span", { class: "rf-time-key" });
+      key.style.background = TIME_COLORS[c];
+      return h("span", {}, [key, c]);
+    }));
+    // 22 px a row for a few runs; thinner rows (12 px at least) at 48 runs rather than a block a
+    // screen tall.
+    const rowPx = Math.max(12, Math.min(22, 500 / fig.rows.length));
+    const rows = timeBars(fig).map((bar) => {
+      const label = h("span", { class: "rf-time-label" });
+      if (bar.runId !== null) {
+        const glyph = h("span", { text: runKey(bar.runId).glyph });
+        glyph.style.color = runColor(bar.runId);
+        label.append(glyph, ` ${bar.label}`);
+      } else {
+        label.textContent = bar.label;
+      }
+      const fill = h("span", { class: "rf-time-fill" }, bar.segments.filter((g) => g.seconds > 0).map((g) => {
+        const seg = h("span", { title: `${bar.label} ${g.category}: ${g.seconds.toFixed(2)} s` });
+        seg.style.width = `${g.pct}%`;
+        seg.style.background = TIME_COLORS[g.category];
+        return seg;
+      }));
+      fill.style.width = `${bar.widthPct}%`;
+      const row = h("div", {
+        class: "rf-time-row",
+        title: `${bar.label}: ${bar.segments.map((g) => `${g.category} ${g.seconds.toFixed(2)} s`).join(" · ")}`,
+      }, [label, h("span", { class: "rf-time-track" }, [fill]), h("span", { class: "rf-time-total", text: fmtSeconds(bar.total) })]);
+      row.style.height = `${rowPx}px`;
+      row.style.fontSize = `${Math.min(11, rowPx - 2)}px`;
+      return row;
+    });
+    plot.replaceChildren(legend, ...rows);
+  }
+
+  function dispose(): void {
+    if (timer !== undefined) clearTimeout(timer);
+    timer = undefined;
+    plot.replaceChildren();
+  }
+  return { details, render, dispose };
+}
