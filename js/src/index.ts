@@ -5,8 +5,9 @@
  * anywidget model API (`model.get/on/off/send`). The state lives in ./state.ts (tested alone);
  * this file turns state changes into DOM updates and canvas draws: each chart keeps its own copy
  * of its traces, changes them in place, and draws a frame's changes in one canvas pass
- * (./canvaschart.ts). The boxes below the table are views of their own (./cloneview.ts,
- * ./tracebackview.ts, ./timesplit.ts, ./timeline.ts), as are the worker notices (./workers.ts).
+ * (./canvaschart.ts). The run table (./tableview.ts), the boxes below it (./cloneview.ts,
+ * ./tracebackview.ts, ./timesplit.ts, ./timeline.ts) and the worker notices (./workers.ts) are
+ * views of their own; this file builds the header and the charts and wires the views together.
  */
 import type { AnyModel, RenderProps } from "@anywidget/types";
 import { Client, type Reply } from "./client";
@@ -15,8 +16,9 @@ import { h } from "./dom";
 import { createCloneEditor } from "./cloneview";
 import { createTracebackView } from "./tracebackview";
 import { createTimeSplitView } from "./timesplit";
-import { suggestedRuns, suggestionOpen } from "./suggest";
-import { createWorkerNotices, hasWorkers, workerCell } from "./workers";
+import { createRunTable, type Focus } from "./tableview";
+import { suggestedRuns } from "./suggest";
+import { createWorkerNotices } from "./workers";
 import { createTimelineView } from "./timeline";
 import { drawSeries, seriesStyles } from "./scale";
 import { CanvasChart, type Range, type RungMark } from "./canvaschart";
@@ -29,39 +31,10 @@ import {
   noteKnownSeq,
   noteOnDevice,
   noteQueued,
-  has,
-  lowerIsBetter,
   type PanelState,
-  type RunState,
 } from "./state";
-import { runKey, STATUS_COLORS } from "./palette";
-import {
-  fmtNumber,
-  formatKnobValue,
-  readableKnob,
-  chunkText,
-  progressFraction,
-  stepText,
-  readableMetric,
-  ownEpoch,
-  dataStartText,
-} from "./format";
-import {
-  headerCounts,
-  headerCountTitle,
-  knobColumns,
-  legalOps,
-  runShown,
-  isCollapsible,
-  isPruned,
-  effectiveSort,
-  sortRuns,
-  statusBadge,
-  heldOrder,
-  type SortColumn,
-  type SortKey,
-  type StatusFilters,
-} from "./table";
+import { STATUS_COLORS } from "./palette";
+import { headerCounts, headerCountTitle, knobColumns, runShown } from "./table";
 import {
   createChartBook,
   defaultMetric,
@@ -75,11 +48,6 @@ import {
 } from "./chartplan";
 
 type Model = AnyModel<{ snapshot: Record<string, unknown> }>;
-type SimpleOp = "stop" | "resume" | "delete" | "confirm_suggestion" | "ignore_suggestion";
-const OP_WORDS: Record<SimpleOp, string> = {
-  stop: "stop", resume: "resume", delete: "delete",
-  confirm_suggestion: "confirm the pruner's stop of", ignore_suggestion: "ignore the pruner's suggestion for",
-};
 
 const PULL_INTERVAL_MS = 1000;
 /**
@@ -88,10 +56,6 @@ const PULL_INTERVAL_MS = 1000;
  * a panel whose kernel restarted can still look live: about two seconds.
  */
 const PUSH_SILENCE_MS = 1000;
-/** A click with no reply after this long says so (the kernel answers between cells only). */
-const OP_SLOW_MS = 4000;
-/** A confirming second click on Delete sooner than this is one double click, not a confirmation. */
-const DELETE_CONFIRM_MIN_MS = 400;
 
 interface Chart {
   book: ChartBook;
@@ -171,7 +135,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         scheduleRender({ charts: true });
       },
       onHover: (id: number | null) => {
-        for (const [rid, row] of rows) row.tr.classList.toggle("rf-hot", rid === id);
+        runTable.highlight(id);
       },
     });
     const chart: Chart = {
@@ -195,36 +159,28 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   charts.push(makeChart("eval", "eval", "samples seen", "eval_loss"));
   const evalChart = charts[1];
 
-  // --- run table --------------------------------------------------------------------------------
-  const table = h("table", { class: "rf-table", "data-testid": "rf-runs" });
-  const thead = h("thead");
-  const tbody = h("tbody");
-  table.append(thead, tbody);
-  const filterBox = h("div", { class: "rf-filters", "data-testid": "rf-filters" }, ["hide:"]);
-  const filterBoxes = new Map<keyof StatusFilters, HTMLInputElement>();
-  for (const s of ["stopped", "pruned", "deleted"] as (keyof StatusFilters)[]) {
-    const box = h("input", { type: "checkbox", "data-filter": s });
-    filterBoxes.set(s, box);
-    box.addEventListener("change", () => {
-      hide[s] = box.checked;
-      persistPrefs();
-      scheduleRender({ charts: true, table: true });
-    });
-    filterBox.append(h("label", { title: `hide ${s} runs in the charts and the table` }, [box, ` ${s}`]));
-  }
-  const hiddenNote = h("span", { class: "rf-note", "data-testid": "rf-hidden-note" });
-  filterBox.append(hiddenNote);
-  const tableWrap = h("div", { class: "rf-table-wrap" }, [table]);
-  root.append(filterBox, tableWrap);
-  // The auto sort waits while the pointer is over the table; leaving it applies the order.
-  let pointerInTable = false;
-  tableWrap.addEventListener("mouseenter", () => {
-    pointerInTable = true;
+  // --- run table (./tableview.ts), and what it shares with the charts --------------------------
+  const focusOn: Focus = {
+    hover: null, pinned: new Set(), hiddenRuns: new Set(), hide: { stopped: false, pruned: false, deleted: false },
+  };
+  const { pinned, hiddenRuns, hide } = focusOn;
+  const runTable = createRunTable({
+    state, client, focus: focusOn,
+    metric: () => evalChart.book.metric,
+    disconnected: () => disconnected,
+    scheduleRender: (what) => scheduleRender(what),
+    emphasize: () => emphasizeAll(),
+    hiddenChanged: () => {
+      for (const c of charts) updateSelect(c);
+      emphasizeAll();
+    },
+    persistPrefs: () => persistPrefs(),
+    say: (text, kind) => say(text, kind),
+    requestPull: () => requestPull(),
+    openClone: (runId) => void cloneEditor.open(runId),
+    showTraceback: (runId) => void traceback.show(runId),
   });
-  tableWrap.addEventListener("mouseleave", () => {
-    pointerInTable = false;
-    scheduleRender({ table: true });
-  });
+  root.append(runTable.filterBox, runTable.wrap);
   const messages = h("div", { class: "rf-messages", "data-testid": "rf-messages" });
   root.append(messages);
 
@@ -240,7 +196,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   // Both live in workers.ts / timeline.ts; renderHeader (run for every applied batch) calls
   // renderWorkers, and the timeline keeps its own redraw cadence, drawing nothing while folded.
   const workerNotices = createWorkerNotices();
-  filterBox.before(workerNotices.el);
+  runTable.filterBox.before(workerNotices.el);
   const timeline = createTimelineView();
   root.append(timeline.details);
   function renderWorkers(): void {
@@ -281,7 +237,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       try {
         if (what.header) renderHeader();
         if (what.charts) renderCharts();
-        if (what.table) renderTable();
+        if (what.table) runTable.render();
         // In the same frame as the curves and the table: the bars are a few divs a run, rebuilt at
         // most every timeSplitInterval. (Deferring it to a frame without chart or table work, as
         // for Plotly, starved it while events streamed in.)
@@ -414,16 +370,12 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   }
 
   // --- emphasis: hover a row to highlight its curves, click to pin, swatch to hide, filters ------
-  let hoverRun: number | null = null;
-  const pinned = new Set<number>();
-  const hiddenRuns = new Set<number>();
-  const hide: StatusFilters = { stopped: false, pruned: false, deleted: false };
 
   function emphasize(chart: Chart): void {
     const order = chart.book.order;
     if (chart.book.drawnMetric === null) return;
     const focus = new Set(pinned);
-    if (hoverRun !== null) focus.add(hoverRun);
+    if (focusOn.hover !== null) focus.add(focusOn.hover);
     // Eval markers (one per chunk) of dozens of runs pile into a solid band: past a few runs only
     // the hovered or pinned runs show theirs; the curves still answer hover at every point.
     const styles = seriesStyles(state, order, chart.book.split, focus, hiddenRuns, hide);
@@ -470,350 +422,6 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     emphasizeAll();
   }
 
-  // --- the run table, keyed by run id so buttons stay put while rows update ------------------
-  // Id, status and the buttons come first so that they stay in view in a narrow notebook; then
-  // only the knobs that differ between runs, values clipped with the full text on hover.
-  interface Row {
-    tr: HTMLTableRowElement;
-    status: HTMLSpanElement;
-    /** "▶ on device" beside the badge of the run training now. */
-    device: HTMLSpanElement;
-    knobCells: HTMLSpanElement[];
-    progressBar: HTMLSpanElement;
-    progressText: HTMLSpanElement;
-    chunkText: HTMLDivElement;
-    trainLoss: HTMLTableCellElement;
-    latest: HTMLSpanElement;
-    best: HTMLDivElement;
-    parent: HTMLTableCellElement | null;
-    worker: HTMLTableCellElement | null;
-    note: HTMLDivElement;
-    /** pruner_mode="suggest": the pruner's reason with Confirm / Ignore, while unanswered. */
-    suggestion: HTMLDivElement;
-    suggestionText: HTMLSpanElement;
-    answers: Record<"confirm_suggestion" | "ignore_suggestion", HTMLButtonElement>;
-    buttons: Record<"stop" | "resume" | "delete" | "clone" | "traceback", HTMLButtonElement>;
-    busy: boolean;
-  }
-  const rows = new Map<number, Row>();
-  const deleteArmed = new Map<number, { at: number; timer: ReturnType<typeof setTimeout> }>();
-  let columnsKey = "";
-  let rowColumnsKey = "";
-  let sortKey: SortKey = { column: "auto", descending: false };
-  const sortHeads = new Map<SortColumn, HTMLTableCellElement>();
-  let groupOpen = false;
-  const groupRow = h("tr", { class: "rf-group-row", "data-testid": "rf-group" });
-  const groupCell = h("td");
-  groupRow.append(groupCell);
-  groupRow.addEventListener("click", () => {
-    groupOpen = !groupOpen;
-    persistPrefs();
-    scheduleRender({ table: true });
-  });
-  let shownOrder = "";
-  let shownIds: (number | "group")[] = [];
-  // A header click is a request to reorder now, pointer over the table or not.
-  let reorderNow = false;
-
-  function headerClicked(column: SortColumn): void {
-    const metric = evalChart.book.metric;
-    const current = effectiveSort(state, sortKey, metric);
-    // First click: the column's natural "best first" order; a second click reverses it.
-    const natural = column === "eval" ? metric !== null && !lowerIsBetter(metric) : column === "progress";
-    sortKey = current.column === column ? { column, descending: !current.descending } : { column, descending: natural };
-    persistPrefs();
-    reorderNow = true;
-    scheduleRender({ table: true });
-  }
-
-  function renderTable(): void {
-    const knobs = knobColumns(state);
-    const metric = evalChart.book.metric;
-    const lineage = [...state.runs.values()].some((r) => r.parent !== null);
-    const workers = hasWorkers(state);
-    const key = JSON.stringify([knobs, metric, lineage, workers]);
-    // The eval metric only names a header: its first value must not rebuild the rows, or the
-    // button under the pointer is replaced between press and release.
-    const rowsKey = JSON.stringify([knobs, lineage, workers]);
-    if (key !== columnsKey) {
-      columnsKey = key;
-      const heads: [string, string, SortColumn | null][] = [
-        // What a user steers by comes first (id, status, buttons, the eval metric), so it stays
-        // in view however narrow the notebook; the knobs and the rest follow.
-        ["run", "", "id"], ["status", "", "status"], ["", "Stop · Resume · Delete · Clone", null],
-        [metric ? readableMetric(metric) : "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
-        ...knobs.map((k): [string, string, null] => [readableKnob(k), k, null]),
-        ["progress", "the run's own optimizer steps and epochs, and the chunk of data it trained last", "progress"],
-        ...(workers ? [["worker", "the Ray worker that trained the run's last chunk", null] as [string, string, null]] : []),
-        ["train loss", "latest training loss", "loss"],
-        ...(lineage ? [["parent", "the run this one was cloned from", null] as [string, string, null]] : []),
-      ];
-      sortHeads.clear();
-      thead.replaceChildren(h("tr", {}, heads.map(([t, title, col]) => {
-        const th = h("th", title ? { text: t, title } : { text: t });
-        if (col !== null) {
-          th.classList.add("rf-sortable");
-          th.dataset.sort = col;
-          th.title = `${title ? `${title}. ` : ""}Click to sort`;
-          th.addEventListener("click", () => headerClicked(col));
-          sortHeads.set(col, th);
-        }
-        return th;
-      })));
-      groupCell.colSpan = heads.length;
-      if (rowsKey !== rowColumnsKey) {
-        rowColumnsKey = rowsKey;
-        rows.clear();
-        tbody.replaceChildren();
-        shownOrder = "";
-      }
-    }
-    const sort = effectiveSort(state, sortKey, metric);
-    for (const [col, th] of sortHeads) {
-      th.dataset.sorted = col === sort.column ? (sort.descending ? "desc" : "asc") : "";
-    }
-    const all = [...state.runs.values()];
-    const shown = all.filter((r) => runShown(r, hide));
-    const main = sortRuns(shown.filter((r) => !isCollapsible(r)), sort, metric);
-    const folded = shown.filter((r) => isCollapsible(r)).sort((a, b) => a.id - b.id);
-    for (const run of all) {
-      let row = rows.get(run.id);
-      if (!row) {
-        row = makeRow(run, knobs, lineage, workers);
-        rows.set(run.id, row);
-      }
-      updateRow(row, run, knobs, metric);
-    }
-    const nPruned = folded.filter((r) => isPruned(r)).length;
-    const nDeleted = folded.length - nPruned;
-    const parts = [nPruned ? `${nPruned} pruned` : "", nDeleted ? `${nDeleted} deleted` : ""].filter(Boolean).join(" · ");
-    groupCell.textContent = `${groupOpen ? "▾" : "▸"} ${parts} (click to ${groupOpen ? "fold" : "show"})`;
-    const hold = !reorderNow && (pointerInTable || deleteArmed.size > 0);
-    reorderNow = false;
-    const liveOrder = heldOrder(
-      shownIds.filter((id): id is number => id !== "group" && main.includes(id)), main, hold,
-    );
-    const order: (number | "group")[] = [
-      ...liveOrder, ...(folded.length ? ["group" as const] : []), ...(groupOpen ? folded.map((r) => r.id) : []),
-    ];
-    const held = liveOrder.join(",") !== main.join(",");
-    const orderKey = order.join(",");
-    if (orderKey !== shownOrder) {
-      shownOrder = orderKey;
-      shownIds = order;
-      tbody.replaceChildren(...order.map((id) => (id === "group" ? groupRow : rows.get(id as number)!.tr)));
-      // A row taken out from under the pointer never gets its mouseleave.
-      if (hoverRun !== null && !order.includes(hoverRun)) {
-        hoverRun = null;
-        emphasizeAll();
-      }
-    }
-    const hiddenCount = all.length - shown.length;
-    const hiddenText = hiddenCount ? `${hiddenCount} run${hiddenCount > 1 ? "s" : ""} hidden` : "";
-    const heldText = held ? "order held while the pointer is on the table" : "";
-    hiddenNote.textContent = [hiddenText, heldText].filter(Boolean).join(" · ");
-  }
-
-  function makeRow(run: RunState, knobs: string[], lineage: boolean, workers: boolean): Row {
-    const tr = h("tr", { "data-run-id": String(run.id) });
-    const swatch = h("span", {
-      class: "rf-swatch", "data-testid": "rf-swatch",
-      title: `run ${run.id}: click to hide or show its curves; click the row to pin them`,
-    });
-    const key = runKey(run.id);
-    Object.assign(swatch.style, key.css);
-    swatch.title = `${key.title}. Click to hide or show its curves; click the row to pin them`;
-    swatch.addEventListener("click", (ev) => {
-      ev.stopPropagation();
-      if (hiddenRuns.has(run.id)) hiddenRuns.delete(run.id);
-      else hiddenRuns.add(run.id);
-      swatch.classList.toggle("rf-swatch-off", hiddenRuns.has(run.id));
-      for (const c of charts) updateSelect(c);
-      emphasizeAll();
-    });
-    tr.addEventListener("mouseenter", () => {
-      hoverRun = run.id;
-      emphasizeAll();
-    });
-    tr.addEventListener("mouseleave", () => {
-      if (hoverRun === run.id) hoverRun = null;
-      emphasizeAll();
-    });
-    tr.addEventListener("click", (ev) => {
-      // Buttons and form fields in the row do their own thing.
-      if ((ev.target as HTMLElement).closest("button, input, select, a")) return;
-      if (pinned.has(run.id)) pinned.delete(run.id);
-      else pinned.add(run.id);
-      tr.classList.toggle("rf-pinned", pinned.has(run.id));
-      emphasizeAll();
-    });
-    const status = h("span", { class: "rf-status", "data-testid": "rf-status" });
-    const knobCells = knobs.map(() => h("span", { class: "rf-clip" }));
-    const progressBar = h("span");
-    const progressTextEl = h("span", { class: "rf-progress-text" });
-    const chunkTextEl = h("div", { class: "rf-note" });
-    const mk = (op: "stop" | "resume" | "delete" | "clone" | "traceback", label: string) =>
-      h("button", { "data-op": op, title: `${label} run ${run.id}`, text: label });
-    const buttons = {
-      stop: mk("stop", "Stop"),
-      resume: mk("resume", "Resume"),
-      delete: mk("delete", "Delete"),
-      clone: mk("clone", "Clone"),
-      traceback: mk("traceback", "Traceback"),
-    };
-    buttons.delete.classList.add("rf-danger");
-    const suggestionText = h("span", { class: "rf-suggest-text" });
-    const answers = {
-      confirm_suggestion: h("button", {
-        "data-op": "confirm_suggestion", class: "rf-primary", text: "Confirm",
-        title: `stop run ${run.id} as the pruner suggests`,
-      }),
-      ignore_suggestion: h("button", {
-        "data-op": "ignore_suggestion", text: "Ignore",
-        title: `keep training run ${run.id}; the pruner will not judge it again`,
-      }),
-    };
-    const suggestion = h("div", { class: "rf-suggest", "data-testid": "rf-suggestion" },
-      [h("span", { class: "rf-suggest-label", text: "pruner suggests stopping: " }), suggestionText,
-        answers.confirm_suggestion, answers.ignore_suggestion]);
-    suggestion.style.display = "none";
-    const row: Row = {
-      tr,
-      status,
-      device: h("span", { class: "rf-on-device", "data-testid": "rf-on-device", text: " ▶ on device" }),
-      knobCells,
-      progressBar,
-      progressText: progressTextEl,
-      chunkText: chunkTextEl,
-      trainLoss: h("td", { class: "rf-num" }),
-      latest: h("span", { "data-testid": "rf-latest" }),
-      best: h("div", { class: "rf-note" }),
-      parent: lineage ? h("td") : null,
-      worker: workers ? h("td", { "data-testid": "rf-worker" }) : null,
-      note: h("div", { class: "rf-note rf-row-note" }),
-      suggestion,
-      suggestionText,
-      answers,
-      buttons,
-      busy: false,
-    };
-    buttons.stop.addEventListener("click", () => simpleOp(row, run.id, "stop"));
-    buttons.resume.addEventListener("click", () => simpleOp(row, run.id, "resume"));
-    buttons.delete.addEventListener("click", () => deleteClicked(row, run.id));
-    buttons.clone.addEventListener("click", () => void cloneEditor.open(run.id));
-    buttons.traceback.addEventListener("click", () => void traceback.show(run.id));
-    answers.confirm_suggestion.addEventListener("click", () => simpleOp(row, run.id, "confirm_suggestion"));
-    answers.ignore_suggestion.addEventListener("click", () => simpleOp(row, run.id, "ignore_suggestion"));
-    tr.append(
-      h("td", { class: "rf-id" }, [swatch, `${run.id}`]),
-      h("td", {}, [status, row.device]),
-      h("td", {}, [h("span", { class: "rf-actions" }, Object.values(buttons)), row.note, suggestion]),
-      h("td", { class: "rf-num", "data-testid": "rf-eval-cell" }, [row.latest, row.best]),
-      ...knobCells.map((c) => h("td", { class: "rf-knob" }, [c])),
-      h("td", {}, [h("span", { class: "rf-progress" }, [progressBar]), progressTextEl, chunkTextEl]),
-      ...(row.worker ? [row.worker] : []),
-      row.trainLoss,
-      ...(row.parent ? [row.parent] : []),
-    );
-    return row;
-  }
-
-  function updateRow(row: Row, run: RunState, knobs: string[], metric: string | null): void {
-    row.tr.dataset.status = run.status;
-    const badge = statusBadge(run, state);
-    row.status.textContent = badge.text;
-    row.status.style.background = STATUS_COLORS[badge.status];
-    row.status.classList.toggle("rf-queued", state.queued.has(run.id));
-    row.device.style.display = badge.onDevice ? "" : "none";
-    row.device.title = badge.onDevice ? "this run has the device now (runs train one chunk at a time)" : "";
-    knobs.forEach((k, i) => {
-      // A knob the run leaves at its default has no entry: show what the run does, not a blank.
-      const epochs = k.endsWith("num_train_epochs") ? ownEpoch(run)?.epochs : undefined;
-      const set = has(run.knobs, k);
-      const text = set ? formatKnobValue(run.knobs[k]) : epochs !== undefined ? String(epochs) : "default";
-      row.knobCells[i].textContent = text;
-      row.knobCells[i].classList.toggle("rf-default", !set);
-      row.knobCells[i].title = set ? `${k} = ${text}` : `${k} not set: the trainer's default${epochs !== undefined ? ` (${epochs})` : ""}`;
-    });
-    row.progressBar.style.width = `${(progressFraction(run) * 100).toFixed(1)}%`;
-    row.progressText.textContent = stepText(run);
-    row.chunkText.textContent = chunkText(run);
-    row.chunkText.title = dataStartText(run);
-    row.trainLoss.textContent = fmtNumber(has(run.latest, "loss") ? run.latest["loss"] : null);
-    const latest = metric !== null && has(run.latest, metric) ? run.latest[metric] : null;
-    row.latest.textContent = metric ? fmtNumber(latest) : "–";
-    const best = metric !== null && has(run.best, metric) ? run.best[metric] : undefined;
-    row.best.textContent = best !== undefined && best !== latest ? `best ${fmtNumber(best)}` : "";
-    if (row.worker) {
-      const cell = workerCell(state, run);
-      row.worker.textContent = cell.text;
-      row.worker.title = cell.title;
-    }
-    if (row.parent) row.parent.textContent = run.parent !== null ? `${run.parent}${run.warmStart ? " (warm)" : ""}` : "";
-    const legal = legalOps(run.status, state.queued.get(run.id) ?? null);
-    const off = disconnected !== null;
-    row.buttons.stop.disabled = off || row.busy || !legal.stop;
-    row.buttons.resume.disabled = off || row.busy || !legal.resume;
-    row.buttons.delete.disabled = off || row.busy || !legal.delete;
-    row.buttons.clone.disabled = off || !legal.clone;
-    row.buttons.traceback.disabled = off;
-    row.buttons.traceback.style.display = run.hasError ? "" : "none";
-    const asked = suggestionOpen(run);
-    row.suggestion.style.display = asked ? "" : "none";
-    row.suggestionText.textContent = asked ? run.suggestion! : "";
-    row.suggestion.title = asked ? run.suggestion! : "";
-    row.answers.confirm_suggestion.disabled = off || row.busy;
-    row.answers.ignore_suggestion.disabled = off || row.busy;
-    row.tr.classList.toggle("rf-suggested", asked);
-    const op = run.lastOp;
-    const note = run.reason ?? (op && !op.accepted ? `${op.op} refused: ${op.reason ?? ""}` : "");
-    row.note.textContent = note;
-    row.note.title = note;
-    row.note.style.display = note ? "" : "none";
-    row.status.title = badge.title;
-  }
-
-  async function simpleOp(row: Row, runId: number, op: SimpleOp): Promise<void> {
-    const words = OP_WORDS[op];
-    if (disconnected !== null) {
-      say(`${words} run ${runId}: not sent, ${disconnected}`, "error");
-      return;
-    }
-    // A second click (a double click, or Stop then Resume before the first reply) would reach
-    // the kernel before the next render disables the buttons: one op per row at a time.
-    if (row.busy) return;
-    row.busy = true;
-    setRowButtonsBusy(row);
-    scheduleRender({ table: true });
-    say(`${words} run ${runId}…`);
-    // The kernel answers a click only between cells: past a few seconds, say why it waits.
-    const slow = setTimeout(() => {
-      if (row.busy && disconnected === null) {
-        say(`${words} run ${runId}: no reply from the kernel after ${OP_SLOW_MS / 1000} s; a cell is `
-          + "probably running (clicks act once it finishes)", "error");
-      }
-    }, OP_SLOW_MS);
-    const reply = await client.request({ type: "op", op, run_id: runId });
-    clearTimeout(slow);
-    row.busy = false;
-    if (disconnected !== null) say(`${words} run ${runId}: not delivered, ${disconnected}`, "error");
-    // Only a run training now waits for a boundary; the engine applies the rest on its next turn.
-    else if (reply.ok) say(`${words} run ${runId}: accepted${(op === "stop" || op === "resume" || op === "delete") && state.runs.get(runId)?.status === "running" ? " (applies at its next chunk boundary)" : ""}`, "ok");
-    else say(`${words} run ${runId}: ${reply.error}`, "error");
-    if ("queued" in reply) noteQueued(state, reply.queued);
-    scheduleRender({ table: true, header: true });
-    if (disconnected === null) requestPull();
-  }
-
-  /** Disable the row's op buttons now, not at the next frame (the render keeps them so). */
-  function setRowButtonsBusy(row: Row): void {
-    row.buttons.stop.disabled = true;
-    row.buttons.resume.disabled = true;
-    row.buttons.delete.disabled = true;
-    row.answers.confirm_suggestion.disabled = true;
-    row.answers.ignore_suggestion.disabled = true;
-  }
-
   /** The kernel side is gone: grey the panel, say so once, and stop sending. */
   function disconnect(why: string): void {
     if (disconnected !== null || disposed) return;
@@ -834,34 +442,6 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     counts.title = "as last seen before the kernel went away; nothing here is live";
     for (const b of root.querySelectorAll("button")) b.disabled = true;
     scheduleRender({ header: true, table: true });
-  }
-
-  function deleteClicked(row: Row, runId: number): void {
-    // Two clicks instead of a modal confirm(), which blocks the whole notebook page.
-    const armed = deleteArmed.get(runId);
-    if (armed === undefined) {
-      // The confirm belongs to this run's own button, and rows hold their places while it is
-      // armed, so the second click lands on the same run.
-      row.buttons.delete.textContent = "Confirm?";
-      row.buttons.delete.title = `click again within 4 s to delete run ${runId}`;
-      deleteArmed.set(runId, {
-        at: performance.now(),
-        timer: setTimeout(() => {
-          deleteArmed.delete(runId);
-          row.buttons.delete.textContent = "Delete";
-          row.buttons.delete.title = `Delete run ${runId}`;
-          scheduleRender({ table: true });
-        }, 4000),
-      });
-      return;
-    }
-    // A double click is not a confirmation: the second click must come a moment later.
-    if (performance.now() - armed.at < DELETE_CONFIRM_MIN_MS) return;
-    clearTimeout(armed.timer);
-    deleteArmed.delete(runId);
-    row.buttons.delete.textContent = "Delete";
-    row.buttons.delete.title = `Delete run ${runId}`;
-    void simpleOp(row, runId, "delete");
   }
 
   // --- protocol: push, pull, snapshot -----------------------------------------------------------
@@ -896,7 +476,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   let prefsAt: string | null = null;
   function persistPrefs(): void {
     const prefs: ViewPrefs = {
-      hide: { ...hide }, sort: { ...sortKey }, groupOpen,
+      hide: { ...hide }, sort: runTable.sortKey(), groupOpen: runTable.groupOpen(),
       metrics: { train: charts[0].preferred, eval: charts[1].preferred },
     };
     savePrefs(prefsAt, prefs);
@@ -908,9 +488,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const prefs = loadPrefs(prefsAt);
     if (prefs === null) return;
     Object.assign(hide, prefs.hide);
-    for (const [k, box] of filterBoxes) box.checked = hide[k];
-    sortKey = { ...prefs.sort };
-    groupOpen = prefs.groupOpen;
+    runTable.restore(prefs.sort, prefs.groupOpen);
     for (const [i, m] of [prefs.metrics.train, prefs.metrics.eval].entries()) {
       if (m === null) continue;
       charts[i].preferred = m;
@@ -999,7 +577,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     disposed = true;
     clearInterval(timer);
     timeline.dispose();
-    for (const a of deleteArmed.values()) clearTimeout(a.timer);
+    runTable.dispose();
     m.off("msg:custom", onCustom);
     m.off("change:snapshot", onSnapshot);
     events.off("comm:close", onClosed);

@@ -19,7 +19,8 @@ describe("panel module imports", () => {
   const graph = new Map(MODULES.map((m) => [m, localImports(m)]));
 
   it("reads the imports (a parser that finds none checks nothing)", () => {
-    expect(graph.get("index")).toEqual(expect.arrayContaining(["state", "table", "chartplan", "format"]));
+    expect(graph.get("index")).toEqual(expect.arrayContaining(["state", "table", "chartplan", "tableview", "timesplit"]));
+    expect(graph.get("tableview")).toEqual(expect.arrayContaining(["state", "table", "format", "dom"]));
     for (const deps of graph.values()) for (const d of deps) expect(MODULES).toContain(d);
   });
 
@@ -28,9 +29,16 @@ describe("panel module imports", () => {
   });
 
   it("the derived logic imports no view and no DOM helper", () => {
-    const views = ["index", "timeline", "canvaschart", "workers"];
+    const views = ["index", "timeline", "canvaschart", "workers", "tableview", "cloneview", "tracebackview", "timesplit", "dom"];
     for (const m of ["table", "chartplan", "format", "palette"]) {
       expect([m, graph.get(m)!.filter((d) => views.includes(d))]).toEqual([m, []]);
+    }
+  });
+
+  it("only index.ts wires the views: no view imports index or another view factory", () => {
+    const factories = ["index", "tableview", "cloneview", "tracebackview", "timesplit", "timeline"];
+    for (const m of MODULES.filter((x) => x !== "index")) {
+      expect([m, graph.get(m)!.filter((d) => factories.includes(d))]).toEqual([m, []]);
     }
   });
 
