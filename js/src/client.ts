@@ -62,8 +62,9 @@ export class Client {
       this.waiting.set(id, { resolve, timer });
       try {
         this.model.send({ ...content, request_id: id });
-      } catch (err) {
-        this.markGone(`kernel restarted or shut down (${err instanceof Error ? err.message : String(err)})`);
+      } catch {
+        // The comm's own words ("Cannot send") tell a user nothing the sentence does not.
+        this.markGone("kernel restarted or shut down");
       }
     });
   }

@@ -84,7 +84,8 @@ export const CSS = `
 .rf-suggest-label { color: #b58900; font-weight: 600; }
 .rf-suggest-text { color: var(--rf-fg2); max-width: 22em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 .rf-count-suggest { background: #b58900; }
-.rf-row-note { max-width: 260px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.rf-row-note { max-width: 320px; overflow: hidden; display: -webkit-box; -webkit-line-clamp: 3; -webkit-box-orient: vertical; white-space: normal; overflow-wrap: anywhere; }
+.rf-more-cols { margin-left: auto; }
 .rf-box { border: 1px solid var(--rf-border); border-radius: 4px; padding: 6px 8px; margin-top: 8px; background: var(--rf-bg); }
 .rf-box h4 { margin: 0 0 6px 0; font-size: 13px; }
 .rf-form { display: grid; grid-template-columns: max-content minmax(120px, 320px) 1fr; gap: 3px 8px; align-items: center; }
@@ -123,7 +124,8 @@ export const CSS = `
 .rf-messages { margin-top: 4px; font-size: 11px; min-height: 1em; }
 .rf-panel details > summary { cursor: pointer; color: var(--rf-fg2); margin-top: 8px; }
 .rf-banner { margin: 4px 0; padding: 4px 8px; border: 1px solid var(--rf-error); border-radius: 4px; color: var(--rf-error); font-size: 12px; font-weight: 600; }
-.rf-panel.rf-disconnected .rf-charts, .rf-panel.rf-disconnected .rf-table-wrap, .rf-panel.rf-disconnected .rf-filters, .rf-panel.rf-disconnected .rf-counts { opacity: 0.45; filter: grayscale(1); }
+.rf-panel.rf-disconnected .rf-charts, .rf-panel.rf-disconnected .rf-table-wrap, .rf-panel.rf-disconnected .rf-filters, .rf-panel.rf-disconnected .rf-counts,
+.rf-panel.rf-disconnected .rf-time-plot, .rf-panel.rf-disconnected .rf-timeline { opacity: 0.45; filter: grayscale(1); }
 .rf-panel.rf-disconnected .rf-live { color: var(--rf-error); font-weight: 600; }
 .rf-status.rf-queued { font-style: italic; }
 .rf-on-device { font-size: 10px; color: var(--rf-fg2); white-space: nowrap; }

@@ -150,15 +150,32 @@ export function runShown(run: RunState, hide: StatusFilters): boolean {
   return true;
 }
 
-export type SortColumn = "auto" | "id" | "status" | "progress" | "loss" | "eval";
+/** A column the table sorts by; `knob:<name>` is a knob column (the knob's dotted name). */
+export type SortColumn = "auto" | "id" | "status" | "progress" | "loss" | "eval" | `knob:${string}`;
 export interface SortKey {
   column: SortColumn;
   /** true: best / largest first, as the column's header arrow shows. */
   descending: boolean;
 }
 
-/** The value a run sorts by in a metric column; undefined sorts last whatever the direction. */
-function sortValue(run: RunState, column: SortColumn, metric: string | null): number | undefined {
+/** The sort column of a knob's header. */
+export function knobSort(knob: string): SortColumn {
+  return `knob:${knob}`;
+}
+
+/**
+ * The value a run sorts by; undefined sorts last whatever the direction. A knob sorts by its
+ * number, or by its text for names and lists; a knob left at its default sorts last.
+ */
+function sortValue(run: RunState, column: SortColumn, metric: string | null): number | string | undefined {
+  if (column.startsWith("knob:")) {
+    const k = column.slice("knob:".length);
+    if (!has(run.knobs, k)) return undefined;
+    const v = run.knobs[k];
+    if (typeof v === "number") return Number.isNaN(v) ? undefined : v;
+    if (v === null || v === undefined) return undefined;
+    return typeof v === "string" ? v : JSON.stringify(v);
+  }
   switch (column) {
     case "progress":
       return progressFraction(run);
@@ -171,6 +188,14 @@ function sortValue(run: RunState, column: SortColumn, metric: string | null): nu
     default:
       return run.id;
   }
+}
+
+/** Numbers before text, numbers by value, text in a natural order ("r=8" before "r=16"). */
+function compareValues(a: number | string, b: number | string): number {
+  if (typeof a === "number" && typeof b === "number") return a - b;
+  if (typeof a === "number") return -1;
+  if (typeof b === "number") return 1;
+  return a.localeCompare(b, undefined, { numeric: true });
 }
 
 /**
@@ -193,7 +218,7 @@ export function sortRuns(runs: RunState[], key: SortKey, metric: string | null):
       const vb = sortValue(b, key.column, metric);
       if (va === undefined && vb !== undefined) return 1;
       if (vb === undefined && va !== undefined) return -1;
-      if (va !== undefined && vb !== undefined && va !== vb) return (va - vb) * dir;
+      if (va !== undefined && vb !== undefined && va !== vb) return compareValues(va, vb) * dir || a.id - b.id;
       return a.id - b.id;
     })
     .map((r) => r.id);

@@ -26,6 +26,7 @@ import {
   isCollapsible,
   isPruned,
   knobColumns,
+  knobSort,
   legalOps,
   runShown,
   sortRuns,
@@ -110,6 +111,22 @@ export function createRunTable(ctx: RunTableContext): RunTable {
   const hiddenNote = h("span", { class: "rf-note", "data-testid": "rf-hidden-note" });
   filterBox.append(hiddenNote);
   const tableWrap = h("div", { class: "rf-table-wrap" }, [table]);
+  // Columns past the right edge are easy to miss (the sideways scrollbar sits below the rows):
+  // say so beside the filters while the table is wider than its box.
+  const moreNote = h("span", { class: "rf-note rf-more-cols", "data-testid": "rf-more-columns" });
+  moreNote.style.display = "none";
+  filterBox.append(moreNote);
+  const noteOverflow = () => {
+    const hidden = tableWrap.scrollWidth - tableWrap.clientWidth;
+    const atEnd = tableWrap.scrollLeft >= hidden - 1;
+    moreNote.style.display = hidden > 1 ? "" : "none";
+    moreNote.textContent = atEnd ? "◂ more columns on the left: scroll the table sideways"
+      : "more columns on the right: scroll the table sideways ▸";
+  };
+  tableWrap.addEventListener("scroll", noteOverflow, { passive: true });
+  const sizes = typeof ResizeObserver === "function" ? new ResizeObserver(noteOverflow) : null;
+  sizes?.observe(tableWrap);
+  sizes?.observe(table);
   // The auto sort waits while the pointer is over the table; leaving it applies the order.
   let pointerInTable = false;
   tableWrap.addEventListener("mouseenter", () => {
@@ -192,7 +209,7 @@ export function createRunTable(ctx: RunTableContext): RunTable {
         // in view however narrow the notebook; the knobs and the rest follow.
         ["run", "", "id"], ["status", "", "status"], ["", "Stop · Resume · Delete · Clone", null],
         [metric ? readableMetric(metric) : "eval", `latest ${metric ?? "eval metric"} (and the best so far); sorted by the best`, "eval"],
-        ...knobs.map((k): [string, string, null] => [readableKnob(k), k, null]),
+        ...knobs.map((k): [string, string, SortColumn] => [readableKnob(k), k, knobSort(k)]),
         ["progress", "the run's own optimizer steps and epochs, and the chunk of data it trained last", "progress"],
         ...(workers ? [["worker", "the Ray worker that trained the run's last chunk", null] as [string, string, null]] : []),
         ["train loss", "latest training loss", "loss"],
@@ -218,7 +235,10 @@ export function createRunTable(ctx: RunTableContext): RunTable {
         shownOrder = "";
       }
     }
-    const sort = effectiveSort(state, sortKey, metric);
+    // A knob column sorted by goes away once its knob no longer differs: sort as by default
+    // meanwhile, keeping the choice for when it comes back.
+    const gone = sortKey.column.startsWith("knob:") && !knobs.includes(sortKey.column.slice("knob:".length));
+    const sort = effectiveSort(state, gone ? { column: "auto", descending: false } : sortKey, metric);
     for (const [col, th] of sortHeads) {
       th.dataset.sorted = col === sort.column ? (sort.descending ? "desc" : "asc") : "";
     }
@@ -509,6 +529,7 @@ export function createRunTable(ctx: RunTableContext): RunTable {
     restore,
     dispose: () => {
       for (const a of deleteArmed.values()) clearTimeout(a.timer);
+      sizes?.disconnect();
     },
   };
 }

@@ -70,8 +70,9 @@ export function parsePrefs(raw: string | null): ViewPrefs | null {
     }
   }
   const sort = d.sort as Record<string, unknown> | undefined;
-  if (sort && typeof sort === "object" && SORT_COLUMNS.includes(sort.column as SortColumn)
-    && typeof sort.descending === "boolean") {
+  const known = (c: unknown) => typeof c === "string"
+    && (SORT_COLUMNS.includes(c as SortColumn) || (c.startsWith("knob:") && c.length > "knob:".length));
+  if (sort && typeof sort === "object" && known(sort.column) && typeof sort.descending === "boolean") {
     out.sort = { column: sort.column as SortColumn, descending: sort.descending };
   }
   if (typeof d.groupOpen === "boolean") out.groupOpen = d.groupOpen;

@@ -7,6 +7,7 @@ import {
   headerCounts,
   isCollapsible,
   isPruned,
+  knobSort,
   runShown,
   sortRuns,
 } from "../src/table";
@@ -280,6 +281,25 @@ describe("run table at scale", () => {
     // An explicit sort puts runs without the value last, whatever the direction.
     expect(sortRuns(live(), { column: "eval", descending: true }, "eval_loss")).toEqual([3, 1, 2, 6]);
     expect(sortRuns(live(), { column: "eval", descending: false }, "eval_loss")).toEqual([2, 1, 3, 6]);
+  });
+
+  it("sorts by a knob column: numbers by value, text in natural order, runs at the default last", () => {
+    const state = createState();
+    const knobs: Record<number, Record<string, unknown>> = {
+      1: { lr: 3e-3, model: "r=16" }, 2: { lr: 1e-4, model: "r=8" }, 3: { model: "r=4" }, 4: { lr: 1e-3, model: "r=8" },
+    };
+    ingest(state, Object.entries(knobs).map(([id, k], i) => (
+      { seq: i + 1, type: "run_created", run_id: Number(id), knobs: k, total_steps: 10 }) as WireEvent));
+    const runs = [...state.runs.values()];
+    expect(sortRuns(runs, { column: knobSort("lr"), descending: false }, null)).toEqual([2, 4, 1, 3]);
+    // Descending reverses the values; the run without the knob stays last.
+    expect(sortRuns(runs, { column: knobSort("lr"), descending: true }, null)).toEqual([1, 4, 2, 3]);
+    // Ties fall back to the run id, in either direction.
+    expect(sortRuns(runs, { column: knobSort("model"), descending: false }, null)).toEqual([3, 2, 4, 1]);
+    expect(sortRuns(runs, { column: knobSort("model"), descending: true }, null)).toEqual([1, 2, 4, 3]);
+    // effectiveSort never turns a knob sort into something else.
+    expect(effectiveSort(state, { column: knobSort("lr"), descending: false }, "eval_loss")).toEqual(
+      { column: "knob:lr", descending: false });
   });
 
   it("counts pruned runs apart from stopped ones in the header", () => {

@@ -52,6 +52,15 @@ describe("view prefs", () => {
   });
 });
 
+describe("a remembered knob sort", () => {
+  it("is kept when it names a knob, and dropped for a bare prefix", () => {
+    const ok = parsePrefs(JSON.stringify({ sort: { column: "knob:training_args.learning_rate", descending: true } }))!;
+    expect(ok.sort).toEqual({ column: "knob:training_args.learning_rate", descending: true });
+    const bare = parsePrefs(JSON.stringify({ sort: { column: "knob:", descending: true } }))!;
+    expect(bare.sort).toEqual({ column: "auto", descending: false });
+  });
+});
+
 describe("eval markers at scale", () => {
   it("train curves never have markers; eval curves only while few runs are shown or when focused", () => {
     expect(evalMarkers("train", 1, true)).toBe("lines");
