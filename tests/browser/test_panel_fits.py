@@ -5,7 +5,9 @@ knobs). Every row's run id, status and Stop/Clone buttons must be in view togeth
 sideways scrolling: the table is no wider than its box, and each of those elements lies inside the
 notebook's visible area. The clone form opens in view, shows the knobs that vary first with
 readable labels, hides the auto-added ``use_cpu``, and keeps Create disabled while a field is
-invalid. Measured widths go to test-output/browser/fit_1280.json, screenshots beside it.
+invalid. A knob column sorts on a click (ascending, then descending); at 900 px wide, where the
+table no longer fits, a note says columns lie past its right edge (then its left, once scrolled).
+Measured widths go to test-output/browser/fit_1280.json, screenshots beside it.
 """
 
 from __future__ import annotations
@@ -130,6 +132,36 @@ def test_run_table_fits_at_1280_with_file_browser(lab, browser):
         for row in m["rows"]:
             for part in ("id", "status", "stop", "clone", "eval"):
                 assert row[part]["inView"], f"run {row['run']}: {part} out of view {row[part]} ({m['visibleLeft']}..{m['visibleRight']})"
+
+        more = page.locator("[data-testid=rf-more-columns]")
+        assert more.is_hidden(), "the table fits, yet the panel says columns lie past its edge"
+
+        # --- a knob column sorts: by value, ascending first, then descending -------------------
+        head = page.locator('[data-testid=rf-runs] th[data-sort="knob:training_args.learning_rate"]')
+        lrs = """() => [...document.querySelectorAll('[data-testid=rf-runs] tbody tr[data-run-id]')].map((tr) =>
+            parseFloat(tr.querySelector('[title^="training_args.learning_rate = "]').title.split(' = ')[1]))"""
+        page.mouse.move(5, 5)
+        head.click()
+        page.mouse.move(5, 5)   # the order is held while the pointer is on the table
+        _wait(lambda: head.get_attribute("data-sorted") == "asc", 10, "the learning-rate column sorted", page)
+        _wait(lambda: page.evaluate(lrs) == sorted(page.evaluate(lrs)), 10, "rows in learning-rate order", page)
+        assert len(set(page.evaluate(lrs))) == 2, page.evaluate(lrs)
+        head.click()
+        page.mouse.move(5, 5)
+        _wait(lambda: head.get_attribute("data-sorted") == "desc", 10, "the learning-rate column reversed", page)
+        _wait(lambda: page.evaluate(lrs) == sorted(page.evaluate(lrs), reverse=True), 10, "rows reversed", page)
+
+        # --- narrower: columns past the right edge are announced, and the note follows the scroll
+        page.set_viewport_size({"width": 900, "height": 900})
+        _wait(lambda: more.is_visible(), 10, "the more-columns note in a narrow notebook", page)
+        assert "right" in more.inner_text(), more.inner_text()
+        page.locator("[data-testid=rf-panel] .rf-table-wrap").evaluate("(w) => { w.scrollLeft = w.scrollWidth; }")
+        _wait(lambda: "left" in more.inner_text(), 10, "the note after scrolling to the last column", page)
+        page.locator("[data-testid=rf-filters]").scroll_into_view_if_needed()
+        page.screenshot(path=str(OUTPUT / "fit_900_more_columns.png"))
+        page.locator("[data-testid=rf-panel] .rf-table-wrap").evaluate("(w) => { w.scrollLeft = 0; }")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        _wait(lambda: more.is_hidden(), 10, "the note gone once the table fits again", page)
 
         # --- the clone form: in view, varying knobs first, readable labels, Create gated -------
         page.locator('[data-testid=rf-runs] tr[data-run-id="2"] button[data-op="clone"]').click()
