@@ -121,10 +121,11 @@ export function knobChanges(
   original: Record<string, unknown>,
   edited: Record<string, string>,
 ): { changes: Record<string, unknown>; errors: Record<string, string> } {
-  const changes: Record<string, unknown> = {};
-  const errors: Record<string, string> = {};
+  // Prototype-free: a knob may be named "__proto__" or "constructor".
+  const changes: Record<string, unknown> = Object.create(null);
+  const errors: Record<string, string> = Object.create(null);
   for (const [key, text] of Object.entries(edited)) {
-    if (!(key in original)) continue;
+    if (!Object.prototype.hasOwnProperty.call(original, key)) continue;
     const parsed = parseKnobInput(original[key], text);
     if (!parsed.ok) errors[key] = parsed.error;
     else if (!jsonEqual(parsed.value, original[key])) changes[key] = parsed.value;

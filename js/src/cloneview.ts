@@ -19,6 +19,8 @@ export function createCloneEditor(opts: {
   say: (text: string, kind: "ok" | "error" | "note") => void;
   requestPull: () => void;
   isDisposed: () => boolean;
+  /** Set once the kernel side is gone. */
+  disconnected: () => boolean;
 }): CloneEditor {
   const el = hiddenBox("rf-clone-editor");
   // Bumped by every open and close: a reply for an editor closed or reopened since is dropped.
@@ -48,7 +50,7 @@ export function createCloneEditor(opts: {
   }
 
   function closeButton(): HTMLButtonElement {
-    const b = h("button", { text: "Close", "data-testid": "rf-clone-cancel" });
+    const b = h("button", { text: "Close", "data-testid": "rf-clone-cancel", "data-role": "close" });
     b.addEventListener("click", close);
     return b;
   }
@@ -89,12 +91,15 @@ export function createCloneEditor(opts: {
     el.scrollIntoView({ block: "nearest", behavior: "smooth" });
     let serverError = false;
     const gate = (ok: boolean) => {
-      create.disabled = !ok;
-      create.title = ok ? "" : "fix the marked fields first";
+      // A dead panel creates nothing, whatever the form holds.
+      const off = opts.disconnected();
+      create.disabled = !ok || off;
+      create.title = off ? "the kernel is gone: nothing can be created from this panel"
+        : ok ? "" : "fix the marked fields first";
     };
 
     function collect(): { changes: Record<string, unknown>; ok: boolean } {
-      const edited: Record<string, string> = {};
+      const edited: Record<string, string> = Object.create(null);
       for (const [k, input] of inputs) edited[k] = input.value;
       const { changes, errors } = knobChanges(original, edited);
       for (const [k, input] of inputs) {

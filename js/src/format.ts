@@ -116,7 +116,7 @@ const LABELS: Record<string, string> = {
 /** A label a person reads: "training_args.learning_rate" -> "learning rate". */
 export function readableKnob(key: string): string {
   const leaf = key.split(".").pop()!;
-  return LABELS[leaf] ?? leaf.replace(/_/g, " ");
+  return Object.prototype.hasOwnProperty.call(LABELS, leaf) ? LABELS[leaf] : leaf.replace(/_/g, " ");
 }
 
 /** A metric name as a column header: "eval_loss" -> "eval loss" (the raw name stays in the title). */

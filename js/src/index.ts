@@ -187,6 +187,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   // --- clone editor, traceback, time split (views of their own) --------------------------------
   const cloneEditor = createCloneEditor({
     client, knobColumns: () => knobColumns(state), say, requestPull: () => requestPull(), isDisposed: () => disposed,
+    disconnected: () => disconnected !== null,
   });
   const traceback = createTracebackView(client);
   const timeSplit = createTimeSplitView({ requestDraw: () => scheduleRender({ time: true }), noteCall: (w) => noteCall(w) });
@@ -440,7 +441,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     live.title = why;
     // the counts are the last ones seen, not what trains now
     counts.title = "as last seen before the kernel went away; nothing here is live";
-    for (const b of root.querySelectorAll("button")) b.disabled = true;
+    // Close buttons stay: a box left open on a dead panel must still go away.
+    for (const b of root.querySelectorAll<HTMLButtonElement>("button:not([data-role=close])")) b.disabled = true;
     scheduleRender({ header: true, table: true });
   }
 

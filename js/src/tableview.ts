@@ -160,9 +160,10 @@ export function createRunTable(ctx: RunTableContext): RunTable {
     suggestionText: HTMLSpanElement;
     answers: Record<"confirm_suggestion" | "ignore_suggestion", HTMLButtonElement>;
     buttons: Record<"stop" | "resume" | "delete" | "clone" | "traceback", HTMLButtonElement>;
-    busy: boolean;
   }
   const rows = new Map<number, Row>();
+  // Per-run UI state lives outside the Row: a change of columns rebuilds every Row.
+  const busyRuns = new Set<number>();
   const deleteArmed = new Map<number, { at: number; timer: ReturnType<typeof setTimeout> }>();
   let columnsKey = "";
   let rowColumnsKey = "";
@@ -182,9 +183,15 @@ export function createRunTable(ctx: RunTableContext): RunTable {
   // A header click is a request to reorder now, pointer over the table or not.
   let reorderNow = false;
 
+  /** The sort the table shows: a knob sort whose column is gone reads as the default. */
+  function shownSort(knobs: string[], metric: string | null): SortKey {
+    const gone = sortKey.column.startsWith("knob:") && !knobs.includes(sortKey.column.slice("knob:".length));
+    return effectiveSort(state, gone ? { column: "auto", descending: false } : sortKey, metric);
+  }
+
   function headerClicked(column: SortColumn): void {
     const metric = ctx.metric();
-    const current = effectiveSort(state, sortKey, metric);
+    const current = shownSort(knobColumns(state), metric);
     // First click: the column's natural "best first" order; a second click reverses it.
     const natural = column === "eval" ? metric !== null && !lowerIsBetter(metric) : column === "progress";
     sortKey = current.column === column ? { column, descending: !current.descending } : { column, descending: natural };
@@ -237,8 +244,7 @@ export function createRunTable(ctx: RunTableContext): RunTable {
     }
     // A knob column sorted by goes away once its knob no longer differs: sort as by default
     // meanwhile, keeping the choice for when it comes back.
-    const gone = sortKey.column.startsWith("knob:") && !knobs.includes(sortKey.column.slice("knob:".length));
-    const sort = effectiveSort(state, gone ? { column: "auto", descending: false } : sortKey, metric);
+    const sort = shownSort(knobs, metric);
     for (const [col, th] of sortHeads) {
       th.dataset.sorted = col === sort.column ? (sort.descending ? "desc" : "asc") : "";
     }
@@ -300,6 +306,8 @@ export function createRunTable(ctx: RunTableContext): RunTable {
       swatch.classList.toggle("rf-swatch-off", hiddenRuns.has(run.id));
       ctx.hiddenChanged();
     });
+    swatch.classList.toggle("rf-swatch-off", hiddenRuns.has(run.id));
+    tr.classList.toggle("rf-pinned", pinned.has(run.id));
     tr.addEventListener("mouseenter", () => {
       focus.hover = run.id;
       ctx.emphasize();
@@ -364,7 +372,6 @@ export function createRunTable(ctx: RunTableContext): RunTable {
       suggestionText,
       answers,
       buttons,
-      busy: false,
     };
     buttons.stop.addEventListener("click", () => simpleOp(row, run.id, "stop"));
     buttons.resume.addEventListener("click", () => simpleOp(row, run.id, "resume"));
@@ -421,9 +428,13 @@ export function createRunTable(ctx: RunTableContext): RunTable {
     if (row.parent) row.parent.textContent = run.parent !== null ? `${run.parent}${run.warmStart ? " (warm)" : ""}` : "";
     const legal = legalOps(run.status, state.queued.get(run.id) ?? null);
     const off = ctx.disconnected() !== null;
-    row.buttons.stop.disabled = off || row.busy || !legal.stop;
-    row.buttons.resume.disabled = off || row.busy || !legal.resume;
-    row.buttons.delete.disabled = off || row.busy || !legal.delete;
+    const busy = busyRuns.has(run.id);
+    row.buttons.stop.disabled = off || busy || !legal.stop;
+    row.buttons.resume.disabled = off || busy || !legal.resume;
+    row.buttons.delete.disabled = off || busy || !legal.delete;
+    const armed = deleteArmed.has(run.id);
+    row.buttons.delete.textContent = armed ? "Confirm?" : "Delete";
+    row.buttons.delete.title = armed ? `click again within 4 s to delete run ${run.id}` : `Delete run ${run.id}`;
     row.buttons.clone.disabled = off || !legal.clone;
     row.buttons.traceback.disabled = off;
     row.buttons.traceback.style.display = run.hasError ? "" : "none";
@@ -431,8 +442,8 @@ export function createRunTable(ctx: RunTableContext): RunTable {
     row.suggestion.style.display = asked ? "" : "none";
     row.suggestionText.textContent = asked ? run.suggestion! : "";
     row.suggestion.title = asked ? run.suggestion! : "";
-    row.answers.confirm_suggestion.disabled = off || row.busy;
-    row.answers.ignore_suggestion.disabled = off || row.busy;
+    row.answers.confirm_suggestion.disabled = off || busy;
+    row.answers.ignore_suggestion.disabled = off || busy;
     row.tr.classList.toggle("rf-suggested", asked);
     const op = run.lastOp;
     const note = run.reason ?? (op && !op.accepted ? `${op.op} refused: ${op.reason ?? ""}` : "");
@@ -450,21 +461,21 @@ export function createRunTable(ctx: RunTableContext): RunTable {
     }
     // A second click (a double click, or Stop then Resume before the first reply) would reach
     // the kernel before the next render disables the buttons: one op per row at a time.
-    if (row.busy) return;
-    row.busy = true;
+    if (busyRuns.has(runId)) return;
+    busyRuns.add(runId);
     setRowButtonsBusy(row);
     ctx.scheduleRender({ table: true });
     ctx.say(`${words} run ${runId}…`);
     // The kernel answers a click only between cells: past a few seconds, say why it waits.
     const slow = setTimeout(() => {
-      if (row.busy && ctx.disconnected() === null) {
+      if (busyRuns.has(runId) && ctx.disconnected() === null) {
         ctx.say(`${words} run ${runId}: no reply from the kernel after ${OP_SLOW_MS / 1000} s; a cell is `
           + "probably running (clicks act once it finishes)", "error");
       }
     }, OP_SLOW_MS);
     const reply = await ctx.client.request({ type: "op", op, run_id: runId });
     clearTimeout(slow);
-    row.busy = false;
+    busyRuns.delete(runId);
     if (ctx.disconnected() !== null) ctx.say(`${words} run ${runId}: not delivered, ${ctx.disconnected()}`, "error");
     // Only a run training now waits for a boundary; the engine applies the rest on its next turn.
     else if (reply.ok) ctx.say(`${words} run ${runId}: accepted${(op === "stop" || op === "resume" || op === "delete") && state.runs.get(runId)?.status === "running" ? " (applies at its next chunk boundary)" : ""}`, "ok");
@@ -495,8 +506,9 @@ export function createRunTable(ctx: RunTableContext): RunTable {
         at: performance.now(),
         timer: setTimeout(() => {
           deleteArmed.delete(runId);
-          row.buttons.delete.textContent = "Delete";
-          row.buttons.delete.title = `Delete run ${runId}`;
+          const now = rows.get(runId) ?? row;
+          now.buttons.delete.textContent = "Delete";
+          now.buttons.delete.title = `Delete run ${runId}`;
           ctx.scheduleRender({ table: true });
         }, 4000),
       });

@@ -14,7 +14,7 @@ export function createTracebackView(client: Client): TracebackView {
     el.style.display = "";
     el.replaceChildren(heading(), h("div", { class: "rf-note", text: "loading…" }));
     const reply = await client.request({ type: "traceback", run_id: runId });
-    const close = h("button", { text: "Close" });
+    const close = h("button", { text: "Close", "data-role": "close" });
     close.addEventListener("click", () => closeBox(el));
     const body = reply.ok
       ? h("pre", { class: "rf-traceback", text: typeof reply.traceback === "string" ? reply.traceback : "(no traceback recorded)" })
