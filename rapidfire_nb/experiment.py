@@ -678,6 +678,10 @@ class Experiment:
         self._check_open()
         self._check_writable("ops")
         if self.engine is None:
+            if self.resumed:
+                # The panel of a reopened folder lists its runs before anything trains them.
+                raise OpRefused(f"experiment {self.name!r} was reopened and nothing trains its runs yet: "
+                                "call exp.run_fit(...) with the same arguments to continue them, then retry")
             raise OpRefused("no runs yet: call run_fit first")
         if isinstance(run_id, bool) or not isinstance(run_id, int):
             raise OpRefused(f"run_id must be an integer, got {run_id!r}")

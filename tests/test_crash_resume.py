@@ -26,7 +26,7 @@ import torch
 from rapidfire_nb import Experiment
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
 from rapidfire_nb.engine.events import EventLog
-from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.errors import ConfigError, OpRefused
 
 pytestmark = pytest.mark.slow   # slow tier: SIGKILLed training subprocesses, resumed
 
@@ -323,6 +323,11 @@ def test_resume_keeps_stopped_runs_stopped_and_appends_to_the_log(tmp_path, refe
 
     again = Experiment(W.NAME, experiment_path=tmp_path, resume=True, tracking=[])
     assert again.path == (tmp_path / W.NAME).resolve(), "resume must reuse the same folder"
+    # reopened, nothing trains yet: an op says what continues the runs (the panel lists them)
+    n_open = len(read_log(tmp_path))
+    with pytest.raises(OpRefused, match=r"was reopened .* call exp\.run_fit\(\.\.\.\) with the same arguments"):
+        again.resume(2)
+    assert len(read_log(tmp_path)) == n_open, "a refused op writes nothing"
     again.run_fit(W.make_group(), tiny_create_model, train, evald, **W.RUN_FIT_KW)
     info = again.get_runs_info().set_index("run_id")
     assert info.loc[2, "status"] == "stopped"

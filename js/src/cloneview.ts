@@ -89,6 +89,8 @@ export function createCloneEditor(opts: {
       status,
     );
     el.scrollIntoView({ block: "nearest", behavior: "smooth" });
+    // The form opens below the table, away from the row clicked: the keyboard goes with it.
+    inputs.values().next().value?.focus({ preventScroll: true });
     let serverError = false;
     const gate = (ok: boolean) => {
       // A dead panel creates nothing, whatever the form holds.

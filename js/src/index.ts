@@ -50,6 +50,8 @@ import {
 type Model = AnyModel<{ snapshot: Record<string, unknown> }>;
 
 const PULL_INTERVAL_MS = 1000;
+/** How long an answer to a click stays in the message line (errors stay). */
+const MESSAGE_CLEAR_MS = 15000;
 /**
  * Pull anyway when no push arrived for this long (Colab drops background-thread pushes). A pull
  * is also how the view learns that the kernel went away (its send fails), so this bounds how long
@@ -91,6 +93,13 @@ interface UpdateTiming {
   wallMs: number;
   /** What this update changed in the charts ("train:extend", "eval:emphasis", "train:draw", ...). */
   calls: string[];
+}
+
+/** The call that reopens this experiment after a restart: its name and the folder it lies in. */
+function resumeCall(name: string | null, path: string | null): string {
+  const parent = path !== null ? path.replace(/[\\/]+$/, "").replace(/[\\/][^\\/]*$/, "") : "";
+  const where = parent !== "" && parent !== path ? `, experiment_path=${JSON.stringify(parent)}` : "";
+  return `Experiment(${name !== null ? JSON.stringify(name) : "NAME"}${where}, resume=True)`;
 }
 
 function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }>): () => void {
@@ -207,9 +216,17 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   // --- end of Ray workers ------------------------------------------------------------------------
 
   // --- messages -------------------------------------------------------------------------------
+  // An answer ("stop run 3: accepted") goes stale once the run has moved on: it clears itself after
+  // a while; an error stays until the next message.
+  let sayTimer: ReturnType<typeof setTimeout> | undefined;
   function say(text: string, kind: "ok" | "error" | "note" = "note"): void {
     messages.textContent = text;
     messages.className = `rf-messages ${kind === "error" ? "rf-error" : kind === "ok" ? "rf-ok" : "rf-note"}`;
+    if (sayTimer !== undefined) clearTimeout(sayTimer);
+    sayTimer = kind === "error" ? undefined : setTimeout(() => {
+      sayTimer = undefined;
+      if (messages.textContent === text) messages.textContent = "";
+    }, MESSAGE_CLEAR_MS);
   }
 
   // --- rendering, coalesced into one animation frame --------------------------------------------
@@ -289,6 +306,9 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       return;
     }
     live.textContent = `${state.ended ? "ended" : "live"} · seq ${state.lastSeq}${state.knownSeq > state.lastSeq ? ` / ${state.knownSeq}` : ""}`;
+    if (disconnected === null && live.title === "") {
+      live.title = "seq: how many events of the experiment's log this panel has read";
+    }
   }
 
   function updateSelect(chart: Chart): void {
@@ -430,13 +450,17 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     clearInterval(timer);
     root.classList.add("rf-disconnected");
     // Re-running the run_fit cell as it is starts a new experiment from scratch; after a restart
-    // what continues the runs is resume=True, so the banner names that with this experiment.
-    const name = state.experiment !== null ? JSON.stringify(state.experiment) : "NAME";
-    banner.textContent = `${why}: this panel no longer controls anything. If the kernel still runs, `
-      + `\`%rapidfire panel\` shows a live one. After a restart, \`Experiment(${name}, resume=True)\` `
-      + "and the same run_fit(...) continue the runs from their last chunk boundary (re-running the "
-      + "cell as it is starts a new experiment from scratch).";
+    // what continues the runs is resume=True with this experiment's folder, so the banner names
+    // both, as code to copy.
+    banner.replaceChildren(
+      `${why}: this panel no longer controls anything. If the kernel still runs, `,
+      h("code", { text: "%rapidfire panel" }), " shows a live one. After a restart, ",
+      h("code", { text: resumeCall(state.experiment, state.path) }),
+      " and the same run_fit(...) continue the unfinished runs from their last chunk boundary "
+      + "(re-running the cell as it is starts a new experiment from scratch).",
+    );
     banner.style.display = "";
+    if (!messages.classList.contains("rf-error")) messages.textContent = "";
     live.textContent = "disconnected";
     live.title = why;
     // the counts are the last ones seen, not what trains now
@@ -587,6 +611,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     client.dispose();
     for (const c of charts) c.plot.destroy();
     timeSplit.dispose();
+    if (sayTimer !== undefined) clearTimeout(sayTimer);
     el.replaceChildren();
   };
 }

@@ -58,6 +58,10 @@ export const CSS = `
 .rf-table th[data-sorted=desc]::after { content: "\\00a0▼"; font-size: 9px; white-space: nowrap; }
 .rf-table tbody tr:hover, .rf-table tbody tr.rf-hot { background: var(--rf-bg2); }
 .rf-table tbody tr.rf-pinned { outline: 2px solid var(--rf-accent); outline-offset: -2px; }
+/* The run id stays at the left edge when the table scrolls sideways: a row must still say whose it is. */
+.rf-table td.rf-id { position: sticky; left: 0; background: var(--rf-bg); }
+.rf-table thead th:first-child { left: 0; z-index: 2; }
+.rf-table tbody tr:hover td.rf-id, .rf-table tbody tr.rf-hot td.rf-id { background: var(--rf-bg2); }
 .rf-group-row td { cursor: pointer; color: var(--rf-fg2); font-style: italic; }
 .rf-filters { display: flex; gap: 10px; align-items: center; margin-top: 6px; font-size: 11px; color: var(--rf-fg2); }
 .rf-filters label { display: inline-flex; gap: 3px; align-items: center; cursor: pointer; }

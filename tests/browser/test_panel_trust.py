@@ -240,7 +240,10 @@ def test_panel_trust_at_1280(lab, browser):
         banner = page.locator("[data-testid=rf-disconnected]")
         assert banner.is_visible() and "%rapidfire panel" in banner.inner_text(), banner.inner_text()
         # after a restart, re-running the cell starts over: the banner names what continues the runs
-        assert f'Experiment("{EXPERIMENT}", resume=True)' in banner.inner_text(), banner.inner_text()
+        folder = json.dumps(str((lab.root / "experiments").resolve()))
+        assert f'Experiment("{EXPERIMENT}", experiment_path={folder}, resume=True)' in banner.inner_text(), \
+            banner.inner_text()
+        assert "`" not in banner.inner_text(), "the code in the banner shows as code, not in backticks"
         # the header's counts are greyed with the rest: they are the last ones seen, not live
         assert panel.locator(".rf-counts").evaluate("(el) => getComputedStyle(el).filter") == "grayscale(1)"
         assert took <= 2.0, f"the panel looked live {took:.2f} s after the restart"
