@@ -13,6 +13,9 @@
  * with vitest; the class only turns them into pixels and mouse handling.
  */
 import type { Dash } from "./palette";
+import { fmtTick, logTicks, niceTicks } from "./ticks";
+
+export { fmtTick, logTicks, niceStep, niceTicks } from "./ticks";
 
 /** One run's curve as drawn: its points and how it is emphasized now. */
 export interface DrawSeries {
@@ -52,48 +55,6 @@ export interface PlotBox {
 
 // ---------------------------------------------------------------------------------------------
 // Pure geometry
-
-/** A tick step of 1, 2 or 5 times a power of ten giving at most `maxTicks` ticks over `span`. */
-export function niceStep(span: number, maxTicks: number): number {
-  if (!(span > 0) || !Number.isFinite(span)) return 1;
-  const raw = span / Math.max(1, maxTicks);
-  const mag = 10 ** Math.floor(Math.log10(raw));
-  for (const m of [1, 2, 5, 10]) if (m * mag >= raw) return m * mag;
-  return 10 * mag;
-}
-
-/** The multiples of a nice step inside [min, max]. */
-export function niceTicks(min: number, max: number, maxTicks: number): { ticks: number[]; step: number } {
-  const step = niceStep(max - min, maxTicks);
-  const ticks: number[] = [];
-  const first = Math.ceil(min / step - 1e-9);
-  for (let k = first; k * step <= max + step * 1e-9 && ticks.length < 1000; k++) {
-    // Rounded to the step's decimals: 0.1 * 3 is 0.30000000000000004.
-    ticks.push(Number((k * step).toPrecision(12)));
-  }
-  return { ticks, step };
-}
-
-/**
- * A tick label: thousands as "20k" (x is samples seen, often tens of thousands), millions as "2M",
- * past 1e9 exponential; otherwise as many decimals as the step needs, so two ticks never read the
- * same (a near-flat metric, ln 2 give or take 1e-7, gets "0.69314710 0.69314715").
- */
-export function fmtTick(v: number, step: number): string {
-  if (v === 0) return "0";
-  const abs = Math.abs(v);
-  // The digits that tell two ticks apart: from the value's leading digit down to the step's.
-  // (Trailing zeros dropped: "1e+30" beside "8e+29", not "1.0e+30".)
-  const exp = () => v.toExponential(Math.max(0, Math.min(15, Math.floor(Math.log10(abs)) - Math.floor(Math.log10(step) + 1e-9))))
-    .replace(/\.?0+e/, "e");
-  if (abs >= 1e9) return exp();
-  // By the step, not the value, so one axis reads "4k 6k 8k 10k" rather than "4000 6000 8000 10k".
-  if (abs >= 1e6 && step >= 1e5) return `${Number((v / 1e6).toPrecision(6))}M`;
-  if (step >= 1e3) return `${Number((v / 1e3).toPrecision(6))}k`;
-  const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
-  if (abs < 1e-4 || decimals > 12) return exp();
-  return v.toFixed(decimals);
-}
 
 /** A value as hover text: five significant digits, integers whole. */
 export function fmtHover(v: number): string {

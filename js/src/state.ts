@@ -199,13 +199,18 @@ function isInt(v: unknown): v is number {
   return typeof v === "number" && Number.isInteger(v);
 }
 
-function num(v: unknown): number | null {
+/** A finite number, else null (the wire has no NaN; whatever else was logged reads as none). */
+export function finiteNumber(v: unknown): number | null {
   return typeof v === "number" && Number.isFinite(v) ? v : null;
 }
 
-function int(v: unknown): number | null {
+/** An integer, else null. */
+export function intOf(v: unknown): number | null {
   return isInt(v) ? v : null;
 }
+
+const num = finiteNumber;
+const int = intOf;
 
 function str(v: unknown): string | null {
   return typeof v === "string" ? v : null;

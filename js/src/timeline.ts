@@ -5,7 +5,8 @@
  * recorded logs; `createTimelineView` draws it to one canvas, so 48 runs and hundreds of chunks
  * cost one element and a bounded number of rectangles, and nothing at all while folded.
  */
-import type { PanelState, TimelineRow } from "./state";
+import { finiteNumber as finite, intOf, type PanelState, type TimelineRow } from "./state";
+import { niceStep } from "./ticks";
 import { runColor, runDash } from "./palette";
 import { fmtSeconds } from "./format";
 
@@ -73,13 +74,6 @@ export const IDLE_MIN_S = 60;
 /** The width a cut gap keeps, as a share of the busy time shown. */
 export const BREAK_SHARE = 0.03;
 
-function finite(v: unknown): number | null {
-  return typeof v === "number" && Number.isFinite(v) ? v : null;
-}
-
-function intOf(v: unknown): number | null {
-  return typeof v === "number" && Number.isInteger(v) ? v : null;
-}
 
 function laneKey(row: TimelineRow): string {
   if (typeof row.worker === "string") return row.worker;
@@ -302,17 +296,6 @@ export function foldedSummary(state: PanelState): string {
   return `chunk timeline: ${of(n, "chunk")} on ${of(state.workers.length, "worker")}${lost ? ` (${lost} lost)` : ""}`;
 }
 
-/** Round tick values (1, 2 or 5 times a power of ten) covering [0, span], about `count` of them. */
-export function niceTicks(span: number, count: number): number[] {
-  if (!(span > 0) || count < 1) return [0];
-  const raw = span / count;
-  const pow = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 5, 10].map((m) => m * pow).find((s) => s >= raw) ?? 10 * pow;
-  const ticks: number[] = [];
-  for (let i = 0; i * step <= span * (1 + 1e-9); i++) ticks.push(Number((i * step).toPrecision(12)));
-  return ticks;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Pixels.
 
@@ -498,8 +481,7 @@ export function axisTicks(model: TimelineModel, g: Geometry): { t: number; label
     const count = Math.max(1, Math.floor((to - from) / perPx / 80));
     const raw = (to - from) / unit / count;
     if (!(raw > 0)) continue;
-    const pow = 10 ** Math.floor(Math.log10(raw));
-    const step = ([1, 2, 5, 10].map((m) => m * pow).find((v) => v >= raw) ?? 10 * pow) * unit;
+    const step = niceStep(raw, 1) * unit;
     for (let i = Math.ceil((from + off) / step - 1e-9); i * step <= to + off + 1e-9; i++) {
       const real = i * step;
       out.push({ t: real - off, label: `${Number((real / unit).toPrecision(12))} ${name}` });
