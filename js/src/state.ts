@@ -30,6 +30,10 @@ export interface WireEvent {
 export interface Series {
   x: number[];
   y: (number | null)[];
+  /** The optimizer step of each point (null where the event had none): the "optimizer step" x axis. */
+  step: (number | null)[];
+  /** When each point was logged (Unix seconds, null where unknown): the "wall time" x axis. */
+  t: (number | null)[];
 }
 
 export interface TimeSplit {
@@ -143,6 +147,8 @@ export interface PanelState {
   lostWorkers: WorkerLoss[];
   /** One row per chunk_done, in log order (the chunk timeline). */
   timeline: TimelineRow[];
+  /** The earliest event time seen (Unix seconds): wall-time axes count from it. */
+  t0: number | null;
   /**
    * Ops accepted but not applied yet (they apply at the run's next chunk boundary), by run id:
    * Python's word from the snapshot, pull replies and op replies (its engine's op queue).
@@ -187,6 +193,7 @@ export function createState(): PanelState {
     workers: [],
     lostWorkers: [],
     timeline: [],
+    t0: null,
     queued: new Map(),
   };
 }
@@ -382,17 +389,23 @@ function runFor(state: PanelState, id: number, result: IngestResult): RunState {
   return run;
 }
 
-function pushPoint(series: Record<string, Series>, metric: string, x: number, y: number | null): void {
+function pushPoint(
+  series: Record<string, Series>, metric: string, x: number, y: number | null, step: number | null, t: number | null,
+): void {
   let s = has(series, metric) ? series[metric] : undefined;
   if (!s) {
-    s = { x: [], y: [] };
+    s = { x: [], y: [], step: [], t: [] };
     series[metric] = s;
   }
   s.x.push(x);
   s.y.push(y);
+  s.step.push(step);
+  s.t.push(t);
 }
 
 function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): void {
+  const time = num(ev.time);
+  if (time !== null && (state.t0 === null || time < state.t0)) state.t0 = time;
   const runId = isInt(ev.run_id) ? ev.run_id : null;
   switch (ev.type) {
     case "experiment": {
@@ -470,7 +483,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
           const better = best === undefined || (lowerIsBetter(name) ? value < best : value > best);
           if (better) run.best[name] = value;
         }
-        if (x !== null) pushPoint(split === "train" ? run.train : run.eval, name, x, value);
+        if (x !== null) pushPoint(split === "train" ? run.train : run.eval, name, x, value, step, num(ev.time));
       }
       break;
     }
@@ -595,6 +608,13 @@ export const VIEW_TABLE_FIELDS = [
   "workers", "lost_workers", "timeline",
 ] as const;
 
+/** Series as Python's table keeps them: x (samples seen) and y; step and time are the view's own. */
+function xy(series: Record<string, Series>): Record<string, { x: number[]; y: (number | null)[] }> {
+  const out = dict<{ x: number[]; y: (number | null)[] }>();
+  for (const [k, v] of Object.entries(series)) out[k] = { x: v.x, y: v.y };
+  return out;
+}
+
 /**
  * The state in the shape (and names) of Python's run table, restricted to the fields above: what
  * js/test/state_fixtures.test.ts compares with the expected tables both languages share.
@@ -608,7 +628,7 @@ export function viewTable(state: PanelState): Record<string, unknown> {
       warm_start: r.warmStart, total_steps: r.totalSteps, num_chunks: r.numChunks,
       completed_steps: r.completedSteps, samples_seen: r.samplesSeen, chunks_done: r.chunksDone,
       last_epoch: r.epoch, last_chunk: r.chunk, latest: r.latest, best: r.best,
-      series: { train: r.train, eval: r.eval }, time: r.time, last_op: r.lastOp, device_seq: r.deviceSeq,
+      series: { train: xy(r.train), eval: xy(r.eval) }, time: r.time, last_op: r.lastOp, device_seq: r.deviceSeq,
       suggestion: r.suggestion, worker: r.worker,
     };
   }
