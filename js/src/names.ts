@@ -41,13 +41,15 @@ export function knobValueText(v: unknown): string {
 export const NAME_KNOBS = 4;
 
 /**
- * `3 · lr 1e-3 · r 32`: the run id, then its knobs as the log has them (`run_created.knobs`:
+ * `3 · lr 1e-3 · r 32` (`run 3` without knobs): the run id, then its knobs as the log has them (`run_created.knobs`:
  * the values its search group varies, plus what a clone changed), in the logged order. Built
  * from the run's own record, so a name never changes as other runs come and go.
  */
 export function runName(run: Pick<RunState, "id" | "knobs">): string {
-  const parts = [String(run.id)];
   const keys = Object.keys(run.knobs);
+  // Nothing to tell it by: "run 3" reads better than a bare number.
+  if (keys.length === 0) return `run ${run.id}`;
+  const parts = [String(run.id)];
   for (const k of keys.slice(0, NAME_KNOBS)) parts.push(`${knobWord(k)} ${knobValueText(run.knobs[k])}`);
   if (keys.length > NAME_KNOBS) parts.push(`+${keys.length - NAME_KNOBS} knobs`);
   return parts.join(" · ");

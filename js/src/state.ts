@@ -89,6 +89,8 @@ export interface RunState {
   baseStep: number;
   baseChunk: number | null;
   stepsPerEpoch: number | null;
+  /** The user's note on the run (exp.note or the panel), the latest one; null for none. */
+  note: string | null;
 }
 
 /** A Ray worker of the experiment (num_workers), as `workers`/`worker_lost` events describe it. */
@@ -106,6 +108,7 @@ export interface WorkerInfo {
 export const TIMELINE_COLUMNS = [
   "run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s", "swap_s", "setup_s",
   "snapshot_s", "checkpoint_s", "other_s", "completed_steps", "samples_seen", "worker", "moved", "hop_s",
+  "tokens", "tokens_per_s", "peak_mem_mb",
 ] as const;
 /** Values as logged (the reducer copies them unchecked, as Python does); readers check types. */
 export type TimelineRow = Record<(typeof TIMELINE_COLUMNS)[number], unknown>;
@@ -147,7 +150,7 @@ export interface PanelState {
   lostWorkers: WorkerLoss[];
   /** One row per chunk_done, in log order (the chunk timeline). */
   timeline: TimelineRow[];
-  /** The earliest event time seen (Unix seconds): wall-time axes count from it. */
+  /** The earliest metric event's time (Unix seconds): wall-time axes count from it. */
   t0: number | null;
   /**
    * Ops accepted but not applied yet (they apply at the run's next chunk boundary), by run id:
@@ -274,6 +277,7 @@ function newRun(id: number): RunState {
     baseStep: 0,
     baseChunk: null,
     stepsPerEpoch: null,
+    note: null,
   };
 }
 
@@ -404,8 +408,6 @@ function pushPoint(
 }
 
 function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): void {
-  const time = num(ev.time);
-  if (time !== null && (state.t0 === null || time < state.t0)) state.t0 = time;
   const runId = isInt(ev.run_id) ? ev.run_id : null;
   switch (ev.type) {
     case "experiment": {
@@ -464,6 +466,9 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       const metrics = ev.metrics && typeof ev.metrics === "object" ? (ev.metrics as Record<string, unknown>) : {};
       const step = int(ev.step);
       const samples = int(ev.samples_seen);
+      // Wall-time axes count from the first metric logged (as the report's figures do).
+      const time = num(ev.time);
+      if (time !== null && (state.t0 === null || time < state.t0)) state.t0 = time;
       if (step !== null && split === "train" && step > run.completedSteps) run.completedSteps = step;
       if (samples !== null && samples > run.samplesSeen) run.samplesSeen = samples;
       // One x axis for both charts: samples seen (engine/state.py's metric_x).
@@ -483,7 +488,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
           const better = best === undefined || (lowerIsBetter(name) ? value < best : value > best);
           if (better) run.best[name] = value;
         }
-        if (x !== null) pushPoint(split === "train" ? run.train : run.eval, name, x, value, step, num(ev.time));
+        if (x !== null) pushPoint(split === "train" ? run.train : run.eval, name, x, value, step, time);
       }
       break;
     }
@@ -529,6 +534,14 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       run.lastOp = { op: str(ev.op) ?? "?", accepted: ev.accepted === true, reason: str(ev.reason) };
       // Confirmed or ignored (or refused because the run ended): the question is answered.
       if (ev.op === "confirm_suggestion" || ev.op === "ignore_suggestion") run.suggestion = null;
+      break;
+    }
+    case "note": {
+      if (runId === null) return;
+      const run = state.runs.get(runId);
+      if (!run || typeof ev.text !== "string") return;
+      result.changedRuns.add(runId);
+      run.note = ev.text || null;
       break;
     }
     case "pruning_suggested": {
@@ -599,7 +612,7 @@ export const VIEW_RUN_FIELDS = [
   "run_id", "created", "status", "reason", "has_error", "pruned", "trainer_type", "knobs",
   "parent_run_id", "warm_start", "total_steps", "num_chunks", "completed_steps", "samples_seen",
   "chunks_done", "last_epoch", "last_chunk", "latest", "best", "series", "time", "last_op",
-  "device_seq", "suggestion", "worker",
+  "device_seq", "suggestion", "worker", "note",
 ] as const;
 
 /** Table-level fields the view mirrors. */
@@ -629,7 +642,7 @@ export function viewTable(state: PanelState): Record<string, unknown> {
       completed_steps: r.completedSteps, samples_seen: r.samplesSeen, chunks_done: r.chunksDone,
       last_epoch: r.epoch, last_chunk: r.chunk, latest: r.latest, best: r.best,
       series: { train: xy(r.train), eval: xy(r.eval) }, time: r.time, last_op: r.lastOp, device_seq: r.deviceSeq,
-      suggestion: r.suggestion, worker: r.worker,
+      suggestion: r.suggestion, worker: r.worker, note: r.note,
     };
   }
   return {

@@ -72,7 +72,8 @@ describe("x axes", () => {
     expect(p.reset).toBe(true);
     expect(p.traces[0].x).toEqual([1, 2]);
     book.xAxis = "time";
-    expect(planChart(state, book).traces[0].x).toEqual([1, 3]);
+    // Seconds since the first metric was logged.
+    expect(planChart(state, book).traces[0].x).toEqual([0, 2]);
   });
 });
 
@@ -100,7 +101,7 @@ describe("multi-run hover", () => {
 describe("run names", () => {
   it("are the id and the run's knobs, short", () => {
     expect(runName({ id: 3, knobs: { "training_args.learning_rate": 0.001, "peft_config.r": 32 } })).toBe("3 · lr 1e-3 · r 32");
-    expect(runName({ id: 1, knobs: {} })).toBe("1");
+    expect(runName({ id: 1, knobs: {} })).toBe("run 1");
     expect(runName({ id: 2, knobs: { a: 1, b: 2, c: 3, d: 4, e: 5, f: 6 } })).toBe("2 · a 1 · b 2 · c 3 · d 4 · +2 knobs");
     expect(knobValueText(5e-5)).toBe("5e-5");
     expect(knobValueText(0.05)).toBe("0.05");

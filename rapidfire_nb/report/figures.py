@@ -14,9 +14,13 @@ from collections.abc import Iterable
 import plotly.graph_objects as go
 
 from rapidfire_nb.engine import TIME_KEYS, runs_by_id
-from rapidfire_nb.report.model import (ReportError, differing_knobs, knob_text, resolve_metric,
-                                       resolve_split, run_note)
+from rapidfire_nb.report.model import (ReportError, add_point_axes, differing_knobs, knob_text,
+                                       resolve_metric, resolve_split, run_note)
 from rapidfire_nb.report.style import drawn_points, run_color, run_dash, trace_point_limit
+from rapidfire_nb.tracking.naming import short_name
+
+X_AXES = {"samples": "samples seen", "step": "optimizer step", "time": "wall time (s)"}
+MAX_SMOOTHING = 0.99   # the panel's slider goes this far
 
 FADED_OPACITY = 0.35      # deleted and pruned runs, as the panel draws them: present but quiet
 TIME_COLORS = {"train": "#1a7f37", "eval": "#0b61a4", "swap": "#b58900", "other": "#8a8a8a"}
@@ -30,10 +34,12 @@ def _esc(text) -> str:
 
 
 def trace_name(run: dict) -> str:
-    """The panel's legend name: "run 3", "run 3 (pruned)", "run 3 (deleted)"."""
+    """The panel's legend name: the run's short name (``3 · lr 1e-3 · r 32``), with "(pruned)" or
+    "(deleted)" after it."""
+    name = short_name(run["run_id"], run["knobs"])
     if run["status"] == "deleted":
-        return f"run {run['run_id']} (deleted)"
-    return f"run {run['run_id']} (pruned)" if run["pruned"] else f"run {run['run_id']}"
+        return f"{name} (deleted)"
+    return f"{name} (pruned)" if run["pruned"] else name
 
 
 def _faded(run: dict) -> bool:
@@ -68,51 +74,133 @@ def _hover_head(run: dict, knobs: dict[str, str]) -> str:
     return "<br>".join(lines)
 
 
+def smoothed(y: list, weight: float) -> list:
+    """TensorBoard's smoothing, as the panel draws it (``js/src/canvaschart.ts``): an exponential
+    moving average with its start-up bias removed, over the drawn points; gaps stay gaps."""
+    if weight <= 0:
+        return list(y)
+    out, last, n = [], 0.0, 0
+    for v in y:
+        if v is None or not math.isfinite(v):
+            out.append(v)
+            continue
+        last = last * weight + (1 - weight) * v
+        n += 1
+        out.append(last / (1 - weight ** n))
+    return out
+
+
+def _check_curve_options(smoothing, log_y, x) -> None:
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) \
+            or not math.isfinite(smoothing) or not 0 <= smoothing <= MAX_SMOOTHING:
+        raise ReportError(f"smoothing must be a number from 0 (off) to {MAX_SMOOTHING}, "
+                          f"not {smoothing!r}")
+    if not isinstance(log_y, bool):
+        raise ReportError(f"log_y must be True or False, not {log_y!r}")
+    if x not in X_AXES:
+        raise ReportError(f"x must be one of {', '.join(repr(k) for k in X_AXES)}, not {x!r}")
+
+
+def axis_series(table: dict, run: dict, split: str, name: str, x: str) -> dict:
+    """A run's series of ``name`` against the chosen x axis: samples seen (the table's series),
+    the optimizer step, or seconds since the experiment's first metric (the panel's axes)."""
+    s = run["series"][split].get(name, {"x": [], "y": []})
+    if x == "samples":
+        return s
+    if "step" not in s:
+        add_point_axes(table)
+    t0 = table.get("_t0")
+    if t0 is None:
+        times = [t for r in table["runs"].values() for sp in ("train", "eval")
+                 for ser in r["series"][sp].values() for t in ser.get("time", ()) if t is not None]
+        t0 = table["_t0"] = min(times) if times else 0.0
+    src = s.get("step", []) if x == "step" else [None if t is None else t - t0 for t in s.get("time", [])]
+    xs, ys, last = [], [], -math.inf
+    for v, y in zip(src, s["y"]):
+        # points without that x, or a clock stepping back, are left out (as in the panel)
+        if v is None or v < last:
+            continue
+        last = v
+        xs.append(v)
+        ys.append(y)
+    return {"x": xs, "y": ys}
+
+
 def curves_figure(table: dict, metric: str = "loss", split: str | None = None,
-                  runs: Iterable[int] | None = None, title: str | None = None) -> go.Figure:
-    """One curve per run of ``metric`` against samples seen, coloured and downsampled as in
-    the panel; pruned runs end in an ✕ whose hover gives the pruner's reason. ``split=None``
-    takes the split that logs the metric (train first)."""
+                  runs: Iterable[int] | None = None, title: str | None = None,
+                  smoothing: float = 0.0, log_y: bool = False, x: str = "samples") -> go.Figure:
+    """One curve per run of ``metric``, coloured and downsampled as in the panel; pruned runs end
+    in an ✕ whose hover gives the pruner's reason. ``split=None`` takes the split that logs the
+    metric (train first). The panel's curve tools: ``smoothing`` (0 to 0.99, TensorBoard's moving
+    average; the raw curve stays, faint), ``log_y``, and ``x`` = ``"samples"`` (samples seen),
+    ``"step"`` (optimizer step) or ``"time"`` (seconds since the first metric). The hover lists
+    every run's value at the pointer's x, by its short name."""
+    _check_curve_options(smoothing, log_y, x)
     split = resolve_split(table, metric, split)
     name = resolve_metric(table, metric, split)
     chosen = _select(table, runs)
     knobs = differing_knobs(runs_by_id(table))
-    with_data = [r for r in chosen if r["series"][split].get(name, {}).get("x")]
+    series = {r["run_id"]: axis_series(table, r, split, name, x) for r in chosen}
+    with_data = [r for r in chosen if series[r["run_id"]]["x"]]
     limit = trace_point_limit(len(with_data))
     traces = []
     sampled = 0
+    x_label = X_AXES[x]
     for run in with_data:
-        s = run["series"][split][name]
-        x, y, thinned = drawn_points(s["x"], s["y"], limit)
+        s = series[run["run_id"]]
+        xs, y, thinned = drawn_points(s["x"], s["y"], limit)
         sampled += thinned
-        finite = [(xi, yi) for xi, yi in zip(x, y) if yi is not None and math.isfinite(yi)]
+        finite = [(xi, yi) for xi, yi in zip(xs, y) if yi is not None and math.isfinite(yi)]
         head = _hover_head(run, knobs)
         group = f"run{run['run_id']}"
+        color, opacity = run_color(run["run_id"]), FADED_OPACITY if _faded(run) else 1.0
+        shown = smoothed(y, smoothing)
+        if smoothing > 0:
+            # the raw curve, thin and faint behind the smoothed one (TensorBoard's look)
+            traces.append(go.Scatter(
+                x=xs, y=y, mode="lines", legendgroup=group, showlegend=False, hoverinfo="skip",
+                name=_esc(f"{trace_name(run)} (raw)"), opacity=0.25 * opacity,
+                line=dict(color=color, width=1)))
         traces.append(go.Scatter(
-            x=x, y=y, name=_esc(trace_name(run)), legendgroup=group,
+            x=xs, y=shown, name=_esc(trace_name(run)), legendgroup=group,
             mode="lines+markers" if len(finite) == 1 else "lines",
-            line=dict(color=run_color(run["run_id"]), dash=run_dash(run["run_id"]), width=1.5),
-            opacity=FADED_OPACITY if _faded(run) else 1.0,
-            hovertemplate=f"{head}<br>samples seen %{{x}}<br>{_esc(name)} %{{y:.4g}}<extra></extra>"))
+            line=dict(color=color, dash=run_dash(run["run_id"]), width=1.5),
+            opacity=opacity, customdata=y,
+            hovertemplate=(f"{_esc(trace_name(run))} %{{y:.4g}}"
+                           + (" (raw %{customdata:.4g})" if smoothing > 0 else "") + "<extra></extra>")))
         if run["pruned"] and finite:
             reason = run_note(run)
             traces.append(go.Scatter(
                 x=[finite[-1][0]], y=[finite[-1][1]], mode="markers", legendgroup=group,
                 showlegend=False, name=_esc(f"{trace_name(run)}: {reason}"),
-                marker=dict(symbol="x", size=10, color=run_color(run["run_id"]),
-                            line=dict(width=1, color=run_color(run["run_id"]))),
+                marker=dict(symbol="x", size=10, color=color, line=dict(width=1, color=color)),
                 hovertemplate=f"{head}<br>pruned here: {_esc(reason)}<extra></extra>"))
     fig = go.Figure(data=traces)
     what = "eval" if split == "eval" else "train"
     label = title if title is not None else f"{name} ({what})"
+    if smoothing > 0:
+        label += f" · smoothed {smoothing:g}"
     if sampled:
         label += f" · {sampled} of {len(with_data)} curves thinned to {limit} points (LTTB)"
-    fig.update_layout(title=dict(text=_esc(label)), xaxis=dict(title=dict(text="samples seen")),
-                      yaxis=dict(title=dict(text=_esc(name))), **_LAYOUT)
+    # "x unified": the hover lists every run's value at the pointer's x, as the panel's does
+    fig.update_layout(title=dict(text=_esc(label)), xaxis=dict(title=dict(text=x_label)),
+                      yaxis=dict(title=dict(text=_esc(name)), type="log" if log_y else "linear"),
+                      **{**_LAYOUT, "hovermode": "x unified"})
     if not with_data:
         fig.add_annotation(text=f"no run has logged {_esc(name)} ({what}) yet", showarrow=False,
                            xref="paper", yref="paper", x=0.5, y=0.5)
     return fig
+
+
+KINDS = ("curves",)
+
+
+def plot_figure(table: dict, metric: str = "loss", split: str | None = None,
+                runs: Iterable[int] | None = None, kind: str = "curves", **options) -> go.Figure:
+    """``Experiment.plot``: ``kind="curves"`` (``curves_figure``: ``smoothing``, ``log_y``, ``x``)."""
+    if kind == "curves":
+        return curves_figure(table, metric, split, runs, **options)
+    raise ReportError(f"kind must be one of {', '.join(repr(k) for k in KINDS)}, not {kind!r}")
 
 
 def time_split_figure(table: dict) -> go.Figure:
