@@ -45,7 +45,7 @@ from rapidfire_nb.engine import (
     refusal,
     trainer_class,
 )
-from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireConfigWarning, RapidFireError
+from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
 _current: weakref.ref[Experiment] | None = None
 # Every engine this process started, with its experiment's name: a second experiment must not
@@ -414,12 +414,11 @@ class Experiment:
                 every run trains chunk k of the data before any run trains chunk k+1, so all runs
                 can be compared after each chunk. More chunks: earlier comparisons, more swaps.
             num_shards: RapidFire AI 0.16.2's name for ``num_chunks`` (give one of the two).
-            num_gpus: RapidFire AI's GPUs *per run* (more than one is FSDP there). Here every run
-                trains on one device, so ``1`` (the default) means what it means in RapidFire;
-                a larger value warns once and trains each run on one device, while the machine's
-                GPUs are used by training runs side by side (one Ray worker per GPU,
-                ``Experiment(num_workers=...)``). On a machine with fewer GPUs than ``num_gpus``
-                (or none) it is the same: the warning names how many there are.
+            num_gpus: devices *per run*, as in RapidFire AI: ``1`` (the default) trains each run on
+                one device; ``k > 1`` shards every run (without its own
+                ``RFModelConfig(num_gpus=...)``) with FSDP over a gang of k Ray workers, and needs
+                ``fsdp``/``fsdp_config`` in its training args and ``Experiment(num_workers>=k)``;
+                anything else is refused here, before anything trains.
             monte_carlo_simulations: accepted for RapidFire AI 0.16.2 code and has no effect here
                 (RapidFire's scheduler uses it to estimate run times; ours interleaves chunks in
                 lockstep and needs no estimate).
@@ -498,6 +497,10 @@ class Experiment:
         from rapidfire_nb.engine import resolve_num_workers
 
         workers = resolve_num_workers(self.num_workers)
+        from rapidfire_nb.engine.sharding import apply_num_gpus, check_sharding
+
+        apply_num_gpus(specs, num_gpus)   # a config's own RFModelConfig(num_gpus=...) wins
+        check_sharding(specs, workers=workers)
         if workers:   # Ray is imported only on this path
             from rapidfire_nb.engine import WorkerEngine
 
@@ -1117,19 +1120,6 @@ def _check_rapidfire_only_knobs(num_gpus, monte_carlo_simulations) -> tuple[int,
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     num_gpus, monte_carlo_simulations = int(num_gpus), int(monte_carlo_simulations)
-    if num_gpus > 1:
-        try:
-            import torch
-
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        except Exception:  # noqa: BLE001 - a broken CUDA setup counts as no GPU
-            gpus = 0
-        have = f"this machine has {gpus} GPU{'s' if gpus != 1 else ''}"
-        warnings.warn(RapidFireConfigWarning(
-            f"run_fit(num_gpus={num_gpus}): in RapidFire AI each run trains on {num_gpus} GPUs with "
-            f"FSDP; here each run trains on one device ({have}), and several GPUs are used by "
-            "training runs side by side, one Ray worker per GPU (Experiment(num_workers=...))"),
-            stacklevel=3)
     return num_gpus, monte_carlo_simulations
 
 
