@@ -47,7 +47,19 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--pruner", choices=("sha", "median", "hyperband"), default=None,
                     help="run the pruning comparison instead: an 8-config grid (4 learning rates x 2 LoRA ranks) trained in full "
                          "and with this pruner; best final eval loss and wall time of each")
-    ap.add_argument("--reduction-factor", type=int, default=2, help="with --pruner: keep 1/N per rung")
+    ap.add_argument("--reduction-factor", type=int, default=2,
+                    help="with --pruner or --vs: keep 1/N per rung")
+    ap.add_argument("--vs", default=None, metavar="PEERS",
+                    help="time to the winner beside what users run instead: 'optuna', 'ray-tune' or "
+                         "both ('optuna,ray-tune'): the same 8 configs (4 learning rates x 2 LoRA ranks) "
+                         "with plain sequential TRL, Optuna + TRL (grid and TPE samplers; successive "
+                         "halving and median pruners), Ray Tune + TRL (ASHA) and rapidfire_nb (SHA, "
+                         "RFOptuna); per side: when the winner is identified, when a run is within 1 %% "
+                         "of the best loss, best final loss, optimizer steps, peak memory. With the cpu "
+                         "preset about 4 minutes per repeat on 2 busy CPU cores (default --repeats 3)")
+    ap.add_argument("--sides", default=None,
+                    help="with --vs: only these sides (comma-separated, e.g. 'optuna-grid-sha,"
+                         "rapidfire-sha'); plain sequential TRL always runs (it gives the reference loss)")
     ap.add_argument("--workers", type=int, default=None,
                     help="train 8 runs three ways: in the kernel, on 1 Ray worker and on N; report "
                          "wall times and the per-chunk actor hop (needs Ray: pip install -e "
@@ -65,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # after parsing, so --help and a bad option answer at once; before anything imports peft
     import_peft_quietly()
+    if args.vs is not None:   # against Optuna + TRL and Ray Tune + TRL (rapidfire_nb/bench/vs.py)
+        from rapidfire_nb.bench.vs import vs_main
+
+        return vs_main(args)
     if args.pruner:   # a pruned grid against the full one (run_pruner_bench)
         return _pruner_main(args)
     p = PRESETS[args.preset]
