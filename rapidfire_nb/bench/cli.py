@@ -73,14 +73,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.vs is not None:   # against Optuna + TRL and Ray Tune + TRL (rapidfire_nb/bench/vs.py)
+        from rapidfire_nb.bench.vs import vs_main
+
+        return vs_main(args)   # checks its arguments before loading the ML libraries
     from rapidfire_nb._quiet import import_peft_quietly
 
     # after parsing, so --help and a bad option answer at once; before anything imports peft
     import_peft_quietly()
-    if args.vs is not None:   # against Optuna + TRL and Ray Tune + TRL (rapidfire_nb/bench/vs.py)
-        from rapidfire_nb.bench.vs import vs_main
-
-        return vs_main(args)
     if args.pruner:   # a pruned grid against the full one (run_pruner_bench)
         return _pruner_main(args)
     p = PRESETS[args.preset]

@@ -412,6 +412,7 @@ def run_rapidfire_side(p, kind: str, pristine, tok, train, evald, work, reductio
 # -- Ray Tune + TRL ----------------------------------------------------------------------------------
 
 _RAY_CACHE: dict[str, Any] = {}
+RAY_NICENESS = "RAY_worker_niceness"
 
 
 def _ray_trial(config: dict, preset: dict, threads: int) -> None:
@@ -456,17 +457,30 @@ def _ray_trial(config: dict, preset: dict, threads: int) -> None:
                    lambda a, b: copies.append((a, b)))
 
 
-def ray_start(log=print) -> float:
-    """Local Ray as the engine starts it (loopback only); seconds it took (off every clock)."""
+def ray_start() -> tuple[float, bool]:
+    """Local Ray as the engine starts it (loopback only), unless one is up: (seconds it took, off
+    every clock; whether it was started here, to be shut down after)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
     from rapidfire_nb.engine.workers.pool import _init_local
 
     t = time.time()
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        return 0.0, False
+    # Ray starts its workers at niceness 15 (its worker_niceness): on a machine with other work a
+    # Tune trial would get the CPU only after everything else, while the other sides run at the
+    # bench's own priority. The same priority for every side: 0 (the default niceness) here.
+    was = os.environ.get(RAY_NICENESS)
+    os.environ[RAY_NICENESS] = "0"
+    try:
         _init_local(ray)
-    return time.time() - t
+    finally:
+        if was is None:
+            os.environ.pop(RAY_NICENESS, None)
+        else:
+            os.environ[RAY_NICENESS] = was
+    return time.time() - t, True
 
 
 def run_ray_side(p, threads: int, reduction_factor: int, work: str) -> Trace:
@@ -568,11 +582,12 @@ def run_vs_bench(p: Preset, peers: list[str], repeats: int = 1, reduction_factor
                     "load_avg_before": os.getloadavg()},
         "versions": versions, "notes": SIDE_NOTES, "more_devices": MORE_DEVICES,
     }
+    ray_started = False
     if "ray-asha" in names:
         import ray
 
         versions["ray"] = ray.__version__
-        report["ray_start_s"] = ray_start(log)
+        report["ray_start_s"], ray_started = ray_start()
     work = tempfile.mkdtemp(prefix="rfbench-vs-")
     rows: list[dict] = []
     try:
@@ -619,6 +634,11 @@ def run_vs_bench(p: Preset, peers: list[str], repeats: int = 1, reduction_factor
                         f"{_fmt_loss(s['best_final_eval_loss'])} ({s['winner']}), {s['steps']} steps")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if ray_started:
+            # a Ray left running would read as "the user chose a cluster" to later experiments
+            import ray
+
+            ray.shutdown()
     report["per_repeat"] = rows
     report["machine"]["load_avg_after"] = os.getloadavg()
     figures = ("t_winner_s", "t_lead_s", "t_last_out_s", "t_within_1pct_s", "wall_s",
@@ -814,6 +834,9 @@ def vs_main(args) -> int:
         if importlib.util.find_spec("ray") is None:
             print("rapidfire bench: --vs ray-tune needs Ray Tune: pip install 'ray[tune]'", file=sys.stderr)
             return 2
+    from rapidfire_nb._quiet import import_peft_quietly
+
+    import_peft_quietly()
     log = (lambda *a, **k: print(*a, file=sys.stderr, flush=True)) if args.json else \
         (lambda *a, **k: print(*a, flush=True))
     log(f"rapidfire bench --vs {','.join(peers)}: preset {p.name}, {len(space())} configs x {p.num_chunks} "
