@@ -474,7 +474,11 @@ def ray_start() -> tuple[float, bool]:
     was = os.environ.get(RAY_NICENESS)
     os.environ[RAY_NICENESS] = "0"
     try:
-        _init_local(ray)
+        try:
+            _init_local(ray)
+        except Exception:  # Ray waits 30 s for its node; a very busy machine can miss that once
+            ray.shutdown()
+            _init_local(ray)
     finally:
         if was is None:
             os.environ.pop(RAY_NICENESS, None)
