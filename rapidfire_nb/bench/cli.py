@@ -25,7 +25,9 @@ def _parser() -> argparse.ArgumentParser:
                     "about 1 minute); the smoke preset takes seconds (about a minute with "
                     "--workers: Ray and the workers start for every side and repeat).")
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS),
-                    help="cpu: ~4.5M-param Llama, fp32 (default); tinyllama: 1.1B-shaped, bf16, CUDA")
+                    help="cpu: ~4.5M-param Llama, fp32 (default); tinyllama: 1.1B-shaped, bf16, CUDA; "
+                         "vs: tinyllama's shape at 256 tokens, 8 chunks x 2 steps, for --vs on a GPU; "
+                         "smoke: seconds, numbers mean nothing")
     ap.add_argument("--repeats", type=int, default=3, help="repeats (medians are reported); default 3")
     ap.add_argument("--configs", type=int, default=None, help="number of LoRA configs (default: preset's)")
     ap.add_argument("--chunks", type=int, default=None, help="chunks per run (default: preset's)")
