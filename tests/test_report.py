@@ -507,3 +507,33 @@ def test_plot_takes_the_split_that_logs_the_metric():
         curves_figure(table, "eval_loss", split="train")
     with pytest.raises(ReportError, match="runs is empty"):
         curves_figure(table, "loss", runs=[])
+
+
+def test_knob_views_show_each_varying_knob_against_the_metric():
+    from rapidfire_nb.report.figures import knobs_figure, plot_figure
+
+    table = fixture_table("pruned")
+    runs = [r for r in table["runs"].values() if r["status"] != "deleted"]
+    fig = knobs_figure(table)
+    # one scatter per varying knob; a knob whose values never vary is left out
+    assert [t.name for t in fig.data] == ["learning_rate"]
+    assert {r["knobs"]["training_args.learning_rate"] for r in runs} == set(fig.data[0].x)
+    symbols = dict(zip(fig.data[0].text, fig.data[0].marker.symbol))
+    pruned = [r for r in runs if r["pruned"]]
+    assert pruned and all(symbols[f"{short_name(r['run_id'], r['knobs'])} (pruned) · pruned"] == "x" for r in pruned)
+    assert fig.data[0].y == tuple(r["best"]["eval_loss"] for r in sorted(runs, key=lambda r: r["run_id"]))
+    par = plot_figure(table, kind="parcoords")
+    assert [d.label for d in par.data[0].dimensions] == ["learning_rate (log)", "status", "eval_loss"] or \
+        [d.label for d in par.data[0].dimensions] == ["learning_rate", "status", "eval_loss"]
+    latest = knobs_figure(table, value="latest")
+    assert latest.data[0].y == tuple(r["latest"]["eval_loss"] for r in sorted(runs, key=lambda r: r["run_id"]))
+    # a metric NaN or missing for some runs: those runs are named, the others drawn
+    for r in table["runs"].values():
+        if r["run_id"] == 1:
+            r["best"]["eval_loss"] = None
+    some = knobs_figure(table)
+    assert "no value for run 1" in some.layout.title.text and len(some.data[0].y) == len(runs) - 1
+    with pytest.raises(ReportError, match="value must be 'best' or 'latest'"):
+        knobs_figure(table, value="mean")
+    with pytest.raises(ReportError, match="kind must be one of"):
+        plot_figure(table, kind="pie")

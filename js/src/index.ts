@@ -20,6 +20,7 @@ import { createRunTable, type Focus } from "./tableview";
 import { suggestedRuns } from "./suggest";
 import { createWorkerNotices } from "./workers";
 import { createTimelineView } from "./timeline";
+import { createKnobView } from "./knobview";
 import { drawSeries, seriesStyles } from "./scale";
 import { CanvasChart, type Range, type RungMark } from "./canvaschart";
 import { loadPrefs, MAX_SMOOTHING, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
@@ -273,6 +274,24 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   runTable.filterBox.before(workerNotices.el);
   const timeline = createTimelineView();
   root.append(timeline.details);
+  // Knobs -> metric: a point's hover lights up the run as hovering its row does; a click pins it
+  // as a click on its row does (the row shows it pinned, the curves stay emphasized).
+  const knobView = createKnobView({
+    onHover: (id) => {
+      focusOn.hover = id;
+      runTable.highlight(id);
+      emphasizeAll();
+    },
+    onPick: (id) => {
+      if (pinned.has(id)) pinned.delete(id);
+      else pinned.add(id);
+      const row = runTable.wrap.querySelector(`tr[data-run-id="${id}"]`);
+      row?.classList.toggle("rf-pinned", pinned.has(id));
+      emphasizeAll();
+      knobView.update(state, pinned);
+    },
+  });
+  root.append(knobView.details);
   function renderWorkers(): void {
     workerNotices.render(state);
     timeline.update(state);
@@ -506,6 +525,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     }
     emphasizeAll();
     renderLegend();
+    knobView.update(state, pinned);
   }
 
   /**
@@ -704,6 +724,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     disposed = true;
     clearInterval(timer);
     timeline.dispose();
+    knobView.dispose();
     runTable.dispose();
     m.off("msg:custom", onCustom);
     m.off("change:snapshot", onSnapshot);

@@ -52,6 +52,11 @@ export const CSS = `
 .rf-legend-item { display: inline-flex; gap: 4px; align-items: center; cursor: pointer; white-space: nowrap; }
 .rf-legend-item.rf-legend-hidden { opacity: 0.4; text-decoration: line-through; }
 .rf-legend-swatch { display: inline-block; width: 14px; height: 3px; border-radius: 1px; }
+.rf-time-res { color: var(--rf-fg2); font-size: 10px; white-space: nowrap; margin-left: 6px; min-width: 9em; }
+.rf-knob-body { position: relative; }
+.rf-knob-canvas { display: block; cursor: pointer; }
+.rf-knob-note { color: var(--rf-fg2); font-size: 11px; }
+.rf-knob-tip { white-space: nowrap; }
 .rf-chart-plot > canvas:focus { outline: none; }
 .rf-chart-plot > canvas:focus-visible { outline: 2px solid var(--rf-fg2); outline-offset: -2px; }
 .rf-zoombox { position: absolute; pointer-events: none; background: rgba(128,128,128,0.18); border: 1px dashed var(--rf-fg2); }

@@ -75,6 +75,16 @@ export const IDLE_MIN_S = 60;
 export const BREAK_SHARE = 0.03;
 
 
+/** "peak 812 MB · 1.9k tok/s": what the chunk used, when the engine logged it. */
+export function resourceText(row: TimelineRow): string {
+  const mem = finite(row.peak_mem_mb);
+  const tps = finite(row.tokens_per_s);
+  const out: string[] = [];
+  if (mem !== null) out.push(`peak ${mem >= 1024 ? `${(mem / 1024).toFixed(2)} GB` : `${mem.toFixed(0)} MB`}`);
+  if (tps !== null) out.push(`${tps >= 1000 ? `${(tps / 1000).toFixed(1)}k` : tps.toFixed(0)} tok/s`);
+  return out.join(" · ");
+}
+
 function laneKey(row: TimelineRow): string {
   if (typeof row.worker === "string") return row.worker;
   return typeof row.device === "string" && row.device ? row.device : "device";
@@ -185,6 +195,8 @@ export function timelineModel(state: PanelState): TimelineModel {
       parts.push("started here");
     }
     if (hop !== null) parts.push(`hop ${dur(hop)}: Ray round trip beyond the chunk`);
+    const res = resourceText(row);
+    if (res) parts.push(res);
     blocks.push({ lane: li, run, epoch, chunk, t0, t1, moved, lost: false, title: parts.join(" · ") });
   }
 

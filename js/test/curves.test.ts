@@ -119,3 +119,22 @@ describe("curve settings are remembered", () => {
       .toEqual({ smoothing: 0, logY: false, xAxis: "samples" });
   });
 });
+
+describe("resources", () => {
+  it("sums tokens over train time per run and keeps the highest peak; old logs show nothing", async () => {
+    const { runResources, resourceWords } = await import("../src/timesplit");
+    const { resourceText } = await import("../src/timeline");
+    const state = createState();
+    const chunk = (seq: number, run: number, extra: Record<string, unknown>) => ({
+      seq, type: "chunk_done", run_id: run, epoch: 0, chunk: seq, device: "cpu", start: seq, end: seq + 1,
+      train_s: 2, eval_s: 0, swap_s: 0, other_s: 0, completed_steps: seq, total_steps: 9, samples_seen: seq, chunks_done: seq, ...extra,
+    });
+    ingest(state, [chunk(1, 1, { tokens: 1000, tokens_per_s: 500, peak_mem_mb: 800 }), chunk(2, 1, { tokens: 3000, tokens_per_s: 1500, peak_mem_mb: 1200 }),
+      chunk(3, 2, {})]);
+    const r = runResources(state);
+    expect(resourceWords(r.runs.get(1))).toBe("1.17 GB · 1.0k tok/s");
+    expect(resourceWords(r.runs.get(2))).toBe("");
+    expect(resourceText(state.timeline[0])).toBe("peak 800 MB · 500 tok/s");
+    expect(resourceText(state.timeline[2])).toBe("");
+  });
+});

@@ -235,7 +235,9 @@ describe("timeline pixels", () => {
     expect(wide).toHaveLength(576);
   });
 
-  it("lays out more chunks than a function call takes arguments", () => {
+  // 300,000 rows: seconds on a loaded 2-core machine, so a generous limit (a speed goal lives in
+  // `rapidfire bench`, not here).
+  it("lays out more chunks than a function call takes arguments", { timeout: 60_000 }, () => {
     const s = folded(readLog("sft_basic"));
     const row = s.timeline[0];
     s.timeline = Array.from({ length: 300_000 }, (_, i) => ({ ...row, start: 5000 - i * 0.01, end: 5000 - i * 0.01 + 0.005 }));

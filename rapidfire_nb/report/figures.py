@@ -8,14 +8,15 @@ Only plotly features present in plotly 5.24 (Colab's) are used here.
 from __future__ import annotations
 
 import html
+import json
 import math
 from collections.abc import Iterable
 
 import plotly.graph_objects as go
 
-from rapidfire_nb.engine import TIME_KEYS, runs_by_id
+from rapidfire_nb.engine import TIME_KEYS, lower_is_better, runs_by_id
 from rapidfire_nb.report.model import (ReportError, add_point_axes, differing_knobs, knob_text,
-                                       resolve_metric, resolve_split, run_note)
+                                       ranking_metric, resolve_metric, resolve_split, run_note)
 from rapidfire_nb.report.style import drawn_points, run_color, run_dash, trace_point_limit
 from rapidfire_nb.tracking.naming import short_name
 
@@ -192,14 +193,25 @@ def curves_figure(table: dict, metric: str = "loss", split: str | None = None,
     return fig
 
 
-KINDS = ("curves",)
+KINDS = ("curves", "knobs", "parcoords", "resources")
 
 
 def plot_figure(table: dict, metric: str = "loss", split: str | None = None,
                 runs: Iterable[int] | None = None, kind: str = "curves", **options) -> go.Figure:
-    """``Experiment.plot``: ``kind="curves"`` (``curves_figure``: ``smoothing``, ``log_y``, ``x``)."""
+    """``Experiment.plot``. ``kind="curves"`` (``curves_figure``: ``smoothing``, ``log_y``,
+    ``x``); ``"knobs"`` / ``"parcoords"`` (``knobs_figure``: ``value="best"|"latest"``; the
+    metric defaults to the leaderboard's, eval_loss, when left at ``"loss"``); ``"resources"``
+    (``resources_figure``)."""
     if kind == "curves":
         return curves_figure(table, metric, split, runs, **options)
+    if kind in ("knobs", "parcoords"):
+        if runs is not None:
+            raise ReportError("runs= is for curves; the knob views show every run")
+        chosen = None if (metric == "loss" and split is None) else metric
+        return knobs_figure(table, chosen, kind="scatter" if kind == "knobs" else "parcoords",
+                            split=split, **options)
+    if kind == "resources":
+        return resources_figure(table)
     raise ReportError(f"kind must be one of {', '.join(repr(k) for k in KINDS)}, not {kind!r}")
 
 
@@ -257,4 +269,161 @@ def timeline_figure(table: dict) -> go.Figure:
     if not rows:
         fig.add_annotation(text="no chunk trained yet", showarrow=False, xref="paper", yref="paper",
                            x=0.5, y=0.5)
+    return fig
+
+
+# -- knobs -> metric -----------------------------------------------------------------------------
+
+MARKS = {"run": ("circle", None), "pruned": ("x", None), "stopped": ("circle-open", None),
+         "failed": ("square-open", "#cf222e")}
+
+
+def _mark(run: dict) -> str:
+    if run["status"] == "failed":
+        return "failed"
+    if run["pruned"]:
+        return "pruned"
+    return "stopped" if run["status"] == "stopped" else "run"
+
+
+def varying_knobs(runs: list[dict]) -> list[str]:
+    """The knob keys whose logged values differ between ``runs`` (the panel's ``knobColumns``:
+    a knob whose values never vary is left out), sorted."""
+    keys = sorted({k for r in runs for k in r["knobs"]})
+    absent = object()
+    out = []
+    for k in keys:
+        vals = {json.dumps(r["knobs"][k], sort_keys=True, default=str) if k in r["knobs"] else absent
+                for r in runs}
+        if len(vals) > 1:
+            out.append(k)
+    return out
+
+
+def knobs_figure(table: dict, metric: str | None = None, value: str = "best",
+                 kind: str = "scatter", split: str | None = None) -> go.Figure:
+    """Every run's knob values against ``metric`` (default: the leaderboard's, eval_loss): its
+    ``value="best"`` or ``"latest"`` value. ``kind="scatter"``: one small scatter per knob that
+    varies; ``"parcoords"``: plotly's parallel coordinates, a line per run through its knobs to
+    the metric. Pruned runs are crosses, stopped ones hollow, failed ones red squares (a
+    ``status`` axis in parallel coordinates); runs with no finite value are named in the title."""
+    from plotly.subplots import make_subplots
+
+    if value not in ("best", "latest"):
+        raise ReportError(f"value must be 'best' or 'latest', not {value!r}")
+    if kind not in ("scatter", "parcoords"):
+        raise ReportError(f"kind must be 'scatter' or 'parcoords' here, not {kind!r}")
+    if metric is None:
+        metric = ranking_metric(table) or "eval_loss"
+    split = resolve_split(table, metric, split)
+    name = resolve_metric(table, metric, split)
+    runs = [r for r in runs_by_id(table) if r["status"] != "deleted"]
+    keys = varying_knobs(runs)
+    with_value, missing = [], []
+    for r in runs:
+        v = r[value].get(name)
+        (with_value if isinstance(v, (int, float)) and math.isfinite(v) else missing).append((r, v))
+    title = f"knobs → {name} ({value})"
+    if missing:
+        title += f" · no value for run{'s' if len(missing) > 1 else ''} {', '.join(str(r['run_id']) for r, _ in missing)}"
+    if not keys:
+        fig = go.Figure()
+        fig.add_annotation(text="no knob varies between the runs", showarrow=False, xref="paper",
+                           yref="paper", x=0.5, y=0.5)
+        fig.update_layout(title=dict(text=_esc(title)), **_LAYOUT)
+        return fig
+    short = {k: k.split(".")[-1] for k in keys}
+    if kind == "parcoords":
+        dims = []
+        for k in keys:
+            vals = [r["knobs"].get(k) for r, _ in with_value]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals) and vals:
+                positive = all(v > 0 for v in vals)
+                log = positive and max(vals) / min(vals) >= 20
+                if log:
+                    exps = range(math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals))) + 1)
+                    dims.append(dict(label=f"{short[k]} (log)", values=[math.log10(v) for v in vals],
+                                     tickvals=list(exps), ticktext=[f"1e{e}" for e in exps]))
+                else:
+                    dims.append(dict(label=short[k], values=vals))
+            else:
+                cats = sorted({json.dumps(v, default=str) if not isinstance(v, str) else v for v in vals})
+                codes = [cats.index(json.dumps(v, default=str) if not isinstance(v, str) else v) for v in vals]
+                dims.append(dict(label=short[k], values=codes, tickvals=list(range(len(cats))),
+                                 ticktext=cats))
+        marks = [_mark(r) for r, _ in with_value]
+        order = list(MARKS)
+        dims.append(dict(label="status", values=[order.index(m) for m in marks],
+                         tickvals=list(range(len(order))), ticktext=order))
+        dims.append(dict(label=name, values=[v for _, v in with_value]))
+        low = lower_is_better(name)
+        fig = go.Figure(go.Parcoords(
+            line=dict(color=[v for _, v in with_value], colorscale="Viridis", reversescale=low,
+                      showscale=True, colorbar=dict(title=dict(text=_esc(name)))),
+            dimensions=dims))
+        fig.update_layout(title=dict(text=_esc(title)), **{**_LAYOUT, "margin": dict(l=60, r=60, t=80, b=40)})
+        return fig
+    fig = make_subplots(rows=1, cols=len(keys), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[_esc(short[k]) for k in keys])
+    for i, k in enumerate(keys, start=1):
+        xs, ys, colors, symbols, lines, texts = [], [], [], [], [], []
+        for r, v in with_value:
+            kv = r["knobs"].get(k)
+            mark = _mark(r)
+            symbol, line = MARKS[mark]
+            xs.append(kv if isinstance(kv, (int, float, str)) and not isinstance(kv, bool) else json.dumps(kv, default=str))
+            ys.append(v)
+            colors.append(run_color(r["run_id"]))
+            symbols.append(symbol)
+            lines.append(line or run_color(r["run_id"]))
+            texts.append(_esc(f"{trace_name(r)} · {mark}" if mark != "run" else trace_name(r)))
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="markers", showlegend=False, text=texts, name=_esc(short[k]),
+            marker=dict(color=colors, symbol=symbols, size=10, line=dict(width=2, color=lines)),
+            hovertemplate=f"%{{text}}<br>{_esc(short[k])} %{{x}}<br>{_esc(name)} %{{y:.4g}}<extra></extra>"),
+            row=1, col=i)
+        nums = [x for x in xs if isinstance(x, (int, float))]
+        if len(nums) == len(xs) and nums and min(nums) > 0 and max(nums) / min(nums) >= 20:
+            fig.update_xaxes(type="log", row=1, col=i)
+        elif len(nums) != len(xs):
+            fig.update_xaxes(type="category", row=1, col=i)
+    fig.update_yaxes(title=dict(text=_esc(name)), row=1, col=1)
+    fig.update_layout(title=dict(text=_esc(title) + " · ✕ pruned, ○ stopped, □ failed"),
+                      **{**_LAYOUT, "height": 360})
+    return fig
+
+
+# -- resources --------------------------------------------------------------------------------
+
+def resources_figure(table: dict) -> go.Figure:
+    """Per run and chunk: the peak memory (MB; CUDA max allocated, or the process's resident set
+    on a CPU) and the tokens trained per second, from the log's chunk_done events."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["peak memory (MB)", "tokens / s"])
+    by_run: dict[int, list[dict]] = {}
+    for row in table["timeline"]:
+        if isinstance(row.get("run_id"), int):
+            by_run.setdefault(row["run_id"], []).append(row)
+    names = {r["run_id"]: trace_name(r) for r in runs_by_id(table)}
+    shown = 0
+    for rid in sorted(by_run):
+        rows = by_run[rid]
+        for col, key in ((1, "peak_mem_mb"), (2, "tokens_per_s")):
+            pts = [(i + 1, r.get(key)) for i, r in enumerate(rows)
+                   if isinstance(r.get(key), (int, float)) and math.isfinite(r.get(key))]
+            if not pts:
+                continue
+            shown += 1
+            fig.add_trace(go.Scatter(
+                x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                name=_esc(names.get(rid, f"run {rid}")), legendgroup=f"run{rid}", showlegend=col == 1,
+                line=dict(color=run_color(rid), dash=run_dash(rid), width=1.5),
+                hovertemplate=f"{_esc(names.get(rid, f'run {rid}'))}<br>chunk %{{x}} · %{{y:.4g}}<extra></extra>"),
+                row=1, col=col)
+    fig.update_xaxes(title=dict(text="chunk trained (run's own count)"))
+    fig.update_layout(title=dict(text="resources per chunk"), **{**_LAYOUT, "height": 360})
+    if not shown:
+        fig.add_annotation(text="no chunk with resource figures (a log from an older version, or none trained)",
+                           showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
     return fig

@@ -190,7 +190,14 @@ def lineage(table: dict, run: dict) -> str:
 
 
 def run_note(run: dict) -> str:
-    """Why the run is where it is: the pruner's reason, an open suggestion, a stop or failure."""
+    """Why the run is where it is (the pruner's reason, an open suggestion, a stop or failure),
+    then the user's own note (``exp.note``)."""
+    why = _why(run)
+    mine = run.get("note")
+    return f"{why} · note: {mine}" if why and mine else (f"note: {mine}" if mine else why)
+
+
+def _why(run: dict) -> str:
     if run["pruned"]:
         return run["reason"] or "pruned"
     if run["suggestion"]:
