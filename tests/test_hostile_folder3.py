@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -280,3 +279,55 @@ def test_a_clone_with_a_huge_run_id_is_refused_where_the_log_is_read(tmp_path):
     from rapidfire_nb.notebook import _panel_protocol as proto
 
     assert proto.MAX_RUN_ID == MAX_RUN_ID
+
+
+# -- 6. RfDb: experiment names are names, not paths ---------------------------------------------
+
+@pytest.mark.parametrize("name", ["../../x", "/tmp/rf-absolute-x", "..", "a/b", "ok\n", ".hidden"])
+def test_rfdb_refuses_a_path_for_an_experiment_name(tmp_path, monkeypatch, name):
+    from rapidfire_nb.compat.fit.db.rf_db import RfDb
+    from rapidfire_nb.errors import ConfigError
+
+    work = tmp_path / "a" / "b" / "work"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    if name.startswith("/"):
+        name = str(tmp_path / "abs")
+        (Path(name) / "experiment.json").parent.mkdir()
+        (Path(name) / "experiment.json").write_text("{}")
+    else:
+        target = (work / "rapidfire_experiments" / name)
+        if ".." in name and "\n" not in name:
+            (target / "experiment.json").parent.mkdir(parents=True, exist_ok=True)
+            (target / "experiment.json").write_text("{}")
+    before = digest(tmp_path)
+    with pytest.raises(ConfigError, match="experiment_name .*a name, not a path"):
+        RfDb().get_experiments_path(name)
+    assert digest(tmp_path) == before
+
+
+# -- 8. tests and docs start Ray on loopback only ----------------------------------------------
+
+def test_every_ray_start_in_tests_and_docs_binds_to_loopback():
+    """A ``ray.init`` that starts a Ray (no ``address=``) binds to every interface unless it is
+    given the loopback address, as rapidfire's own start (engine/workers/pool.py) does; with auth
+    disabled, a port open to the network runs anyone's code."""
+    import re
+
+    starts = re.compile(r"^\s*(?:\w+\s*=\s*)?ray\.init\(")
+    files = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "notebooks").rglob("*.ipynb"), ROOT / "README.md"]
+    wrong = []
+    for p in files:
+        lines = p.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, start=1):
+            code = line.replace('\\"', '"').strip().removeprefix('"') if p.suffix == ".ipynb" else line
+            if not starts.search(code):
+                continue
+            call = " ".join(lines[number - 1:number + 2])   # the call, with its next lines
+            if not re.search(r"(?<!\w)address=", call.split("#")[0]) \
+                    and '_node_ip_address="127.0.0.1"' not in call.replace('\\"', '"'):
+                wrong.append(f"{p.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not wrong, "Ray started on every interface:\n" + "\n".join(wrong)
+    cluster = (ROOT / "tests" / "test_ray_cluster.py").read_text(encoding="utf-8")
+    assert cluster.count('node_ip_address="127.0.0.1"') + cluster.count('"node_ip_address": "127.0.0.1"') >= 2

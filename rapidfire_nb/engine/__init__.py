@@ -47,7 +47,7 @@ _WHERE = {
     "TIME_KEYS": "state", "TIMELINE_COLUMNS": "state",
     # the experiment folder
     "ExperimentStore": "store", "check_experiment_meta": "store", "read_json": "store",
-    "refuse_links": "store", "failed_by_the_disk": "store", "MetadataError": "store",
+    "refuse_links": "store", "check_experiment_name": "store", "failed_by_the_disk": "store", "MetadataError": "store",
     "CheckpointReadError": "store",
     "FolderLock": "lock",
     "atomic_write_json": "fsio", "atomic_write_text": "fsio", "atomic_write_bytes": "fsio",
