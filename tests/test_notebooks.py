@@ -256,3 +256,85 @@ def test_quickstart_steers_after_the_first_chunk():
     assert sizes, "quickstart: the full-mode sizes line"
     train, epochs, batch = map(int, sizes.groups())
     assert train * epochs // batch >= 128, "full mode must train long enough to steer the runs"
+
+
+# What the panel's buttons send, delivered through ipywidgets' comm-message path of the panel that
+# the run_fit cell displayed (the same path as tests/test_panel_protocol.py's comm test).
+_PANEL_CLICK = '''
+import time as _t
+def _click(op, run_id):
+    panel = exp._panel if getattr(exp, "_panel", None) is not None else exp.panel()
+    panel._handle_msg({"content": {"data": {"method": "custom", "content": {
+        "type": "op", "op": op, "run_id": int(run_id), "request_id": f"test-{op}-{run_id}"}}},
+        "buffers": []})
+def _until(run_id, statuses):
+    while exp.get_runs_info().set_index("run_id").loc[run_id, "status"] not in statuses:
+        _t.sleep(0.2)
+'''
+
+
+def test_quickstart_survives_panel_ops_between_its_cells(tmp_path):
+    """The user clicks in the panel between cells: after the cell that waited for the first chunk,
+    Delete on the runs that cell's table ranks worst and best (what the next cell used to stop and
+    clone), and Stop on every run still training before the final cell. Every later cell must
+    act on the runs as they are now: no op on a deleted run, no wait for a state it never reaches,
+    and the final cell still ranks and exports."""
+    from jupyter_client.manager import KernelManager
+
+    nb = nbformat.read(str(NB_DIR / "quickstart.ipynb"), as_version=4)
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    waited = next(i for i in code if re.search(r"(?m)^info = wait_for_chunk\(exp, 1\)", _source(nb.cells[i])))
+    final = next(i for i in code if "final" in nb.cells[i].metadata.get("tags", []))
+    after_chunk = _PANEL_CLICK + '''
+_ranked = info.dropna(subset=["eval_loss"]).sort_values("eval_loss")
+_deleted = [int(_ranked.run_id.iloc[-1]), int(_ranked.run_id.iloc[0])]
+for _r in _deleted:
+    _click("delete", _r)
+for _r in _deleted:
+    _until(_r, ("deleted",))
+print("panel deleted", _deleted)
+'''
+    before_final = '''
+_now = exp.get_runs_info()
+_stopped = [int(r) for r in _now.run_id[_now.status.isin(["pending", "running"])]]
+for _r in _stopped:
+    _click("stop", _r)
+for _r in _stopped:
+    _until(_r, ("stopped", "completed", "failed"))
+print("panel stopped", _stopped)
+'''
+    nb.cells.insert(final, nbformat.v4.new_code_cell(before_final))
+    nb.cells.insert(waited + 1, nbformat.v4.new_code_cell(after_chunk))
+
+    env = dict(os.environ, RF_SMOKE="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.pop("VSCODE_PID", None)
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path), env=env)
+    try:
+        client = nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, kernel_name="python3",
+                                         resources={"metadata": {"path": str(tmp_path)}})
+        try:
+            client.execute()
+        finally:
+            nbformat.write(nb, str(tmp_path / "executed-quickstart-with-clicks.ipynb"))
+    finally:
+        km.shutdown_kernel(now=True)
+        km.cleanup_resources()
+
+    outputs = "\n".join(_outputs_text(c) for c in nb.cells if c.cell_type == "code")
+    deleted = [int(x) for x in re.search(r"panel deleted \[(\d+), (\d+)\]", outputs).groups()]
+    events = _events(tmp_path)
+    ops = [e for e in events if e["type"] == "op"]
+    # the panel's deletes went through the engine; nothing the notebook did named a deleted run
+    assert {o["run_id"] for o in ops if o["op"] == "delete" and o.get("accepted")} == set(deleted)
+    later = [o for o in ops if o["op"] != "delete"]
+    assert not [o for o in later if o["run_id"] in deleted], f"an op on a deleted run: {later}"
+    assert "refused" not in outputs, outputs
+    clones = [e for e in events if e["type"] == "run_created" and e.get("parent_run_id") is not None]
+    assert clones and clones[0]["parent_run_id"] not in deleted
+    text = _outputs_text(nb.cells[final + 2])
+    board = text.split("Leaderboard", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    ranked = [int(line.split()[0]) for line in board if line.split()]
+    assert ranked and not set(ranked) & set(deleted), text
+    assert EXPORT_RE.search(text), text
