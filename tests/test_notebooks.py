@@ -35,11 +35,16 @@ CELL_TIMEOUT = 600
 EXPORT_RE = re.compile(r"Adapter exported to (\S+?):")
 
 
-def _repo_url() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    found = re.findall(r"^Repository:\s*(https://github\.com/[\w.-]+/[\w.-]+?)/?\s*$", text, re.M)
-    assert len(found) == 1, "README.md must define the repository URL once, as a line 'Repository: https://github.com/OWNER/NAME'"
-    return found[0]
+def _repo_slug() -> str | None:
+    """The one repository setting (docs/pages/contributing.md): ``owner/name``, or None while the
+    project has no published home (``Repository: unset``)."""
+    text = (ROOT / "docs" / "pages" / "contributing.md").read_text(encoding="utf-8")
+    found = re.findall(r"^Repository:\s*(\S+?)/?\s*$", text, re.M)
+    assert len(found) == 1, "contributing.md must hold the repository setting once: 'Repository: unset' or a GitHub URL"
+    if found[0] == "unset":
+        return None
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", found[0]), found[0]
+    return found[0].removeprefix("https://github.com/")
 
 
 def _source(cell) -> str:
@@ -72,18 +77,22 @@ def test_notebook_is_committed_clean_and_complete(path):
     sources = [_source(c) for c in code]
     everything = "\n".join(_source(c) for c in nb.cells)
 
-    repo = _repo_url()
-    slug = repo.removeprefix("https://github.com/")
+    slug = _repo_slug()
+    assert "OWNER" not in everything, f"{path.name}: a placeholder repository"
     colab = f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}"
-    assert colab in _source(nb.cells[0]), f"{path.name}: the first cell needs the Colab badge {colab}"
-    for link in re.findall(r"https://colab\.research\.google\.com/github/[^)\s\"']+", everything):
-        assert link == colab, f"{path.name}: Colab link {link} is not {colab}"
+    links = re.findall(r"https://colab\.research\.google\.com/github/[^)\s\"']+", everything)
+    if slug:
+        assert colab in _source(nb.cells[0]), f"{path.name}: the first cell needs the Colab badge {colab}"
+        assert all(link == colab for link in links), f"{path.name}: Colab links {links} are not {colab}"
+    else:
+        assert links == [], f"{path.name}: a Colab badge while the repository is unset: {links}"
 
     install = [s for s in sources if "%pip install" in s]
     assert len(install) == 1, f"{path.name}: one install cell"
     assert 'if "google.colab" in sys.modules:' in install[0], f"{path.name}: %pip must be guarded for Colab"
-    assert f'REPO, REF = "{repo}", "main"' in install[0] and "git+{REPO}@{REF}" in install[0], \
-        f"{path.name}: the install cell must install from {repo} (its REPO setting)"
+    url = f"https://github.com/{slug}" if slug else ""
+    assert f'REPO, REF = "{url}", "main"' in install[0] and "git+{REPO}@{REF}" in install[0], \
+        f"{path.name}: the install cell must install from {url or 'an unset REPO'} (its REPO setting)"
 
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "RF_SMOKE" in _source(params[0]), f"{path.name}: a parameters cell reading RF_SMOKE"
@@ -103,13 +112,72 @@ def test_notebook_is_committed_clean_and_complete(path):
 
 def test_readme_tutorials_link_every_notebook():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "## Tutorials" in text
-    slug = _repo_url().removeprefix("https://github.com/")
+    assert "## Tutorials" in text and "OWNER" not in text
+    tutorials = text.split("## Tutorials", 1)[1].split("\n## ", 1)[0]
+    assert "repo_links" not in tutorials, "maintainer plumbing belongs in docs/pages/contributing.md"
     for path in NOTEBOOKS:
-        link = f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}"
-        assert link in text, f"README.md: no Colab link for {path.name}"
-    for link in re.findall(r"https://colab\.research\.google\.com/github/([^/]+/[^/]+)/", text):
-        assert link == slug, f"README.md: Colab link to {link}, not to the Repository line's {slug}"
+        assert f"(notebooks/{path.name})" in tutorials, f"README.md: no link to {path.name}"
+    slug = _repo_slug()
+    links = re.findall(r"https://colab\.research\.google\.com/github/([^/]+/[^/]+)/", text)
+    if slug:
+        for path in NOTEBOOKS:
+            assert f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}" in text
+        assert set(links) == {slug}, f"README.md: Colab links to {links}, not to the setting's {slug}"
+    else:
+        assert links == [], f"README.md: Colab links while the repository is unset: {links}"
+        assert "install it from a clone" in text
+
+
+def _install_cell(path: Path) -> str:
+    nb = nbformat.read(str(path), as_version=4)
+    return next(_source(c) for c in nb.cells if c.cell_type == "code" and "%pip install" in _source(c))
+
+
+def _run_in_fake_colab(cell: str):
+    """Run an install cell as Colab's IPython would (magics transformed by IPython itself), with a
+    stand-in ``google.colab`` and a shell that records magics instead of running pip."""
+    import sys
+    import types
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    magics = []
+    shell = types.SimpleNamespace(run_line_magic=lambda name, line, *a, **k: magics.append((name, line)))
+    colab = types.ModuleType("google.colab")
+    colab.output = types.SimpleNamespace(enable_custom_widget_manager=lambda: magics.append(("widgets", "")))
+    google = types.ModuleType("google")
+    google.colab = colab
+    saved = {k: sys.modules.get(k) for k in ("google", "google.colab")}
+    sys.modules.update({"google": google, "google.colab": colab})
+    try:
+        code = TransformerManager().transform_cell(cell)
+        exec(compile(code, "<install cell>", "exec"), {"get_ipython": lambda: shell})
+        return None, magics
+    except Exception as exc:   # what the cell raised, for the test to read
+        return exc, magics
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_install_cell_with_repo_unset_stops_in_one_line_before_pip(path):
+    cell = _install_cell(path)
+    if _repo_slug():
+        pytest.skip("the repository is set")
+    exc, magics = _run_in_fake_colab(cell)
+    assert magics == [], f"{path.name}: the cell called {magics} with REPO unset"
+    assert exc is not None, f"{path.name}: the cell went on with REPO unset"
+    shown = exc._render_traceback_()     # what IPython prints instead of a traceback
+    assert len(shown) == 1 and "Set REPO" in shown[0] and "https://github.com/" in shown[0], shown
+    # set, the same cell installs from it
+    exc, magics = _run_in_fake_colab(cell.replace('REPO, REF = ""', 'REPO, REF = "https://github.com/a/b"'))
+    assert exc is None, exc
+    # (IPython expands {REPO}@{REF} from the cell's variables when it runs the magic)
+    assert magics[0][0] == "pip" and "git+{REPO}@{REF}" in magics[0][1], magics
 
 
 def _tensorboards_under(folder: Path) -> list:
