@@ -107,6 +107,14 @@ def make_tiny_model(tokenizer=None, hidden_size: int = 64, num_layers: int = 2, 
     return model
 
 
+# The model the demo and the quickstart train (``RFModelConfig(model_kwargs=DEMO_MODEL_KWARGS)``):
+# an output layer six times transformers' init, so that a run that learns the colours also
+# becomes confident of them and its eval loss falls well below ln(vocabulary), while a run that
+# learns slowly stays high: the eval curves tell the configs apart. (Measured: 1 epoch of 256
+# rows, the demo's 4 configs: eval_loss 3.02, 3.26, 3.58, 2.39 at scale 6; 5.64 to 5.48 at 1.)
+DEMO_MODEL_KWARGS = {"output_scale": 6.0}
+
+
 def make_tiny_model_and_tokenizer(**model_kwargs):
     tokenizer = make_tokenizer()
     return make_tiny_model(tokenizer, **model_kwargs), tokenizer
