@@ -229,6 +229,13 @@ def test_notebook_runs_end_to_end_in_smoke_mode(path, tmp_path):
             print(f"\n{path.name}: executed in {elapsed:.1f} s (RF_SMOKE=1)")
             nbformat.write(nb, str(tmp_path / f"executed-{path.name}"))
 
+        # above the panel only what the user should read: no progress bar, no library warning
+        fit_cell = next(c for c in nb.cells if c.cell_type == "code" and ".run_fit(" in _source(c))
+        above = _outputs_text(fit_cell)
+        assert "Loading weights" not in above and "Warning" not in above, f"{path.name}: {above[:500]}"
+        everything = "\n".join(_outputs_text(c) for c in nb.cells if c.cell_type == "code")
+        assert "FutureWarning" not in everything, f"{path.name}: a FutureWarning in the outputs"
+
         # no run of the experiment may have failed (a failed run is not a cell error)
         events = _events(tmp_path)
         failed = [e for e in events if e["type"] == "run_status" and e["status"] == "failed"]
