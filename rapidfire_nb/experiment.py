@@ -45,7 +45,7 @@ from rapidfire_nb.engine import (
     refusal,
     trainer_class,
 )
-from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireConfigWarning, RapidFireError
+from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 
 _current: weakref.ref[Experiment] | None = None
 # Every engine this process started, with its experiment's name: a second experiment must not
@@ -315,7 +315,7 @@ class Experiment:
 
         if not (root / "experiment.json").exists() and not (root / "events.jsonl").exists():
             raise ConfigError(f"mode='read' but there is no experiment at {root}")
-        refuse_links(root)
+        refuse_links(root, writing=False)
         self.name = name
         self.path = root.resolve()
         self.resumed = False
@@ -414,12 +414,11 @@ class Experiment:
                 every run trains chunk k of the data before any run trains chunk k+1, so all runs
                 can be compared after each chunk. More chunks: earlier comparisons, more swaps.
             num_shards: RapidFire AI 0.16.2's name for ``num_chunks`` (give one of the two).
-            num_gpus: RapidFire AI's GPUs *per run* (more than one is FSDP there). Here every run
-                trains on one device, so ``1`` (the default) means what it means in RapidFire;
-                a larger value warns once and trains each run on one device, while the machine's
-                GPUs are used by training runs side by side (one Ray worker per GPU,
-                ``Experiment(num_workers=...)``). On a machine with fewer GPUs than ``num_gpus``
-                (or none) it is the same: the warning names how many there are.
+            num_gpus: devices *per run*, as in RapidFire AI: ``1`` (the default) trains each run on
+                one device; ``k > 1`` shards every run (without its own
+                ``RFModelConfig(num_gpus=...)``) with FSDP over a gang of k Ray workers, and needs
+                ``fsdp``/``fsdp_config`` in its training args and ``Experiment(num_workers>=k)``;
+                anything else is refused here, before anything trains.
             monte_carlo_simulations: accepted for RapidFire AI 0.16.2 code and has no effect here
                 (RapidFire's scheduler uses it to estimate run times; ours interleaves chunks in
                 lockstep and needs no estimate).
@@ -498,6 +497,10 @@ class Experiment:
         from rapidfire_nb.engine import resolve_num_workers
 
         workers = resolve_num_workers(self.num_workers)
+        from rapidfire_nb.engine.sharding import apply_num_gpus, check_sharding
+
+        apply_num_gpus(specs, num_gpus)   # a config's own RFModelConfig(num_gpus=...) wins
+        check_sharding(specs, workers=workers)
         if workers:   # Ray is imported only on this path
             from rapidfire_nb.engine import WorkerEngine
 
@@ -703,6 +706,12 @@ class Experiment:
                 raise OpRefused(refused)
             self.engine.submit(Op("stop", run_id))
 
+    def note(self, run_id: int, text: str) -> None:
+        """Attach a note to a run (at most 2000 characters; ``""`` clears it). It stays in the event log: ``get_runs_info()``'s ``note``, the panel and the report show it."""
+        from rapidfire_nb.results import note_run
+
+        note_run(self.events, self._state().read(lambda t: {r["run_id"] for r in t["runs"].values()}), run_id, text, writable=not (self.read_only or self._ended))
+
     def resume(self, run_id: int) -> None:
         """Resume a stopped run from its checkpoint.
 
@@ -842,7 +851,9 @@ class Experiment:
     def get_runs_info(self):
         """One row per run (a pandas DataFrame), in run order. Columns:
 
-        * ``run_id``; ``status``: pending, running, stopped, completed, failed or deleted;
+        * ``run_id``; ``name``: its short name, the id and its knobs (``3 · lr 1e-3 · r 32``), as
+          the panel, the report and the trackers call it; ``status``: pending, running, stopped,
+          completed, failed or deleted;
         * one column per knob that varies between runs, by its short name (``learning_rate``, ``r``);
         * ``completed_steps`` / ``total_steps``: optimizer steps, as positions in the run's data
           stream (a warm clone's start at its parent's step at the branch point; the panel and
@@ -854,7 +865,7 @@ class Experiment:
         * ``eval_loss``: the latest eval loss (NaN or None before the first eval;
           ``get_results()`` has every eval metric at every chunk);
         * ``error``: a failed run's traceback (``%rapidfire status`` shows its last line), else
-          None;
+          None; ``note``: the user's note on the run (``exp.note``), else None;
         * ``worker`` (only with Ray workers, ``num_workers``): the worker that trained the run's
           last chunk, None before its first;
         * ``pruning`` (only when the config group has a pruner or is RFOptuna): why the run was
@@ -904,7 +915,10 @@ class Experiment:
         * ``moved``: True when the run came to this worker from another one with this chunk
           (False for a run's first chunk, and always in the kernel engine);
         * ``hop_s``: what Ray added to the chunk: the round trip of the request to the worker and
-          the result back, beyond the chunk's own time (NaN in the kernel engine).
+          the result back, beyond the chunk's own time (NaN in the kernel engine);
+        * ``tokens``, ``tokens_per_s``: non-padding tokens the chunk trained on, and per second of
+          ``train_s``; ``peak_mem_mb``: the chunk's peak memory in MB (CUDA max allocated on a
+          GPU, the process's resident set size on a CPU); NaN in logs from older versions.
         """
         from rapidfire_nb.results import timeline_frame
 
@@ -1013,15 +1027,16 @@ class Experiment:
                 warnings.warn(f"final checkpoint of run {rid} not written to {path}: {exc}", stacklevel=3)
 
     # -- results that need no kernel --------------------------------------------------------
-    def plot(self, metric: str = "loss", split: str | None = None, runs=None):
-        """A plotly Figure of ``metric`` against samples seen, one curve per run, in the panel's
-        colours; ``split="eval"`` plots eval metrics (``"loss"`` there means ``eval_loss``), and
+    def plot(self, metric: str = "loss", split: str | None = None, runs=None, **options):
+        """A plotly Figure of ``metric``, one curve per run, in the panel's colours and names
+        (``report.figures.plot_figure`` lists the options: ``smoothing``, ``log_y``, ``x``,
+        ``kind``); ``split="eval"`` plots eval metrics (``"loss"`` there means ``eval_loss``), and
         the default ``None`` takes the train metric of that name, else the eval one (so
         ``plot("eval_loss")`` works); ``runs`` limits it to some run ids. It renders wherever plotly does (a saved notebook,
         Colab, VS Code) and ``fig.write_html(...)`` / ``fig.show()`` work in scripts."""
-        from rapidfire_nb.report import curves_figure, snapshot
+        from rapidfire_nb.report import plot_figure, snapshot
 
-        return curves_figure(self._state().read(snapshot), metric, split, runs)
+        return plot_figure(self._state().read(snapshot), metric, split, runs, **options)
 
     def report(self, path: str | Path) -> Path:
         """Write one self-contained HTML file (plotly.js inside, nothing loaded from the network):
@@ -1105,19 +1120,6 @@ def _check_rapidfire_only_knobs(num_gpus, monte_carlo_simulations) -> tuple[int,
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     num_gpus, monte_carlo_simulations = int(num_gpus), int(monte_carlo_simulations)
-    if num_gpus > 1:
-        try:
-            import torch
-
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        except Exception:  # noqa: BLE001 - a broken CUDA setup counts as no GPU
-            gpus = 0
-        have = f"this machine has {gpus} GPU{'s' if gpus != 1 else ''}"
-        warnings.warn(RapidFireConfigWarning(
-            f"run_fit(num_gpus={num_gpus}): in RapidFire AI each run trains on {num_gpus} GPUs with "
-            f"FSDP; here each run trains on one device ({have}), and several GPUs are used by "
-            "training runs side by side, one Ray worker per GPU (Experiment(num_workers=...))"),
-            stacklevel=3)
     return num_gpus, monte_carlo_simulations
 
 

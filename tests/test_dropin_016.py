@@ -129,15 +129,14 @@ def test_run_fit_with_0162_keywords(tmp_path):
     assert json.loads((exp.path / "experiment.json").read_text())["num_chunks"] == 2
 
 
-def test_num_gpus_above_one_warns_and_trains_each_run_on_one_device(tmp_path):
+def test_num_gpus_above_one_without_fsdp_is_refused_as_in_0162(tmp_path):
+    # RapidFire AI 0.16.2: more than one GPU per run is FSDP, and needs its settings
     train = rows(8, "text")
     group = RFGridSearch(RFModelConfig(model_name="tiny", training_args=sft(max_steps=1)), trainer_type="SFT")
     exp = Experiment("gpus", experiment_path=tmp_path)
-    with pytest.warns(RapidFireConfigWarning, match=r"num_gpus=2\): in RapidFire AI each run trains on 2 GPUs.*"
-                                                    r"this machine has \d+ GPU"):
+    with pytest.raises(ConfigError, match=r"num_gpus=2 without FSDP settings"):
         exp.run_fit(group, create_model, train, None, num_shards=1, num_gpus=2)
-    exp.end()
-    assert list(exp.get_runs_info().status) == ["completed"]
+    assert exp.engine is None
 
 
 # -- compute_metrics on plain-text SFT data -------------------------------------------------------
