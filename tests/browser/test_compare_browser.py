@@ -91,7 +91,7 @@ def _paths(page, sel=TRAIN):
 
 
 def test_names_and_colour_key(compare):
-    page, panel, _ = compare
+    page, panel, lab = compare
     names = [s["name"] for s in page.evaluate(INSPECT, TRAIN)["series"]]
     # the id and the two knobs that set the runs apart
     assert names == ["1 · lr 3e-3 · r 4", "2 · lr 3e-3 · r 8", "3 · lr 3e-4 · r 4", "4 · lr 3e-4 · r 8"] or \
@@ -99,9 +99,17 @@ def test_names_and_colour_key(compare):
     legend = panel.locator("[data-testid=rf-legend-item]")
     assert legend.count() == 4
     assert [legend.nth(i).text_content() for i in range(4)] == names
+    panel.locator(".rf-legend").screenshot(path=str(SHOTS / "compare_colour_key.png"))
     legend.nth(2).hover()
     _wait(lambda: [s["focused"] for s in page.evaluate(INSPECT, TRAIN)["series"]] == [False, False, True, False], 10,
           "hovering a key entry to emphasize its run", page)
+    # a click on the entry writes a note on the run: it goes to the log and comes back as a mark
+    legend.nth(2).click()
+    panel.locator("[data-testid=rf-note-input]").fill("lowest loss so far")
+    panel.locator("[data-testid=rf-note-save]").click()
+    _wait(lambda: legend.nth(2).locator(".rf-legend-note").count() == 1, 30, "the note's mark on run 3's entry", page)
+    notes = [e for e in experiment_events(lab.root, EXPERIMENT) if e["type"] == "note"]
+    assert [(e["run_id"], e["text"]) for e in notes] == [(3, "lowest loss so far")]
     page.mouse.move(5, 5)
 
 
@@ -120,7 +128,8 @@ def test_multi_run_hover_lists_every_run_at_that_x(compare):
     values = [float(tip.locator(".rf-tip-row").nth(i).locator(".rf-tip-value").text_content()) for i in range(4)]
     assert values == sorted(values)   # a loss: lowest first
     assert "rf-hot" in (panel.locator('tr[data-run-id="1"]').get_attribute("class") or "")
-    panel.screenshot(path=str(SHOTS / "compare_hover.png"))
+    # the page as it is (an element screenshot would scroll, and the pointer leave the chart)
+    page.screenshot(path=str(SHOTS / "compare_hover.png"))
     page.mouse.move(5, 5)
     _wait(lambda: not tip.is_visible(), 10, "the hover to go", page)
 
@@ -179,13 +188,13 @@ def test_knob_view_focuses_a_run_on_click(compare):
     page.mouse.move(box["x"] + target["x"], box["y"] + target["y"])
     tip = panel.locator("[data-testid=rf-knob-tip]")
     _wait(lambda: tip.is_visible() and (tip.text_content() or "").startswith("3 · "), 10, "the knob view's hover", page)
-    panel.screenshot(path=str(SHOTS / "compare_knobs_hover.png"))
+    page.screenshot(path=str(SHOTS / "compare_knobs_hover.png"))
     page.mouse.click(box["x"] + target["x"], box["y"] + target["y"])
     _wait(lambda: [s["focused"] for s in page.evaluate(INSPECT, TRAIN)["series"]] == [False, False, True, False], 10,
           "run 3 focused in the charts", page)
     assert "rf-pinned" in (panel.locator('tr[data-run-id="3"]').get_attribute("class") or "")
     page.mouse.move(5, 5)
-    panel.screenshot(path=str(SHOTS / "compare_knobs_pinned.png"))
+    page.screenshot(path=str(SHOTS / "compare_knobs_pinned.png"))
     page.mouse.click(box["x"] + target["x"], box["y"] + target["y"])   # a second click unpins
     _wait(lambda: not any(s["focused"] for s in page.evaluate(INSPECT, TRAIN)["series"]), 10, "run 3 unpinned", page)
     assert "tok/s" in (panel.locator("[data-testid=rf-time-res]").first.text_content() or "")
