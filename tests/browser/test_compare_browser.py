@@ -196,6 +196,7 @@ def test_knob_view_focuses_a_run_on_click(compare):
     page.mouse.move(5, 5)
     page.screenshot(path=str(SHOTS / "compare_knobs_pinned.png"))
     page.mouse.click(box["x"] + target["x"], box["y"] + target["y"])   # a second click unpins
+    page.mouse.move(5, 5)   # and the pointer leaves: nothing hovered either
     _wait(lambda: not any(s["focused"] for s in page.evaluate(INSPECT, TRAIN)["series"]), 10, "run 3 unpinned", page)
     assert "tok/s" in (panel.locator("[data-testid=rf-time-res]").first.text_content() or "")
 
