@@ -156,14 +156,25 @@ def test_smoothing_draws_the_average_and_keeps_the_raw_curve(compare):
 def test_log_y_ticks(compare):
     page, panel, _ = compare
     panel.locator("[data-testid=rf-logy]").check()
-    _wait(lambda: page.evaluate(INSPECT, TRAIN)["curve"]["logY"] is True, 10, "log y", page)
-    view = page.evaluate(INSPECT, TRAIN)["view"]
+    # drawn in log10 units (a loss near 6.2 tops out below 1 there)
+    view = _wait(lambda: (lambda c: c["view"] if c["curve"]["logY"] and c["view"]["y"][1] < 1.5 else None)(
+        page.evaluate(INSPECT, TRAIN)), 10, "the log y axis drawn", page)
     ys = [y for s in page.evaluate(INSPECT, TRAIN)["series"] for y in s["y"] if y is not None and y > 0]
     # the axis is in log10 units of the values, and its labels are values inside that range
     assert view["y"][0] <= math.log10(min(ys)) and view["y"][1] >= math.log10(max(ys))
     labels = [float(t) for t in view["yTicks"]]
     assert len(labels) >= 2 and all(10 ** view["y"][0] <= v <= 10 ** view["y"][1] for v in labels), view
+    # the learning rates (3e-3 and 3e-4, decaying) span decades: ticks at powers of ten
+    panel.locator("[data-testid=rf-metric-train]").select_option("learning_rate")
+    def powers_of_ten():
+        ticks = page.evaluate(INSPECT, TRAIN)["view"]["yTicks"] or []
+        exps = [math.log10(float(t)) for t in ticks]
+        return ticks if len(ticks) >= 2 and all(abs(e - round(e)) < 1e-9 for e in exps) else None
+
+    ticks = _wait(powers_of_ten, 10, "powers of ten on the log axis", page)
+    assert "0.001" in ticks, ticks
     panel.screenshot(path=str(SHOTS / "compare_log_y.png"))
+    panel.locator("[data-testid=rf-metric-train]").select_option("loss")
     # the settings are remembered: a re-rendered panel comes back with them
     prefs = page.evaluate("() => Object.entries(localStorage).filter(([k]) => k.startsWith('rapidfire-panel-view:'))")
     assert any('"smoothing":0.8' in v and '"logY":true' in v for _, v in prefs), prefs
