@@ -315,7 +315,7 @@ class Experiment:
 
         if not (root / "experiment.json").exists() and not (root / "events.jsonl").exists():
             raise ConfigError(f"mode='read' but there is no experiment at {root}")
-        refuse_links(root)
+        refuse_links(root, writing=False)
         self.name = name
         self.path = root.resolve()
         self.resumed = False

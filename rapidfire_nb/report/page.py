@@ -196,14 +196,12 @@ def write_report(table: dict, path: str | Path, meta: dict | None = None,
     if not overwrite and (path.exists() or path.is_symlink()):
         raise ReportError(f"{path} already exists; give another file name, or --force to replace it")
     text = report_html(table, meta, source)
-    tmp = path.with_name(f".{path.name}.tmp")
+    from rapidfire_nb.engine import atomic_write_text
+
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        # a temporary file of its own, never one found there (a planted link or hard link), then
+        # renamed over ``path``: a link at ``path`` is replaced, not written through
+        atomic_write_text(path, text)
     except OSError as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         raise ReportError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return path
