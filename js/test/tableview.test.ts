@@ -73,10 +73,10 @@ describe("an armed Delete", () => {
       const r = rig();
       button(2, "delete").click();
       expect(button(2, "delete").textContent).toBe("Confirm?");
-      expect(r.said.at(-1)).toBe("delete run 2: click Confirm? within 4 s to delete it");
+      expect(r.said[r.said.length - 1]).toBe("delete run 2: click Confirm? within 4 s to delete it");
       vi.advanceTimersByTime(4100);
       expect(button(2, "delete").textContent).toBe("Delete");
-      expect(r.said.at(-1)).toBe("delete run 2: not confirmed within 4 s, nothing deleted");
+      expect(r.said[r.said.length - 1]).toBe("delete run 2: not confirmed within 4 s, nothing deleted");
       expect(r.sent).toEqual([]);
     } finally {
       vi.useRealTimers();
