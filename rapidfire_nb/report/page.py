@@ -206,6 +206,8 @@ def write_report(table: dict, path: str | Path, meta: dict | None = None,
 
     ``overwrite=False`` refuses an existing file; ``outside`` is a folder the report must not be
     written into (the experiment folder it is read from, which stays as it is)."""
+    if "\x00" in str(path):
+        raise ReportError(f"report path {str(path)!r} holds a NUL byte, which no file name may hold")
     path = Path(path)
     if path.is_dir():
         raise ReportError(f"{path} is a folder; give the report's file name, e.g. {path / 'report.html'}")
