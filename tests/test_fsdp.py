@@ -37,7 +37,7 @@ def sft_args(batch=4, **kw):
 def sharded_config(k=2, batch=4, peft="lora", **kw):
     return RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32},
                          peft_config=lora() if peft == "lora" else peft,
-                         training_args=sft_args(batch, **FSDP, **kw), num_gpus=k)
+                         training_args=sft_args(batch, **{**FSDP, **kw}), num_gpus=k)
 
 
 def folder_files(path):
