@@ -8,14 +8,23 @@ group) costs tens of seconds on this machine.
 
 from __future__ import annotations
 
+import os
+import sys
 
 import pytest
+import torch
 
-from rapidfire_nb import Experiment
-from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
-from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
-from rapidfire_nb.engine.sharding import fsdp2_settings, refusals
-from rapidfire_nb.errors import ConfigError
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+import ray  # noqa: E402
+
+from rapidfire_nb import Experiment  # noqa: E402
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig  # noqa: E402
+from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model  # noqa: E402
+from rapidfire_nb.engine.sharding import fsdp2_settings, refusals  # noqa: E402
+from rapidfire_nb.errors import ConfigError  # noqa: E402
+
+# the workers cannot import this module: its callables travel by value, as a notebook's do
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 FSDP = dict(fsdp="full_shard auto_wrap",
             fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
@@ -72,14 +81,13 @@ def test_refused_in_run_fit_before_anything_trains(case, tmp_path):
     train, evald = make_demo_datasets(16, 4)
     exp = Experiment("refused", experiment_path=tmp_path, num_workers=how["workers"])
     before = folder_files(exp.path)
+    ray_was = ray.is_initialized()
     with pytest.raises(ConfigError, match=message):
         exp.run_fit(RFGridSearch(how["config"](), trainer_type="SFT"), tiny_create_model, train,
                     evald, num_chunks=2, num_gpus=how.get("num_gpus", 1), block=True)
     assert exp.engine is None
     assert folder_files(exp.path) == before
-    import ray
-
-    assert not ray.is_initialized()   # refused before Ray or any worker started
+    assert ray.is_initialized() == ray_was   # refused before Ray or any worker started
 
 
 def test_refusals_name_each_config_of_a_grid():
@@ -105,3 +113,81 @@ def test_fsdp1_knobs_map_onto_fsdp2_and_the_rest_are_named():
     assert ignored == ["limit_all_gathers", "sync_module_states", "use_orig_params"]
     settings, ignored = fsdp2_settings({"fsdp": "full_shard", "fsdp_config": {"bogus_knob": 1}})
     assert settings["reshard_after_forward"] is True and ignored == ["bogus_knob"]
+
+
+# -- gangs on a local Ray: two declared GPUs, two workers, gloo ----------------------------------
+
+@pytest.fixture(scope="module")
+def ray_session():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_demo_datasets(64, 16)
+
+
+def losses(exp, run_id, split):
+    res = exp.get_results()
+    metric = "loss" if split == "train" else "eval_loss"
+    sel = res[(res.run_id == run_id) & (res.split == split) & (res.metric == metric)]
+    return list(zip(sel.step, sel.value))
+
+
+def renamed(weights):
+    out = {}
+    for k, v in weights.items():
+        parts = k.split(".")
+        out[".".join("run_X" if i > 0 and parts[i - 1] in ("lora_A", "lora_B") else p
+                     for i, p in enumerate(parts))] = v
+    return out
+
+
+def assert_same_weights(a, b):
+    a, b = renamed(a), renamed(b)
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.fixture(scope="module")
+def mixed(ray_session, data, tmp_path_factory):
+    """One experiment on one gang: two sharded runs (k=2, batch 4 per device) and one
+    single-device run at batch 8 with the first sharded run's config otherwise."""
+    train, evald = data
+    group = RFGridSearch(List([
+        sharded_config(k=2, batch=4),
+        sharded_config(k=2, batch=4, learning_rate=1e-2),
+        RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32}, peft_config=lora(),
+                      training_args=sft_args(8)),
+    ]), trainer_type="SFT")
+    exp = Experiment("mixed", experiment_path=tmp_path_factory.mktemp("mixed"), num_workers=2)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=5, block=True)
+    yield exp
+    exp.end()
+
+
+def test_sharded_lora_run_logs_the_losses_of_the_unsharded_run_at_k_times_the_batch(mixed):
+    info = mixed.get_runs_info().set_index("run_id")
+    assert list(info.status) == ["completed"] * 3, info[["status", "error"]]
+    for split in ("train", "eval"):
+        sharded, plain = losses(mixed, 1, split), losses(mixed, 3, split)
+        assert [s for s, _ in sharded] == [s for s, _ in plain] and sharded
+        for (_, a), (_, b) in zip(sharded, plain):
+            assert abs(a - b) <= 1e-5 * abs(b), (split, a, b)
+
+
+def test_sharded_and_single_device_runs_interleave_fairly(mixed):
+    tl = mixed.get_timeline().sort_values("start")
+    assert set(tl[tl.run_id.isin([1, 2])].worker) == {"w0+w1"}
+    assert set(tl[tl.run_id == 3].worker) <= {"w0", "w1"}
+    assert len(tl) == 3 * 2
+    # no run starts its second chunk before every run has started its first
+    firsts = tl[tl.chunk == 0].groupby("run_id").start.min()
+    seconds = tl[tl.chunk == 1].groupby("run_id").start.min()
+    assert seconds.min() >= firsts.max()
