@@ -109,8 +109,8 @@ describe("ingest", () => {
     expect(state.ended).toBe(true);
     const run1 = state.runs.get(1)!;
     expect(run1.status).toBe("pending");
-    expect(run1.train.loss).toEqual({ x: [8, 16], y: [3.0, 2.5] });
-    expect(run1.eval.eval_loss).toEqual({ x: [16], y: [2.8] });
+    expect(run1.train.loss).toMatchObject({ x: [8, 16], y: [3.0, 2.5] });
+    expect(run1.eval.eval_loss).toMatchObject({ x: [16], y: [2.8] });
     expect(run1.latest.loss).toBe(2.5);
     expect(run1.best.loss).toBe(2.5);
     expect(run1.completedSteps).toBe(2);
@@ -185,7 +185,7 @@ describe("ingest", () => {
       { seq: 3, type: "metric", run_id: 1, split: "train", step: 1, samples_seen: 4, metrics: { loss: "NaN", note: [1], acc: null } },
     ]);
     expect(state.lastSeq).toBe(3);
-    expect(state.runs.get(1)!.train.acc).toEqual({ x: [4], y: [null] });
+    expect(state.runs.get(1)!.train.acc).toMatchObject({ x: [4], y: [null] });
     expect(state.runs.get(1)!.train.loss).toBeUndefined();
   });
 
@@ -274,7 +274,7 @@ describe("chart plans", () => {
     planChart(state, book);
     ingest(state, [{ seq: 22, type: "run_status", run_id: 2, status: "deleted", has_error: false, reason: null }]);
     const restyle = planChart(state, book);
-    expect(restyle.restyle).toEqual({ indices: [1], name: ["run 2 (deleted)"], faded: [true] });
+    expect(restyle.restyle).toEqual({ indices: [1], name: ["2 · lr 1e-4 (deleted)"], faded: [true] });
   });
 
   it("uses the same colour for a run everywhere", () => {
@@ -522,8 +522,8 @@ describe("metric and knob names that are Object.prototype members", () => {
     const run = state.runs.get(1)!;
     for (const [i, n] of NAMES.entries()) {
       expect(run.latest[n]).toBe(i + 1);
-      expect(run.train[n]).toEqual({ x: [8], y: [i + 1] });
-      expect(run.eval[n]).toEqual({ x: [16, 32], y: [i + 1, i + 1] });
+      expect(run.train[n]).toMatchObject({ x: [8], y: [i + 1] });
+      expect(run.eval[n]).toMatchObject({ x: [16, 32], y: [i + 1, i + 1] });
       expect(state.evalMetrics.has(n)).toBe(true);
     }
     // "constructor" counts as higher-is-better: the best of equal values stays.

@@ -59,13 +59,13 @@ def experiment_events(root: Path, name: str) -> list[dict]:
 
 
 def trace_points(page, chart: str) -> dict[str, int]:
-    """Points per curve (by run name) that one of the panel's charts drew last (its canvas's
+    """Points per curve (keyed "run <id>") that one of the panel's charts drew last (its canvas's
     inspection hook, js/src/canvaschart.ts)."""
     return page.evaluate(
         """(chart) => {
             const div = document.querySelector(`[data-testid=rf-chart-${chart}]`);
             const out = {};
-            for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[t.name] = t.x.length;
+            for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[`run ${t.runId}`] = t.x.length;
             return out;
         }""",
         chart,

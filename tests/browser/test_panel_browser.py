@@ -143,7 +143,7 @@ def test_panel_in_jupyterlab(lab, page):
             """() => {
                 const div = document.querySelectorAll('[data-testid=rf-chart-train]')[1];
                 const out = {};
-                for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[t.name] = t.x.length;
+                for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[`run ${t.runId}`] = t.x.length;
                 return out;
             }""")
 

@@ -157,8 +157,8 @@ class RemoteChunkExecutor(ChunkExecutor):
             if gang is None:
                 continue
             # the runs waiting for this gang, and the others (single-device, other gangs)
-            waiting = [v for v in views(lambda rid: sharded.get(rid) == k) if v.schedulable and not v.busy]
-            others = [v for v in views(lambda rid: sharded.get(rid) != k) if v.schedulable and not v.busy]
+            waiting = [v for v in views(lambda rid, k=k: sharded.get(rid) == k) if v.schedulable and not v.busy]
+            others = [v for v in views(lambda rid, k=k: sharded.get(rid) != k) if v.schedulable and not v.busy]
             if not waiting:
                 continue
             ahead = bool(others) and min(v.progress for v in waiting) > min(v.progress for v in others)
@@ -167,7 +167,7 @@ class RemoteChunkExecutor(ChunkExecutor):
             reserved.update(m.index for m in gang.members)
             if gang.idle():
                 home = {rid: s.index for rid, s in self.home.items() if s.alive}
-                rid = choose_for_worker(views(lambda rid: sharded.get(rid) == k), gang.index, home,
+                rid = choose_for_worker(views(lambda rid, k=k: sharded.get(rid) == k), gang.index, home,
                                         gang.last, True, 1, barrier=barrier)
                 if rid is not None:
                     yield gang, rid

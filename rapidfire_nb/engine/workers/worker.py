@@ -177,7 +177,9 @@ class ChunkWorker:
             self.factory, self.store, f"{name}:{device}", Residency(offload),
             may_move=lambda rid: True,   # no checkpoint is written here: any run may be parked
             progress_of=lambda rid: self.runs[rid].progress)
-        self._log = open(self.root / "worker.log", "a", encoding="utf-8")
+        from rapidfire_nb.engine.fsio import open_append_text
+
+        self._log = open_append_text(self.root / "worker.log")
         # a gang (engine/fsdp.py): joined once, for the worker's life; its sharded runs train on
         # their own factory (bases sharded over the gang) beside the single-device ones
         self._factory_args = (create_model, train_dataset, eval_dataset, num_chunks, seed,
