@@ -121,6 +121,7 @@ def test_fsdp1_knobs_map_onto_fsdp2_and_the_rest_are_named():
 
 @pytest.fixture(scope="module")
 def ray_session():
+    # (the refusal tests above need no Ray; every test from here on is slow: real gangs)
     if ray.is_initialized():
         ray.shutdown()
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
@@ -178,6 +179,7 @@ def mixed(ray_session, data, tmp_path_factory):
     exp.end()
 
 
+@pytest.mark.slow
 def test_sharded_lora_run_logs_the_losses_of_the_unsharded_run_at_k_times_the_batch(mixed):
     info = mixed.get_runs_info().set_index("run_id")
     assert list(info.status) == ["completed"] * 5, info[["status", "error"]]
@@ -189,6 +191,7 @@ def test_sharded_lora_run_logs_the_losses_of_the_unsharded_run_at_k_times_the_ba
             assert abs(a - b) <= 1e-5 * abs(b), (split, a, b)
 
 
+@pytest.mark.slow
 def test_sharded_and_single_device_runs_interleave_fairly(mixed):
     tl = mixed.get_timeline()
     tl = tl[tl.run_id <= 3].sort_values("start")
@@ -201,6 +204,7 @@ def test_sharded_and_single_device_runs_interleave_fairly(mixed):
     assert seconds.min() >= firsts.max()
 
 
+@pytest.mark.slow
 def test_a_cold_clone_of_a_sharded_run_is_bit_identical_to_the_same_config_from_the_start(mixed):
     # run 5: run 1's config at run 2's learning rate, i.e. run 2's config, joined the live gang
     assert_same_weights(mixed.engine.run_weights(5), mixed.engine.run_weights(2))
@@ -250,6 +254,7 @@ def alone(ray_session, data, tmp_path_factory, mixed):
     exp.end()
 
 
+@pytest.mark.slow
 def test_a_sharded_run_alone_stopped_resumed_and_its_gang_lost_ends_bit_identical(alone, mixed):
     exp, stopped, killed = alone
     assert (stopped.status, stopped.chunks_done) == ("stopped", 1)
@@ -268,6 +273,7 @@ def test_a_sharded_run_alone_stopped_resumed_and_its_gang_lost_ends_bit_identica
     assert list(tl[tl.run_id == 1].worker) == ["w0+w1", "w2+w3"]
 
 
+@pytest.mark.slow
 def test_a_warm_clone_of_a_sharded_run_is_bit_identical_to_its_reference(alone, mixed):
     exp, _, _ = alone
     assert_same_weights(exp.engine.run_weights(2), mixed.engine.run_weights(4))
