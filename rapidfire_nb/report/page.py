@@ -66,8 +66,12 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         head.append("lineage")
     show_lineage = "lineage" in head
     head.append("note")
-    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left"'
-    out = ['<table style="border-collapse:collapse;font-size:13px">',
+    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"'
+    # long values (target_modules, a failure's reason) wrap in their cell, and a table still
+    # wider than the page scrolls in its own box: the page never outgrows a 1280 px window
+    wrap = ('style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
+            'max-width:22em;overflow-wrap:anywhere"')
+    out = ['<div style="overflow-x:auto;max-width:100%"><table style="border-collapse:collapse;font-size:13px">',
            "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for rank, run in enumerate(runs, start=1):
         color = run_color(run["run_id"])
@@ -82,8 +86,8 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         if show_lineage:
             row.append(_e(lineage(table, run)))
         row.append(_e(run_note(run)))
-        out.append("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in row) + "</tr>")
-    out.append("</tbody></table>")
+        out.append("<tr>" + "".join(f"<td {wrap}>{c}</td>" for c in row) + "</tr>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
