@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,22 @@ def check_experiment_meta(meta: Any, path: Path) -> dict:
     if isinstance(meta.get("runs"), list) and not all(isinstance(r, str) for r in meta["runs"]):
         raise MetadataError(f"{path}: 'runs' must be a list of run fingerprints (strings)")
     return meta
+
+
+# An experiment's name is one folder name, never a path: no separator, no "..", no leading dot
+# (hidden, or "." itself), no control character. Every place that takes a name checks it here
+# (fullmatch, not match: "$" would let a trailing newline through into the folder name).
+EXPERIMENT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_experiment_name(name: Any, where: str = "experiment_name") -> str:
+    """``name`` when it is an experiment's name, else ``ConfigError`` naming ``where``."""
+    from rapidfire_nb.errors import ConfigError
+
+    if not isinstance(name, str) or not EXPERIMENT_NAME_RE.fullmatch(name):
+        raise ConfigError(f"{where} must be 1-128 letters, digits, '.', '_' or '-', starting with "
+                          f"a letter or digit: a name, not a path (got {name!r:.200})")
+    return name
 
 
 def refuse_links(root: Path, writing: bool = True) -> None:

@@ -66,8 +66,12 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         head.append("lineage")
     show_lineage = "lineage" in head
     head.append("note")
-    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left"'
-    out = ['<table style="border-collapse:collapse;font-size:13px">',
+    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"'
+    # long values (target_modules, a failure's reason) wrap in their cell, and a table still
+    # wider than the page scrolls in its own box: the page never outgrows a 1280 px window
+    wrap = ('style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
+            'max-width:22em;overflow-wrap:anywhere"')
+    out = ['<div style="overflow-x:auto;max-width:100%"><table style="border-collapse:collapse;font-size:13px">',
            "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for rank, run in enumerate(runs, start=1):
         color = run_color(run["run_id"])
@@ -82,8 +86,8 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         if show_lineage:
             row.append(_e(lineage(table, run)))
         row.append(_e(run_note(run)))
-        out.append("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in row) + "</tr>")
-    out.append("</tbody></table>")
+        out.append("<tr>" + "".join(f"<td {wrap}>{c}</td>" for c in row) + "</tr>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
@@ -110,6 +114,24 @@ def _figure_div(fig, div_id: str) -> str:
                        default_width="100%", config={"displaylogo": False, "responsive": True})
 
 
+# One figure per metric name costs ~17 ms and ~10 KB of report each: a log of thousands of names
+# (crafted, or a trainer that logs a name per token) made a report of minutes and tens of MB.
+# The report draws the first names logged (the losses come first) and lists the rest.
+MAX_CURVES_PER_SPLIT = 24
+_LISTED = 50
+
+
+def _left_out_note(names: list, split: str) -> str:
+    rest = names[MAX_CURVES_PER_SPLIT:]
+    if not rest:
+        return ""
+    shown = ", ".join(_e(n) for n in rest[:_LISTED]) + (", …" if len(rest) > _LISTED else "")
+    return (f'<p class="meta">{len(rest)} more {split} metric{"s" if len(rest) > 1 else ""} '
+            f"logged but not drawn (a report draws the first {MAX_CURVES_PER_SPLIT} of each split, in "
+            f"the order they were first logged): {shown}. <code>exp.plot(name)</code> draws any "
+            "of them.</p>")
+
+
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 20px; margin-bottom: 4px; } h2 { font-size: 16px; margin-top: 28px; }
@@ -129,9 +151,11 @@ def report_html(table: dict, meta: dict | None = None, source: str | None = None
     name = table["experiment"] or "experiment"
     figs: list[str] = []
     for split in ("eval", "train"):
-        for i, metric in enumerate(table[f"{split}_metrics"]):
+        names = list(table[f"{split}_metrics"])
+        for i, metric in enumerate(names[:MAX_CURVES_PER_SPLIT]):
             fig = curves_figure(table, metric, split)
             figs.append(f'<div class="fig">{_figure_div(fig, f"curve-{split}-{i}")}</div>')
+        figs.append(_left_out_note(names, split))
     facts = [f"{_e(status_counts(table))}", f"log: {_e(log_state(table))}",
              f"{table['last_seq']} events"]
     for key, label in (("num_chunks", "chunks per epoch"), ("seed", "seed")):
