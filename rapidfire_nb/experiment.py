@@ -864,7 +864,9 @@ class Experiment:
         * ``error``: a failed run's traceback (``%rapidfire status`` shows its last line), else
           None; ``note``: the user's note on the run (``exp.note``), else None;
         * ``worker`` (only with Ray workers, ``num_workers``): the worker that trained the run's
-          last chunk, None before its first;
+          last chunk (``w0+w1``: the gang of a sharded run), None before its first;
+        * ``devices`` (only when a run is sharded with FSDP, ``num_gpus=k``): the devices each
+          run trains on (1 for the others);
         * ``pruning`` (only when the config group has a pruner or is RFOptuna): why the run was
           pruned, or its open suggestion in ``pruner_mode="suggest"``; None otherwise.
         """

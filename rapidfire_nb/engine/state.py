@@ -251,6 +251,9 @@ def _created(run: dict, ev: dict) -> None:
         run["changes"] = copy.deepcopy(ev["changes"])
     run["parent_run_id"] = ev["parent_run_id"] if _is_int(ev.get("parent_run_id")) else None
     run["warm_start"] = ev.get("warm_start") is True
+    # devices a sharded run trains on (num_gpus, FSDP over a gang of workers); absent: one
+    if _is_int(ev.get("devices")) and ev["devices"] > 1:
+        run["devices"] = ev["devices"]
     for key in ("total_steps", "steps_per_epoch", "num_chunks"):
         run[key] = ev[key] if _is_int(ev.get(key)) else None
     for key in ("base_samples_seen", "base_step"):
