@@ -386,3 +386,47 @@ def test_export_paths_with_a_nul_byte_or_in_a_read_only_place_are_refused_clearl
         assert list(locked.iterdir()) == []
     finally:
         locked.chmod(0o755)
+
+
+# -- 7. a folder never chooses what TRL loads ---------------------------------------------------
+
+def test_a_logged_clone_that_sets_a_path_valued_knob_is_refused_on_resume(tmp_path):
+    from rapidfire_nb import automl
+    from rapidfire_nb.demo_data import tiny_create_model
+
+    from helpers import customer_support_rows
+
+    data = (customer_support_rows(16), customer_support_rows(4, seed=1))
+    exp = Experiment("x", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(_tiny_group(), tiny_create_model, *data, num_chunks=2, block=True)
+    spec = exp.engine.snapshot()[1].spec
+    exp.end()
+    folder = tmp_path / "x"
+    planted = tmp_path / "planted-template"
+    planted.mkdir()
+    (planted / "chat_template.jinja").write_text("{{ 'planted' }}")
+    changes = {"training_args.chat_template_path": str(planted)}
+    clone = automl.apply_changes(spec, changes)
+    path = folder / "events.jsonl"
+    seq = len([line for line in path.read_text().splitlines() if line.strip()])
+    with open(path, "a") as f:
+        for ev in ({"type": "run_created", "run_id": 2, "trainer_type": "SFT", "knobs": {},
+                    "parent_run_id": 1, "warm_start": False, "total_steps": 4, "steps_per_epoch": 4,
+                    "num_chunks": 2, "base_samples_seen": 0, "changes": changes,
+                    "config": clone.config_dict()},
+                   {"type": "run_status", "run_id": 2, "status": "pending", "error": None,
+                    "reason": None}):
+            seq += 1
+            f.write(json.dumps({"seq": seq, "time": 0.0, **ev}) + "\n")
+    before = digest(planted)
+    exp = Experiment("x", experiment_path=tmp_path, resume=True, tracking=[])
+    try:
+        exp.run_fit(_tiny_group(), tiny_create_model, *data, num_chunks=2, block=True)
+        info = exp.get_runs_info().set_index("run_id")
+        assert info.loc[2, "status"] == "failed"
+        assert "training_args.chat_template_path" in info.loc[2, "error"]
+        assert "run_fit" in info.loc[2, "error"]
+        assert info.loc[2, "completed_steps"] == 0
+    finally:
+        exp.end()
+    assert digest(planted) == before

@@ -122,15 +122,27 @@ class RunSpec:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+# Knobs whose value names a file, a folder or a hub id that TRL, transformers, accelerate or PEFT
+# load (a chat template, a checkpoint to resume, a DeepSpeed/FSDP/accelerate config file, kwargs
+# for a from_pretrained): like the model's name, a folder must never choose them.
+PATH_KNOBS = {"training_args": ("chat_template_path", "resume_from_checkpoint", "deepspeed",
+                                "fsdp_config", "accelerator_config", "model_init_kwargs",
+                                "ref_model_init_kwargs", "reward_model_path"),
+              "peft_config": ("base_model_name_or_path",)}
+
+
 def model_identity(spec: RunSpec) -> dict:
     """What ``create_model`` loads for a run, and how: model and reference model names, types
-    and kwargs (``trust_remote_code`` lives there) and the tokenizer's kwargs. On resume this
+    and kwargs (``trust_remote_code`` lives there) and the tokenizer's kwargs; and every
+    path-valued knob (``PATH_KNOBS``: what the trainers load from a path). On resume this
     comes from ``run_fit``'s arguments only, never from a folder (``recovery.plan_restore``)."""
     return {"model_name": spec.model_name, "model_type": spec.model_type,
             "model_kwargs": _jsonable(spec.model_kwargs),
             "tokenizer_kwargs": _jsonable(spec.tokenizer_kwargs),
             "ref_model_name": spec.ref_model_name, "ref_model_type": spec.ref_model_type,
-            "ref_model_kwargs": _jsonable(spec.ref_model_kwargs)}
+            "ref_model_kwargs": _jsonable(spec.ref_model_kwargs),
+            **{f"{section}.{knob}": _jsonable((getattr(spec, section) or {}).get(knob))
+               for section, knobs in PATH_KNOBS.items() for knob in knobs}}
 
 
 def callable_name(fn: Any) -> str | None:
