@@ -5,25 +5,24 @@
     exp            # in a notebook: the live control panel
     exp.get_results()
 
-Everything the user calls is validated here, in the caller's thread; accepted interactive ops are
-queued for the engine thread, which applies them at the next chunk boundary.
+Everything the user calls is validated in the caller's thread; accepted interactive ops are
+queued for the engine thread, which applies them at the next chunk boundary. What run_fit does
+lives in ``launch/`` (plain values in, an engine out), the AutoML driver in ``tuning/``, the
+kernel's experiments in ``session.py``; this class holds the folder and delegates.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import numbers
 import re
 import threading
 import warnings
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rapidfire_nb import _views, recovery
+from rapidfire_nb import _views, launch, session
+from rapidfire_nb._environment import in_kernel
 from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import (
     COMPLETED,
@@ -36,31 +35,16 @@ from rapidfire_nb.engine import (
     ProjectedRun,
     RunSpec,
     atomic_write_json,
-    check_before_training,
     check_experiment_meta,
-    check_target_modules,
-    known_ids,
-    project,
+    check_status_op,
+    checked_run,
     read_json,
-    refusal,
-    trainer_class,
 )
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
+from rapidfire_nb.session import current_experiment  # noqa: F401  (RapidFire compat reads it here)
 
-_current: weakref.ref[Experiment] | None = None
-# Every engine this process started, with its experiment's name: a second experiment must not
-# train on the same device unseen (the engine, not the Experiment, is what keeps training: a
-# re-run cell rebinds `exp`, and the old Experiment object may be collected while it trains).
-_ENGINES: weakref.WeakKeyDictionary[Engine, tuple[str, weakref.ref]] = weakref.WeakKeyDictionary()
-_ENGINES_LOCK = threading.Lock()
 # fullmatch, not match: "$" would let a trailing newline through into the folder name
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def current_experiment() -> Experiment | None:
-    """The most recently created, not yet ended Experiment of this process."""
-    exp = _current() if _current is not None else None
-    return exp if exp is not None and not exp._ended else None
 
 
 def _interruptible(wait: Callable[[], Any]) -> Any:
@@ -86,117 +70,6 @@ def _interruptible(wait: Callable[[], Any]) -> Any:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
-
-
-def training_engines() -> list[tuple[str, Engine, Experiment | None]]:
-    """(name, engine, its Experiment or None if that was collected) for each engine of this
-    process that still has runs pending or running (or ops queued), oldest first."""
-    with _ENGINES_LOCK:
-        engines = list(_ENGINES.items())
-    out = []
-    for engine, (name, ref) in engines:
-        try:
-            if not engine.closed and engine.busy():
-                out.append((name, engine, ref()))
-        except Exception:   # an engine half torn down trains nothing
-            continue
-    return out
-
-
-def training_experiments() -> list[str]:
-    """Names of this process's experiments that still train, oldest first."""
-    return [name for name, _engine, _exp in training_engines()]
-
-
-def end_training(name: str | None = None) -> list[str]:
-    """End (as ``end(wait=False)``: unfinished runs stop at their next chunk boundary, resumable)
-    the experiment called ``name`` that trains in this process, or every one when ``name`` is
-    None; returns the names ended. An engine whose Experiment object is gone is stopped the same
-    way."""
-    from rapidfire_nb.engine import ENDED_REASON
-
-    ended = []
-    for n, engine, exp in training_engines():
-        if name is not None and n != name:
-            continue
-        if exp is not None:
-            exp.end(wait=False)
-        else:
-            engine.drain()
-            engine.end_unfinished(ENDED_REASON)
-            engine.close()
-        ended.append(n)
-    return ended
-
-
-_QUEUED_WORDS = {"stopped": "stopping", "pending": "resuming", "deleted": "deleting"}
-
-
-def _is_now(view) -> str:
-    """"is stopped", or, when a queued op makes the difference, "is stopping (a queued op ...)":
-    a second Stop before the boundary must not read as if the run had stopped already."""
-    now = view.record.status if view.record is not None else None
-    if now is None or now == view.status:
-        return f"is {view.status}"
-    going = _QUEUED_WORDS.get(view.status, f"becoming {view.status}")
-    return f"is {going} (still {now} until the queued op applies at its next chunk boundary)"
-
-
-def _refuse_while_another_trains(name: str) -> None:
-    """run_fit's guard: one engine per device unless asked (``allow_concurrent=True``)."""
-    global _current
-    training = [(n, exp) for n, _engine, exp in training_engines() if n != name]
-    busy = [n for n, _exp in training]
-    if not busy:
-        return
-    # The refused Experiment (the re-run cell's) trains nothing: `%rapidfire status`, `panel` and
-    # a bare `%rapidfire end` keep meaning the one that trains, not this empty one.
-    newest = next((exp for _n, exp in reversed(training) if exp is not None), None)
-    if newest is not None:
-        _current = weakref.ref(newest)
-    listed = ", ".join(repr(n) for n in busy)
-    ends = " and ".join(f"%rapidfire end {n}" for n in busy)
-    raise RapidFireError(
-        f"experiment {listed} is still training in this kernel; a second engine would share the "
-        f"device with it (or its Ray workers' GPUs). End it first with `{ends}` (or .end(wait=False) "
-        "on it: runs stop at their next chunk boundary, resumable), then run this cell again; or "
-        "pass run_fit(..., allow_concurrent=True) to train both at once. Until then %rapidfire "
-        f"status and %rapidfire panel show {busy[-1]!r}.")
-
-
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-
-        ip = get_ipython()
-    except Exception:
-        return False
-    return ip is not None and getattr(ip, "kernel", None) is not None
-
-
-def _dataset_fingerprint(ds) -> str:
-    """A content hash (datasets' own fingerprint is random after a map with an unhashable fn)."""
-    if ds is None:
-        return "none"
-    h = hashlib.sha256(json.dumps([len(ds), sorted(ds.column_names)]).encode())
-    step = max(1, len(ds) // 1024)
-    for i in range(0, len(ds), step):
-        h.update(json.dumps(ds[i], sort_keys=True, default=repr).encode())
-    return f"{len(ds)}:{h.hexdigest()[:16]}"
-
-
-# -- TRL/PEFT objects from a RunSpec (automl owns validation; this is the engine's entry) --------
-
-def build_training_args(spec: RunSpec, **overrides):
-    from rapidfire_nb import automl
-
-    return automl.build_training_args(spec, **overrides)
-
-
-def build_lora_config(spec: RunSpec):
-    from rapidfire_nb import automl
-
-    return automl.build_lora_config(spec)
 
 
 class Experiment:
@@ -229,7 +102,6 @@ class Experiment:
     def __init__(self, experiment_name: str, experiment_path: str | Path | None = None, *,
                  mode: str = "fit", resume: bool = False, tracking: list[str] | None = None,
                  offload: str = "auto", num_workers: int | str = "auto"):
-        global _current
         if not isinstance(experiment_name, str) or not _NAME_RE.fullmatch(experiment_name):
             raise ConfigError(
                 f"experiment_name must be 1-128 letters, digits, '.', '_' or '-' (got {experiment_name!r})")
@@ -245,11 +117,11 @@ class Experiment:
         parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
         root = parent / experiment_name
         self.engine: Engine | None = None
-        self.automl = None   # pruning/refill driver of the config group (tuning.py), if any
+        self.automl = None   # pruning/refill driver of the config group (rapidfire_nb.tuning), if any
         self._trackers = None
         self._panel = None
-        self._tb = None
         self._logged_open = False   # this session's "experiment" event is in the log
+        self._live_table = None
         self.read_only = mode == "read"
         if self.read_only:
             self._open_read_only(experiment_name, root)
@@ -280,7 +152,7 @@ class Experiment:
             self.meta = check_experiment_meta(read_json(self.store.meta_path, {}),
                                               self.store.meta_path) if resume else {}
             if resume:
-                self._refuse_lost_history()
+                launch.refuse_lost_history(self.store)
             self.events = EventLog(self.store.events_path)
         except BaseException:
             self._folder_lock.release()
@@ -293,7 +165,7 @@ class Experiment:
         # a resumed folder is written only once run_fit has checked every argument against it:
         # a refused resume leaves every byte as it was (the "experiment" event included, which
         # would make an ended experiment read as open)
-        _current = weakref.ref(self)
+        session.make_current(self)
 
     @classmethod
     def open(cls, folder: str | Path) -> Experiment:
@@ -345,34 +217,6 @@ class Experiment:
         self._logged_open = True
         self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(self.resumed))
         self._start_trackers(self._tracking)
-
-    def _refuse_lost_history(self) -> None:
-        """Resuming on an empty or missing event log while runs.json or checkpoints show that runs
-        were created would silently drop every logged loss, metric and op: refused, nothing written.
-        A folder where run_fit never created a run (no runs.json, no checkpoint) is fresh."""
-        from rapidfire_nb.engine import EventLogError
-
-        path = self.store.events_path
-        try:
-            empty = not path.exists() or not path.read_bytes().strip()
-        except OSError as exc:
-            raise EventLogError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        if not empty:
-            return
-        runs = read_json(self.store.runs_path, {})
-        ckpts = sorted(p.parent.name for p in (self.path / "checkpoints").glob("run_*/*.safetensors"))
-        if not runs and not ckpts:
-            return
-        what = "is missing" if not path.exists() else "is empty"
-        evidence = []
-        if runs:
-            evidence.append(f"{self.store.runs_path} records {len(runs)} run(s)")
-        if ckpts:
-            evidence.append(f"checkpoints exist for {', '.join(dict.fromkeys(ckpts))}")
-        raise EventLogError(
-            f"{path} {what} but {' and '.join(evidence)}: resuming would lose the experiment's "
-            f"logged history (losses, metrics, ops). Restore {path.name} from a backup, or start a "
-            f"new experiment (resume=False); nothing was changed")
 
     def _start_trackers(self, tracking):
         try:
@@ -452,123 +296,21 @@ class Experiment:
         if self.engine is not None:
             raise RapidFireError("run_fit was already called on this Experiment; use clone_modify "
                                  "to add runs, or create a new Experiment")
-        if not isinstance(allow_concurrent, bool):
-            raise ConfigError(f"allow_concurrent must be True or False, got {allow_concurrent!r}")
-        if not allow_concurrent:
-            _refuse_while_another_trains(self.name)
-        global _current
-        # the experiment that trains is the one the magics and `%rapidfire panel` mean
-        _current = weakref.ref(self)
-        if not callable(create_model):
-            raise ConfigError("create_model must be a function model_config -> (model, tokenizer)")
-        if isinstance(block, numbers.Integral) and not isinstance(block, bool):
-            # RapidFire 0.16.2's seventh positional argument is num_gpus, ours is block
-            if num_gpus != 1:
-                raise ConfigError(f"run_fit: the seventh positional argument ({block!r}) is "
-                                  "RapidFire's num_gpus, and num_gpus= is given too: give one")
-            num_gpus, block = block, None
-        if block is not None and not isinstance(block, bool):
-            raise ConfigError(f"block must be None, True or False, got {block!r}")
-        num_chunks = _chunks_from(num_chunks, num_shards)
-        num_gpus, monte_carlo_simulations = _check_rapidfire_only_knobs(num_gpus, monte_carlo_simulations)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
-        for name, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            if ds is None and name == "eval_dataset":
-                continue
-            if not hasattr(ds, "column_names") or not hasattr(ds, "__len__"):
-                raise ConfigError(f"{name} must be a datasets.Dataset, got {type(ds).__name__}")
-            if len(ds) == 0:
-                raise ConfigError(f"{name} is empty")
-        specs = _expand(config_group)
-        from rapidfire_nb.engine import warn_engine_owned_knobs
-
-        for spec in specs:     # in the caller's cell: the engine thread's warnings go to run logs
-            warn_engine_owned_knobs(spec)
-        if eval_dataset is None and any(s.compute_metrics is not None for s in specs):
-            raise ConfigError("compute_metrics needs an eval_dataset: pass eval_dataset= to run_fit")
-        from rapidfire_nb.engine import check_run_data
-
-        prep_cache: dict = {}   # formatting_func's mapped data, shared by the runs' trainers
-        for spec in specs:
-            check_run_data(spec, trainer_class(spec.trainer_type), train_dataset, eval_dataset,
-                           prep_cache)
-
-        from rapidfire_nb.engine import resolve_num_workers
-
-        workers = resolve_num_workers(self.num_workers)
-        from rapidfire_nb.engine.sharding import apply_num_gpus, check_sharding
-
-        apply_num_gpus(specs, num_gpus)   # a config's own RFModelConfig(num_gpus=...) wins
-        check_sharding(specs, workers=workers)
-        if workers:   # Ray is imported only on this path
-            from rapidfire_nb.engine import WorkerEngine
-
-            engine = WorkerEngine(self.store, self.events, create_model, train_dataset, eval_dataset,
-                                  num_chunks, seed, build_training_args, build_lora_config,
-                                  offload=self.offload, prep_cache=prep_cache, num_workers=workers)
-        else:
-            engine = Engine(self.store, self.events, create_model, train_dataset, eval_dataset,
-                            num_chunks, seed, build_training_args, build_lora_config,
-                            offload=self.offload, prep_cache=prep_cache)
-        for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
-            engine.plan_run(spec)
-        data_fp = {"train": _dataset_fingerprint(train_dataset), "eval": _dataset_fingerprint(eval_dataset)}
-        if self.resumed:
-            recovery.check_resume(self, specs, data_fp, num_chunks, seed, config_group)
-        # -- AutoML at chunk boundaries: pruners, RFOptuna --------------------------
-        from rapidfire_nb.tuning import driver_for, needs_driver, pruning_settings
-
-        if needs_driver(config_group) and eval_dataset is None:
-            raise ConfigError(f"{type(config_group).__name__}: the objective "
-                              f"{config_group.pruning.objective!r} is measured on the eval set "
-                              "after every chunk: pass eval_dataset= to run_fit")
-        if needs_driver(config_group):
-            from rapidfire_nb.tuning import check_objective_is_logged
-
-            check_objective_is_logged(config_group, specs)
-        automl = driver_for(self, config_group, specs, num_chunks)
-        # -------------------------------------------------------------------------------------
-        # create_model once per distinct base, in this thread so its errors show here
-        need_pristine = {}
-        for spec in specs:
-            need_pristine[spec.base_key()] = need_pristine.get(spec.base_key(), False) or spec.peft_config is None
-        for spec in specs:
-            engine.load_base(spec, need_pristine[spec.base_key()])
-        # what needs the base or the data: LoRA targets, the first rows, generation_config
-        check_before_training(specs, engine.model_and_tokenizer, train_dataset, eval_dataset, prep_cache)
-        if workers:
-            # seconds of silence otherwise: Ray's start, then each worker imports torch and loads
-            # the model(s) and what the runs need (start_workers checks it before any run exists)
-            print(f"rapidfire: starting {workers} Ray worker{'s' if workers > 1 else ''} (Ray itself "
-                  "first if it is not running: 10-30 s the first time); run_fit returns once each "
-                  "worker has loaded the model", flush=True)
-            engine.start_workers(specs)   # Ray, the workers, what they must load; errors change nothing
-        if self.resumed:
-            if automl is not None:
-                automl.load()      # reads automl.json only; a damaged one refuses here
-            restore = recovery.plan_restore(self, specs, engine, automl)   # refuses before any write
-            self._log_open()
-        self.engine = engine
-        with _ENGINES_LOCK:
-            _ENGINES[engine] = (self.name, weakref.ref(self))
-        self.automl = automl
-        if self.resumed:
-            recovery.restore_runs(self, specs, restore)
-        else:
-            for spec in specs:
-                engine.add_run(spec)
-            meta = {"name": self.name, "version": __version__, "num_chunks": num_chunks, "seed": seed,
-                    "data": data_fp, "runs": [s.fingerprint() for s in specs],
-                    "pruning": pruning_settings(config_group)}
-            atomic_write_json(self.store.meta_path, meta)
-            self.meta = meta
-        if automl is not None:
-            automl.attach(engine, self.resumed)
-        engine.start()
-        if block is None:
-            block = not _in_kernel()
-        if block:
+        if not launch.check_concurrency_flag(allow_concurrent):
+            session.refuse_while_another_trains(self.name)
+        session.make_current(self)   # the experiment that trains is the one the magics mean
+        args = launch.check_fit_arguments(config_group, create_model, train_dataset, eval_dataset,
+                                          num_chunks, seed, block, num_shards, num_gpus,
+                                          monte_carlo_simulations)
+        fit = launch.prepare(args, store=self.store, events=self.events, table=self._state(),
+                             name=self.name, stored_meta=self.meta if self.resumed else None,
+                             num_workers=self.num_workers, offload=self.offload)
+        self._log_open()   # the first write to a resumed folder: every check has passed
+        self.engine, self.automl = fit.engine, fit.driver
+        session.register_engine(fit.engine, self.name, self)
+        self.meta = launch.commit(fit, self.name)
+        self.engine.start()
+        if args.block if args.block is not None else not in_kernel():
             self.wait()
         return self
 
@@ -590,7 +332,7 @@ class Experiment:
             done = _interruptible(lambda: self.engine.wait(timeout))
         except KeyboardInterrupt:
             print(self._interrupted_line(), flush=True)
-            if _in_kernel():
+            if in_kernel():
                 return False
             raise
         if done and self._trackers is not None:
@@ -612,7 +354,6 @@ class Experiment:
         checkpoints stay: ``Experiment(name, resume=True)`` plus the same ``run_fit`` call
         continues them; runs the user stopped stay stopped). No run is left ``running`` either way.
         """
-        global _current
         if self._ended:
             return
         if not isinstance(wait, bool):
@@ -630,7 +371,7 @@ class Experiment:
                 except KeyboardInterrupt:
                     # nothing ended yet: the experiment stays open and trains, as after wait()
                     print(self._interrupted_line(), flush=True)
-                    if _in_kernel():
+                    if in_kernel():
                         return
                     raise
             from rapidfire_nb.engine import ENDED_REASON
@@ -656,8 +397,12 @@ class Experiment:
         self.events.close()
         self._folder_lock.release()
         self._ended = True
-        if _current is not None and _current() is self:
-            _current = None
+        session.forget(self)
+
+    @property
+    def ended(self) -> bool:
+        """True once ``end()`` has closed the experiment."""
+        return self._ended
 
     def _refuse_from_engine_threads(self, what: str) -> None:
         """An event listener runs in the thread that logs the event (the engine's or the
@@ -686,12 +431,13 @@ class Experiment:
                 raise OpRefused(f"experiment {self.name!r} was reopened and nothing trains its runs yet: "
                                 "call exp.run_fit(...) with the same arguments to continue them, then retry")
             raise OpRefused("no runs yet: call run_fit first")
-        if isinstance(run_id, bool) or not isinstance(run_id, int):
-            raise OpRefused(f"run_id must be an integer, got {run_id!r}")
-        rec = project(self.engine, run_id)
-        if rec is None:
-            raise OpRefused(f"unknown run {run_id}; runs are {known_ids(self.engine)}")
-        return rec
+        return checked_run(self.engine, run_id)
+
+    def _queue(self, op: str, run_id) -> None:
+        """Check ``op`` against the run as the queued ops leave it, then queue it."""
+        with self.engine.atomically() if self.engine else contextlib.nullcontext():
+            check_status_op(op, self._run(run_id))
+            self.engine.submit(Op(op, run_id))
 
     def stop(self, run_id: int) -> None:
         """Stop a pending or running run at its next chunk boundary; its checkpoint stays.
@@ -699,77 +445,25 @@ class Experiment:
         Checked at once (a refused op raises ``OpRefused`` and changes nothing), then queued: the
         engine applies it at the next chunk boundary, so ``get_runs_info()`` and the panel show
         the old status until then (``%rapidfire status`` lists the queued ops)."""
-        with self.engine.atomically() if self.engine else contextlib.nullcontext():
-            rec = self._run(run_id)
-            refused = refusal("stop", rec.status, run_id, is_now=_is_now(rec))
-            if refused:
-                raise OpRefused(refused)
-            self.engine.submit(Op("stop", run_id))
+        self._queue("stop", run_id)
 
     def resume(self, run_id: int) -> None:
         """Resume a stopped run from its checkpoint.
 
         Queued like ``stop``: applied at the next chunk boundary (see ``stop``)."""
-        with self.engine.atomically() if self.engine else contextlib.nullcontext():
-            rec = self._run(run_id)
-            refused = refusal("resume", rec.status, run_id, is_now=_is_now(rec))
-            if refused:
-                raise OpRefused(refused)
-            self.engine.submit(Op("resume", run_id))
+        self._queue("resume", run_id)
 
     def delete(self, run_id: int) -> None:
         """Remove a run from scheduling for good and free its memory and checkpoints (metrics stay).
 
         Queued like ``stop``: applied at the next chunk boundary, so the run is listed with its
         old status until then (a second ``delete`` of it is refused at once)."""
-        with self.engine.atomically() if self.engine else contextlib.nullcontext():
-            rec = self._run(run_id)
-            refused = refusal("delete", rec.status, run_id)
-            if refused:
-                raise OpRefused(refused)
-            self.engine.submit(Op("delete", run_id))
+        self._queue("delete", run_id)
 
     def validate_clone(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> RunSpec:
         """Check a clone_modify without creating anything; returns the new run's spec."""
-        from rapidfire_nb import automl
-
-        view = self._run(run_id)
-        refused = refusal("clone", view.status, run_id)
-        if refused:
-            raise OpRefused(refused)
-        if not isinstance(warm_start, bool):
-            raise OpRefused(f"warm_start must be True or False, got {warm_start!r}")
-        if warm_start and not view.exists:
-            raise OpRefused(f"run {run_id} is a queued clone that has not been created yet; a warm "
-                            "start needs its weights: clone it once it has trained a chunk")
-        rec = view.record if view.exists else view
-        if warm_start and self.engine.weights_missing(rec):
-            from rapidfire_nb.engine import weights_lost_reason
-
-            raise OpRefused(weights_lost_reason(rec, self.store))
-        if changes is None:
-            changes = {}
-        if not isinstance(changes, dict):
-            raise ConfigError(f"changes must be a dict of knob -> value, got {type(changes).__name__}")
-        _refuse_ambiguous_changes(changes)
-        spec = automl.apply_changes(rec.spec, changes)
-        parent = rec.spec
-        if (spec.peft_config is None) != (parent.peft_config is None):
-            raise OpRefused("a clone cannot switch between LoRA and full fine-tuning; start a new experiment")
-        if spec.base_key() != parent.base_key() and spec.peft_config is None:
-            raise OpRefused("a full fine-tuning clone must keep the parent's base model")
-        if warm_start:
-            reasons = automl.warm_start_conflicts(parent, spec)
-            if reasons:
-                raise OpRefused("warm start copies the parent's weights, so it cannot change: "
-                                + "; ".join(reasons) + " (use a cold clone)")
-            if spec.trainer_type != parent.trainer_type:
-                raise OpRefused("warm start needs the parent's trainer type")
-        loaded = self.engine.model_and_tokenizer(spec)
-        if loaded is not None:
-            check_target_modules(spec, loaded[0])
-        self.engine.plan_run(spec)   # num_chunks vs the clone's steps per epoch
-        return spec
+        self._run(run_id)
+        return launch.check_clone(self.engine, self.store, run_id, changes, warm_start)
 
     def clone_modify(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> int:
         """A new run from ``run_id``'s config plus ``changes`` (nested or dotted knobs, JSON values).
@@ -792,7 +486,7 @@ class Experiment:
                               new_run_id=new_id))
         return new_id
 
-    # -- AutoML (rapidfire_nb/tuning.py) --------------------------------------------------------
+    # -- AutoML (rapidfire_nb.tuning) ----------------------------------------------------------
     def apply_suggestions(self, run_ids=None) -> list[int]:
         """With ``pruner_mode="suggest"``: stop the runs the pruner marked (all open marks, or the
         given ids) with the pruning reason; returns the ids stopped. Unmarked runs are refused.
@@ -801,7 +495,7 @@ class Experiment:
         self._check_open()
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("apply_suggestions needs a config group with pruner_mode='suggest'")
-        return self.automl.apply_suggestions(run_ids)
+        return self.automl.apply_suggestions(run_ids, self.engine.act_on)
 
     def dismiss_suggestions(self, run_ids=None) -> list[int]:
         """With ``pruner_mode="suggest"``: ignore the pruner's marks on these runs (all of them,
@@ -814,7 +508,7 @@ class Experiment:
         self._check_open()
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("dismiss_suggestions needs a config group with pruner_mode='suggest'")
-        return self.automl.dismiss_suggestions(run_ids)
+        return self.automl.dismiss_suggestions(run_ids, self.engine.act_on)
 
     def get_pareto_front(self):
         """RFOptuna with several objectives: the non-dominated finished trials (run_id, values,
@@ -835,12 +529,11 @@ class Experiment:
     def _state(self):
         """The event log folded into the run table (engine/state.py), kept up to date
         incrementally: every reader below folds only the events logged since the last read."""
-        live = self.__dict__.get("_live_table")
-        if live is None:
+        if self._live_table is None:
             from rapidfire_nb.engine import LiveTable
 
-            live = self._live_table = LiveTable(self.events)
-        return live
+            self._live_table = LiveTable(self.events)
+        return self._live_table
 
     def get_runs_info(self):
         """One row per run (a pandas DataFrame), in run order. Columns:
@@ -951,9 +644,10 @@ class Experiment:
         path.mkdir(parents=True, exist_ok=True)
         model, tokenizer = self.engine.model_and_tokenizer(rec.spec)
         if rec.spec.peft_config is not None:
+            from rapidfire_nb import automl
             from rapidfire_nb.engine import export_adapter
 
-            lora = build_lora_config(rec.spec)
+            lora = automl.build_lora_config(rec.spec)
             lora.base_model_name_or_path = rec.spec.model_name
             with warnings.catch_warnings():
                 # transformers 5 deprecates a name PEFT still calls while it saves; the user can do
@@ -1088,73 +782,3 @@ class Experiment:
             counts[status] = counts.get(status, 0) + 1
         summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         return f"<Experiment {self.name!r}: {n} runs ({summary}) at {self.path}>"
-
-
-def _chunks_from(num_chunks, num_shards) -> int:
-    """``num_chunks``, or RapidFire 0.16.2's ``num_shards`` for it; both given is an error."""
-    if num_chunks is not None and num_shards is not None:
-        raise ConfigError(f"num_chunks={num_chunks!r} and num_shards={num_shards!r} are both given; "
-                          "num_shards is RapidFire AI 0.16.2's name for num_chunks: give one of them")
-    name, value = ("num_shards", num_shards) if num_shards is not None else ("num_chunks", num_chunks)
-    if value is None:
-        return 4
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def _check_rapidfire_only_knobs(num_gpus, monte_carlo_simulations) -> tuple[int, int]:
-    for name, value in (("num_gpus", num_gpus), ("monte_carlo_simulations", monte_carlo_simulations)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    num_gpus, monte_carlo_simulations = int(num_gpus), int(monte_carlo_simulations)
-    return num_gpus, monte_carlo_simulations
-
-
-def _refuse_ambiguous_changes(changes: dict) -> None:
-    """A knob given twice (``"training_args.learning_rate"`` and ``{"training_args":
-    {"learning_rate": ...}}``) has no stated winner; ``output_dir`` would be silently ignored (every
-    run writes under its experiment folder)."""
-    from rapidfire_nb.automl import _EDITABLE_SECTIONS
-
-    seen: dict[str, str] = {}
-
-    def walk(d: dict, prefix: str) -> None:
-        for key, value in d.items():
-            if not isinstance(key, str):
-                continue   # apply_changes names it
-            full = f"{prefix}.{key}" if prefix else key
-            spelled = f"{{{prefix!r}: {{{key!r}: ...}}}}" if prefix else repr(key)
-            if isinstance(value, dict) and full in _EDITABLE_SECTIONS:
-                walk(value, full)
-                continue
-            if full in seen:
-                raise ConfigError(f"changes set {full!r} twice ({seen[full]} and {spelled}); give "
-                                  "each knob once")
-            seen[full] = spelled
-            if full == "training_args.output_dir":
-                raise ConfigError("changes: training_args.output_dir cannot be set; every run writes "
-                                  "under its experiment folder (outputs/run_N)")
-
-    walk(changes, "")
-
-
-def _expand(config_group) -> list[RunSpec]:
-    if hasattr(config_group, "expand"):
-        specs = config_group.expand()
-    elif isinstance(config_group, RunSpec):
-        specs = [config_group]
-    elif isinstance(config_group, (list, tuple)) and all(isinstance(s, RunSpec) for s in config_group):
-        specs = list(config_group)
-    else:
-        raise ConfigError("config_group must be an RFGridSearch or RFRandomSearch (from "
-                          f"rapidfire_nb.automl), got {type(config_group).__name__}")
-    if not specs:
-        raise ConfigError("config_group expands to no runs")
-    return specs
-
-
-def _norm(v):
-    if isinstance(v, (list, tuple, set)):
-        return sorted(str(x) for x in v)
-    return v

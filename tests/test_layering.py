@@ -24,19 +24,22 @@ FACE = PACKAGE / "engine" / "__init__.py"
 # Bottom up. A module may import its own layer and those below; the longest prefix decides.
 LAYERS: list[tuple[str, int]] = [
     ("rapidfire_nb._version", 0), ("rapidfire_nb.errors", 0), ("rapidfire_nb._compat", 0),
-    ("rapidfire_nb._quiet", 0), ("rapidfire_nb._views", 0),
+    ("rapidfire_nb._quiet", 0), ("rapidfire_nb._environment", 0),
     ("rapidfire_nb.engine", 1),        # no notebook, no widget, no tracker, no AutoML in here
     ("rapidfire_nb.demo_data", 1),
     ("rapidfire_nb.automl", 2),        # config classes only
-    ("rapidfire_nb.tuning", 3),        # the AutoML driver
+    ("rapidfire_nb.tuning", 3),        # the AutoML driver, its study and pruners
     ("rapidfire_nb.tracking", 3),      # subscribers of the event log
     ("rapidfire_nb.report", 3),        # figures and reports: readers of the event log
-    ("rapidfire_nb.experiment", 4),    # the user's facade
-    ("rapidfire_nb.recovery", 4), ("rapidfire_nb.results", 4),
-    ("rapidfire_nb.notebook", 5), ("rapidfire_nb.compat", 5),
-    ("rapidfire_nb", 6),               # the package's public face (re-exports)
-    ("rapidfire_nb.bench", 6),
-    ("rapidfire_nb.cli", 7), ("rapidfire_nb.__main__", 7),
+    ("rapidfire_nb.launch", 4),        # run_fit's pipeline: plain values in, plans out
+    ("rapidfire_nb.results", 4),       # result frames of the folded run table
+    ("rapidfire_nb.experiment", FACADE := 5),    # the user's facade ...
+    ("rapidfire_nb.session", 5),       # ... the kernel's experiments ...
+    ("rapidfire_nb._views", 5),        # ... and the registry that hands one to a notebook view
+    ("rapidfire_nb.notebook", 6), ("rapidfire_nb.compat", 6),
+    ("rapidfire_nb", 7),               # the package's public face (re-exports)
+    ("rapidfire_nb.bench", 7),
+    ("rapidfire_nb.cli", 8), ("rapidfire_nb.__main__", 8),
 ]
 
 def modules() -> dict[str, Path]:

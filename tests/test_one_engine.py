@@ -23,7 +23,7 @@ from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig,
 from rapidfire_nb.demo_data import tiny_create_model
 from rapidfire_nb.engine.events import read_events
 from rapidfire_nb.errors import RapidFireError
-from rapidfire_nb.experiment import training_experiments
+from rapidfire_nb.session import training_experiments
 
 pytestmark = pytest.mark.slow   # slow tier: several experiments training in one process
 

@@ -23,8 +23,8 @@ _WHERE = {
     "check_generation_settings": "genconfig", "check_prompt_settings": "genconfig",
     # the engine, its ops and their rules
     "Engine": "controller", "Op": "controller", "Note": "controller", "weights_lost_reason": "controller",
-    "refusal": "ops",
-    "ProjectedRun": "queued", "known_ids": "queued", "project": "queued",
+    "refusal": "ops", "ProjectedRun": "ops", "known_ids": "ops", "project": "ops",
+    "checked_run": "ops", "check_status_op": "ops", "EngineView": "ops",
     "ENDED_REASON": "lifecycle", "wait_with_progress": "lifecycle",
     "trainer_class": "adapters", "warn_engine_owned_knobs": "adapters.base",
     "check_before_training": "precheck", "check_target_modules": "precheck",
@@ -35,8 +35,8 @@ _WHERE = {
     # Ray workers
     "check_num_workers": "workers", "resolve_num_workers": "workers",
     "WorkerEngine": "workers.engine", "connect": "workers.pool",
-    # pruning policies
-    "PRUNERS": "pruning", "Decision": "pruning", "make_policy": "pruning",
+    # FSDP: run_fit's up-front checks of sharded runs
+    "apply_num_gpus": "sharding", "check_sharding": "sharding",
     # the event log and the reducer's run table
     "EventLog": "events", "ReadOnlyLog": "events", "read_events": "events",
     "read_nofollow": "events", "EventLogError": "events", "FolderLinkError": "events",
