@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from rapidfire_nb import _views, launch, session
 from rapidfire_nb._environment import in_kernel
 from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import (
-    COMPLETED,
     DELETED,
     Engine,
     EventLog,
@@ -38,38 +35,15 @@ from rapidfire_nb.engine import (
     check_experiment_meta,
     check_status_op,
     checked_run,
+    interruptible,
     read_json,
 )
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
+from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path
 from rapidfire_nb.session import current_experiment  # noqa: F401  (RapidFire compat reads it here)
 
 # fullmatch, not match: "$" would let a trailing newline through into the folder name
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def _interruptible(wait: Callable[[], Any]) -> Any:
-    """``wait()`` run in a helper thread while this one waits on an Event. An interrupt (Ctrl-C,
-    Kernel > Interrupt) then lands in ``Event.wait``, which it leaves intact; landing inside
-    ``Thread.join`` instead, CPython 3.11 can mark the engine's thread stopped while it still runs
-    (its tstate lock is released by the interrupted join), and every later wait believes the
-    engine dead. The helper finishes on its own once the engine is idle."""
-    outcome: dict[str, Any] = {}
-    finished = threading.Event()
-
-    def run() -> None:
-        try:
-            outcome["value"] = wait()
-        except BaseException as exc:   # handed to the caller's thread
-            outcome["error"] = exc
-        finally:
-            finished.set()
-
-    threading.Thread(target=run, name="rapidfire-wait", daemon=True).start()
-    while not finished.wait(0.2):
-        pass
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 class Experiment:
@@ -122,6 +96,7 @@ class Experiment:
         self._panel = None
         self._logged_open = False   # this session's "experiment" event is in the log
         self._live_table = None
+        self._final = None   # RapidFire's final checkpoints, written as runs complete
         self.read_only = mode == "read"
         if self.read_only:
             self._open_read_only(experiment_name, root)
@@ -309,6 +284,9 @@ class Experiment:
         self.engine, self.automl = fit.engine, fit.driver
         session.register_engine(fit.engine, self.name, self)
         self.meta = launch.commit(fit, self.name)
+        self._final = FinalCheckpoints(
+            self.path, self.events, self._state(), self._export_to,
+            is_lora=lambda rid: self.engine.snapshot()[rid].spec.peft_config is not None)
         self.engine.start()
         if args.block if args.block is not None else not in_kernel():
             self.wait()
@@ -329,12 +307,14 @@ class Experiment:
             return True
         self._refuse_from_engine_threads("wait")
         try:
-            done = _interruptible(lambda: self.engine.wait(timeout))
+            done = interruptible(lambda: self.engine.wait(timeout))
         except KeyboardInterrupt:
             print(self._interrupted_line(), flush=True)
             if in_kernel():
                 return False
             raise
+        if done and self._final is not None:
+            self._final.flush()
         if done and self._trackers is not None:
             self._trackers.flush(timeout=30)
         return done
@@ -378,7 +358,8 @@ class Experiment:
 
             self.engine.drain()
             self.engine.end_unfinished(ENDED_REASON)
-            self._write_final_checkpoints()
+            if self._final is not None:
+                self._final.close()   # runs completed just now included; needs the engine
             self.engine.close()
         if self._logged_open:
             # a resumed folder that never got past run_fit's checks was not written to
@@ -630,8 +611,11 @@ class Experiment:
         return self._export_to(run_id, check_export_path(path, self.path, overwrite))
 
     def _export_to(self, run_id: int, path: Path) -> Path:
-        """``export`` into a checked ``path``; ``end()`` calls it directly for the final
-        checkpoints, which RapidFire's layout puts inside the experiment folder."""
+        """``export`` into a checked ``path``; the final checkpoints (RapidFire's layout, inside
+        the experiment folder) are written through it too."""
+        from rapidfire_nb import automl
+        from rapidfire_nb.engine import export_run
+
         rec = self._run(run_id)
         if rec.status == DELETED:
             raise OpRefused(f"run {run_id} is deleted; its weights are gone")
@@ -641,73 +625,13 @@ class Experiment:
                 raise OpRefused(f"run {run_id} ({rec.status}) has trained but its checkpoint "
                                 f"{self.store.checkpoint_path(run_id)} is missing; nothing to export")
             raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")
-        path.mkdir(parents=True, exist_ok=True)
-        model, tokenizer = self.engine.model_and_tokenizer(rec.spec)
-        if rec.spec.peft_config is not None:
-            from rapidfire_nb import automl
-            from rapidfire_nb.engine import export_adapter
-
-            lora = automl.build_lora_config(rec.spec)
-            lora.base_model_name_or_path = rec.spec.model_name
-            with warnings.catch_warnings():
-                # transformers 5 deprecates a name PEFT still calls while it saves; the user can do
-                # nothing about it, and it was the one line an export printed
-                warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
-                                        category=FutureWarning)
-                export_adapter(model, lora, weights, f"run_{run_id}", path)
-        else:
-            import copy
-
-            from rapidfire_nb.engine import ExportError
-
-            model = copy.deepcopy(self.engine.untouched_model(rec.spec))
-            try:
-                result = model.load_state_dict(weights, strict=False)   # raises on a shape mismatch
-            except RuntimeError as exc:
-                raise ExportError(f"the weights of run {run_id} do not fit its model: {exc}") from None
-            if result.unexpected_keys:
-                raise ExportError(f"the weights of run {run_id} hold tensors its model lacks: "
-                                  f"{result.unexpected_keys[:3]}")
-            model.save_pretrained(str(path))
-            del model
-        tokenizer.save_pretrained(str(path))
-        return path
+        lora = automl.build_lora_config(rec.spec) if rec.spec.peft_config is not None else None
+        return export_run(self.engine, rec.spec, run_id, weights, lora, path)
 
     def final_checkpoint_path(self, run_id: int) -> Path:
         """``<experiment>/runs/<id>/checkpoints/final_checkpoint/``, where RapidFire AI keeps a
-        run's final weights; ``end()`` fills it for every completed run (see there)."""
-        return self.path / "runs" / str(int(run_id)) / "checkpoints" / "final_checkpoint"
-
-    def _write_final_checkpoints(self) -> None:
-        """RapidFire's layout, for notebooks that read it: each completed run's
-        ``trainer_state.json`` (its logged metrics as transformers' ``log_history``) and, for a
-        LoRA run, its adapter. A full fine-tuned model is not copied there (it can be many GB):
-        ``export(run_id, path)`` saves it."""
-        try:
-            results = self.get_results()
-            info = self.get_runs_info()
-        except Exception as exc:  # noqa: BLE001 - never lose end() to this convenience copy
-            warnings.warn(f"final checkpoints not written: {exc}", stacklevel=3)
-            return
-        for _, row in info.iterrows():
-            rid = int(row["run_id"])
-            if row["status"] != COMPLETED:
-                continue
-            path = self.final_checkpoint_path(rid)
-            try:
-                rec = self._run(rid)
-                if rec.spec.peft_config is not None:
-                    self._export_to(rid, path)
-                mine = results[results.run_id == rid]
-                history = [{"step": int(step), **{m: float(v) for m, v in zip(g.metric, g.value)}}
-                           for step, g in mine.groupby("step", sort=True)]
-                path.mkdir(parents=True, exist_ok=True)
-                atomic_write_json(path / "trainer_state.json", {
-                    "global_step": int(row["completed_steps"]), "max_steps": int(row["total_steps"]),
-                    "epoch": float(row["epoch"]) if row.get("epoch") is not None else None,
-                    "log_history": history})
-            except Exception as exc:  # noqa: BLE001
-                warnings.warn(f"final checkpoint of run {rid} not written to {path}: {exc}", stacklevel=3)
+        run's final weights; written when the run completes (see ``rapidfire_nb.layout``)."""
+        return final_checkpoint_path(self.path, run_id)
 
     # -- results that need no kernel --------------------------------------------------------
     def plot(self, metric: str = "loss", split: str | None = None, runs=None):
