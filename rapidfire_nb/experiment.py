@@ -39,7 +39,7 @@ from rapidfire_nb.engine import (
     read_json,
 )
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
-from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path
+from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path, tensorboard_link
 from rapidfire_nb.session import current_experiment  # noqa: F401  (RapidFire compat reads it here)
 
 # fullmatch, not match: "$" would let a trailing newline through into the folder name
@@ -73,9 +73,26 @@ class Experiment:
             "More than one GPU" in the README.
     """
 
+    def __new__(cls, experiment_name: str = "", experiment_path: str | Path | None = None, *,
+                mode: str = "fit", resume: bool = False, **_kwargs):
+        # A re-run cell (``exp = Experiment("x"); exp.run_fit(...)``) while "x" still trains in
+        # this kernel: ``exp`` stays the one that trains, instead of an empty "x_2" whose
+        # run_fit the one-engine guard then refuses.
+        if mode == "fit" and not resume and isinstance(experiment_name, str) and experiment_name:
+            parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
+            training = session.training_as(parent.resolve(), experiment_name)
+            if training is not None:
+                print(f"rapidfire: experiment {experiment_name!r} is still training in this kernel; "
+                      "this is that one (its panel, results and ops work as before). To start a "
+                      f"new one, end it first: {session.how_to_free(training.name)}")
+                return training
+        return super().__new__(cls)
+
     def __init__(self, experiment_name: str, experiment_path: str | Path | None = None, *,
                  mode: str = "fit", resume: bool = False, tracking: list[str] | None = None,
                  offload: str = "auto", num_workers: int | str = "auto"):
+        if self.__dict__.get("asked_as") is not None:
+            return   # __new__ handed back the experiment that trains: nothing to open
         if not isinstance(experiment_name, str) or not _NAME_RE.fullmatch(experiment_name):
             raise ConfigError(
                 f"experiment_name must be 1-128 letters, digits, '.', '_' or '-' (got {experiment_name!r})")
@@ -85,7 +102,7 @@ class Experiment:
         if offload not in ("auto", "always", "never"):
             raise ConfigError(f"offload={offload!r}: use 'auto' (park runs in host memory only when "
                               "the GPU is short of memory), 'always' or 'never'")
-        from rapidfire_nb.engine import check_num_workers, refuse_links
+        from rapidfire_nb.engine import check_num_workers
 
         check_num_workers(num_workers)
         parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
@@ -101,28 +118,55 @@ class Experiment:
         if self.read_only:
             self._open_read_only(experiment_name, root)
             return
+        self.asked_as = (str(parent.resolve()), experiment_name)
+        self.resumed = resume
+        self.offload = offload
+        self.num_workers = num_workers
+        self._tracking = tracking
+        self._ended = False
+        self._claim(parent, experiment_name)
+        session.make_current(self)
+
+    def _claim(self, parent: Path, name: str) -> None:
+        """Take the folder: ``<parent>/<name>`` (a new experiment whose folder holds one already
+        moves to ``<name>_2``, ``_3``...), its lock and its log. A new experiment's folder gets
+        only ``experiment.json``, the empty log and the lock until its run_fit has checked
+        everything: a refused one gives them back (``_unclaim``). A resumed folder is written
+        only once run_fit has checked every argument against it: a refused resume leaves every
+        byte as it was (the "experiment" event included, which would make an ended experiment
+        read as open)."""
+        from rapidfire_nb.engine import ExperimentLocked, refuse_links
+
+        resume, root = self.resumed, parent / name
         if resume and not (root / "experiment.json").exists():
             raise ConfigError(f"resume=True but there is no experiment at {root}")
         if not resume and (root / "experiment.json").exists():
             # a re-executed cell must not mix two experiments in one folder
             n = 2
-            while (parent / f"{experiment_name}_{n}" / "experiment.json").exists():
+            while (parent / f"{name}_{n}" / "experiment.json").exists():
                 n += 1
             # one short line in the cell (a re-run cell is normal), not a warning with a temp path
-            print(f"rapidfire: experiment {experiment_name!r} exists; this one is "
-                  f"'{experiment_name}_{n}' (resume=True continues {experiment_name!r})")
-            experiment_name, root = f"{experiment_name}_{n}", parent / f"{experiment_name}_{n}"
+            print(f"rapidfire: experiment {name!r} exists; this one is "
+                  f"'{name}_{n}' (resume=True continues {name!r})")
+            name, root = f"{name}_{n}", parent / f"{name}_{n}"
         # a link anywhere in the folder could make a read or a write land outside it
         refuse_links(root)
+        made = not root.exists()
         root.mkdir(parents=True, exist_ok=True)
-        self.name = experiment_name
+        self.name = name
         self.path = root.resolve()
-        self.resumed = resume
-        self.offload = offload
-        self.num_workers = num_workers
         self.store = ExperimentStore(self.path)
         # the folder's owner from here to end(): nothing below may write before this
-        self._folder_lock = FolderLock(self.path).acquire()
+        try:
+            self._folder_lock = FolderLock(self.path).acquire()
+        except ExperimentLocked as exc:
+            if made:
+                _remove_dir_if_empty(self.path)
+            holder = session.holder_of(self.path)
+            if holder is None:
+                raise
+            raise ExperimentLocked(f"{exc}. It is experiment {holder.name!r} of this kernel: free it with "
+                                   f"{session.how_to_free(holder.name)}") from None
         try:
             self.meta = check_experiment_meta(read_json(self.store.meta_path, {}),
                                               self.store.meta_path) if resume else {}
@@ -132,15 +176,29 @@ class Experiment:
         except BaseException:
             self._folder_lock.release()
             raise
-        self._ended = False
-        self._tracking = tracking
+        self._claimed = "resumed" if resume else ("made" if made else "fresh")
+        session.opened(self)
         if not resume:
             atomic_write_json(self.store.meta_path, {"name": self.name, "version": __version__})
-            self._log_open()
-        # a resumed folder is written only once run_fit has checked every argument against it:
-        # a refused resume leaves every byte as it was (the "experiment" event included, which
-        # would make an ended experiment read as open)
-        session.make_current(self)
+
+    def _unclaim(self) -> None:
+        """A new experiment's run_fit was refused before anything was logged: give back what
+        ``_claim`` took (the lock, ``experiment.json``, the empty log, the folder if it made
+        it), so the refused call leaves nothing behind and the next run_fit claims afresh."""
+        self.events.close()
+        for path in (self.store.events_path, self.store.meta_path):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        self._folder_lock.release()
+        with contextlib.suppress(OSError):
+            self._folder_lock.path.unlink()
+        if self._claimed == "made":
+            _remove_dir_if_empty(self.path)
+        session.closed(self)
+        self._claimed = None
+        self._live_table = None   # it read the log just closed
+        self.name = self.asked_as[1]
+        self.path = Path(self.asked_as[0]) / self.name
 
     @classmethod
     def open(cls, folder: str | Path) -> Experiment:
@@ -191,6 +249,7 @@ class Experiment:
             return
         self._logged_open = True
         self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(self.resumed))
+        tensorboard_link(self.path)   # RapidFire's RF_TENSORBOARD_LOG_DIR: <parent>/tensorboard_logs/<name>
         self._start_trackers(self._tracking)
 
     def _start_trackers(self, tracking):
@@ -269,18 +328,28 @@ class Experiment:
         self._check_open()
         self._check_writable("run_fit")
         if self.engine is not None:
-            raise RapidFireError("run_fit was already called on this Experiment; use clone_modify "
-                                 "to add runs, or create a new Experiment")
-        if not launch.check_concurrency_flag(allow_concurrent):
-            session.refuse_while_another_trains(self.name)
-        session.make_current(self)   # the experiment that trains is the one the magics mean
-        args = launch.check_fit_arguments(config_group, create_model, train_dataset, eval_dataset,
-                                          num_chunks, seed, block, num_shards, num_gpus,
-                                          monte_carlo_simulations)
-        fit = launch.prepare(args, store=self.store, events=self.events, table=self._state(),
-                             name=self.name, stored_meta=self.meta if self.resumed else None,
-                             num_workers=self.num_workers, offload=self.offload)
-        self._log_open()   # the first write to a resumed folder: every check has passed
+            busy = self.engine.busy(timeout=0.5)
+            raise RapidFireError(
+                "run_fit was already called on this Experiment; use clone_modify to add runs, or "
+                "create a new Experiment" + (f" (this one still trains: end it first with "
+                                             f"{session.how_to_free(self.name)})" if busy else ""))
+        if self._claimed is None:     # a refused first run_fit gave its folder back
+            self._claim(Path(self.asked_as[0]), self.asked_as[1])
+        try:
+            if not launch.check_concurrency_flag(allow_concurrent):
+                session.refuse_while_another_trains(self.name)
+            session.make_current(self)   # the experiment that trains is the one the magics mean
+            args = launch.check_fit_arguments(config_group, create_model, train_dataset, eval_dataset,
+                                              num_chunks, seed, block, num_shards, num_gpus,
+                                              monte_carlo_simulations)
+            fit = launch.prepare(args, store=self.store, events=self.events, table=self._state(),
+                                 name=self.name, stored_meta=self.meta if self.resumed else None,
+                                 num_workers=self.num_workers, offload=self.offload)
+        except BaseException:
+            if self._claimed in ("made", "fresh") and not self._logged_open:
+                self._unclaim()   # a refused call leaves no folder, no lock, no renamed experiment
+            raise
+        self._log_open()   # the first write of this session: every check has passed
         self.engine, self.automl = fit.engine, fit.driver
         session.register_engine(fit.engine, self.name, self)
         self.meta = launch.commit(fit, self.name)
@@ -375,8 +444,10 @@ class Experiment:
                 self._panel.close_publisher()
             except Exception:
                 pass
-        self.events.close()
-        self._folder_lock.release()
+        if self._claimed is not None:   # a refused first run_fit gave the folder back already
+            self.events.close()
+            self._folder_lock.release()
+            session.closed(self)
         self._ended = True
         session.forget(self)
 
@@ -541,13 +612,13 @@ class Experiment:
 
         from rapidfire_nb import results
 
-        if self.engine is None and not self.read_only:
+        if self.engine is None and not self._from_log:
             return pd.DataFrame(columns=["run_id", "status"])
         if self.automl is not None:
             pruning_of = self.automl.reason_for
-        elif self.read_only and ((self.meta.get("pruning") or {}).get("pruner") is not None
+        elif self._from_log and ((self.meta.get("pruning") or {}).get("pruner") is not None
                                  or "budget" in (self.meta.get("pruning") or {})):
-            # no driver when read-only: the notes as the log tells them
+            # no driver yet (read-only, or reopened before run_fit): the notes as the log tells them
             pruning_of = lambda rid: self._state().read(lambda t: results.logged_pruning_note(t, rid))  # noqa: E731
         else:
             pruning_of = None
@@ -691,18 +762,33 @@ class Experiment:
         """Start (once) a TensorBoard on this experiment's logs and show it in the notebook."""
         return _views.show("tensorboard", self)
 
-    def __repr__(self) -> str:
-        if self.engine is not None:
-            statuses = [r.status for r in self.engine.snapshot().values()]
-        elif self.read_only:   # no engine when read-only: the runs as the event log tells them
-            from rapidfire_nb.engine import runs_by_id
+    @property
+    def _from_log(self) -> bool:
+        """No engine, but runs to show: read-only, or reopened (resume=True) before run_fit."""
+        return self.engine is None and (self.read_only or self.resumed)
 
-            statuses = self._state().read(lambda t: [r["status"] for r in runs_by_id(t)])
+    def __repr__(self) -> str:
+        from rapidfire_nb.engine import ENDED_REASON, runs_by_id
+
+        if self.engine is not None:
+            runs = [(r.status, None) for r in self.engine.snapshot().values()]
+        elif self._from_log:   # no engine yet: the runs as the event log tells them
+            runs = self._state().read(lambda t: [(r["status"], r["reason"]) for r in runs_by_id(t)])
         else:
-            statuses = []
-        n = len(statuses)
+            runs = []
         counts: dict[str, int] = {}
-        for status in statuses:
+        for status, _reason in runs:
             counts[status] = counts.get(status, 0) + 1
         summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-        return f"<Experiment {self.name!r}: {n} runs ({summary}) at {self.path}>"
+        text = f"<Experiment {self.name!r}: {len(runs)} runs ({summary}) at {self.path}"
+        unfinished = sum(status in ("pending", "running") or (status == "stopped" and reason == ENDED_REASON)
+                         for status, reason in runs)
+        if self._from_log and not self.read_only and unfinished:
+            text += (f"; run_fit(...) with the same arguments continues the {unfinished} unfinished "
+                     f"run{'s' if unfinished != 1 else ''}")
+        return text + ">"
+
+
+def _remove_dir_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()

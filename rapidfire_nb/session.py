@@ -15,6 +15,9 @@ from typing import Any
 from rapidfire_nb.errors import RapidFireError
 
 _current: weakref.ref | None = None
+# every open (not ended) Experiment that holds a folder, by its folder: what a "locked" message
+# names, and what `%rapidfire end NAME` closes when nothing trains
+_OPEN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ENGINES_LOCK = threading.Lock()
 
@@ -35,6 +38,42 @@ def forget(exp) -> None:
     global _current
     if _current is not None and _current() is exp:
         _current = None
+
+
+def opened(exp) -> None:
+    """``exp`` holds its folder (``exp.path``) from now until ``closed(exp)``."""
+    _OPEN[str(exp.path)] = exp
+
+
+def closed(exp) -> None:
+    if _OPEN.get(str(exp.path)) is exp:
+        del _OPEN[str(exp.path)]
+
+
+def holder_of(path) -> object | None:
+    """The open Experiment of this kernel that holds folder ``path``, or None."""
+    exp = _OPEN.get(str(path))
+    return exp if exp is not None and not exp.ended else None
+
+
+def open_experiment(name: str):
+    """The newest open Experiment of this kernel called ``name``, or None."""
+    found = [exp for exp in list(_OPEN.values()) if exp.name == name and not exp.ended]
+    return found[-1] if found else None
+
+
+def training_as(parent, name: str):
+    """The Experiment of this kernel that was asked for as ``Experiment(name, parent)`` and still
+    trains (a re-run cell's), or None."""
+    for _n, _engine, exp in training_engines():
+        if exp is not None and getattr(exp, "asked_as", None) == (str(parent), name):
+            return exp
+    return None
+
+
+def how_to_free(name: str) -> str:
+    """The calls that end experiment ``name`` of this kernel, as the messages name them."""
+    return f"`%rapidfire end {name}` (or .end() on that Experiment)"
 
 
 def register_engine(engine, name: str, exp) -> None:

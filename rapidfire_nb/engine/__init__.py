@@ -49,7 +49,7 @@ _WHERE = {
     "ExperimentStore": "store", "check_experiment_meta": "store", "read_json": "store",
     "refuse_links": "store", "failed_by_the_disk": "store", "MetadataError": "store",
     "CheckpointReadError": "store",
-    "FolderLock": "lock",
+    "FolderLock": "lock", "ExperimentLocked": "lock",
     "atomic_write_json": "fsio",
 }
 __all__ = sorted(_WHERE)
