@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from rapidfire_nb import _views, launch, session
+from rapidfire_nb import _views, session
 from rapidfire_nb._environment import in_kernel
 from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import (
@@ -39,6 +39,9 @@ from rapidfire_nb.engine import (
     read_json,
 )
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
+from rapidfire_nb.launch import commit, prepare
+from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
+from rapidfire_nb.launch.resume import refuse_lost_history
 from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path, tensorboard_link
 from rapidfire_nb.session import current_experiment  # noqa: F401  (RapidFire compat reads it here)
 
@@ -171,7 +174,7 @@ class Experiment:
             self.meta = check_experiment_meta(read_json(self.store.meta_path, {}),
                                               self.store.meta_path) if resume else {}
             if resume:
-                launch.refuse_lost_history(self.store)
+                refuse_lost_history(self.store)
             self.events = EventLog(self.store.events_path)
         except BaseException:
             self._folder_lock.release()
@@ -336,28 +339,26 @@ class Experiment:
         if self._claimed is None:     # a refused first run_fit gave its folder back
             self._claim(Path(self.asked_as[0]), self.asked_as[1])
         try:
-            if not launch.check_concurrency_flag(allow_concurrent):
+            if not check_concurrency_flag(allow_concurrent):
                 session.refuse_while_another_trains(self.name)
             session.make_current(self)   # the experiment that trains is the one the magics mean
-            args = launch.check_fit_arguments(config_group, create_model, train_dataset, eval_dataset,
-                                              num_chunks, seed, block, num_shards, num_gpus,
-                                              monte_carlo_simulations)
-            fit = launch.prepare(args, store=self.store, events=self.events, table=self._state(),
-                                 name=self.name, stored_meta=self.meta if self.resumed else None,
-                                 num_workers=self.num_workers, offload=self.offload)
+            fit = prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed, block,
+                          num_shards, num_gpus, monte_carlo_simulations, store=self.store, events=self.events, table=self._state(),
+                          name=self.name, stored_meta=self.meta if self.resumed else None,
+                          num_workers=self.num_workers, offload=self.offload)
         except BaseException:
             if self._claimed in ("made", "fresh") and not self._logged_open:
                 self._unclaim()   # a refused call leaves no folder, no lock, no renamed experiment
             raise
         self._log_open()   # the first write of this session: every check has passed
         self.engine, self.automl = fit.engine, fit.driver
+        self.meta = commit(fit, self.name)
         session.register_engine(fit.engine, self.name, self)
-        self.meta = launch.commit(fit, self.name)
         self._final = FinalCheckpoints(
             self.path, self.events, self._state(), self._export_to,
             is_lora=lambda rid: self.engine.snapshot()[rid].spec.peft_config is not None)
         self.engine.start()
-        if args.block if args.block is not None else not in_kernel():
+        if fit.args.block if fit.args.block is not None else not in_kernel():
             self.wait()
         return self
 
@@ -515,7 +516,7 @@ class Experiment:
     def validate_clone(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> RunSpec:
         """Check a clone_modify without creating anything; returns the new run's spec."""
         self._run(run_id)
-        return launch.check_clone(self.engine, self.store, run_id, changes, warm_start)
+        return check_clone(self.engine, self.store, run_id, changes, warm_start)
 
     def clone_modify(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> int:
         """A new run from ``run_id``'s config plus ``changes`` (nested or dotted knobs, JSON values).

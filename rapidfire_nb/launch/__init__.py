@@ -1,13 +1,12 @@
 """run_fit's pipeline: plain values in, a started engine out; it never receives the Experiment.
 
-    args = check_fit_arguments(...)             # arguments.py: every refusal that needs nothing
-    fit = prepare(args, name=..., store=..., events=..., table=..., stored_meta=..., ...)
+    fit = prepare(<run_fit's arguments>, name=..., store=..., events=..., table=..., ...)
     ...                                         # the facade logs its session (nothing before)
     meta = commit(fit, name)                    # runs created (or restored), experiment.json
 
-``prepare`` checks everything that needs the data, the models or the folder (``plan.FitPlan``;
-``resume.py`` for a resumed folder) and writes nothing: a refusal there leaves the folder as it
-was. ``commit`` creates the runs (or restores them) and wires the AutoML driver
+``prepare`` checks run_fit's arguments (``arguments.py``: every refusal that needs nothing), then
+everything that needs the data, the folder or the models (``plan.FitPlan``; ``resume.py`` for a
+resumed folder), and writes nothing: a refusal there leaves the folder as it was. ``commit`` creates the runs (or restores them) and wires the AutoML driver
 (``rapidfire_nb.tuning``) to the engine.
 """
 
@@ -29,6 +28,7 @@ __all__ = ["FitArguments", "FitPlan", "Launch", "RestorePlan", "check_clone", "c
 class Launch:
     """What ``prepare`` decided: the engine (runs not created yet), the AutoML driver or None,
     the plan, and for a resumed folder its stored ``experiment.json`` and the restore plan."""
+    args: FitArguments
     engine: Any
     driver: Any
     plan: FitPlan
@@ -38,27 +38,27 @@ class Launch:
     restore: RestorePlan | None
 
 
-def prepare(args: FitArguments, *, store, events, table, name: str, stored_meta: dict | None,
-            num_workers, offload: str) -> Launch:
-    """Everything run_fit checks before it writes: the data against every run, the engine and
+def prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed, block,
+            num_shards, num_gpus, monte_carlo_simulations, *, store, events, table, name: str,
+            stored_meta: dict | None, num_workers, offload: str) -> Launch:
+    """Everything run_fit checks before it writes: its arguments (``check_fit_arguments``), the data against every run, the engine and
     each run's plan, a resume against the folder, the AutoML objective, the base models (loaded
     here, in the caller's thread, so ``create_model``'s errors show in the cell) and, with Ray,
     the workers. ``stored_meta`` is the resumed folder's experiment.json (None: a new one)."""
     from rapidfire_nb import automl
-    from rapidfire_nb.engine import (Engine, check_before_training, check_run_data, resolve_num_workers,
-                                     trainer_class)
+    from rapidfire_nb.engine import Engine, check_before_training, check_run_data, trainer_class
     from rapidfire_nb.errors import ConfigError
-    from rapidfire_nb.launch.arguments import check_sharded_runs
     from rapidfire_nb.launch.resume import check_resume, plan_restore
     from rapidfire_nb.tuning import check_objective_is_logged, driver_for, needs_driver, pruning_settings
 
+    args = check_fit_arguments(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
+                               block, num_shards, num_gpus, monte_carlo_simulations, num_workers)
     specs, group = args.specs, args.config_group
     train, evald = args.train_dataset, args.eval_dataset
     prep_cache: dict = {}   # formatting_func's mapped data, shared by the runs' trainers
     for spec in specs:
         check_run_data(spec, trainer_class(spec.trainer_type), train, evald, prep_cache)
-    workers = resolve_num_workers(num_workers)
-    check_sharded_runs(args, workers)
+    workers = args.workers
     common = dict(offload=offload, prep_cache=prep_cache)
     if workers:   # Ray is imported only on this path
         from rapidfire_nb.engine import WorkerEngine
@@ -81,6 +81,11 @@ def prepare(args: FitArguments, *, store, events, table, name: str, stored_meta:
                               "measured on the eval set after every chunk: pass eval_dataset= to run_fit")
         check_objective_is_logged(group, specs)
     driver = driver_for(store.root, events, table, group, specs, args.num_chunks)
+    restore = None
+    if stored_meta is not None:
+        if driver is not None:
+            driver.load()      # reads automl.json only; a damaged one refuses here
+        restore = plan_restore(specs, store, events, engine, driver)   # refuses before any write
     # create_model once per distinct base, in this thread so its errors show here
     need_pristine: dict = {}
     for spec in specs:
@@ -96,12 +101,7 @@ def prepare(args: FitArguments, *, store, events, table, name: str, stored_meta:
               "first if it is not running: 10-30 s the first time); run_fit returns once each "
               "worker has loaded the model", flush=True)
         engine.start_workers(specs)   # Ray, the workers, what they must load; errors change nothing
-    restore = None
-    if stored_meta is not None:
-        if driver is not None:
-            driver.load()      # reads automl.json only; a damaged one refuses here
-        restore = plan_restore(specs, store, events, engine, driver)   # refuses before any write
-    return Launch(engine, driver, plan, store, events, stored_meta, restore)
+    return Launch(args, engine, driver, plan, store, events, stored_meta, restore)
 
 
 def commit(fit: Launch, name: str) -> dict:

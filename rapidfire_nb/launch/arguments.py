@@ -26,6 +26,7 @@ class FitArguments:
     seed: int
     block: bool | None
     num_gpus: int
+    workers: int          # Ray workers to start (0: the kernel engine)
 
 
 def check_concurrency_flag(allow_concurrent) -> bool:
@@ -35,8 +36,11 @@ def check_concurrency_flag(allow_concurrent) -> bool:
 
 
 def check_fit_arguments(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
-                        block, num_shards, num_gpus, monte_carlo_simulations) -> FitArguments:
-    """Every check of run_fit's arguments taken alone, in the order the user reads them."""
+                        block, num_shards, num_gpus, monte_carlo_simulations,
+                        num_workers=0) -> FitArguments:
+    """Every check of run_fit's arguments that needs no model and no data row, in the order the
+    user reads them; last, the sharded runs (FSDP) against the workers there will be
+    (``num_workers``: the Experiment's)."""
     if not callable(create_model):
         raise ConfigError("create_model must be a function model_config -> (model, tokenizer)")
     if isinstance(block, numbers.Integral) and not isinstance(block, bool):
@@ -65,17 +69,15 @@ def check_fit_arguments(config_group, create_model, train_dataset, eval_dataset,
         warn_engine_owned_knobs(spec)
     if eval_dataset is None and any(s.compute_metrics is not None for s in specs):
         raise ConfigError("compute_metrics needs an eval_dataset: pass eval_dataset= to run_fit")
+    from rapidfire_nb.engine import apply_num_gpus, check_sharding, resolve_num_workers
+
+    workers = resolve_num_workers(num_workers)
+    # FSDP: num_gpus applied to the runs without their own RFModelConfig(num_gpus=...), then every
+    # sharded run checked against the workers there will be (engine/sharding.py)
+    apply_num_gpus(specs, num_gpus)
+    check_sharding(specs, workers=workers)
     return FitArguments(config_group, specs, create_model, train_dataset, eval_dataset, num_chunks,
-                        seed, block, num_gpus)
-
-
-def check_sharded_runs(args: FitArguments, workers: int) -> None:
-    """FSDP: ``num_gpus`` applied to the runs without their own ``RFModelConfig(num_gpus=...)``,
-    then every sharded run checked against the workers there will be (engine/sharding.py)."""
-    from rapidfire_nb.engine import apply_num_gpus, check_sharding
-
-    apply_num_gpus(args.specs, args.num_gpus)   # a config's own RFModelConfig(num_gpus=...) wins
-    check_sharding(args.specs, workers=workers)
+                        seed, block, num_gpus, workers)
 
 
 def chunks_from(num_chunks, num_shards) -> int:
