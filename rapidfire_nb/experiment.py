@@ -223,7 +223,7 @@ class Experiment:
 
         if not (root / "experiment.json").exists() and not (root / "events.jsonl").exists():
             raise ConfigError(f"mode='read' but there is no experiment at {root}")
-        refuse_links(root)
+        refuse_links(root, writing=False)
         self.name = name
         self.path = root.resolve()
         self.resumed = False
@@ -500,6 +500,12 @@ class Experiment:
         the old status until then (``%rapidfire status`` lists the queued ops)."""
         self._queue("stop", run_id)
 
+    def note(self, run_id: int, text: str) -> None:
+        """Attach a note to a run (at most 2000 characters; ``""`` clears it). It stays in the event log: ``get_runs_info()``'s ``note``, the panel and the report show it."""
+        from rapidfire_nb.results import note_run
+
+        note_run(self.events, self._state().read(lambda t: {r["run_id"] for r in t["runs"].values()}), run_id, text, writable=not (self.read_only or self._ended))
+
     def resume(self, run_id: int) -> None:
         """Resume a stopped run from its checkpoint.
 
@@ -591,7 +597,9 @@ class Experiment:
     def get_runs_info(self):
         """One row per run (a pandas DataFrame), in run order. Columns:
 
-        * ``run_id``; ``status``: pending, running, stopped, completed, failed or deleted;
+        * ``run_id``; ``name``: its short name, the id and its knobs (``3 · lr 1e-3 · r 32``), as
+          the panel, the report and the trackers call it; ``status``: pending, running, stopped,
+          completed, failed or deleted;
         * one column per knob that varies between runs, by its short name (``learning_rate``, ``r``);
         * ``completed_steps`` / ``total_steps``: optimizer steps, as positions in the run's data
           stream (a warm clone's start at its parent's step at the branch point; the panel and
@@ -603,7 +611,7 @@ class Experiment:
         * ``eval_loss``: the latest eval loss (NaN or None before the first eval;
           ``get_results()`` has every eval metric at every chunk);
         * ``error``: a failed run's traceback (``%rapidfire status`` shows its last line), else
-          None;
+          None; ``note``: the user's note on the run (``exp.note``), else None;
         * ``worker`` (only with Ray workers, ``num_workers``): the worker that trained the run's
           last chunk, None before its first;
         * ``pruning`` (only when the config group has a pruner or is RFOptuna): why the run was
@@ -653,7 +661,10 @@ class Experiment:
         * ``moved``: True when the run came to this worker from another one with this chunk
           (False for a run's first chunk, and always in the kernel engine);
         * ``hop_s``: what Ray added to the chunk: the round trip of the request to the worker and
-          the result back, beyond the chunk's own time (NaN in the kernel engine).
+          the result back, beyond the chunk's own time (NaN in the kernel engine);
+        * ``tokens``, ``tokens_per_s``: non-padding tokens the chunk trained on, and per second of
+          ``train_s``; ``peak_mem_mb``: the chunk's peak memory in MB (CUDA max allocated on a
+          GPU, the process's resident set size on a CPU); NaN in logs from older versions.
         """
         from rapidfire_nb.results import timeline_frame
 
@@ -706,15 +717,16 @@ class Experiment:
         return final_checkpoint_path(self.path, run_id)
 
     # -- results that need no kernel --------------------------------------------------------
-    def plot(self, metric: str = "loss", split: str | None = None, runs=None):
-        """A plotly Figure of ``metric`` against samples seen, one curve per run, in the panel's
-        colours; ``split="eval"`` plots eval metrics (``"loss"`` there means ``eval_loss``), and
+    def plot(self, metric: str = "loss", split: str | None = None, runs=None, **options):
+        """A plotly Figure of ``metric``, one curve per run, in the panel's colours and names
+        (``report.figures.plot_figure`` lists the options: ``smoothing``, ``log_y``, ``x``,
+        ``kind``); ``split="eval"`` plots eval metrics (``"loss"`` there means ``eval_loss``), and
         the default ``None`` takes the train metric of that name, else the eval one (so
         ``plot("eval_loss")`` works); ``runs`` limits it to some run ids. It renders wherever plotly does (a saved notebook,
         Colab, VS Code) and ``fig.write_html(...)`` / ``fig.show()`` work in scripts."""
-        from rapidfire_nb.report import curves_figure, snapshot
+        from rapidfire_nb.report import plot_figure, snapshot
 
-        return curves_figure(self._state().read(snapshot), metric, split, runs)
+        return plot_figure(self._state().read(snapshot), metric, split, runs, **options)
 
     def report(self, path: str | Path) -> Path:
         """Write one self-contained HTML file (plotly.js inside, nothing loaded from the network):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rapidfire_nb.engine import DELETED, TIMELINE_COLUMNS, runs_by_id
+from rapidfire_nb.tracking.naming import short_name
 
 RUN_FIELDS = ("run_id", "status", "completed_steps", "total_steps", "samples_seen",
               "chunks_done", "parent_run_id", "warm_start", "error")
@@ -23,7 +24,7 @@ def runs_frame(table: dict, pruning_of: Callable[[int], str | None] | None = Non
 
     runs = [{**{k: r[k] for k in RUN_FIELDS}, "epoch": r["next_epoch"], "config": r["config"],
              "knobs": list(r["knobs"]), "eval_loss": r["latest"].get("eval_loss"),
-             "worker": r["worker"]}
+             "worker": r["worker"], "name": short_name(r["run_id"], r["knobs"]), "note": r.get("note")}
             for r in runs_by_id(table)]
     if not runs:
         return pd.DataFrame(columns=["run_id", "status"])
@@ -37,12 +38,12 @@ def runs_frame(table: dict, pruning_of: Callable[[int], str | None] | None = Non
     short = _short_names(knob_keys)
     rows = []
     for run in runs:
-        row = {"run_id": run["run_id"], "status": run["status"]}
+        row = {"run_id": run["run_id"], "name": run["name"], "status": run["status"]}
         for k in knob_keys:
             row[short[k]] = _cell(_get_knob(run["config"], k))
         row.update({k: run[k] for k in ("completed_steps", "total_steps", "samples_seen",
                                         "chunks_done", "epoch", "parent_run_id", "warm_start",
-                                        "eval_loss", "error")})
+                                        "eval_loss", "error", "note")})
         if on_workers:
             row["worker"] = run["worker"]
         if pruning_of is not None:
@@ -51,12 +52,37 @@ def runs_frame(table: dict, pruning_of: Callable[[int], str | None] | None = Non
     df = pd.DataFrame(rows)
     # text columns keep None for "nothing to say": pandas would turn a partly filled one into
     # a string column with NaN, so `error` (all None) and `pruning` would disagree
-    for col in ("error", "pruning", "worker"):
+    for col in ("error", "pruning", "worker", "note"):
         if col in df:
             df[col] = pd.Series([row[col] for row in rows], index=df.index, dtype=object)
     # run ids are integers; a column with missing parents would otherwise read 1.0, 2.0
     df["parent_run_id"] = df["parent_run_id"].astype("Int64")
     return df
+
+
+MAX_NOTE_CHARS = 2000
+
+
+def note_run(events, run_ids: set[int], run_id: int, text: str, *, writable: bool) -> None:
+    """``Experiment.note``: check the note, then log it as a ``note`` event (the log is where a
+    note lives: the panel, the report and a reopened folder read it back). An empty text clears
+    the run's note. Bad input raises ``ValueError`` naming the problem and logs nothing."""
+    if isinstance(run_id, bool) or not isinstance(run_id, int):
+        raise ValueError(f"run_id must be a run id (an integer), not {run_id!r}")
+    if run_id not in run_ids:
+        known = ", ".join(str(r) for r in sorted(run_ids)) or "none yet"
+        raise ValueError(f"no run {run_id} in this experiment (runs: {known})")
+    if not isinstance(text, str):
+        raise ValueError(f"a note is text (a str), not {type(text).__name__}")
+    if len(text) > MAX_NOTE_CHARS:
+        raise ValueError(f"a note holds at most {MAX_NOTE_CHARS} characters; this one has "
+                         f"{len(text)} (keep long texts in a file and note its path)")
+    if "\x00" in text:
+        raise ValueError("a note cannot contain a NUL character")
+    if not writable:
+        raise ValueError("this experiment is read-only or has ended: open it with "
+                         "Experiment(name, resume=True) to add notes")
+    events.append("note", run_id=run_id, text=text)
 
 
 def logged_pruning_note(table: dict, run_id: int) -> str | None:
@@ -91,7 +117,9 @@ def timeline_frame(table: dict):
     frame = pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
     # None (kernel engine, old logs) would make these object columns that cannot filter or sum
     frame["moved"] = frame["moved"].astype(bool)
-    frame["hop_s"] = pd.to_numeric(frame["hop_s"], errors="coerce").astype(float)
+    for col in ("hop_s", "tokens_per_s", "peak_mem_mb"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype(float)
+    frame["tokens"] = pd.to_numeric(frame["tokens"], errors="coerce").astype("Int64")
     return frame
 
 

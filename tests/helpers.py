@@ -371,10 +371,21 @@ def trackio_points(exp_path: Path, run_id: int, name: str | None = None) -> dict
     return out
 
 
+def logged_run_name(exp_path: Path, run_id: int) -> str:
+    """Run ``run_id``'s short name (``3 · lr 1e-3``) from the knobs its run_created event logged."""
+    from rapidfire_nb.engine.events import read_events
+    from rapidfire_nb.tracking.naming import short_name
+
+    for ev in read_events(exp_path / "events.jsonl"):
+        if ev.get("type") == "run_created" and ev.get("run_id") == run_id:
+            return short_name(run_id, ev.get("knobs"))
+    raise AssertionError(f"no run_created for run {run_id} in {exp_path}")
+
+
 def trackio_uid(exp_path: Path, run_id: int, name: str | None = None) -> str:
     """The id the Trackio tracker gives run ``run_id`` (or the run named ``name``) of this folder."""
     digest = hashlib.sha1(str(exp_path.resolve()).encode()).hexdigest()
-    return f"rf-{digest[:10]}-{name or f'run {run_id}'}"
+    return f"rf-{digest[:10]}-{name or logged_run_name(exp_path, run_id)}"
 
 
 # -- this checkout and this interpreter, for the install tests ---------------------------------

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from rapidfire_nb.tracking.naming import short_name
+
 from rapidfire_nb.engine.events import read_events
 from rapidfire_nb.engine.state import fold, new_run, new_table
 from rapidfire_nb.report import (ReportError, curves_figure, fallback_html, read_folder,
@@ -91,19 +93,87 @@ def test_plot_draws_each_run_in_the_panels_colour_at_samples_seen(finished):
 
     assert isinstance(fig, go.Figure)
     results = finished.get_results()
-    assert [t.name for t in fig.data] == ["run 1", "run 2", "run 3"]
+    names = [short_name(rid, {"training_args.learning_rate": W.LEARNING_RATES[rid - 1]})
+             for rid in (1, 2, 3)]
+    assert [t.name for t in fig.data] == names and names[0].startswith("1 · lr ")
     for rid, trace in zip((1, 2, 3), fig.data):
         assert trace.line.color == style.PALETTE[rid - 1] and trace.line.dash == "solid"
         want = results[(results.run_id == rid) & (results.split == "train") & (results.metric == "loss")]
         assert list(trace.x) == list(want.samples_seen) and len(trace.x) > 3
         assert list(trace.y) == pytest.approx(list(want.value))
-        # the hover names the run and the knob that differs between runs
-        assert f"run {rid}" in trace.hovertemplate
-        assert f"learning_rate={W.LEARNING_RATES[rid - 1]:.4g}" in trace.hovertemplate
+        # the hover lists every run at the pointer's x, each by its short name (the knob that
+        # differs between runs)
+        assert names[rid - 1] in trace.hovertemplate
+    assert fig.layout.hovermode == "x unified"
     assert fig.layout.xaxis.title.text == "samples seen"
     ev = finished.plot("loss", split="eval", runs=[2])
-    assert [t.name for t in ev.data] == ["run 2"] and ev.layout.yaxis.title.text == "eval_loss"
+    assert [t.name for t in ev.data] == [names[1]] and ev.layout.yaxis.title.text == "eval_loss"
     assert len(ev.data[0].x) == 6   # one eval per chunk: 2 epochs x 3 chunks
+
+
+def test_plot_smooths_logs_and_changes_the_x_axis_as_the_panel_does(finished):
+    from rapidfire_nb.report.figures import smoothed
+
+    raw = finished.plot()
+    fig = finished.plot(smoothing=0.8, log_y=True)
+    # per run: the raw curve (faint, not in the legend, not hovered) and the smoothed one
+    faint = [t for t in fig.data if t.showlegend is False and t.hoverinfo == "skip"]
+    shown = [t for t in fig.data if t.showlegend is not False]
+    assert len(faint) == len(shown) == 3
+    for r, f, s in zip(raw.data, faint, shown):
+        assert list(f.y) == list(r.y) and f.opacity == pytest.approx(0.25) and f.line.width == 1
+        assert list(s.y) == pytest.approx(smoothed(list(r.y), 0.8)) and list(s.y) != list(r.y)
+        assert s.y[0] == pytest.approx(r.y[0])   # debiased: the first point is not pulled to 0
+    assert fig.layout.yaxis.type == "log" and "smoothed 0.8" in fig.layout.title.text
+    results = finished.get_results()
+    by_step = finished.plot(x="step")
+    want = results[(results.run_id == 1) & (results.split == "train") & (results.metric == "loss")]
+    assert list(by_step.data[0].x) == list(want.step) and by_step.layout.xaxis.title.text == "optimizer step"
+    by_time = finished.plot(x="time")
+    xs = list(by_time.data[0].x)
+    assert xs == sorted(xs) and min(min(t.x) for t in by_time.data) == 0.0 and xs[-1] > 0
+    assert by_time.layout.xaxis.title.text == "wall time (s)"
+    for bad, match in [(dict(smoothing=1.5), "smoothing must be a number from 0"),
+                       (dict(smoothing="0.5"), "smoothing must be"),
+                       (dict(log_y="yes"), "log_y must be True or False"),
+                       (dict(x="epoch"), "x must be one of 'samples', 'step', 'time'")]:
+        with pytest.raises(ReportError, match=match):
+            finished.plot(**bad)
+
+
+def test_a_note_stays_in_the_log_and_bad_notes_change_nothing(finished):
+    from rapidfire_nb.results import note_run
+
+    before = finished.events.last_seq
+    with pytest.raises(ValueError, match=r"at most 2000 characters; this one has 1048576"):
+        finished.note(1, "x" * (1 << 20))              # a 1 MB note is refused, clearly
+    for args, match in [((99, "hi"), r"no run 99 in this experiment \(runs: 1, 2, 3\)"),
+                        (("1", "hi"), "run_id must be a run id"), ((1, b"hi"), "a note is text"),
+                        ((1, "a\x00b"), "NUL")]:
+        with pytest.raises(ValueError, match=match):
+            finished.note(*args)
+    with pytest.raises(ValueError, match="read-only or has ended"):
+        note_run(finished.events, {1}, 1, "late", writable=False)
+    assert finished.events.last_seq == before          # nothing logged
+    finished.note(2, "best so far · try a lower lr")
+    assert finished.get_runs_info().set_index("run_id").note.to_dict() == {
+        1: None, 2: "best so far · try a lower lr", 3: None}
+    assert read_folder(finished.path)[0]["runs"]["2"]["note"] == "best so far · try a lower lr"
+    finished.note(2, "")                                # an empty note clears it
+    assert finished.get_runs_info().set_index("run_id").note[2] is None
+    info = finished.get_runs_info()
+    assert list(info.columns[:3]) == ["run_id", "name", "status"]
+    assert info.name[0] == short_name(1, {"training_args.learning_rate": W.LEARNING_RATES[0]})
+
+
+def test_each_chunk_logs_its_tokens_per_second_and_peak_memory(finished):
+    tl = finished.get_timeline()
+    assert len(tl) > 0 and tl.tokens.notna().all() and (tl.tokens > 0).all()
+    assert (tl.tokens_per_s - tl.tokens / tl.train_s).abs().max() < 1e-6 * tl.tokens_per_s.max()
+    # on this CPU: the process's resident set, tens of MB at least, never more than the machine
+    import os as _os
+    total_mb = _os.sysconf("SC_PAGE_SIZE") * _os.sysconf("SC_PHYS_PAGES") / 2**20
+    assert tl.peak_mem_mb.between(20, total_mb).all()
 
 
 def test_plot_refuses_unknown_metrics_runs_and_splits(finished):
@@ -255,7 +325,7 @@ def test_pruned_runs_end_in_a_mark_with_the_reason():
     assert pruned
     fig = curves_figure(table, "loss", "eval")
     for run in pruned:
-        line = next(t for t in fig.data if t.name == f"run {run['run_id']} (pruned)")
+        line = next(t for t in fig.data if t.name == f"{short_name(run['run_id'], run['knobs'])} (pruned)")
         assert line.opacity == pytest.approx(0.35)
         mark = next(t for t in fig.data if t.mode == "markers" and t.legendgroup == line.legendgroup)
         assert mark.marker.symbol == "x" and run["reason"] in mark.hovertemplate
@@ -437,3 +507,33 @@ def test_plot_takes_the_split_that_logs_the_metric():
         curves_figure(table, "eval_loss", split="train")
     with pytest.raises(ReportError, match="runs is empty"):
         curves_figure(table, "loss", runs=[])
+
+
+def test_knob_views_show_each_varying_knob_against_the_metric():
+    from rapidfire_nb.report.figures import knobs_figure, plot_figure
+
+    table = fixture_table("pruned")
+    runs = [r for r in table["runs"].values() if r["status"] != "deleted"]
+    fig = knobs_figure(table)
+    # one scatter per varying knob; a knob whose values never vary is left out
+    assert [t.name for t in fig.data] == ["learning_rate"]
+    assert {r["knobs"]["training_args.learning_rate"] for r in runs} == set(fig.data[0].x)
+    symbols = dict(zip(fig.data[0].text, fig.data[0].marker.symbol))
+    pruned = [r for r in runs if r["pruned"]]
+    assert pruned and all(symbols[f"{short_name(r['run_id'], r['knobs'])} (pruned) · pruned"] == "x" for r in pruned)
+    assert fig.data[0].y == tuple(r["best"]["eval_loss"] for r in sorted(runs, key=lambda r: r["run_id"]))
+    par = plot_figure(table, kind="parcoords")
+    assert [d.label for d in par.data[0].dimensions] == ["learning_rate (log)", "status", "eval_loss"] or \
+        [d.label for d in par.data[0].dimensions] == ["learning_rate", "status", "eval_loss"]
+    latest = knobs_figure(table, value="latest")
+    assert latest.data[0].y == tuple(r["latest"]["eval_loss"] for r in sorted(runs, key=lambda r: r["run_id"]))
+    # a metric NaN or missing for some runs: those runs are named, the others drawn
+    for r in table["runs"].values():
+        if r["run_id"] == 1:
+            r["best"]["eval_loss"] = None
+    some = knobs_figure(table)
+    assert "no value for run 1" in some.layout.title.text and len(some.data[0].y) == len(runs) - 1
+    with pytest.raises(ReportError, match="value must be 'best' or 'latest'"):
+        knobs_figure(table, value="mean")
+    with pytest.raises(ReportError, match="kind must be one of"):
+        plot_figure(table, kind="pie")

@@ -26,7 +26,7 @@ from rapidfire_nb.tracking import (Tracker, TrackerHub, TrackerWarning, metric_t
                                    resolve_trackers)
 from rapidfire_nb.tracking.base import flatten_config
 
-from helpers import (RECORDED_NUM_CHUNKS, RECORDED_STEPS_PER_CHUNK, Recorder, track_recorded,
+from helpers import (logged_run_name, RECORDED_NUM_CHUNKS, RECORDED_STEPS_PER_CHUNK, Recorder, track_recorded,
                      trackio_points, trackio_state, trackio_uid)
 
 ALL = ["tensorboard", "mlflow", "trackio"]
@@ -49,10 +49,19 @@ LIFECYCLES = {1: ["running", "completed"], 2: ["running", "stopped", "resumed", 
 
 # -- readers of the real files -----------------------------------------------------------------
 
+def tb_folder(exp_path: Path, run_id: int) -> str:
+    """The run's TensorBoard folder: its short name, as the panel calls it."""
+    from rapidfire_nb.tracking.naming import folder_name
+
+    name = logged_run_name(exp_path, run_id)
+    assert folder_name(run_id, None) == f"run {run_id}" and name.startswith(f"{run_id} · lr ")
+    return name
+
+
 def tb_accumulator(exp_path: Path, run_id: int):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(exp_path / "tensorboard" / f"run {run_id}"),  # the panel's name
+    acc = EventAccumulator(str(exp_path / "tensorboard" / tb_folder(exp_path, run_id)),  # the panel's name
                            size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     return acc
@@ -198,9 +207,9 @@ def test_all_backends_hold_the_same_metrics_params_and_lifecycle(tmp_path):
     for run_id, lifecycle in LIFECYCLES.items():
         texts = tb_texts(exp_path, run_id, "lifecycle")
         assert [t.split("**")[1] for _, t in texts] == lifecycle
-        alerts = TrackioRun(state["project"], f"run {run_id}",
-                            run_id=trackio_uid(exp_path, run_id)).alerts()
-        assert sorted(a["title"] for a in alerts) == sorted(f"run {run_id} {e}" for e in lifecycle)
+        name = logged_run_name(exp_path, run_id)
+        alerts = TrackioRun(state["project"], name, run_id=trackio_uid(exp_path, run_id)).alerts()
+        assert sorted(a["title"] for a in alerts) == sorted(f"{name} {e}" for e in lifecycle)
     # the stop/resume of run 2 happen at the samples it had seen (16, then 32)
     assert [s for s, _ in tb_texts(exp_path, 2, "lifecycle")] == [0, 16, 16, 32]
     config_text = tb_texts(exp_path, 3, "config")[0][1]
@@ -211,8 +220,12 @@ def test_tensorboard_names_runs_as_the_panel_does(tmp_path):
     from rapidfire_nb.tracking.tb_tracker import tb_run_name
 
     assert tb_run_name(tmp_path, 3) == "run 3"
+    knobs = {"training_args.learning_rate": 1e-3, "peft_config.r": 32, "model_name": "org/tiny"}
+    assert tb_run_name(tmp_path, 3, knobs) == "3 · lr 1e-3 · r 32 · model org_tiny"   # one path part
     (tmp_path / "run_4").mkdir()  # an experiment written with the old naming keeps its folder
-    assert tb_run_name(tmp_path, 4) == "run_4"
+    assert tb_run_name(tmp_path, 4, knobs) == "run_4"
+    (tmp_path / "run 5").mkdir()
+    assert tb_run_name(tmp_path, 5, knobs) == "run 5"
 
 
 def test_mlflow_and_trackio_name_runs_as_the_panel_does(tmp_path):
@@ -222,10 +235,12 @@ def test_mlflow_and_trackio_name_runs_as_the_panel_does(tmp_path):
     # a project of its own: Trackio's directory is shared by every test of this process
     track_recorded(exp_path, ["mlflow", "trackio"], name="names")
     mruns = mlflow_runs(exp_path, "names")
-    assert {rid: r.info.run_name for rid, r in mruns.items()} == {i: f"run {i}" for i in range(1, 6)}
+    names = {i: logged_run_name(exp_path, i) for i in range(1, 6)}
+    assert names[3] == "3 · lr 5e-4"   # the id and the knob that sets it apart
+    assert {rid: r.info.run_name for rid, r in mruns.items()} == names
     state = trackio_state(exp_path)
-    assert state["run_names"] == {str(i): f"run {i}" for i in range(1, 6)}
-    assert set(SQLiteStorage.get_runs(state["project"])) == {f"run {i}" for i in range(1, 6)}
+    assert state["run_names"] == {str(i): n for i, n in names.items()}
+    assert set(SQLiteStorage.get_runs(state["project"])) == set(names.values())
 
 
 def test_trackio_experiment_with_old_run_names_keeps_them_on_resume(tmp_path, monkeypatch):
@@ -237,7 +252,7 @@ def test_trackio_experiment_with_old_run_names_keeps_them_on_resume(tmp_path, mo
     events = EventLog(exp_path / "events.jsonl")
     rec = Recorder(events)
     with monkeypatch.context() as m:   # the old version: run_<id> and no run_names in the state
-        m.setattr(trackio_tracker, "run_name", lambda run_id: f"run_{run_id}")
+        m.setattr(trackio_tracker, "run_name", lambda run_id, knobs=None: f"run_{run_id}")
         hub = TrackerHub(events, exp_path, "exp", ["trackio"]).start()
         rec.phase1()
         assert hub.flush(120)
@@ -269,7 +284,7 @@ def test_resume_continues_runs_without_duplicates(tmp_path):
     assert hub.flush(120)
     hub.close()
     events.close()
-    first_files = sorted((exp_path / "tensorboard" / "run 1").iterdir())
+    first_files = sorted((exp_path / "tensorboard" / tb_folder(exp_path, 1)).iterdir())
 
     # a new session: the log is read back from disk and the experiment goes on
     events = EventLog(exp_path / "events.jsonl")
@@ -280,7 +295,7 @@ def test_resume_continues_runs_without_duplicates(tmp_path):
     assert hub.flush(120), hub.failures
     hub.close()
 
-    assert len(sorted((exp_path / "tensorboard" / "run 1").iterdir())) == len(first_files) + 1
+    assert len(sorted((exp_path / "tensorboard" / tb_folder(exp_path, 1)).iterdir())) == len(first_files) + 1
     mruns = mlflow_runs(exp_path)
     assert sorted(mruns) == [1, 2, 3, 4, 5]  # one MLflow run per run, the old ones continued
     for run_id, expected in rec.expected.items():
@@ -288,7 +303,7 @@ def test_resume_continues_runs_without_duplicates(tmp_path):
         assert_same_points(mlflow_points(exp_path, mruns[run_id]), expected, f"mlflow run_{run_id}")
         assert_same_points(trackio_points(exp_path, run_id), expected, f"trackio run_{run_id}")
     for run_id in LIFECYCLES:  # the session start (hparams) is written once per run
-        assert tb_hparams(exp_path, run_id)[0].group_name == f"run {run_id}"
+        assert tb_hparams(exp_path, run_id)[0].group_name == logged_run_name(exp_path, run_id)
     last = {name: json.loads((exp_path / "tracking" / f"{name}.json").read_text())["last_seq"]
             for name in ALL}
     assert last == {name: events.last_seq for name in ALL}

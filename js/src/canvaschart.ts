@@ -13,6 +13,9 @@
  * with vitest; the class only turns them into pixels and mouse handling.
  */
 import type { Dash } from "./palette";
+import { fmtTick, logTicks, niceTicks } from "./ticks";
+
+export { fmtTick, logTicks, niceStep, niceTicks } from "./ticks";
 
 /** One run's curve as drawn: its points and how it is emphasized now. */
 export interface DrawSeries {
@@ -53,46 +56,85 @@ export interface PlotBox {
 // ---------------------------------------------------------------------------------------------
 // Pure geometry
 
-/** A tick step of 1, 2 or 5 times a power of ten giving at most `maxTicks` ticks over `span`. */
-export function niceStep(span: number, maxTicks: number): number {
-  if (!(span > 0) || !Number.isFinite(span)) return 1;
-  const raw = span / Math.max(1, maxTicks);
-  const mag = 10 ** Math.floor(Math.log10(raw));
-  for (const m of [1, 2, 5, 10]) if (m * mag >= raw) return m * mag;
-  return 10 * mag;
+/**
+ * TensorBoard's smoothing: an exponential moving average with its start-up bias removed (the
+ * first values are not pulled towards zero), over the points as drawn. `weight` 0 is the raw
+ * curve, 0.99 nearly flat. Non-finite points stay gaps and do not reset the average.
+ */
+export function smoothed(y: readonly (number | null)[], weight: number): (number | null)[] {
+  const w = Math.min(0.999, Math.max(0, weight));
+  if (w === 0) return y.slice();
+  const out: (number | null)[] = [];
+  let last = 0;
+  let n = 0;
+  for (const v of y) {
+    if (v === null || !Number.isFinite(v)) {
+      out.push(v);
+      continue;
+    }
+    last = last * w + (1 - w) * v;
+    n++;
+    out.push(last / (1 - w ** n));
+  }
+  return out;
 }
 
-/** The multiples of a nice step inside [min, max]. */
-export function niceTicks(min: number, max: number, maxTicks: number): { ticks: number[]; step: number } {
-  const step = niceStep(max - min, maxTicks);
-  const ticks: number[] = [];
-  const first = Math.ceil(min / step - 1e-9);
-  for (let k = first; k * step <= max + step * 1e-9 && ticks.length < 1000; k++) {
-    // Rounded to the step's decimals: 0.1 * 3 is 0.30000000000000004.
-    ticks.push(Number((k * step).toPrecision(12)));
+/** Values on a log axis: log10, and no point for zero or a negative value (a gap). */
+export function logValues(y: readonly (number | null)[]): (number | null)[] {
+  return y.map((v) => (v !== null && Number.isFinite(v) && v > 0 ? Math.log10(v) : null));
+}
+
+/** The index of the finite point whose x is nearest to `x` (x ascending), or -1. */
+export function nearestIndex(xs: readonly number[], ys: readonly (number | null)[], x: number): number {
+  let lo = 0;
+  let hi = xs.length - 1;
+  if (hi < 0) return -1;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (xs[mid] < x) lo = mid + 1;
+    else hi = mid;
   }
-  return { ticks, step };
+  const ok = (i: number) => i >= 0 && i < xs.length && ys[i] !== null && Number.isFinite(ys[i] as number);
+  // The nearest finite point on either side of the insertion point.
+  let left = lo - 1;
+  while (left >= 0 && !ok(left)) left--;
+  let right = lo;
+  while (right < xs.length && !ok(right)) right++;
+  if (left < 0 && right >= xs.length) return -1;
+  if (left < 0) return right;
+  if (right >= xs.length) return left;
+  return x - xs[left] <= xs[right] - x ? left : right;
+}
+
+/** One row of the multi-run hover: a run's value at the pointer's x. */
+export interface HoverRow {
+  runId: number;
+  name: string;
+  color: string;
+  x: number;
+  /** The value drawn (smoothed when smoothing is on), and the logged one. */
+  value: number;
+  raw: number;
 }
 
 /**
- * A tick label: thousands as "20k" (x is samples seen, often tens of thousands), millions as "2M",
- * past 1e9 exponential; otherwise as many decimals as the step needs, so two ticks never read the
- * same (a near-flat metric, ln 2 give or take 1e-7, gets "0.69314710 0.69314715").
+ * Every shown run's value at data x `x` (each at its own nearest point), sorted by value, as
+ * TensorBoard's tooltip lists them.
  */
-export function fmtTick(v: number, step: number): string {
-  if (v === 0) return "0";
-  const abs = Math.abs(v);
-  // The digits that tell two ticks apart: from the value's leading digit down to the step's.
-  // (Trailing zeros dropped: "1e+30" beside "8e+29", not "1.0e+30".)
-  const exp = () => v.toExponential(Math.max(0, Math.min(15, Math.floor(Math.log10(abs)) - Math.floor(Math.log10(step) + 1e-9))))
-    .replace(/\.?0+e/, "e");
-  if (abs >= 1e9) return exp();
-  // By the step, not the value, so one axis reads "4k 6k 8k 10k" rather than "4000 6000 8000 10k".
-  if (abs >= 1e6 && step >= 1e5) return `${Number((v / 1e6).toPrecision(6))}M`;
-  if (step >= 1e3) return `${Number((v / 1e3).toPrecision(6))}k`;
-  const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
-  if (abs < 1e-4 || decimals > 12) return exp();
-  return v.toFixed(decimals);
+export function hoverRows(
+  series: readonly DrawSeries[], drawn: readonly (number | null)[][], x: number, lowerFirst = true,
+): HoverRow[] {
+  const rows: HoverRow[] = [];
+  series.forEach((s, si) => {
+    if (!s.shown) return;
+    const i = nearestIndex(s.x, drawn[si], x);
+    if (i < 0) return;
+    const raw = s.y[i];
+    rows.push({ runId: s.runId, name: s.name, color: s.color, x: s.x[i], value: drawn[si][i] as number,
+      raw: raw === null ? NaN : raw });
+  });
+  rows.sort((a, b) => (lowerFirst ? a.value - b.value : b.value - a.value) || a.runId - b.runId);
+  return rows;
 }
 
 /** A value as hover text: five significant digits, integers whole. */
@@ -277,6 +319,8 @@ export function dashArray(dash: Dash, width: number): number[] {
 
 export interface CanvasChartOptions {
   xLabel: string;
+  /** The multi-run hover lists the lowest value first (losses), else the highest. */
+  lowerFirst?: (metric: string) => boolean;
   /** A drag or a double-click changed the x range (null: zoomed out). */
   onZoom: (x: Range | null) => void;
   /** The pointer is over a run's curve (null: over none). */
@@ -284,12 +328,38 @@ export interface CanvasChartOptions {
 }
 
 const HOVER_PX = 20;
+/** The multi-run hover lists this many runs, then "+N more runs". */
+const MAX_HOVER_ROWS = 16;
+
+function h(tag: string, cls: string, text: string): HTMLElement {
+  const el = document.createElement(tag);
+  el.className = cls;
+  el.textContent = text;
+  return el;
+}
 const RUNG_HOVER_PX = 9;
 const FONT_PX = 11;
 const MARGIN = { right: 10, top: 8, bottom: 34 };
 
+/** What one curve's last draw put on the canvas: point count and summed pixel y, per path. */
+export interface PathRecord {
+  runId: number;
+  raw: { n: number; ySum: number; alpha: number };
+  smooth: { n: number; ySum: number; alpha: number } | null;
+}
+
+/** How the curves are drawn: smoothing weight (0: off) and a log y axis. */
+export interface CurveView {
+  smoothing: number;
+  logY: boolean;
+}
+
 /** What the browser tests read off the chart element (a copy of what the last draw used). */
 export interface ChartInspection {
+  curve: CurveView;
+  paths: PathRecord[];
+  /** The rows of the hover as last shown (empty when hidden). */
+  hover: string[];
   series: DrawSeries[];
   rungs: RungMark[];
   view: { x: Range; y: Range; plot: PlotBox; zoomed: boolean; xTicks: string[]; yTicks: string[] } | null;
@@ -304,6 +374,12 @@ export class CanvasChart {
   private readonly tip: HTMLDivElement;
   private readonly sel: HTMLDivElement;
   private series: DrawSeries[] = [];
+  /** The series in axis units (log10 when log y), and the line drawn on top (smoothed or raw). */
+  private axisSeries: DrawSeries[] = [];
+  private mainY: (number | null)[][] = [];
+  private curve: CurveView = { smoothing: 0, logY: false };
+  private paths: PathRecord[] = [];
+  private hoverText: string[] = [];
   private rungs: RungMark[] = [];
   private yLabel = "";
   private xZoom: Range | null = null;
@@ -333,7 +409,7 @@ export class CanvasChart {
   private lastMove: { x: number; y: number } | null = null;
   private readonly off: (() => void)[] = [];
 
-  constructor(private readonly host: HTMLElement, private readonly opts: CanvasChartOptions) {
+  constructor(private readonly host: HTMLElement, private opts: CanvasChartOptions) {
     this.canvas = document.createElement("canvas");
     this.canvas.className = "rf-canvas";
     // A canvas says nothing to a screen reader or the keyboard by itself: it is an image with a
@@ -396,6 +472,16 @@ export class CanvasChart {
     this.yZoom = null;
   }
 
+  /** Smoothing and log y (a redraw applies them). */
+  setCurveView(view: CurveView): void {
+    this.curve = { smoothing: Math.min(0.999, Math.max(0, view.smoothing)), logY: view.logY };
+  }
+
+  /** The x axis's name (samples seen, optimizer step, wall time). */
+  setXLabel(label: string): void {
+    this.opts.xLabel = label;
+  }
+
   setData(series: DrawSeries[], rungs: RungMark[], yLabel: string): void {
     this.series = series;
     this.rungs = rungs;
@@ -427,7 +513,17 @@ export class CanvasChart {
     // The ratio the backing store was sized for, whatever the window's is now.
     ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
     ctx.clearRect(0, 0, this.width, this.height);
-    const ext = extents(this.series, this.xZoom, this.yZoom);
+    // Log y draws log10 of the values (no point for zero or below); smoothing draws the moving
+    // average on top of the raw curve, which stays, faint, behind it.
+    const { logY, smoothing } = this.curve;
+    this.axisSeries = this.series.map((s) => (logY ? { ...s, y: logValues(s.y) } : s));
+    this.mainY = this.series.map((s, i) => {
+      if (smoothing <= 0) return this.axisSeries[i].y;
+      const sm = smoothed(s.y, smoothing);
+      return logY ? logValues(sm) : sm;
+    });
+    this.paths = [];
+    const ext = extents(this.axisSeries, this.xZoom, this.yZoom);
     if (ext === null) {
       this.scales = null;
       this.setLabel(`${this.yLabel || "chart"} vs ${this.opts.xLabel}: no run shown`);
@@ -438,7 +534,8 @@ export class CanvasChart {
     }
     const shownRuns = this.series.reduce((n, s) => n + (s.shown ? 1 : 0), 0);
     this.setLabel(`${this.yLabel} vs ${this.opts.xLabel}, ${shownRuns} run${shownRuns === 1 ? "" : "s"}, `
-      + `${this.opts.xLabel} ${fmtHover(ext.x[0])} to ${fmtHover(ext.x[1])}, ${this.yLabel} ${fmtHover(ext.y[0])} to ${fmtHover(ext.y[1])}`
+      + `${this.opts.xLabel} ${fmtHover(ext.x[0])} to ${fmtHover(ext.x[1])}, ${this.yLabel} ${fmtHover(logY ? 10 ** ext.y[0] : ext.y[0])} to ${fmtHover(logY ? 10 ** ext.y[1] : ext.y[1])}`
+      + `${logY ? " (log scale)" : ""}${smoothing > 0 ? `, smoothed ${smoothing}` : ""}`
       + `${this.xZoom !== null || this.yZoom !== null ? " (zoomed; Escape zooms out)" : ""}`);
     if (this.theme === null) {
       const style = getComputedStyle(this.host);
@@ -446,8 +543,11 @@ export class CanvasChart {
     }
     const { fg, family } = this.theme;
     ctx.font = `${FONT_PX}px ${family}`;
-    const yTicks = niceTicks(ext.y[0], ext.y[1], Math.max(2, Math.floor(this.height / 40)));
-    const yText = yTicks.ticks.map((t) => fmtTick(t, yTicks.step));
+    const maxY = Math.max(2, Math.floor(this.height / 40));
+    const lin = logY ? null : niceTicks(ext.y[0], ext.y[1], maxY);
+    const lg = logY ? logTicks(ext.y[0], ext.y[1], maxY) : null;
+    const yTicks = { ticks: lin ? lin.ticks : lg!.at };
+    const yText = lin ? lin.ticks.map((t) => fmtTick(t, lin.step)) : lg!.labels;
     const labelW = Math.max(0, ...yText.map((t) => ctx.measureText(t).width));
     const box: PlotBox = {
       left: Math.ceil(labelW + 6 + FONT_PX + 8),
@@ -510,36 +610,57 @@ export class CanvasChart {
     const ky = box.height / (yr[1] - yr[0]);
     const bottom = box.top + box.height;
     ctx.lineJoin = "round";
-    for (const si of order) {
-      const s = this.series[si];
-      if (!s.shown || s.x.length === 0) continue;
-      ctx.globalAlpha = s.opacity;
-      ctx.strokeStyle = s.color;
-      ctx.fillStyle = s.color;
-      ctx.lineWidth = s.width;
-      ctx.setLineDash(dashArray(s.dash, s.width));
+    const line = (xs: readonly number[], ys: readonly (number | null)[]): { n: number; ySum: number } => {
       ctx.beginPath();
       let pen = false;
-      for (let i = 0; i < s.x.length; i++) {
-        const y = s.y[i];
+      let n = 0;
+      let ySum = 0;
+      for (let i = 0; i < xs.length; i++) {
+        const y = ys[i];
         if (y === null || !Number.isFinite(y)) {
           pen = false;
           continue;
         }
-        const px = box.left + (s.x[i] - xr[0]) * kx;
+        const px = box.left + (xs[i] - xr[0]) * kx;
         const py = bottom - (y - yr[0]) * ky;
         if (pen) ctx.lineTo(px, py);
         else ctx.moveTo(px, py);
         pen = true;
+        n++;
+        ySum += py;
       }
       ctx.stroke();
-      const dots = s.markers ? null : isolatedPoints(s.y);
+      return { n, ySum };
+    };
+    for (const si of order) {
+      const s = this.axisSeries[si];
+      if (!s.shown || s.x.length === 0) continue;
+      const main = this.mainY[si];
+      ctx.strokeStyle = s.color;
+      ctx.fillStyle = s.color;
+      const record: PathRecord = { runId: s.runId, raw: { n: 0, ySum: 0, alpha: s.opacity }, smooth: null };
+      if (smoothing > 0) {
+        // The raw curve, thin and faint behind the smoothed one, as TensorBoard draws it.
+        const alpha = s.opacity * 0.25;
+        ctx.globalAlpha = alpha;
+        ctx.lineWidth = 1;
+        ctx.setLineDash([]);
+        record.raw = { ...line(s.x, s.y), alpha };
+      }
+      ctx.globalAlpha = s.opacity;
+      ctx.lineWidth = s.width;
+      ctx.setLineDash(dashArray(s.dash, s.width));
+      const drawn = line(s.x, main);
+      if (smoothing > 0) record.smooth = { ...drawn, alpha: s.opacity };
+      else record.raw = { ...drawn, alpha: s.opacity };
+      this.paths.push(record);
+      const dots = s.markers ? null : isolatedPoints(main);
       if (s.markers || dots!.length) {
         ctx.setLineDash([]);
         ctx.beginPath();
         const r = s.markers ? 2 : Math.max(1.5, s.width);
         for (const i of dots ?? s.x.keys()) {
-          const y = s.y[i];
+          const y = main[i];
           if (y === null || !Number.isFinite(y)) continue;
           const px = box.left + (s.x[i] - xr[0]) * kx;
           const py = bottom - (y - yr[0]) * ky;
@@ -555,7 +676,9 @@ export class CanvasChart {
     ctx.textAlign = "center";
     ctx.textBaseline = "middle";
     for (const r of this.rungs) {
-      const [px, py] = toPx(scales, r.x, r.y);
+      const ry = logY ? (r.y > 0 ? Math.log10(r.y) : null) : r.y;
+      if (ry === null) continue;
+      const [px, py] = toPx(scales, r.x, ry);
       ctx.fillStyle = r.color;
       ctx.fillText("\u2715", px, py);
     }
@@ -591,6 +714,9 @@ export class CanvasChart {
   private inspect(): ChartInspection {
     const s = this.scales;
     return {
+      curve: { ...this.curve },
+      paths: this.paths.map((p) => ({ runId: p.runId, raw: { ...p.raw }, smooth: p.smooth ? { ...p.smooth } : null })),
+      hover: [...this.hoverText],
       series: this.series.map((d) => ({ ...d, x: d.x.slice(), y: d.y.slice() })),
       rungs: this.rungs.map((r) => ({ ...r })),
       view: s === null ? null : { x: [...s.x], y: [...s.y], plot: { ...s.box }, zoomed: this.xZoom !== null || this.yZoom !== null,
@@ -611,51 +737,85 @@ export class CanvasChart {
       && py >= scales.box.top - HOVER_PX && py <= scales.box.top + scales.box.height + HOVER_PX;
     let runId: number | null = null;
     let lines: string[] = [];
+    let rows: HoverRow[] = [];
     let color = "";
     let at: [number, number] = [px, py];
+    const logY = this.curve.logY;
     if (scales !== null && inside) {
       let rung: RungMark | null = null;
       let rungDist = RUNG_HOVER_PX;
       for (const r of this.rungs) {
-        const [rx, ry] = toPx(scales, r.x, r.y);
-        const d = Math.hypot(rx - px, ry - py);
+        const ry = logY ? (r.y > 0 ? Math.log10(r.y) : null) : r.y;
+        if (ry === null) continue;
+        const [rx, rpy] = toPx(scales, r.x, ry);
+        const d = Math.hypot(rx - px, rpy - py);
         if (d <= rungDist) {
           rung = r;
           rungDist = d;
+          at = [rx, rpy];
         }
       }
-      const hit = rung ? null : nearestPoint(this.series, scales, px, py, HOVER_PX);
       if (rung) {
         lines = [rung.text];
         color = rung.color;
         runId = rung.runId;
-        at = toPx(scales, rung.x, rung.y);
-      } else if (hit !== null) {
-        const s = this.series[hit.series];
-        const y = s.y[hit.index] as number;
-        lines = [s.name, `${this.opts.xLabel} ${fmtHover(s.x[hit.index])}`, `${this.yLabel} ${fmtHover(y)}`];
-        color = s.color;
-        runId = s.runId;
-        at = toPx(scales, s.x[hit.index], y);
+      } else {
+        // Every shown run's value at the pointer's x, TensorBoard-style; the curve nearest the
+        // pointer (if any within reach) is the one named in the table and drawn bold here.
+        const main = this.axisSeries.map((s, i) => ({ ...s, y: this.mainY[i] }));
+        const hit = nearestPoint(main, scales, px, py, HOVER_PX);
+        const x = fromPx(scales, px, py)[0];
+        const valueY = this.series.map((s, i) => (this.curve.smoothing > 0 ? smoothed(s.y, this.curve.smoothing) : s.y)
+          .map((v, k) => (this.mainY[i][k] === null ? null : v)));
+        const lower = this.opts.lowerFirst ? this.opts.lowerFirst(this.yLabel) : true;
+        rows = hoverRows(this.series, valueY, x, lower);
+        if (hit !== null) {
+          const s = this.series[hit.series];
+          runId = s.runId;
+          color = s.color;
+        }
       }
     }
-    if (lines.length === 0) {
+    if (lines.length === 0 && rows.length === 0) {
       this.tip.style.display = "none";
+      this.hoverText = [];
     } else {
-      this.tip.replaceChildren(...lines.flatMap((l, i) => (i ? [document.createElement("br"), l] : [l])));
-      // A run's three short lines stay one line each; a pruner's reason wraps inside the chart.
-      this.tip.classList.toggle("rf-tip-wrap", lines.length === 1);
+      if (rows.length) {
+        const shown = rows.slice(0, MAX_HOVER_ROWS);
+        const head = h("div", "rf-tip-head", `${this.opts.xLabel} ${fmtHover(rows.find((r) => r.runId === runId)?.x ?? rows[0].x)}`);
+        const smoothing = this.curve.smoothing > 0;
+        const body = shown.map((r) => {
+          const row = h("div", r.runId === runId ? "rf-tip-row rf-tip-hit" : "rf-tip-row", "");
+          const key = h("span", "rf-tip-key", "\u25A0");
+          key.style.color = r.color;
+          row.append(key, h("span", "rf-tip-name", r.name),
+            h("span", "rf-tip-value", smoothing ? `${fmtHover(r.value)} (raw ${fmtHover(r.raw)})` : fmtHover(r.value)));
+          return row;
+        });
+        const more = rows.length > shown.length ? [h("div", "rf-tip-more", `+${rows.length - shown.length} more runs`)] : [];
+        this.tip.replaceChildren(head, ...body, ...more);
+        this.tip.classList.remove("rf-tip-wrap");
+        this.tip.classList.add("rf-tip-multi");
+        this.hoverText = [head.textContent ?? "", ...shown.map((r) => `${r.name}: ${fmtHover(r.value)}`)];
+        if (color === "") color = "rgba(128,128,128,0.6)";
+      } else {
+        this.tip.replaceChildren(...lines.flatMap((l, i) => (i ? [document.createElement("br"), l] : [l])));
+        // A pruner's reason wraps inside the chart.
+        this.tip.classList.add("rf-tip-wrap");
+        this.tip.classList.remove("rf-tip-multi");
+        this.hoverText = [...lines];
+      }
       this.tip.style.borderColor = color;
       this.tip.style.display = "";
       this.tip.style.left = "0px";
-      // Beside the point (to its left in the right half), then clamped inside the chart by the
+      // Beside the pointer (to its left in the right half), then clamped inside the chart by the
       // label's measured size: one layout read per hover change, not per draw.
       const w = this.tip.offsetWidth;
-      const h = this.tip.offsetHeight;
-      const want = at[0] > this.width / 2 ? at[0] - 10 - w : at[0] + 10;
+      const hgt = this.tip.offsetHeight;
+      const want = at[0] > this.width / 2 ? at[0] - 14 - w : at[0] + 14;
       this.tip.style.left = `${Math.round(Math.max(0, Math.min(this.width - w, want)))}px`;
       this.tip.style.right = "";
-      this.tip.style.top = `${Math.round(Math.max(0, Math.min(this.height - h, at[1] - 20)))}px`;
+      this.tip.style.top = `${Math.round(Math.max(0, Math.min(this.height - hgt, at[1] - 20)))}px`;
     }
     if (runId !== this.hoverRun) {
       this.hoverRun = runId;

@@ -4,9 +4,42 @@
  * bounds a chart's points, the default metric and the text of an empty chart, the pruning rungs,
  * and the engine time split's figure. No DOM, so vitest drives it.
  */
-import type { PanelState, RunState, Series, TimeSplit } from "./state";
+import { has, type PanelState, type RunState, type Series, type TimeSplit } from "./state";
 import { runColor, runDash, type Dash } from "./palette";
 import { isCollapsible, isPruned } from "./table";
+import { runName } from "./names";
+
+/** What the curves are drawn against. */
+export type XAxis = "samples" | "step" | "time";
+export const X_AXES: XAxis[] = ["samples", "step", "time"];
+export const X_LABELS: Record<XAxis, string> = { samples: "samples seen", step: "optimizer step", time: "wall time (s)" };
+
+/** Points with an x and a y, x ascending (what LTTB and the charts read). */
+export type XY = Pick<Series, "x" | "y">;
+
+/**
+ * A series against another x axis: the optimizer step or the seconds since the experiment's
+ * first event. Points without that x (an event that had no step) are left out; samples seen is
+ * the series itself (no copy, so new points append).
+ */
+export function axisSeries(s: Series, axis: XAxis, t0: number | null): XY {
+  if (axis === "samples") return s;
+  const x: number[] = [];
+  const y: (number | null)[] = [];
+  const src = axis === "step" ? s.step : s.t;
+  const origin = axis === "time" ? (t0 ?? 0) : 0;
+  let last = -Infinity;
+  for (let i = 0; i < s.x.length; i++) {
+    const v = src[i];
+    // A clock that steps back (another machine, a resumed session) would break the ascending
+    // order every lookup relies on: such a point is dropped.
+    if (v === null || v === undefined || !Number.isFinite(v) || v - origin < last) continue;
+    last = v - origin;
+    x.push(last);
+    y.push(s.y[i]);
+  }
+  return { x, y };
+}
 
 /** Bookkeeping metrics HF logs beside the real ones; not worth a "best". */
 export function isBookkeepingMetric(metric: string): boolean {
@@ -36,7 +69,7 @@ export function waitingText(state: PanelState, split: "train" | "eval"): string 
  * so spikes and the curve's shape survive. Points with a null y are dropped (a gap in a
  * downsampled line means nothing). x must be ascending.
  */
-export function lttb(x: number[], y: (number | null)[], threshold: number): { x: number[]; y: number[] } {
+export function lttb(x: readonly number[], y: readonly (number | null)[], threshold: number): { x: number[]; y: number[] } {
   const xs: number[] = [];
   const ys: number[] = [];
   for (let i = 0; i < x.length; i++) {
@@ -91,7 +124,7 @@ export function lttb(x: number[], y: (number | null)[], threshold: number): { x:
  * far enough, that is every logged point.
  */
 export function drawnPoints(
-  s: Series,
+  s: XY,
   range: [number, number] | null,
   maxPoints: number,
 ): { x: number[]; y: (number | null)[]; sampled: boolean } {
@@ -164,6 +197,9 @@ export interface ChartBook {
   split: "train" | "eval";
   metric: string | null;
   drawnMetric: string | null;
+  /** The x axis chosen, and the one the traces were drawn against. */
+  xAxis: XAxis;
+  drawnXAxis: XAxis;
   order: number[];
   /** Logged points of each run already reflected in its trace. */
   drawn: Map<number, number>;
@@ -178,14 +214,16 @@ export interface ChartBook {
 
 export function createChartBook(split: "train" | "eval", metric: string | null = null): ChartBook {
   return {
-    split, metric, drawnMetric: null, order: [], drawn: new Map(), sampled: new Set(), style: new Map(),
+    split, metric, drawnMetric: null, xAxis: "samples", drawnXAxis: "samples", order: [], drawn: new Map(), sampled: new Set(), style: new Map(),
     range: null, drawnRange: null, maxPoints: MAX_TRACE_POINTS,
   };
 }
 
-function traceName(run: RunState): string {
-  if (run.status === "deleted") return `run ${run.id} (deleted)`;
-  return isPruned(run) ? `run ${run.id} (pruned)` : `run ${run.id}`;
+/** A curve's name: the run's short name, and whether it was deleted or pruned. */
+export function traceName(run: RunState): string {
+  const name = runName(run);
+  if (run.status === "deleted") return `${name} (deleted)`;
+  return isPruned(run) ? `${name} (pruned)` : name;
 }
 
 /**
@@ -202,14 +240,24 @@ export function planChart(state: PanelState, book: ChartBook): ChartPlan {
     restyle: { indices: [], name: [], faded: [] },
   };
   const metric = book.metric;
-  const seriesOf = (run: RunState): Series | undefined =>
-    metric === null ? undefined : (book.split === "train" ? run.train : run.eval)[metric];
+  const axis = book.xAxis;
+  // Each run's series against the chosen axis, built once per plan (a copy for step and time).
+  const views = new Map<number, XY | undefined>();
+  const seriesOf = (run: RunState): XY | undefined => {
+    if (metric === null) return undefined;
+    if (views.has(run.id)) return views.get(run.id);
+    const src = (book.split === "train" ? run.train : run.eval);
+    const s = has(src, metric) ? src[metric] : undefined;
+    const v = s === undefined ? undefined : axisSeries(s, axis, state.t0);
+    views.set(run.id, v);
+    return v;
+  };
   const runsWithData = [...state.runs.values()]
     .filter((run) => (seriesOf(run)?.x.length ?? 0) > 0)
     .sort((a, b) => a.id - b.id);
 
   const sameRange = JSON.stringify(book.range) === JSON.stringify(book.drawnRange);
-  let mustReset = book.drawnMetric !== metric || !sameRange;
+  let mustReset = book.drawnMetric !== metric || !sameRange || book.drawnXAxis !== axis;
   // More runs, fewer points each; redraw only when the share moved by a quarter (runs come in
   // batches as a search expands, so this happens a few times per experiment).
   const limit = tracePointLimit(runsWithData.length);
@@ -237,6 +285,7 @@ export function planChart(state: PanelState, book: ChartBook): ChartPlan {
   if (mustReset) {
     plan.reset = true;
     book.drawnMetric = metric;
+    book.drawnXAxis = axis;
     book.drawnRange = book.range;
     book.order = [];
     book.drawn = new Map();
@@ -290,7 +339,7 @@ export function planChart(state: PanelState, book: ChartBook): ChartPlan {
  * zoomed, only points inside the range show; otherwise once they fill one LTTB bucket
  * (length / maxPoints points), since fewer change the drawn line by about a pixel.
  */
-export function newPointsShow(s: Series, drawn: number, book: ChartBook): boolean {
+export function newPointsShow(s: XY, drawn: number, book: ChartBook): boolean {
   if (book.range !== null) {
     for (let i = drawn; i < s.x.length; i++) if (s.x[i] >= book.range[0] && s.x[i] <= book.range[1]) return true;
     return false;

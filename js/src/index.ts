@@ -20,9 +20,12 @@ import { createRunTable, type Focus } from "./tableview";
 import { suggestedRuns } from "./suggest";
 import { createWorkerNotices } from "./workers";
 import { createTimelineView } from "./timeline";
+import { createKnobView } from "./knobview";
 import { drawSeries, seriesStyles } from "./scale";
 import { CanvasChart, type Range, type RungMark } from "./canvaschart";
-import { loadPrefs, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
+import { loadPrefs, MAX_SMOOTHING, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
+import { runColor } from "./palette";
+import { lowerIsBetter } from "./state";
 import {
   applySnapshot,
   createState,
@@ -42,6 +45,10 @@ import {
   planChart,
   planIsEmpty,
   pruneRungs,
+  traceName,
+  X_AXES,
+  X_LABELS,
+  type XAxis,
   type ChartBook,
   type ChartPlan,
   type TraceSpec,
@@ -65,6 +72,7 @@ interface Chart {
   waiting: HTMLDivElement;
   select: HTMLSelectElement;
   xLabel: string;
+  xText: HTMLSpanElement;
   plot: CanvasChart;
   options: string[];
   /** The metric shown until the user picks another (when some run logs it). */
@@ -126,17 +134,113 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
 
   // --- charts ---------------------------------------------------------------------------------
   const charts: Chart[] = [];
+  // How every curve is drawn (both charts): smoothing, log y, the x axis; remembered per experiment.
+  const curveView = { smoothing: 0, logY: false, xAxis: "samples" as XAxis };
+  const smoothInput = h("input", {
+    type: "range", min: "0", max: String(MAX_SMOOTHING), step: "0.01", value: "0", "data-testid": "rf-smoothing",
+    title: "smoothing: an exponential moving average as TensorBoard draws it (0: off); the raw curve stays, faint",
+  });
+  const smoothText = h("span", { class: "rf-smoothing-value", text: "0" });
+  const logInput = h("input", { type: "checkbox", "data-testid": "rf-logy" });
+  const xSelect = h("select", { "data-testid": "rf-xaxis" });
+  xSelect.replaceChildren(...X_AXES.map((a) => h("option", { value: a, text: X_LABELS[a] })));
+  const curveBar = h("div", { class: "rf-curvebar", "data-testid": "rf-curvebar" }, [
+    h("label", {}, ["smoothing ", smoothInput, smoothText]),
+    h("label", {}, [logInput, " log y"]),
+    h("label", {}, ["x ", xSelect]),
+  ]);
   const chartsRow = h("div", { class: "rf-charts" });
-  root.append(chartsRow);
+  const legend = h("div", { class: "rf-legend", "data-testid": "rf-legend" });
+  let legendKey = "";
+  // A click on a key entry opens this: the run's note, saved into the experiment's log.
+  const noteInput = h("input", { type: "text", maxlength: "2000", "data-testid": "rf-note-input", placeholder: "a note on this run (empty clears it)" });
+  const noteSave = h("button", { text: "Save note", "data-testid": "rf-note-save" });
+  const noteClose = h("button", { text: "Close", "data-role": "close" });
+  const noteLabel = h("span", { class: "rf-note-label" });
+  const noteBox = h("div", { class: "rf-notebox", "data-testid": "rf-notebox" }, [noteLabel, noteInput, noteSave, noteClose]);
+  noteBox.style.display = "none";
+  let noteRun: number | null = null;
+  root.append(curveBar, chartsRow, legend, noteBox);
+  function openNote(id: number): void {
+    const run = state.runs.get(id);
+    if (!run) return;
+    noteRun = id;
+    noteLabel.textContent = `note on ${traceName(run)}: `;
+    noteInput.value = run.note ?? "";
+    noteBox.style.display = "";
+    noteInput.focus();
+  }
+  async function saveNote(): Promise<void> {
+    if (noteRun === null || disconnected !== null) return;
+    const id = noteRun;
+    noteSave.disabled = true;
+    const reply = await client.request({ type: "note", run_id: id, text: noteInput.value });
+    noteSave.disabled = disconnected !== null;
+    if (reply.ok) {
+      say(`note on run ${id} saved`, "ok");
+      noteBox.style.display = "none";
+      noteRun = null;
+      requestPull();
+    } else say(`note on run ${id}: ${reply.error ?? "refused"}`, "error");
+  }
+  noteSave.addEventListener("click", () => void saveNote());
+  noteInput.addEventListener("keydown", (ev) => {
+    ev.stopPropagation();   // the notebook's shortcuts stay out of the field
+    if (ev.key === "Enter") void saveNote();
+    if (ev.key === "Escape") noteBox.style.display = "none";
+  });
+  noteClose.addEventListener("click", () => {
+    noteBox.style.display = "none";
+    noteRun = null;
+  });
+  function applyCurveView(): void {
+    smoothInput.value = String(curveView.smoothing);
+    smoothText.textContent = curveView.smoothing.toFixed(2);
+    logInput.checked = curveView.logY;
+    xSelect.value = curveView.xAxis;
+    for (const c of charts) {
+      c.plot.setCurveView(curveView);
+      if (c.book.xAxis !== curveView.xAxis) {
+        // Another x axis: a zoom made on the old one means nothing on the new.
+        c.book.xAxis = curveView.xAxis;
+        c.book.range = null;
+        c.plot.resetZoom();
+      }
+      c.xLabel = X_LABELS[curveView.xAxis];
+      c.xText.textContent = `vs ${c.xLabel}`;
+      c.plot.setXLabel(c.xLabel);
+      c.dirty = true;
+    }
+  }
+  function curveChanged(): void {
+    applyCurveView();
+    persistPrefs();
+    scheduleRender({ charts: true });
+  }
+  smoothInput.addEventListener("input", () => {
+    const w = Number(smoothInput.value);
+    curveView.smoothing = Number.isFinite(w) ? Math.min(MAX_SMOOTHING, Math.max(0, w)) : 0;
+    curveChanged();
+  });
+  logInput.addEventListener("change", () => {
+    curveView.logY = logInput.checked;
+    curveChanged();
+  });
+  xSelect.addEventListener("change", () => {
+    curveView.xAxis = (X_AXES as string[]).includes(xSelect.value) ? (xSelect.value as XAxis) : "samples";
+    curveChanged();
+  });
   function makeChart(split: "train" | "eval", label: string, xLabel: string, preferred: string): Chart {
     const select = h("select", { "data-testid": `rf-metric-${split}` });
     const div = h("div", { class: "rf-chart-plot", "data-testid": `rf-chart-${split}` });
     const waiting = h("div", { class: "rf-chart-waiting", "data-testid": `rf-waiting-${split}` });
+    const xText = h("span", { text: `vs ${xLabel}` });
     const head = h("div", { class: "rf-chart-head", title: "drag to zoom (a flat drag: x only, a tall one: y only); double-click, or Escape on the focused chart, to zoom out" },
-      [h("span", { text: label }), " ", select, " ", h("span", { text: `vs ${xLabel}` })]);
+      [h("span", { text: label }), " ", select, " ", xText]);
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const plot = new CanvasChart(div, {
       xLabel,
+      lowerFirst: (metric) => lowerIsBetter(metric),
       // A zoomed range redraws at full resolution inside it (planChart resets on a new range).
       onZoom: (range: Range | null) => {
         chart.book.range = range;
@@ -148,7 +252,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       },
     });
     const chart: Chart = {
-      book: createChartBook(split, null), div, waiting, select, xLabel, plot, options: [], preferred,
+      book: createChartBook(split, null), div, waiting, select, xLabel, xText, plot, options: [], preferred,
       emphasisKey: "", rungKey: "", traces: [], styles: [], rungs: [], dirty: false,
     };
     select.addEventListener("change", () => {
@@ -182,6 +286,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     hiddenChanged: () => {
       for (const c of charts) updateSelect(c);
       emphasizeAll();
+      renderLegend();
     },
     persistPrefs: () => persistPrefs(),
     say: (text, kind) => say(text, kind),
@@ -209,6 +314,24 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   runTable.filterBox.before(workerNotices.el);
   const timeline = createTimelineView();
   root.append(timeline.details);
+  // Knobs -> metric: a point's hover lights up the run as hovering its row does; a click pins it
+  // as a click on its row does (the row shows it pinned, the curves stay emphasized).
+  const knobView = createKnobView({
+    onHover: (id) => {
+      focusOn.hover = id;
+      runTable.highlight(id);
+      emphasizeAll();
+    },
+    onPick: (id) => {
+      if (pinned.has(id)) pinned.delete(id);
+      else pinned.add(id);
+      const row = runTable.wrap.querySelector(`tr[data-run-id="${id}"]`);
+      row?.classList.toggle("rf-pinned", pinned.has(id));
+      emphasizeAll();
+      knobView.update(state, pinned);
+    },
+  });
+  root.append(knobView.details);
   function renderWorkers(): void {
     workerNotices.render(state);
     timeline.update(state);
@@ -441,6 +564,43 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       if (!planIsEmpty(plan)) applyPlan(chart, plan);
     }
     emphasizeAll();
+    renderLegend();
+    knobView.update(state, pinned);
+  }
+
+  /**
+   * The colour key: one entry per run with a curve, in its colour and dash, by its short name.
+   * Hovering an entry emphasizes the run as hovering its row does; runs hidden by their swatch
+   * in the table are struck through.
+   */
+  function renderLegend(): void {
+    const runs = [...state.runs.values()]
+      .filter((r) => Object.keys(r.train).length > 0 || Object.keys(r.eval).length > 0)
+      .sort((a, b) => a.id - b.id);
+    const entries = runs.map((r) => [r.id, traceName(r), hiddenRuns.has(r.id), r.note] as const);
+    const key = JSON.stringify(entries);
+    if (key === legendKey) return;
+    legendKey = key;
+    legend.replaceChildren(...entries.map(([id, name, hidden, note]) => {
+      const swatch = h("span", { class: "rf-legend-swatch" });
+      swatch.style.background = runColor(id);
+      const item = h("span", { class: `rf-legend-item${hidden ? " rf-legend-hidden" : ""}`, "data-run": String(id),
+        "data-testid": "rf-legend-item",
+        title: `${name}: hover to emphasize its curves, click to write a note on it${hidden ? " (hidden by its swatch in the table)" : ""}${note ? `\nnote: ${note}` : ""}` },
+      [swatch, name, ...(note ? [h("span", { class: "rf-legend-note", text: " ✎", title: note })] : [])]);
+      item.addEventListener("mouseenter", () => {
+        focusOn.hover = id;
+        runTable.highlight(id);
+        emphasizeAll();
+      });
+      item.addEventListener("mouseleave", () => {
+        if (focusOn.hover === id) focusOn.hover = null;
+        runTable.highlight(null);
+        emphasizeAll();
+      });
+      item.addEventListener("click", () => openNote(id));
+      return item;
+    }));
   }
 
   /** The kernel side is gone: grey the panel, say so once, and stop sending. */
@@ -504,6 +664,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const prefs: ViewPrefs = {
       hide: { ...hide }, sort: runTable.sortKey(), groupOpen: runTable.groupOpen(),
       metrics: { train: charts[0].preferred, eval: charts[1].preferred },
+      curves: { ...curveView },
     };
     savePrefs(prefsAt, prefs);
   }
@@ -520,6 +681,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       charts[i].preferred = m;
       charts[i].book.metric = m;
     }
+    Object.assign(curveView, prefs.curves);
+    applyCurveView();
     scheduleRender({ charts: true, table: true });
   }
 
@@ -603,6 +766,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     disposed = true;
     clearInterval(timer);
     timeline.dispose();
+    knobView.dispose();
     runTable.dispose();
     m.off("msg:custom", onCustom);
     m.off("change:snapshot", onSnapshot);

@@ -30,6 +30,10 @@ export interface WireEvent {
 export interface Series {
   x: number[];
   y: (number | null)[];
+  /** The optimizer step of each point (null where the event had none): the "optimizer step" x axis. */
+  step: (number | null)[];
+  /** When each point was logged (Unix seconds, null where unknown): the "wall time" x axis. */
+  t: (number | null)[];
 }
 
 export interface TimeSplit {
@@ -85,6 +89,8 @@ export interface RunState {
   baseStep: number;
   baseChunk: number | null;
   stepsPerEpoch: number | null;
+  /** The user's note on the run (exp.note or the panel), the latest one; null for none. */
+  note: string | null;
 }
 
 /** A Ray worker of the experiment (num_workers), as `workers`/`worker_lost` events describe it. */
@@ -102,6 +108,7 @@ export interface WorkerInfo {
 export const TIMELINE_COLUMNS = [
   "run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s", "swap_s", "setup_s",
   "snapshot_s", "checkpoint_s", "other_s", "completed_steps", "samples_seen", "worker", "moved", "hop_s",
+  "tokens", "tokens_per_s", "peak_mem_mb",
 ] as const;
 /** Values as logged (the reducer copies them unchecked, as Python does); readers check types. */
 export type TimelineRow = Record<(typeof TIMELINE_COLUMNS)[number], unknown>;
@@ -143,6 +150,8 @@ export interface PanelState {
   lostWorkers: WorkerLoss[];
   /** One row per chunk_done, in log order (the chunk timeline). */
   timeline: TimelineRow[];
+  /** The earliest metric event's time (Unix seconds): wall-time axes count from it. */
+  t0: number | null;
   /**
    * Ops accepted but not applied yet (they apply at the run's next chunk boundary), by run id:
    * Python's word from the snapshot, pull replies and op replies (its engine's op queue).
@@ -187,6 +196,7 @@ export function createState(): PanelState {
     workers: [],
     lostWorkers: [],
     timeline: [],
+    t0: null,
     queued: new Map(),
   };
 }
@@ -199,13 +209,18 @@ function isInt(v: unknown): v is number {
   return typeof v === "number" && Number.isInteger(v);
 }
 
-function num(v: unknown): number | null {
+/** A finite number, else null (the wire has no NaN; whatever else was logged reads as none). */
+export function finiteNumber(v: unknown): number | null {
   return typeof v === "number" && Number.isFinite(v) ? v : null;
 }
 
-function int(v: unknown): number | null {
+/** An integer, else null. */
+export function intOf(v: unknown): number | null {
   return isInt(v) ? v : null;
 }
+
+const num = finiteNumber;
+const int = intOf;
 
 function str(v: unknown): string | null {
   return typeof v === "string" ? v : null;
@@ -262,6 +277,7 @@ function newRun(id: number): RunState {
     baseStep: 0,
     baseChunk: null,
     stepsPerEpoch: null,
+    note: null,
   };
 }
 
@@ -377,14 +393,18 @@ function runFor(state: PanelState, id: number, result: IngestResult): RunState {
   return run;
 }
 
-function pushPoint(series: Record<string, Series>, metric: string, x: number, y: number | null): void {
+function pushPoint(
+  series: Record<string, Series>, metric: string, x: number, y: number | null, step: number | null, t: number | null,
+): void {
   let s = has(series, metric) ? series[metric] : undefined;
   if (!s) {
-    s = { x: [], y: [] };
+    s = { x: [], y: [], step: [], t: [] };
     series[metric] = s;
   }
   s.x.push(x);
   s.y.push(y);
+  s.step.push(step);
+  s.t.push(t);
 }
 
 function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): void {
@@ -446,6 +466,9 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       const metrics = ev.metrics && typeof ev.metrics === "object" ? (ev.metrics as Record<string, unknown>) : {};
       const step = int(ev.step);
       const samples = int(ev.samples_seen);
+      // Wall-time axes count from the first metric logged (as the report's figures do).
+      const time = num(ev.time);
+      if (time !== null && (state.t0 === null || time < state.t0)) state.t0 = time;
       if (step !== null && split === "train" && step > run.completedSteps) run.completedSteps = step;
       if (samples !== null && samples > run.samplesSeen) run.samplesSeen = samples;
       // One x axis for both charts: samples seen (engine/state.py's metric_x).
@@ -465,7 +488,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
           const better = best === undefined || (lowerIsBetter(name) ? value < best : value > best);
           if (better) run.best[name] = value;
         }
-        if (x !== null) pushPoint(split === "train" ? run.train : run.eval, name, x, value);
+        if (x !== null) pushPoint(split === "train" ? run.train : run.eval, name, x, value, step, time);
       }
       break;
     }
@@ -511,6 +534,14 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       run.lastOp = { op: str(ev.op) ?? "?", accepted: ev.accepted === true, reason: str(ev.reason) };
       // Confirmed or ignored (or refused because the run ended): the question is answered.
       if (ev.op === "confirm_suggestion" || ev.op === "ignore_suggestion") run.suggestion = null;
+      break;
+    }
+    case "note": {
+      if (runId === null) return;
+      const run = state.runs.get(runId);
+      if (!run || typeof ev.text !== "string") return;
+      result.changedRuns.add(runId);
+      run.note = ev.text || null;
       break;
     }
     case "pruning_suggested": {
@@ -581,7 +612,7 @@ export const VIEW_RUN_FIELDS = [
   "run_id", "created", "status", "reason", "has_error", "pruned", "trainer_type", "knobs",
   "parent_run_id", "warm_start", "total_steps", "num_chunks", "completed_steps", "samples_seen",
   "chunks_done", "last_epoch", "last_chunk", "latest", "best", "series", "time", "last_op",
-  "device_seq", "suggestion", "worker",
+  "device_seq", "suggestion", "worker", "note",
 ] as const;
 
 /** Table-level fields the view mirrors. */
@@ -589,6 +620,13 @@ export const VIEW_TABLE_FIELDS = [
   "experiment", "path", "resumed", "ended", "last_seq", "train_metrics", "eval_metrics", "time",
   "workers", "lost_workers", "timeline",
 ] as const;
+
+/** Series as Python's table keeps them: x (samples seen) and y; step and time are the view's own. */
+function xy(series: Record<string, Series>): Record<string, { x: number[]; y: (number | null)[] }> {
+  const out = dict<{ x: number[]; y: (number | null)[] }>();
+  for (const [k, v] of Object.entries(series)) out[k] = { x: v.x, y: v.y };
+  return out;
+}
 
 /**
  * The state in the shape (and names) of Python's run table, restricted to the fields above: what
@@ -603,8 +641,8 @@ export function viewTable(state: PanelState): Record<string, unknown> {
       warm_start: r.warmStart, total_steps: r.totalSteps, num_chunks: r.numChunks,
       completed_steps: r.completedSteps, samples_seen: r.samplesSeen, chunks_done: r.chunksDone,
       last_epoch: r.epoch, last_chunk: r.chunk, latest: r.latest, best: r.best,
-      series: { train: r.train, eval: r.eval }, time: r.time, last_op: r.lastOp, device_seq: r.deviceSeq,
-      suggestion: r.suggestion, worker: r.worker,
+      series: { train: xy(r.train), eval: xy(r.eval) }, time: r.time, last_op: r.lastOp, device_seq: r.deviceSeq,
+      suggestion: r.suggestion, worker: r.worker, note: r.note,
     };
   }
   return {

@@ -38,6 +38,28 @@ export const CSS = `
 }
 /* A pruner's reason can be hundreds of characters: it wraps inside the chart. */
 .rf-tip.rf-tip-wrap { white-space: normal; max-width: min(360px, 90%); overflow-wrap: anywhere; }
+.rf-tip.rf-tip-multi { max-width: min(420px, 95%); overflow: hidden; }
+.rf-tip-head { color: var(--rf-fg2); }
+.rf-tip-row { display: flex; gap: 6px; }
+.rf-tip-row.rf-tip-hit { font-weight: 600; }
+.rf-tip-name { overflow: hidden; text-overflow: ellipsis; flex: 1 1 auto; }
+.rf-tip-value { font-variant-numeric: tabular-nums; margin-left: auto; }
+.rf-tip-more { color: var(--rf-fg2); }
+.rf-curvebar { display: flex; gap: 12px; align-items: center; flex-wrap: wrap; font-size: 12px; color: var(--rf-fg2); margin: 2px 0 4px; }
+.rf-curvebar label { display: inline-flex; gap: 4px; align-items: center; }
+.rf-curvebar input[type=range] { width: 110px; }
+.rf-legend { display: flex; flex-wrap: wrap; gap: 2px 12px; font-size: 11px; margin: 4px 0; max-height: 66px; overflow-y: auto; }
+.rf-legend-item { display: inline-flex; gap: 4px; align-items: center; cursor: pointer; white-space: nowrap; }
+.rf-legend-item.rf-legend-hidden { opacity: 0.4; text-decoration: line-through; }
+.rf-legend-swatch { display: inline-block; width: 14px; height: 3px; border-radius: 1px; }
+.rf-time-res { color: var(--rf-fg2); font-size: 10px; white-space: nowrap; margin-left: 6px; min-width: 9em; }
+.rf-notebox { display: flex; gap: 6px; align-items: center; font-size: 12px; margin: 2px 0 6px; }
+.rf-notebox input { flex: 1 1 auto; min-width: 120px; }
+.rf-legend-note { color: var(--rf-fg2); }
+.rf-knob-body { position: relative; }
+.rf-knob-canvas { display: block; cursor: pointer; }
+.rf-knob-note { color: var(--rf-fg2); font-size: 11px; }
+.rf-knob-tip { white-space: nowrap; }
 .rf-chart-plot > canvas:focus { outline: none; }
 .rf-chart-plot > canvas:focus-visible { outline: 2px solid var(--rf-fg2); outline-offset: -2px; }
 .rf-zoombox { position: absolute; pointer-events: none; background: rgba(128,128,128,0.18); border: 1px dashed var(--rf-fg2); }

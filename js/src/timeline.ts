@@ -5,7 +5,8 @@
  * recorded logs; `createTimelineView` draws it to one canvas, so 48 runs and hundreds of chunks
  * cost one element and a bounded number of rectangles, and nothing at all while folded.
  */
-import type { PanelState, TimelineRow } from "./state";
+import { finiteNumber as finite, intOf, type PanelState, type TimelineRow } from "./state";
+import { niceStep } from "./ticks";
 import { runColor, runDash } from "./palette";
 import { fmtSeconds } from "./format";
 
@@ -73,12 +74,15 @@ export const IDLE_MIN_S = 60;
 /** The width a cut gap keeps, as a share of the busy time shown. */
 export const BREAK_SHARE = 0.03;
 
-function finite(v: unknown): number | null {
-  return typeof v === "number" && Number.isFinite(v) ? v : null;
-}
 
-function intOf(v: unknown): number | null {
-  return typeof v === "number" && Number.isInteger(v) ? v : null;
+/** "peak 812 MB · 1.9k tok/s": what the chunk used, when the engine logged it. */
+export function resourceText(row: TimelineRow): string {
+  const mem = finite(row.peak_mem_mb);
+  const tps = finite(row.tokens_per_s);
+  const out: string[] = [];
+  if (mem !== null) out.push(`peak ${mem >= 1024 ? `${(mem / 1024).toFixed(2)} GB` : `${mem.toFixed(0)} MB`}`);
+  if (tps !== null) out.push(`${tps >= 1000 ? `${(tps / 1000).toFixed(1)}k` : tps.toFixed(0)} tok/s`);
+  return out.join(" · ");
 }
 
 function laneKey(row: TimelineRow): string {
@@ -191,6 +195,8 @@ export function timelineModel(state: PanelState): TimelineModel {
       parts.push("started here");
     }
     if (hop !== null) parts.push(`hop ${dur(hop)}: Ray round trip beyond the chunk`);
+    const res = resourceText(row);
+    if (res) parts.push(res);
     blocks.push({ lane: li, run, epoch, chunk, t0, t1, moved, lost: false, title: parts.join(" · ") });
   }
 
@@ -300,17 +306,6 @@ export function foldedSummary(state: PanelState): string {
   if (state.workers.length === 0) return `chunk timeline: ${of(n, "chunk")}`;
   const lost = state.workers.filter((w) => w.lost).length;
   return `chunk timeline: ${of(n, "chunk")} on ${of(state.workers.length, "worker")}${lost ? ` (${lost} lost)` : ""}`;
-}
-
-/** Round tick values (1, 2 or 5 times a power of ten) covering [0, span], about `count` of them. */
-export function niceTicks(span: number, count: number): number[] {
-  if (!(span > 0) || count < 1) return [0];
-  const raw = span / count;
-  const pow = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 5, 10].map((m) => m * pow).find((s) => s >= raw) ?? 10 * pow;
-  const ticks: number[] = [];
-  for (let i = 0; i * step <= span * (1 + 1e-9); i++) ticks.push(Number((i * step).toPrecision(12)));
-  return ticks;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -498,8 +493,7 @@ export function axisTicks(model: TimelineModel, g: Geometry): { t: number; label
     const count = Math.max(1, Math.floor((to - from) / perPx / 80));
     const raw = (to - from) / unit / count;
     if (!(raw > 0)) continue;
-    const pow = 10 ** Math.floor(Math.log10(raw));
-    const step = ([1, 2, 5, 10].map((m) => m * pow).find((v) => v >= raw) ?? 10 * pow) * unit;
+    const step = niceStep(raw, 1) * unit;
     for (let i = Math.ceil((from + off) / step - 1e-9); i * step <= to + off + 1e-9; i++) {
       const real = i * step;
       out.push({ t: real - off, label: `${Number((real / unit).toPrecision(12))} ${name}` });

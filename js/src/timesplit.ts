@@ -7,7 +7,7 @@ import { h } from "./dom";
 import { fmtSeconds } from "./format";
 import { runColor, runKey } from "./palette";
 import { TIME_COLORS, timeBars, timeSplitInterval } from "./scale";
-import { needsPull, type PanelState } from "./state";
+import { finiteNumber, intOf, needsPull, type PanelState } from "./state";
 
 export interface TimeSplitView {
   details: HTMLDetailsElement;
@@ -15,6 +15,50 @@ export interface TimeSplitView {
    * the factory's `requestDraw`. */
   render(state: PanelState): void;
   dispose(): void;
+}
+
+interface Use {
+  peakMb: number | null;
+  tokens: number;
+  trainS: number;
+}
+
+/** Per run (and all runs): the highest chunk peak memory, and tokens over train seconds. */
+export function runResources(state: PanelState): { all: Use; runs: Map<number, Use> } {
+  const all: Use = { peakMb: null, tokens: 0, trainS: 0 };
+  const runs = new Map<number, Use>();
+  for (const row of state.timeline) {
+    const id = intOf(row.run_id);
+    if (id === null) continue;
+    let u = runs.get(id);
+    if (!u) {
+      u = { peakMb: null, tokens: 0, trainS: 0 };
+      runs.set(id, u);
+    }
+    const mem = finiteNumber(row.peak_mem_mb);
+    const tok = finiteNumber(row.tokens);
+    const tr = finiteNumber(row.train_s);
+    for (const x of [u, all]) {
+      if (mem !== null) x.peakMb = Math.max(x.peakMb ?? 0, mem);
+      if (tok !== null && tr !== null && tr > 0) {
+        x.tokens += tok;
+        x.trainS += tr;
+      }
+    }
+  }
+  return { all, runs };
+}
+
+/** "812 MB · 1.9k tok/s" (what is known of it). */
+export function resourceWords(u: Use | undefined): string {
+  if (!u) return "";
+  const out: string[] = [];
+  if (u.peakMb !== null) out.push(u.peakMb >= 1024 ? `${(u.peakMb / 1024).toFixed(2)} GB` : `${u.peakMb.toFixed(0)} MB`);
+  if (u.trainS > 0) {
+    const tps = u.tokens / u.trainS;
+    out.push(`${tps >= 1000 ? `${(tps / 1000).toFixed(1)}k` : tps.toFixed(0)} tok/s`);
+  }
+  return out.join(" · ");
 }
 
 export function createTimeSplitView(opts: {
@@ -76,6 +120,7 @@ export function createTimeSplitView(opts: {
     // 22 px a row for a few runs; thinner rows (12 px at least) at 48 runs rather than a block a
     // screen tall.
     const rowPx = Math.max(12, Math.min(22, 500 / fig.rows.length));
+    const res = runResources(state);
     const rows = timeBars(fig).map((bar) => {
       const label = h("span", { class: "rf-time-label" });
       if (bar.runId !== null) {
@@ -95,7 +140,9 @@ export function createTimeSplitView(opts: {
       const row = h("div", {
         class: "rf-time-row",
         title: `${bar.label}: ${bar.segments.map((g) => `${g.category} ${g.seconds.toFixed(2)} s`).join(" · ")}`,
-      }, [label, h("span", { class: "rf-time-track" }, [fill]), h("span", { class: "rf-time-total", text: fmtSeconds(bar.total) })]);
+      }, [label, h("span", { class: "rf-time-track" }, [fill]), h("span", { class: "rf-time-total", text: fmtSeconds(bar.total) }),
+        h("span", { class: "rf-time-res", "data-testid": "rf-time-res", text: resourceWords(bar.runId === null ? res.all : res.runs.get(bar.runId)),
+          title: "peak memory of its chunks (CUDA max allocated, or the process's resident set on a CPU) · tokens trained per second of train time" })]);
       row.style.height = `${rowPx}px`;
       row.style.fontSize = `${Math.min(11, rowPx - 2)}px`;
       return row;

@@ -8,6 +8,7 @@
  * is checked field by field: another version of the panel, or a user, may have left anything there.
  */
 import type { SortColumn, SortKey, StatusFilters } from "./table";
+import { X_AXES, type XAxis } from "./chartplan";
 
 export interface ViewPrefs {
   hide: StatusFilters;
@@ -15,6 +16,8 @@ export interface ViewPrefs {
   groupOpen: boolean;
   /** The metric picked in each chart's menu (null: the chart's default). */
   metrics: { train: string | null; eval: string | null };
+  /** How the curves are drawn: smoothing weight (0 to 0.99), log y, the x axis. */
+  curves: { smoothing: number; logY: boolean; xAxis: XAxis };
 }
 
 /** The small part of the Web Storage API used here (a test passes a Map-backed one). */
@@ -23,6 +26,8 @@ export interface PrefStore {
   setItem(key: string, value: string): void;
 }
 
+/** The smoothing slider's top (TensorBoard's is 0.999; past 0.99 a short curve is a flat line). */
+export const MAX_SMOOTHING = 0.99;
 const SORT_COLUMNS: SortColumn[] = ["auto", "id", "status", "progress", "loss", "eval"];
 const PREFIX = "rapidfire-panel-view:";
 const memory = new Map<string, string>();
@@ -33,6 +38,7 @@ export function defaultPrefs(): ViewPrefs {
     sort: { column: "auto", descending: false },
     groupOpen: false,
     metrics: { train: null, eval: null },
+    curves: { smoothing: 0, logY: false, xAxis: "samples" },
   };
 }
 
@@ -82,6 +88,13 @@ export function parsePrefs(raw: string | null): ViewPrefs | null {
       const m = metrics[k];
       if (typeof m === "string" && m.length > 0 && m.length <= 200) out.metrics[k] = m;
     }
+  }
+  const curves = d.curves as Record<string, unknown> | undefined;
+  if (curves && typeof curves === "object") {
+    const w = curves.smoothing;
+    if (typeof w === "number" && Number.isFinite(w) && w >= 0 && w <= MAX_SMOOTHING) out.curves.smoothing = w;
+    if (typeof curves.logY === "boolean") out.curves.logY = curves.logY;
+    if (typeof curves.xAxis === "string" && (X_AXES as string[]).includes(curves.xAxis)) out.curves.xAxis = curves.xAxis as XAxis;
   }
   return out;
 }

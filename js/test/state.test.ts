@@ -14,7 +14,9 @@ import {
 import { runColor } from "../src/palette";
 import {
   dataStartText,
+  knobCellText,
   progressFraction,
+  stepTitle,
   readableKnob,
   progressText,
   shortKnobNames,
@@ -109,8 +111,8 @@ describe("ingest", () => {
     expect(state.ended).toBe(true);
     const run1 = state.runs.get(1)!;
     expect(run1.status).toBe("pending");
-    expect(run1.train.loss).toEqual({ x: [8, 16], y: [3.0, 2.5] });
-    expect(run1.eval.eval_loss).toEqual({ x: [16], y: [2.8] });
+    expect(run1.train.loss).toMatchObject({ x: [8, 16], y: [3.0, 2.5] });
+    expect(run1.eval.eval_loss).toMatchObject({ x: [16], y: [2.8] });
     expect(run1.latest.loss).toBe(2.5);
     expect(run1.best.loss).toBe(2.5);
     expect(run1.completedSteps).toBe(2);
@@ -185,7 +187,7 @@ describe("ingest", () => {
       { seq: 3, type: "metric", run_id: 1, split: "train", step: 1, samples_seen: 4, metrics: { loss: "NaN", note: [1], acc: null } },
     ]);
     expect(state.lastSeq).toBe(3);
-    expect(state.runs.get(1)!.train.acc).toEqual({ x: [4], y: [null] });
+    expect(state.runs.get(1)!.train.acc).toMatchObject({ x: [4], y: [null] });
     expect(state.runs.get(1)!.train.loss).toBeUndefined();
   });
 
@@ -274,7 +276,7 @@ describe("chart plans", () => {
     planChart(state, book);
     ingest(state, [{ seq: 22, type: "run_status", run_id: 2, status: "deleted", has_error: false, reason: null }]);
     const restyle = planChart(state, book);
-    expect(restyle.restyle).toEqual({ indices: [1], name: ["run 2 (deleted)"], faded: [true] });
+    expect(restyle.restyle).toEqual({ indices: [1], name: ["2 · lr 1e-4 (deleted)"], faded: [true] });
   });
 
   it("uses the same colour for a run everywhere", () => {
@@ -355,6 +357,17 @@ describe("derived view data", () => {
     { seq: 24, type: "chunk_done", run_id: 5, completed_steps: 26, total_steps: 26, epoch: 3, chunk: 0, chunks_done: 12 }]);
     expect(progressText(state.runs.get(5)!)).toBe("epoch 3/3 · chunk 1/4 · step 24/24");
     expect(progressFraction(state.runs.get(5)!)).toBe(1);
+    // get_runs_info() says 26/26 for that clone: the step's title says why the numbers differ
+    expect(stepTitle(state.runs.get(5)!)).toContain("parent's step 2: completed_steps 26 of total_steps 26");
+    expect(stepTitle(state.runs.get(1)!)).toBe("");
+  });
+
+  it("shows a list knob as names, not clipped JSON", () => {
+    expect(knobCellText(["q_proj", "v_proj"])).toBe("q_proj, v_proj");
+    expect(knobCellText(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+      .toBe("q_proj, k_proj, v_proj +4");
+    expect(knobCellText(1e-3)).toBe("0.001");
+    expect(knobCellText({ a: 1 })).toBe('{"a":1}');
   });
 });
 
@@ -418,7 +431,8 @@ describe("what a newcomer reads", () => {
     const state = createState();
     ingest(state, numbered([...run(1, {}, "running"), ...run(2, {}, "running"), ...run(3, {}, "pending"),
       ...run(4, {}, "stopped")]));
-    expect(headerCounts(state).map(([t]) => t)).toEqual(["2 running", "1 pending", "1 stopped"]);
+    // two runs have started, one of them has the device: the count says so, in the same words
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["2 running (1 on device)", "1 pending", "1 stopped"]);
     expect(headerCounts(state).map(([t]) => t).join(" ")).not.toMatch(/training|waiting/);
     // the running count's title names the run on the device (run 2 took it last)
     expect(headerCountTitle(state, "running")).toMatch(/^run 2 has the device now/);
@@ -522,8 +536,8 @@ describe("metric and knob names that are Object.prototype members", () => {
     const run = state.runs.get(1)!;
     for (const [i, n] of NAMES.entries()) {
       expect(run.latest[n]).toBe(i + 1);
-      expect(run.train[n]).toEqual({ x: [8], y: [i + 1] });
-      expect(run.eval[n]).toEqual({ x: [16, 32], y: [i + 1, i + 1] });
+      expect(run.train[n]).toMatchObject({ x: [8], y: [i + 1] });
+      expect(run.eval[n]).toMatchObject({ x: [16, 32], y: [i + 1, i + 1] });
       expect(state.evalMetrics.has(n)).toBe(true);
     }
     // "constructor" counts as higher-is-better: the best of equal values stays.

@@ -44,7 +44,8 @@ The ``smoke`` preset is a seconds-long run for tests; its numbers mean nothing.
 
 The package, bottom up: ``presets`` (what each side trains), ``runners`` (the two sides),
 ``memory`` (peak memory, in subprocesses), ``report`` (targets, the report), ``run`` (one bench),
-``pruner`` (``--pruner``), ``workers`` (``--workers``: the kernel vs Ray workers), ``cli``.
+``pruner`` (``--pruner``), ``workers`` (``--workers``: the kernel vs Ray workers), ``vs``
+(``--vs optuna,ray-tune``: time to the winner beside Optuna + TRL and Ray Tune + TRL), ``cli``.
 """
 
 from rapidfire_nb.bench.cli import _parser, main
@@ -57,10 +58,11 @@ from rapidfire_nb.bench.pruner import (PRUNER_LRS, PRUNER_RANKS, PRUNER_TARGETS,
 from rapidfire_nb.bench.report import TARGETS, check_targets, format_report
 from rapidfire_nb.bench.run import run_bench
 from rapidfire_nb.bench.runners import rng_guard, run_interleaved, run_sequential
+from rapidfire_nb.bench.vs import format_vs_report, run_vs_bench
 
 __all__ = ["LEARNING_RATES", "MEM_PROBE_TAG", "PRESETS", "PRUNER_LRS", "PRUNER_RANKS",
            "PRUNER_TARGETS", "TARGETS", "Preset", "_parser", "_quiet", "build_base", "check_targets",
-           "format_pruner_report", "format_report", "main", "make_datasets", "make_group",
+           "format_pruner_report", "format_report", "format_vs_report", "main", "make_datasets", "make_group",
            "make_pruner_group", "measure_memory", "mem_probe", "rng_guard", "run_bench",
-           "run_interleaved", "run_pruner_bench", "run_pruner_side", "run_sequential",
+           "run_interleaved", "run_pruner_bench", "run_pruner_side", "run_sequential", "run_vs_bench",
            "training_kwargs"]

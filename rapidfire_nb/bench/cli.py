@@ -25,7 +25,9 @@ def _parser() -> argparse.ArgumentParser:
                     "about 1 minute); the smoke preset takes seconds (about a minute with "
                     "--workers: Ray and the workers start for every side and repeat).")
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS),
-                    help="cpu: ~4.5M-param Llama, fp32 (default); tinyllama: 1.1B-shaped, bf16, CUDA")
+                    help="cpu: ~4.5M-param Llama, fp32 (default); tinyllama: 1.1B-shaped, bf16, CUDA; "
+                         "vs: tinyllama's shape at 256 tokens, 8 chunks x 2 steps, for --vs on a GPU; "
+                         "smoke: seconds, numbers mean nothing")
     ap.add_argument("--repeats", type=int, default=3, help="repeats (medians are reported); default 3")
     ap.add_argument("--configs", type=int, default=None, help="number of LoRA configs (default: preset's)")
     ap.add_argument("--chunks", type=int, default=None, help="chunks per run (default: preset's)")
@@ -47,7 +49,19 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--pruner", choices=("sha", "median", "hyperband"), default=None,
                     help="run the pruning comparison instead: an 8-config grid (4 learning rates x 2 LoRA ranks) trained in full "
                          "and with this pruner; best final eval loss and wall time of each")
-    ap.add_argument("--reduction-factor", type=int, default=2, help="with --pruner: keep 1/N per rung")
+    ap.add_argument("--reduction-factor", type=int, default=2,
+                    help="with --pruner or --vs: keep 1/N per rung")
+    ap.add_argument("--vs", default=None, metavar="PEERS",
+                    help="time to the winner beside what users run instead: 'optuna', 'ray-tune' or "
+                         "both ('optuna,ray-tune'): the same 8 configs (4 learning rates x 2 LoRA ranks) "
+                         "with plain sequential TRL, Optuna + TRL (grid and TPE samplers; successive "
+                         "halving and median pruners), Ray Tune + TRL (ASHA) and rapidfire_nb (SHA, "
+                         "RFOptuna); per side: when the winner is identified, when a run is within 1 %% "
+                         "of the best loss, best final loss, optimizer steps, peak memory. With the cpu "
+                         "preset about 4 minutes per repeat on 2 busy CPU cores (default --repeats 3)")
+    ap.add_argument("--sides", default=None,
+                    help="with --vs: only these sides (comma-separated, e.g. 'optuna-grid-sha,"
+                         "rapidfire-sha'); plain sequential TRL always runs (it gives the reference loss)")
     ap.add_argument("--workers", type=int, default=None,
                     help="train 8 runs three ways: in the kernel, on 1 Ray worker and on N; report "
                          "wall times and the per-chunk actor hop (needs Ray: pip install -e "
@@ -61,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.vs is not None:   # against Optuna + TRL and Ray Tune + TRL (rapidfire_nb/bench/vs.py)
+        from rapidfire_nb.bench.vs import vs_main
+
+        return vs_main(args)   # checks its arguments before loading the ML libraries
     from rapidfire_nb._quiet import import_peft_quietly
 
     # after parsing, so --help and a bad option answer at once; before anything imports peft
@@ -107,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                        log=log)
     text = json.dumps(report, indent=1, default=_json_default)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+        from rapidfire_nb.engine import atomic_write_text
+
+        atomic_write_text(args.output, text)   # never through a link planted at the name
     print(text if args.json else format_report(report), flush=True)
     return 0

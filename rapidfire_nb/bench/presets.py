@@ -54,6 +54,14 @@ PRESETS: dict[str, Preset] = {
         hidden=2048, layers=22, heads=32, kv_heads=4, intermediate=5632, vocab=32000,
         dtype="bfloat16", device="cuda", batch=4, seq_len=512, steps_per_chunk=8, num_chunks=8,
         n_configs=4, lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), n_eval=16),
+    # rapidfire bench --vs on a GPU (the GPU check): the tinyllama shape at 256 tokens, eight chunks
+    # of two steps, so the rungs fall at 1, 2, 4, 8 chunks as on the cpu preset; minutes, not ten
+    "vs": Preset(
+        name="vs", description="TinyLlama-1.1B-shaped, 256 tokens, random init, bf16, CUDA; "
+                               "for --vs (8 chunks x 2 steps per config)",
+        hidden=2048, layers=22, heads=32, kv_heads=4, intermediate=5632, vocab=32000,
+        dtype="bfloat16", device="cuda", batch=4, seq_len=256, steps_per_chunk=2, num_chunks=8,
+        n_configs=8, lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), n_eval=8),
     "smoke": Preset(
         name="smoke", description="seconds-long run of the bench machinery (numbers mean nothing)",
         hidden=32, layers=2, heads=4, kv_heads=4, intermediate=64, vocab=None, dtype="float32",

@@ -182,11 +182,12 @@ def run_sequential(p: Preset, specs, pristine, tok, train, evald, workdir: str, 
 
 @contextlib.contextmanager
 def rng_guard(spec):
-    """Adapter init seeded per config, as the engine does, without touching the global stream."""
+    """Adapter init seeded per config as the engine seeds it (the same seed: the adapters start
+    from the same weights on both sides), without touching the global stream."""
     import torch
 
     from rapidfire_nb.engine import derive_seed, rng_fork
 
     with rng_fork():
-        torch.manual_seed(derive_seed(42, spec.fingerprint()))
+        torch.manual_seed(derive_seed(42, spec.seed_fingerprint()))
         yield

@@ -50,7 +50,7 @@ _WHERE = {
     "refuse_links": "store", "failed_by_the_disk": "store", "MetadataError": "store",
     "CheckpointReadError": "store",
     "FolderLock": "lock", "ExperimentLocked": "lock",
-    "atomic_write_json": "fsio",
+    "atomic_write_json": "fsio", "atomic_write_text": "fsio", "atomic_write_bytes": "fsio",
 }
 __all__ = sorted(_WHERE)
 

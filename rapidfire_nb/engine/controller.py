@@ -31,6 +31,7 @@ from typing import Any
 from rapidfire_nb.engine import ops as rules
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.engine.fsio import open_append_text
 from rapidfire_nb.engine.executor import ChunkExecutor, LocalChunkExecutor
 from rapidfire_nb.engine.factory import TrainerFactory
 from rapidfire_nb.engine.ops import EngineView
@@ -493,7 +494,7 @@ class Engine:
         log_path = self.store.root / "logs" / "engine.log"
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_file = open(log_path, "a", encoding="utf-8")
+            log_file = open_append_text(log_path)
         except OSError:   # a full or read-only disk: the warnings are not worth failing for
             log_file = None
         try:
@@ -507,7 +508,7 @@ class Engine:
         log_path = self.store.root / "logs" / "engine.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # local: a thread started while this one cleans up opens its own file and handler
-        log_file = self._log_file = open(log_path, "a", encoding="utf-8")
+        log_file = self._log_file = open_append_text(log_path)
         me = threading.get_ident()
         handler = logging.StreamHandler(log_file)
         handler.addFilter(lambda r: threading.get_ident() == me)

@@ -68,6 +68,9 @@ class EventLog:
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             if os.path.lexists(self._path):
+                # a link or a hard link is refused before anything is written (the torn tail's
+                # repair below writes in place)
+                os.close(_open_nofollow(self._path, os.O_WRONLY | os.O_APPEND))
                 self._events, good, torn = _parse_log(self._path)
                 last = _complete_tail(torn, len(self._events) + 1) if torn.strip() else None
                 if last is not None:
@@ -278,9 +281,17 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
-    """``os.open`` that refuses to follow a symbolic link at ``path`` (ELOOP)."""
+    """``os.open`` that refuses to follow a symbolic link at ``path`` (ELOOP); opened for
+    writing, it also refuses a file with other hard links (``fsio.open_in_place``)."""
     import errno
 
+    if flags & (os.O_WRONLY | os.O_RDWR):
+        from rapidfire_nb.engine.fsio import LinkedFileError, open_in_place
+
+        try:
+            return open_in_place(path, flags, mode)
+        except LinkedFileError as exc:
+            raise FolderLinkError(exc.strerror) from None
     try:
         return os.open(path, flags | _NOFOLLOW, mode)
     except OSError as exc:

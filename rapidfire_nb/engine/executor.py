@@ -20,6 +20,7 @@ from rapidfire_nb.engine.adapters.base import RunTrainer, merge_window
 from rapidfire_nb.engine.factory import TrainerFactory
 from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.residency import Residency
+from rapidfire_nb.engine.resources import MemoryMeter
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.store import ExperimentStore
 
@@ -304,7 +305,10 @@ class LocalChunkExecutor(ChunkExecutor):
         else:
             end = plan.chunk_start_step(epoch + 1, 0)
         end = min(end, rec.total_steps)
-        batch, samples, train_s, mid_eval_s = self._steps(rt, rec, first, end)
+        meter = MemoryMeter(self.device_name)
+        meter.start()
+        batch, samples, train_s, mid_eval_s, tokens = self._steps(rt, rec, first, end)
+        peak_mb = meter.peak_mb()
         rt.swap_out()  # capture the RNG at the boundary (it is part of the checkpoint)
         if end_probe is not None:
             end_probe()
@@ -327,7 +331,10 @@ class LocalChunkExecutor(ChunkExecutor):
                            start=t_start, end=t_end, train_s=train_s, eval_s=eval_s,
                            swap_s=swap_s, setup_s=t_built - t_start, other_s=0.0,
                            completed_steps=end, total_steps=rec.total_steps, samples_seen=samples,
-                           chunks_done=counters["chunks_done"])
+                           chunks_done=counters["chunks_done"], tokens=tokens,
+                           tokens_per_s=tokens / train_s if train_s > 0 else None)
+        if peak_mb is not None:
+            chunk_event["peak_mem_mb"] = peak_mb
         # the snapshot: weights copied now, optimizer/scheduler state by reference (this run is
         # not trained again until the writer is done with it)
         t0 = time.perf_counter()
@@ -342,7 +349,8 @@ class LocalChunkExecutor(ChunkExecutor):
     def _steps(self, rt: RunTrainer, rec: RunRecord, first: int, end: int):
         """Optimizer steps ``first``..``end`` of the run's stream, with the train metric windows
         and in-chunk evaluations the user's logging/eval steps ask for. Returns (metric events,
-        samples seen after the last step, training seconds, in-chunk evaluation seconds)."""
+        samples seen after the last step, training seconds, in-chunk evaluation seconds, tokens
+        trained on)."""
         epoch, chunk = rec.epoch, rec.chunk
         batch: list[tuple[str, dict]] = []
         t0 = time.perf_counter()
@@ -350,11 +358,13 @@ class LocalChunkExecutor(ChunkExecutor):
         log_every, eval_every = rt.intervals(rec.total_steps - rec.step_offset)
         window: list[dict] = []
         mid_eval_s = 0.0
+        tokens = 0
         for g in range(first, end):
             e, s = rt.plan.position(g)
             with HF_STATE_LOCK:
                 out = rt.train_step(e, s, g - rec.step_offset)
             samples += out["examples"]
+            tokens += out.get("tokens", 0)
             own = g + 1 - rec.step_offset
             window.append(out["metrics"])
             if log_every is None or own % log_every == 0 or g + 1 == end:
@@ -372,4 +382,4 @@ class LocalChunkExecutor(ChunkExecutor):
                                                  metrics=mid)))
                 mid_eval_s += time.perf_counter() - t1
         train_s = time.perf_counter() - t0 - mid_eval_s
-        return batch, samples, train_s, mid_eval_s
+        return batch, samples, train_s, mid_eval_s, tokens

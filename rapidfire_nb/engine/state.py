@@ -30,7 +30,8 @@ Table::
      "time": {train, eval, swap, other},   # engine seconds, summed over chunk_done
      "timeline": [chunk_done rows],    # get_timeline
      "points": [metric rows],          # get_results: run_id, split, step, samples_seen, epoch,
-                                       # chunk, metrics (finite numbers or None)
+                                       # chunk, time (of the event), metrics (finite numbers
+                                       # or None)
      "workers": [{worker, node, device, lost}],   # Ray workers (num_workers), first seen first;
                                                   # empty for the in-kernel engine
      "lost_workers": [{worker, node, reason, runs, chunk_lost, workers_left, time, until}]}
@@ -43,8 +44,8 @@ parent_run_id, warm_start, total_steps, steps_per_epoch, num_chunks, base_*), pr
 (completed_steps, samples_seen, chunks_done, last_epoch/last_chunk of the last chunk trained,
 next_epoch/next_chunk of the next one), latest/best metrics, series (x = samples_seen), its
 time split, the last op, device_seq (the seq that last put it on the device), suggestion (an
-open pruning suggestion's reason, suggest mode) and worker (the Ray worker that trained its last
-chunk; None in the kernel or before its first chunk).
+open pruning suggestion's reason, suggest mode), worker (the Ray worker that trained its last
+chunk; None in the kernel or before its first chunk) and note (the user's latest note, or None).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ SCHEMA_PATH = Path(__file__).with_name("events_schema.json")
 TIME_KEYS = ("train", "eval", "swap", "other")
 TIMELINE_COLUMNS = ("run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s",
                     "swap_s", "setup_s", "snapshot_s", "checkpoint_s", "other_s",
-                    "completed_steps", "samples_seen", "worker", "moved", "hop_s")
+                    "completed_steps", "samples_seen", "worker", "moved", "hop_s",
+                    "tokens", "tokens_per_s", "peak_mem_mb")
 _PRUNED = re.compile(r"\bpruned\b", re.IGNORECASE)
 _LOWER_IS_BETTER = re.compile(r"loss|perplexity|ppl|error|wer|cer|mse|mae|rmse")
 
@@ -133,7 +135,7 @@ def new_run(run_id: int) -> dict:
         "last_epoch": None, "last_chunk": None, "next_epoch": 0, "next_chunk": 0,
         "latest": {}, "best": {}, "series": {"train": {}, "eval": {}},
         "time": dict.fromkeys(TIME_KEYS, 0.0), "last_op": None, "device_seq": 0,
-        "suggestion": None, "worker": None,
+        "suggestion": None, "worker": None, "note": None,
     }
 
 
@@ -192,6 +194,11 @@ def reduce(table: dict, event: dict) -> dict:
             # confirmed or ignored (or refused because the run ended): the question is answered
             if event.get("op") in ("confirm_suggestion", "ignore_suggestion"):
                 run["suggestion"] = None
+    elif kind == "note":
+        run = get_run(table, run_id)   # a note on an unknown run invents no run
+        text = _str(event.get("text"))
+        if run is not None and text is not None:
+            run["note"] = text or None
     elif kind == "pruning_suggested":
         run = get_run(table, run_id)
         if run is not None:
@@ -283,7 +290,8 @@ def _metric(table: dict, run: dict, ev: dict) -> None:
             s["y"].append(value)
     table["points"].append({"run_id": run["run_id"], "split": split, "step": step,
                             "samples_seen": samples, "epoch": ev.get("epoch"),
-                            "chunk": ev.get("chunk"), "metrics": values})
+                            "chunk": ev.get("chunk"), "time": _num(ev.get("time")),
+                            "metrics": values})
 
 
 def _chunk_done(table: dict, run: dict, ev: dict, seq: Any) -> None:

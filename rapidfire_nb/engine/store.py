@@ -128,23 +128,35 @@ def check_experiment_meta(meta: Any, path: Path) -> dict:
     return meta
 
 
-def refuse_links(root: Path) -> None:
+def refuse_links(root: Path, writing: bool = True) -> None:
     """Refuse an experiment folder that is, or holds, a symbolic link (``FolderLinkError`` naming
     it): a link in a shared or downloaded folder would let the engine read, or write over, a file
-    outside the folder. Checked before anything of the folder is read or written."""
+    outside the folder. Checked before anything of the folder is read or written.
+
+    ``writing``: the folder is about to be trained in, so a file with more than one hard link is
+    refused too (a tar extracted without a filter makes them): the log, the lock and the logs are
+    written in place, and another name of such a file may lie outside the folder. A folder opened
+    read-only may hold hard links (a backup made with ``rsync --link-dest`` does)."""
     from rapidfire_nb.engine.events import FolderLinkError
 
     root = Path(root)
     found = None
+    hard = None
     if root.is_symlink():
         found = root
     elif root.is_dir():
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             for name in dirnames + filenames:
                 p = Path(dirpath) / name
-                if p.is_symlink():
+                try:
+                    st = os.lstat(p)
+                except OSError:
+                    continue
+                if os.path.stat.S_ISLNK(st.st_mode):
                     found = p
                     break
+                if writing and hard is None and os.path.stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    hard = (p, st.st_nlink)
             if found is not None:
                 break
     if found is not None:
@@ -156,6 +168,13 @@ def refuse_links(root: Path) -> None:
             f"{found} is a symbolic link (to {target!r}); an experiment folder may not hold links, "
             "since following one could read or overwrite a file outside the folder. Replace it "
             "with the file itself (or remove it); nothing was changed")
+    if hard is not None:
+        raise FolderLinkError(
+            f"{hard[0]} has {hard[1]} hard links: another name of the same file may lie outside "
+            "the experiment folder (a tar extracted without a filter makes such links), and "
+            "training here writes files in place. Replace it with a copy of its own (cp "
+            "--remove-destination), or open the folder read-only with Experiment.open; nothing "
+            "was changed")
 
 
 class ExperimentStore:

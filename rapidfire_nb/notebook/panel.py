@@ -252,6 +252,9 @@ class Panel(anywidget.AnyWidget):
                                on_device=self._on_device(), **extra)
         if req.type == "traceback":
             return self._traceback(req)
+        if req.type == "note":
+            self._exp.note(req.run_id, req.text)
+            return proto.reply(rid, True, run_id=req.run_id)
         if req.type == "editable":
             knobs = self._exp.editable_knobs(req.run_id)
             if not isinstance(knobs, dict):

@@ -13,7 +13,7 @@ import importlib
 # plotly's graph_objects take a while to import: the panel's static fallback (page, model) does
 # not need them, so names load from their module on first use.
 _WHERE = {
-    "curves_figure": "figures", "time_split_figure": "figures", "timeline_figure": "figures",
+    "curves_figure": "figures", "plot_figure": "figures", "time_split_figure": "figures", "timeline_figure": "figures",
     "ReportError": "model", "read_folder": "model", "snapshot": "model",
     "fallback_html": "page", "leaderboard_html": "page", "report_html": "page",
     "write_report": "page",

@@ -8,15 +8,20 @@ Only plotly features present in plotly 5.24 (Colab's) are used here.
 from __future__ import annotations
 
 import html
+import json
 import math
 from collections.abc import Iterable
 
 import plotly.graph_objects as go
 
-from rapidfire_nb.engine import TIME_KEYS, runs_by_id
-from rapidfire_nb.report.model import (ReportError, differing_knobs, knob_text, resolve_metric,
-                                       resolve_split, run_note)
+from rapidfire_nb.engine import TIME_KEYS, lower_is_better, runs_by_id
+from rapidfire_nb.report.model import (ReportError, add_point_axes, differing_knobs, knob_text,
+                                       ranking_metric, resolve_metric, resolve_split, run_note)
 from rapidfire_nb.report.style import drawn_points, run_color, run_dash, trace_point_limit
+from rapidfire_nb.tracking.naming import short_name
+
+X_AXES = {"samples": "samples seen", "step": "optimizer step", "time": "wall time (s)"}
+MAX_SMOOTHING = 0.99   # the panel's slider goes this far
 
 FADED_OPACITY = 0.35      # deleted and pruned runs, as the panel draws them: present but quiet
 TIME_COLORS = {"train": "#1a7f37", "eval": "#0b61a4", "swap": "#b58900", "other": "#8a8a8a"}
@@ -30,10 +35,12 @@ def _esc(text) -> str:
 
 
 def trace_name(run: dict) -> str:
-    """The panel's legend name: "run 3", "run 3 (pruned)", "run 3 (deleted)"."""
+    """The panel's legend name: the run's short name (``3 · lr 1e-3 · r 32``), with "(pruned)" or
+    "(deleted)" after it."""
+    name = short_name(run["run_id"], run["knobs"])
     if run["status"] == "deleted":
-        return f"run {run['run_id']} (deleted)"
-    return f"run {run['run_id']} (pruned)" if run["pruned"] else f"run {run['run_id']}"
+        return f"{name} (deleted)"
+    return f"{name} (pruned)" if run["pruned"] else name
 
 
 def _faded(run: dict) -> bool:
@@ -68,51 +75,144 @@ def _hover_head(run: dict, knobs: dict[str, str]) -> str:
     return "<br>".join(lines)
 
 
+def smoothed(y: list, weight: float) -> list:
+    """TensorBoard's smoothing, as the panel draws it (``js/src/canvaschart.ts``): an exponential
+    moving average with its start-up bias removed, over the drawn points; gaps stay gaps."""
+    if weight <= 0:
+        return list(y)
+    out, last, n = [], 0.0, 0
+    for v in y:
+        if v is None or not math.isfinite(v):
+            out.append(v)
+            continue
+        last = last * weight + (1 - weight) * v
+        n += 1
+        out.append(last / (1 - weight ** n))
+    return out
+
+
+def _check_curve_options(smoothing, log_y, x) -> None:
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) \
+            or not math.isfinite(smoothing) or not 0 <= smoothing <= MAX_SMOOTHING:
+        raise ReportError(f"smoothing must be a number from 0 (off) to {MAX_SMOOTHING}, "
+                          f"not {smoothing!r}")
+    if not isinstance(log_y, bool):
+        raise ReportError(f"log_y must be True or False, not {log_y!r}")
+    if x not in X_AXES:
+        raise ReportError(f"x must be one of {', '.join(repr(k) for k in X_AXES)}, not {x!r}")
+
+
+def axis_series(table: dict, run: dict, split: str, name: str, x: str) -> dict:
+    """A run's series of ``name`` against the chosen x axis: samples seen (the table's series),
+    the optimizer step, or seconds since the experiment's first metric (the panel's axes)."""
+    s = run["series"][split].get(name, {"x": [], "y": []})
+    if x == "samples":
+        return s
+    if "step" not in s:
+        add_point_axes(table)
+    t0 = table.get("_t0")
+    if t0 is None:
+        times = [t for r in table["runs"].values() for sp in ("train", "eval")
+                 for ser in r["series"][sp].values() for t in ser.get("time", ()) if t is not None]
+        t0 = table["_t0"] = min(times) if times else 0.0
+    src = s.get("step", []) if x == "step" else [None if t is None else t - t0 for t in s.get("time", [])]
+    xs, ys, last = [], [], -math.inf
+    for v, y in zip(src, s["y"]):
+        # points without that x, or a clock stepping back, are left out (as in the panel)
+        if v is None or v < last:
+            continue
+        last = v
+        xs.append(v)
+        ys.append(y)
+    return {"x": xs, "y": ys}
+
+
 def curves_figure(table: dict, metric: str = "loss", split: str | None = None,
-                  runs: Iterable[int] | None = None, title: str | None = None) -> go.Figure:
-    """One curve per run of ``metric`` against samples seen, coloured and downsampled as in
-    the panel; pruned runs end in an ✕ whose hover gives the pruner's reason. ``split=None``
-    takes the split that logs the metric (train first)."""
+                  runs: Iterable[int] | None = None, title: str | None = None,
+                  smoothing: float = 0.0, log_y: bool = False, x: str = "samples") -> go.Figure:
+    """One curve per run of ``metric``, coloured and downsampled as in the panel; pruned runs end
+    in an ✕ whose hover gives the pruner's reason. ``split=None`` takes the split that logs the
+    metric (train first). The panel's curve tools: ``smoothing`` (0 to 0.99, TensorBoard's moving
+    average; the raw curve stays, faint), ``log_y``, and ``x`` = ``"samples"`` (samples seen),
+    ``"step"`` (optimizer step) or ``"time"`` (seconds since the first metric). The hover lists
+    every run's value at the pointer's x, by its short name."""
+    _check_curve_options(smoothing, log_y, x)
     split = resolve_split(table, metric, split)
     name = resolve_metric(table, metric, split)
     chosen = _select(table, runs)
     knobs = differing_knobs(runs_by_id(table))
-    with_data = [r for r in chosen if r["series"][split].get(name, {}).get("x")]
+    series = {r["run_id"]: axis_series(table, r, split, name, x) for r in chosen}
+    with_data = [r for r in chosen if series[r["run_id"]]["x"]]
     limit = trace_point_limit(len(with_data))
     traces = []
     sampled = 0
+    x_label = X_AXES[x]
     for run in with_data:
-        s = run["series"][split][name]
-        x, y, thinned = drawn_points(s["x"], s["y"], limit)
+        s = series[run["run_id"]]
+        xs, y, thinned = drawn_points(s["x"], s["y"], limit)
         sampled += thinned
-        finite = [(xi, yi) for xi, yi in zip(x, y) if yi is not None and math.isfinite(yi)]
+        finite = [(xi, yi) for xi, yi in zip(xs, y) if yi is not None and math.isfinite(yi)]
         head = _hover_head(run, knobs)
         group = f"run{run['run_id']}"
+        color, opacity = run_color(run["run_id"]), FADED_OPACITY if _faded(run) else 1.0
+        shown = smoothed(y, smoothing)
+        if smoothing > 0:
+            # the raw curve, thin and faint behind the smoothed one (TensorBoard's look)
+            traces.append(go.Scatter(
+                x=xs, y=y, mode="lines", legendgroup=group, showlegend=False, hoverinfo="skip",
+                name=_esc(f"{trace_name(run)} (raw)"), opacity=0.25 * opacity,
+                line=dict(color=color, width=1)))
         traces.append(go.Scatter(
-            x=x, y=y, name=_esc(trace_name(run)), legendgroup=group,
+            x=xs, y=shown, name=_esc(trace_name(run)), legendgroup=group,
             mode="lines+markers" if len(finite) == 1 else "lines",
-            line=dict(color=run_color(run["run_id"]), dash=run_dash(run["run_id"]), width=1.5),
-            opacity=FADED_OPACITY if _faded(run) else 1.0,
-            hovertemplate=f"{head}<br>samples seen %{{x}}<br>{_esc(name)} %{{y:.4g}}<extra></extra>"))
+            line=dict(color=color, dash=run_dash(run["run_id"]), width=1.5),
+            opacity=opacity, customdata=y,
+            hovertemplate=(f"{_esc(trace_name(run))} %{{y:.4g}}"
+                           + (" (raw %{customdata:.4g})" if smoothing > 0 else "") + "<extra></extra>")))
         if run["pruned"] and finite:
             reason = run_note(run)
             traces.append(go.Scatter(
                 x=[finite[-1][0]], y=[finite[-1][1]], mode="markers", legendgroup=group,
                 showlegend=False, name=_esc(f"{trace_name(run)}: {reason}"),
-                marker=dict(symbol="x", size=10, color=run_color(run["run_id"]),
-                            line=dict(width=1, color=run_color(run["run_id"]))),
+                marker=dict(symbol="x", size=10, color=color, line=dict(width=1, color=color)),
                 hovertemplate=f"{head}<br>pruned here: {_esc(reason)}<extra></extra>"))
     fig = go.Figure(data=traces)
     what = "eval" if split == "eval" else "train"
     label = title if title is not None else f"{name} ({what})"
+    if smoothing > 0:
+        label += f" · smoothed {smoothing:g}"
     if sampled:
         label += f" · {sampled} of {len(with_data)} curves thinned to {limit} points (LTTB)"
-    fig.update_layout(title=dict(text=_esc(label)), xaxis=dict(title=dict(text="samples seen")),
-                      yaxis=dict(title=dict(text=_esc(name))), **_LAYOUT)
+    # "x unified": the hover lists every run's value at the pointer's x, as the panel's does
+    fig.update_layout(title=dict(text=_esc(label)), xaxis=dict(title=dict(text=x_label)),
+                      yaxis=dict(title=dict(text=_esc(name)), type="log" if log_y else "linear"),
+                      **{**_LAYOUT, "hovermode": "x unified"})
     if not with_data:
         fig.add_annotation(text=f"no run has logged {_esc(name)} ({what}) yet", showarrow=False,
                            xref="paper", yref="paper", x=0.5, y=0.5)
     return fig
+
+
+KINDS = ("curves", "knobs", "parcoords", "resources")
+
+
+def plot_figure(table: dict, metric: str = "loss", split: str | None = None,
+                runs: Iterable[int] | None = None, kind: str = "curves", **options) -> go.Figure:
+    """``Experiment.plot``. ``kind="curves"`` (``curves_figure``: ``smoothing``, ``log_y``,
+    ``x``); ``"knobs"`` / ``"parcoords"`` (``knobs_figure``: ``value="best"|"latest"``; the
+    metric defaults to the leaderboard's, eval_loss, when left at ``"loss"``); ``"resources"``
+    (``resources_figure``)."""
+    if kind == "curves":
+        return curves_figure(table, metric, split, runs, **options)
+    if kind in ("knobs", "parcoords"):
+        if runs is not None:
+            raise ReportError("runs= is for curves; the knob views show every run")
+        chosen = None if (metric == "loss" and split is None) else metric
+        return knobs_figure(table, chosen, kind="scatter" if kind == "knobs" else "parcoords",
+                            split=split, **options)
+    if kind == "resources":
+        return resources_figure(table)
+    raise ReportError(f"kind must be one of {', '.join(repr(k) for k in KINDS)}, not {kind!r}")
 
 
 def time_split_figure(table: dict) -> go.Figure:
@@ -169,4 +269,161 @@ def timeline_figure(table: dict) -> go.Figure:
     if not rows:
         fig.add_annotation(text="no chunk trained yet", showarrow=False, xref="paper", yref="paper",
                            x=0.5, y=0.5)
+    return fig
+
+
+# -- knobs -> metric -----------------------------------------------------------------------------
+
+MARKS = {"run": ("circle", None), "pruned": ("x", None), "stopped": ("circle-open", None),
+         "failed": ("square-open", "#cf222e")}
+
+
+def _mark(run: dict) -> str:
+    if run["status"] == "failed":
+        return "failed"
+    if run["pruned"]:
+        return "pruned"
+    return "stopped" if run["status"] == "stopped" else "run"
+
+
+def varying_knobs(runs: list[dict]) -> list[str]:
+    """The knob keys whose logged values differ between ``runs`` (the panel's ``knobColumns``:
+    a knob whose values never vary is left out), sorted."""
+    keys = sorted({k for r in runs for k in r["knobs"]})
+    absent = object()
+    out = []
+    for k in keys:
+        vals = {json.dumps(r["knobs"][k], sort_keys=True, default=str) if k in r["knobs"] else absent
+                for r in runs}
+        if len(vals) > 1:
+            out.append(k)
+    return out
+
+
+def knobs_figure(table: dict, metric: str | None = None, value: str = "best",
+                 kind: str = "scatter", split: str | None = None) -> go.Figure:
+    """Every run's knob values against ``metric`` (default: the leaderboard's, eval_loss): its
+    ``value="best"`` or ``"latest"`` value. ``kind="scatter"``: one small scatter per knob that
+    varies; ``"parcoords"``: plotly's parallel coordinates, a line per run through its knobs to
+    the metric. Pruned runs are crosses, stopped ones hollow, failed ones red squares (a
+    ``status`` axis in parallel coordinates); runs with no finite value are named in the title."""
+    from plotly.subplots import make_subplots
+
+    if value not in ("best", "latest"):
+        raise ReportError(f"value must be 'best' or 'latest', not {value!r}")
+    if kind not in ("scatter", "parcoords"):
+        raise ReportError(f"kind must be 'scatter' or 'parcoords' here, not {kind!r}")
+    if metric is None:
+        metric = ranking_metric(table) or "eval_loss"
+    split = resolve_split(table, metric, split)
+    name = resolve_metric(table, metric, split)
+    runs = [r for r in runs_by_id(table) if r["status"] != "deleted"]
+    keys = varying_knobs(runs)
+    with_value, missing = [], []
+    for r in runs:
+        v = r[value].get(name)
+        (with_value if isinstance(v, (int, float)) and math.isfinite(v) else missing).append((r, v))
+    title = f"knobs → {name} ({value})"
+    if missing:
+        title += f" · no value for run{'s' if len(missing) > 1 else ''} {', '.join(str(r['run_id']) for r, _ in missing)}"
+    if not keys:
+        fig = go.Figure()
+        fig.add_annotation(text="no knob varies between the runs", showarrow=False, xref="paper",
+                           yref="paper", x=0.5, y=0.5)
+        fig.update_layout(title=dict(text=_esc(title)), **_LAYOUT)
+        return fig
+    short = {k: k.split(".")[-1] for k in keys}
+    if kind == "parcoords":
+        dims = []
+        for k in keys:
+            vals = [r["knobs"].get(k) for r, _ in with_value]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals) and vals:
+                positive = all(v > 0 for v in vals)
+                log = positive and max(vals) / min(vals) >= 20
+                if log:
+                    exps = range(math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals))) + 1)
+                    dims.append(dict(label=f"{short[k]} (log)", values=[math.log10(v) for v in vals],
+                                     tickvals=list(exps), ticktext=[f"1e{e}" for e in exps]))
+                else:
+                    dims.append(dict(label=short[k], values=vals))
+            else:
+                cats = sorted({json.dumps(v, default=str) if not isinstance(v, str) else v for v in vals})
+                codes = [cats.index(json.dumps(v, default=str) if not isinstance(v, str) else v) for v in vals]
+                dims.append(dict(label=short[k], values=codes, tickvals=list(range(len(cats))),
+                                 ticktext=cats))
+        marks = [_mark(r) for r, _ in with_value]
+        order = list(MARKS)
+        dims.append(dict(label="status", values=[order.index(m) for m in marks],
+                         tickvals=list(range(len(order))), ticktext=order))
+        dims.append(dict(label=name, values=[v for _, v in with_value]))
+        low = lower_is_better(name)
+        fig = go.Figure(go.Parcoords(
+            line=dict(color=[v for _, v in with_value], colorscale="Viridis", reversescale=low,
+                      showscale=True, colorbar=dict(title=dict(text=_esc(name)))),
+            dimensions=dims))
+        fig.update_layout(title=dict(text=_esc(title)), **{**_LAYOUT, "margin": dict(l=60, r=60, t=80, b=40)})
+        return fig
+    fig = make_subplots(rows=1, cols=len(keys), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[_esc(short[k]) for k in keys])
+    for i, k in enumerate(keys, start=1):
+        xs, ys, colors, symbols, lines, texts = [], [], [], [], [], []
+        for r, v in with_value:
+            kv = r["knobs"].get(k)
+            mark = _mark(r)
+            symbol, line = MARKS[mark]
+            xs.append(kv if isinstance(kv, (int, float, str)) and not isinstance(kv, bool) else json.dumps(kv, default=str))
+            ys.append(v)
+            colors.append(run_color(r["run_id"]))
+            symbols.append(symbol)
+            lines.append(line or run_color(r["run_id"]))
+            texts.append(_esc(f"{trace_name(r)} · {mark}" if mark != "run" else trace_name(r)))
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="markers", showlegend=False, text=texts, name=_esc(short[k]),
+            marker=dict(color=colors, symbol=symbols, size=10, line=dict(width=2, color=lines)),
+            hovertemplate=f"%{{text}}<br>{_esc(short[k])} %{{x}}<br>{_esc(name)} %{{y:.4g}}<extra></extra>"),
+            row=1, col=i)
+        nums = [x for x in xs if isinstance(x, (int, float))]
+        if len(nums) == len(xs) and nums and min(nums) > 0 and max(nums) / min(nums) >= 20:
+            fig.update_xaxes(type="log", row=1, col=i)
+        elif len(nums) != len(xs):
+            fig.update_xaxes(type="category", row=1, col=i)
+    fig.update_yaxes(title=dict(text=_esc(name)), row=1, col=1)
+    fig.update_layout(title=dict(text=_esc(title) + " · ✕ pruned, ○ stopped, □ failed"),
+                      **{**_LAYOUT, "height": 360})
+    return fig
+
+
+# -- resources --------------------------------------------------------------------------------
+
+def resources_figure(table: dict) -> go.Figure:
+    """Per run and chunk: the peak memory (MB; CUDA max allocated, or the process's resident set
+    on a CPU) and the tokens trained per second, from the log's chunk_done events."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["peak memory (MB)", "tokens / s"])
+    by_run: dict[int, list[dict]] = {}
+    for row in table["timeline"]:
+        if isinstance(row.get("run_id"), int):
+            by_run.setdefault(row["run_id"], []).append(row)
+    names = {r["run_id"]: trace_name(r) for r in runs_by_id(table)}
+    shown = 0
+    for rid in sorted(by_run):
+        rows = by_run[rid]
+        for col, key in ((1, "peak_mem_mb"), (2, "tokens_per_s")):
+            pts = [(i + 1, r.get(key)) for i, r in enumerate(rows)
+                   if isinstance(r.get(key), (int, float)) and math.isfinite(r.get(key))]
+            if not pts:
+                continue
+            shown += 1
+            fig.add_trace(go.Scatter(
+                x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                name=_esc(names.get(rid, f"run {rid}")), legendgroup=f"run{rid}", showlegend=col == 1,
+                line=dict(color=run_color(rid), dash=run_dash(rid), width=1.5),
+                hovertemplate=f"{_esc(names.get(rid, f'run {rid}'))}<br>chunk %{{x}} · %{{y:.4g}}<extra></extra>"),
+                row=1, col=col)
+    fig.update_xaxes(title=dict(text="chunk trained (run's own count)"))
+    fig.update_layout(title=dict(text="resources per chunk"), **{**_LAYOUT, "height": 360})
+    if not shown:
+        fig.add_annotation(text="no chunk with resource figures (a log from an older version, or none trained)",
+                           showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
     return fig

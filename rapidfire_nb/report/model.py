@@ -25,7 +25,8 @@ class ReportError(RapidFireError, ValueError):
 
 def snapshot(table: dict) -> dict:
     """A copy of ``table`` to draw from outside its lock: runs and series copied, the long
-    ``points`` list (which repeats the series) left out."""
+    ``points`` list (which repeats the series) left out; each series gains the optimizer ``step``
+    and the ``time`` of its points from it (the curves' other x axes)."""
     runs = {}
     for key, run in table["runs"].items():
         r = dict(run)
@@ -35,6 +36,7 @@ def snapshot(table: dict) -> dict:
         for k in ("config", "knobs", "changes", "latest", "best", "time"):
             r[k] = json.loads(json.dumps(run[k])) if run[k] is not None else None
         runs[key] = r
+    add_point_axes(table, runs)
     out = {k: v for k, v in table.items() if k not in ("runs", "points", "timeline")}
     out["runs"] = runs
     out["timeline"] = [dict(row) for row in table["timeline"]]
@@ -42,6 +44,29 @@ def snapshot(table: dict) -> dict:
     out["eval_metrics"] = list(table["eval_metrics"])
     out["time"] = dict(table["time"])
     return out
+
+
+def add_point_axes(table: dict, runs: dict | None = None) -> None:
+    """Give each series of ``runs`` (default: the table's own) ``step`` and ``time`` lists beside
+    its x and y, from ``table["points"]``: the reducer appends a series point exactly for the
+    metric rows that have samples seen, in log order, so the lists line up."""
+    runs = table["runs"] if runs is None else runs
+    for run in runs.values():
+        for split in ("train", "eval"):
+            for s in run["series"][split].values():
+                s["step"], s["time"] = [], []
+    for p in table.get("points", ()):
+        if not isinstance(p.get("samples_seen"), int) or isinstance(p.get("samples_seen"), bool):
+            continue
+        run = runs.get(str(p["run_id"]))
+        if run is None:
+            continue
+        series = run["series"][p["split"]]
+        for name in p["metrics"]:
+            s = series.get(name)
+            if s is not None and len(s["step"]) < len(s["x"]):
+                s["step"].append(p["step"])
+                s["time"].append(p.get("time"))
 
 
 def read_folder(folder: str | Path) -> tuple[dict, dict]:
@@ -165,7 +190,14 @@ def lineage(table: dict, run: dict) -> str:
 
 
 def run_note(run: dict) -> str:
-    """Why the run is where it is: the pruner's reason, an open suggestion, a stop or failure."""
+    """Why the run is where it is (the pruner's reason, an open suggestion, a stop or failure),
+    then the user's own note (``exp.note``)."""
+    why = _why(run)
+    mine = run.get("note")
+    return f"{why} · note: {mine}" if why and mine else (f"note: {mine}" if mine else why)
+
+
+def _why(run: dict) -> str:
     if run["pruned"]:
         return run["reason"] or "pruned"
     if run["suggestion"]:

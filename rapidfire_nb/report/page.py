@@ -66,8 +66,12 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         head.append("lineage")
     show_lineage = "lineage" in head
     head.append("note")
-    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left"'
-    out = ['<table style="border-collapse:collapse;font-size:13px">',
+    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"'
+    # long values (target_modules, a failure's reason) wrap in their cell, and a table still
+    # wider than the page scrolls in its own box: the page never outgrows a 1280 px window
+    wrap = ('style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
+            'max-width:22em;overflow-wrap:anywhere"')
+    out = ['<div style="overflow-x:auto;max-width:100%"><table style="border-collapse:collapse;font-size:13px">',
            "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for rank, run in enumerate(runs, start=1):
         color = run_color(run["run_id"])
@@ -82,8 +86,8 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         if show_lineage:
             row.append(_e(lineage(table, run)))
         row.append(_e(run_note(run)))
-        out.append("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in row) + "</tr>")
-    out.append("</tbody></table>")
+        out.append("<tr>" + "".join(f"<td {wrap}>{c}</td>" for c in row) + "</tr>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
@@ -122,7 +126,8 @@ def report_html(table: dict, meta: dict | None = None, source: str | None = None
     """The whole report as one HTML string (plotly.js included)."""
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
-    from rapidfire_nb.report.figures import curves_figure, time_split_figure, timeline_figure
+    from rapidfire_nb.report.figures import (curves_figure, knobs_figure, resources_figure,
+                                             time_split_figure, timeline_figure)
 
     meta = meta or {}
     name = table["experiment"] or "experiment"
@@ -154,8 +159,14 @@ def report_html(table: dict, meta: dict | None = None, source: str | None = None
         "<h2>Leaderboard</h2>", leaderboard_html(table),
         "<h2>Curves</h2>",
         *(figs or ["<p>No metric logged yet.</p>"]),
+        *(["<h2>Knobs → metric</h2>",
+            f'<div class="fig">{_figure_div(knobs_figure(table), "knobs-scatter")}</div>',
+            f'<div class="fig">{_figure_div(knobs_figure(table, kind="parcoords"), "knobs-parcoords")}</div>']
+          if table["eval_metrics"] or table["train_metrics"] else []),
         "<h2>Engine time</h2>",
         f'<div class="fig">{_figure_div(time_split_figure(table), "time-split")}</div>',
+        "<h2>Resources</h2>",
+        f'<div class="fig">{_figure_div(resources_figure(table), "resources")}</div>',
         "<h2>Chunk timeline</h2>",
         f'<div class="fig">{_figure_div(timeline_figure(table), "timeline")}</div>',
         f"<h2>Lost workers</h2><ul>{lost_html}</ul>" if lost_html else "",
@@ -189,14 +200,12 @@ def write_report(table: dict, path: str | Path, meta: dict | None = None,
     if not overwrite and (path.exists() or path.is_symlink()):
         raise ReportError(f"{path} already exists; give another file name, or --force to replace it")
     text = report_html(table, meta, source)
-    tmp = path.with_name(f".{path.name}.tmp")
+    from rapidfire_nb.engine import atomic_write_text
+
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        # a temporary file of its own, never one found there (a planted link or hard link), then
+        # renamed over ``path``: a link at ``path`` is replaced, not written through
+        atomic_write_text(path, text)
     except OSError as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         raise ReportError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return path

@@ -24,9 +24,10 @@ Conventions (the one place they are decided):
 - **Lifecycle.** ``running`` (first time on the device, once per run), ``stopped``, ``resumed``
   (a stopped run made pending again), ``completed``, ``failed`` (with the error), ``deleted``;
   each at the run's current ``samples_seen``.
-- **Names.** The run with id 3 is called ``run 3`` in every backend, as in the panel. Experiments
-  written before this naming keep their ``run_3`` (TensorBoard folders, Trackio runs), so a resumed
-  experiment continues the same runs.
+- **Names.** A run is called by its short name in every backend, as in the panel: its id and the
+  knobs that set it apart (``3 · lr 1e-3 · r 32``, see ``naming.py``; ``run 3`` without knobs).
+  Experiments written before this naming keep their ``run 3`` or ``run_3`` (TensorBoard folders,
+  Trackio runs), so a resumed experiment continues the same runs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .naming import short_name
 
 LIFECYCLE_EVENTS = ("running", "stopped", "resumed", "completed", "failed", "deleted")
 TERMINAL_LIFECYCLE = ("completed", "failed", "deleted")
@@ -67,11 +70,12 @@ class RunState:
 
     @property
     def name(self) -> str:
-        return run_name(self.run_id)
+        return short_name(self.run_id, self.knobs)
 
 
-def run_name(run_id: int) -> str:
-    return f"run {int(run_id)}"
+def run_name(run_id: int, knobs: dict | None = None) -> str:
+    """The run's short name (``3 · lr 1e-3 · r 32``), as the panel and the report call it."""
+    return short_name(run_id, knobs)
 
 
 def legacy_run_name(run_id: int) -> str:

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 
 from .base import RunState, Tracker, TrackerContext
+from .naming import folder_name
 
 # session-end status per terminal lifecycle event (api_pb2.Status has no "aborted"; the
 # lifecycle text says "deleted")
@@ -53,7 +54,7 @@ class TensorBoardTracker(Tracker):
 
             # On resume this opens a new event file in the same folder: TensorBoard reads
             # every file of a run folder as one run.
-            writer = SummaryWriter(log_dir=str(self.logdir / tb_run_name(self.logdir, run.run_id)), flush_secs=10)
+            writer = SummaryWriter(log_dir=str(self.logdir / tb_run_name(self.logdir, run.run_id, run.knobs)), flush_secs=10)
             self._writers[run.run_id] = writer
         return writer
 
@@ -99,7 +100,7 @@ def _session_start(run: RunState, wall_time: float):
     from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 
     params = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in run.params.items()}
-    return hparams_pb(params, trial_id=f"run {run.run_id}", start_time_secs=wall_time)
+    return hparams_pb(params, trial_id=run.name, start_time_secs=wall_time)
 
 
 def _session_end(status: str, wall_time: float):
@@ -115,14 +116,18 @@ def _session_end(status: str, wall_time: float):
     return Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=smd)])
 
 
-def tb_run_name(logdir: Path, run_id: int) -> str:
-    """``run 1``, the panel's name for the run; ``run_1`` where an older experiment has that folder."""
-    legacy = f"run_{run_id}"
-    return legacy if (Path(logdir) / legacy).is_dir() else f"run {run_id}"
+def tb_run_name(logdir: Path, run_id: int, knobs: dict | None = None) -> str:
+    """The run's short name as a folder (``3 · lr 1e-3 · r 32``), as the panel names it; an
+    older experiment's ``run 3`` or ``run_3`` folder where there is one, so a resumed
+    experiment continues the same TensorBoard run."""
+    for legacy in (f"run_{run_id}", f"run {run_id}"):
+        if (Path(logdir) / legacy).is_dir():
+            return legacy
+    return folder_name(run_id, knobs)
 
 
 def _config_markdown(run: RunState) -> str:
-    lines = [f"**run {run.run_id}** ({run.trainer_type})"]
+    lines = [f"**{run.name}** ({run.trainer_type})"]
     if run.parent_run_id is not None:
         start = "warm start" if run.warm_start else "cold start"
         lines.append(f"clone of run {run.parent_run_id} ({start})")

@@ -98,7 +98,7 @@ class TrackioTracker(Tracker):
         names = self.state["run_names"]
         key = str(run.run_id)
         if key not in names:
-            names[key] = legacy_run_name(run.run_id) if self._legacy_names else run_name(run.run_id)
+            names[key] = legacy_run_name(run.run_id) if self._legacy_names else run_name(run.run_id, run.knobs)
         return names[key]
 
     def run_uid(self, run: RunState) -> str:

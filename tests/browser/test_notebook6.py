@@ -157,7 +157,7 @@ def _points(page) -> dict[str, int]:
     return page.evaluate("""() => {
         const div = document.querySelector('[data-testid=rf-chart-train]');
         const out = {};
-        for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[t.name] = t.x.length;
+        for (const t of (div && div.rfInspect ? div.rfInspect().series : [])) out[`run ${t.runId}`] = t.x.length;
         return out;
     }""")
 

@@ -54,6 +54,7 @@ import torch
 
 from rapidfire_nb.engine.chunks import ChunkPlan
 from rapidfire_nb.engine.hfstate import fresh_accelerator_state
+from rapidfire_nb.engine.resources import batch_tokens
 from rapidfire_nb.engine.rng import (
     capture_rng,
     derive_seed,
@@ -444,7 +445,8 @@ class RunTrainer:
             metrics["grad_norm"] = float(grad_norm)
         metrics.update(self.pop_trainer_metrics("train"))
         n_examples = sum(len(i) for i in micro)
-        return {"metrics": metrics, "examples": n_examples}
+        return {"metrics": metrics, "examples": n_examples,
+                "tokens": sum(batch_tokens(b) for b in batches)}
 
     def pop_trainer_metrics(self, mode: str) -> dict:
         """Drain what the TRL trainer accumulated in ``_metrics`` (token accuracy, rewards...)."""

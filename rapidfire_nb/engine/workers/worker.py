@@ -177,7 +177,9 @@ class ChunkWorker:
             self.factory, self.store, f"{name}:{device}", Residency(offload),
             may_move=lambda rid: True,   # no checkpoint is written here: any run may be parked
             progress_of=lambda rid: self.runs[rid].progress)
-        self._log = open(self.root / "worker.log", "a", encoding="utf-8")
+        from rapidfire_nb.engine.fsio import open_append_text
+
+        self._log = open_append_text(self.root / "worker.log")
 
     def check_loads(self, blobs: dict, bases: list) -> dict:
         """The controller's check before any run exists: ``blobs`` (field -> cloudpickled value)

@@ -1,0 +1,381 @@
+/**
+ * Knobs -> metric: every run's knob values against one metric (its best or latest value), one
+ * small scatter per knob that varies, on one canvas (the curve charts' reasons: a few hundred
+ * points, no library needed). Pruned runs are crosses, stopped ones hollow, failed ones red
+ * squares; hovering a point lights up the run's table row and curves, a click pins it (as a
+ * click on its row does). The layout and the hit test are pure functions, tested with vitest.
+ */
+import { h } from "./dom";
+import { fmtHover } from "./canvaschart";
+import { runName } from "./names";
+import { runColor } from "./palette";
+import { has, type PanelState, type RunState } from "./state";
+import { isPruned, knobColumns } from "./table";
+import { niceTicks } from "./ticks";
+
+export type Which = "best" | "latest";
+export type Mark = "run" | "pruned" | "stopped" | "failed";
+
+export interface KnobPoint {
+  runId: number;
+  name: string;
+  color: string;
+  mark: Mark;
+  value: number;
+  /** The knob's value as logged, per knob key. */
+  knobs: Record<string, unknown>;
+}
+
+export interface KnobAxis {
+  key: string;
+  /** Numbers (log when every value is positive and they span 20x or more), or categories. */
+  kind: "linear" | "log" | "category";
+  categories: string[];
+  min: number;
+  max: number;
+}
+
+export interface KnobModel {
+  metric: string | null;
+  which: Which;
+  axes: KnobAxis[];
+  points: KnobPoint[];
+  /** Runs (not deleted) with no finite value of the metric yet: counted, not drawn. */
+  missing: number[];
+  y: [number, number];
+}
+
+function markOf(run: RunState): Mark {
+  if (run.status === "failed") return "failed";
+  if (isPruned(run)) return "pruned";
+  if (run.status === "stopped") return "stopped";
+  return "run";
+}
+
+function category(v: unknown): string {
+  return typeof v === "string" ? v : JSON.stringify(v) ?? "none";
+}
+
+/**
+ * The model of the view: the knobs that vary between the runs (a knob whose values never vary
+ * is left out), each run's metric value (best or latest; NaN or not logged yet: counted in
+ * `missing`), and each knob's axis.
+ */
+export function knobModel(state: PanelState, metric: string | null, which: Which): KnobModel {
+  const keys = knobColumns(state);
+  const runs = [...state.runs.values()].filter((r) => r.status !== "deleted").sort((a, b) => a.id - b.id);
+  const points: KnobPoint[] = [];
+  const missing: number[] = [];
+  for (const run of runs) {
+    const src = which === "best" ? run.best : run.latest;
+    const v = metric !== null && has(src, metric) ? src[metric] : null;
+    if (v === null || v === undefined || !Number.isFinite(v)) {
+      missing.push(run.id);
+      continue;
+    }
+    points.push({ runId: run.id, name: runName(run), color: runColor(run.id), mark: markOf(run), value: v, knobs: run.knobs });
+  }
+  const axes: KnobAxis[] = keys.map((key) => {
+    const vals = runs.map((r) => (has(r.knobs, key) ? r.knobs[key] : null));
+    const nums = vals.filter((v): v is number => typeof v === "number" && Number.isFinite(v));
+    if (nums.length === vals.length && nums.length > 0) {
+      const min = Math.min(...nums);
+      const max = Math.max(...nums);
+      const log = min > 0 && max / min >= 20;
+      return { key, kind: log ? "log" : "linear", categories: [], min: log ? Math.log10(min) : min, max: log ? Math.log10(max) : max };
+    }
+    const categories = [...new Set(vals.map(category))].sort();
+    return { key, kind: "category", categories, min: 0, max: Math.max(0, categories.length - 1) };
+  });
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const p of points) {
+    lo = Math.min(lo, p.value);
+    hi = Math.max(hi, p.value);
+  }
+  const pad = hi > lo ? (hi - lo) * 0.08 : Math.abs(lo) * 0.1 || 1;
+  const y: [number, number] = points.length ? [lo - pad, hi + pad] : [0, 1];
+  return { metric, which, axes, points, missing, y };
+}
+
+/** Where a knob value sits on its axis, 0..1 (categories evenly spaced, a lone value centred). */
+export function axisPos(axis: KnobAxis, v: unknown): number | null {
+  if (axis.kind === "category") {
+    const i = axis.categories.indexOf(category(v));
+    if (i < 0) return null;
+    return axis.categories.length === 1 ? 0.5 : i / (axis.categories.length - 1);
+  }
+  if (typeof v !== "number" || !Number.isFinite(v)) return null;
+  const t = axis.kind === "log" ? (v > 0 ? Math.log10(v) : null) : v;
+  if (t === null) return null;
+  return axis.max > axis.min ? (t - axis.min) / (axis.max - axis.min) : 0.5;
+}
+
+export interface Cell {
+  axis: KnobAxis;
+  left: number;
+  top: number;
+  width: number;
+  height: number;
+}
+
+export const CELL_W = 200;
+export const CELL_H = 150;
+const PAD = { left: 44, right: 10, top: 18, bottom: 30 };
+
+/** One cell per knob, as many per row as fit in `width`. */
+export function knobLayout(model: KnobModel, width: number): { cells: Cell[]; height: number } {
+  const perRow = Math.max(1, Math.floor(width / CELL_W));
+  const w = Math.max(CELL_W, Math.floor(width / Math.min(perRow, Math.max(1, model.axes.length))));
+  const cells = model.axes.map((axis, i) => ({
+    axis, left: (i % perRow) * w, top: Math.floor(i / perRow) * CELL_H, width: w, height: CELL_H,
+  }));
+  return { cells, height: Math.ceil(model.axes.length / perRow) * CELL_H };
+}
+
+/** A point's pixel position in a cell. */
+export function pointPx(model: KnobModel, cell: Cell, p: KnobPoint): [number, number] | null {
+  const t = axisPos(cell.axis, has(p.knobs, cell.axis.key) ? p.knobs[cell.axis.key] : null);
+  if (t === null) return null;
+  const x = cell.left + PAD.left + t * (cell.width - PAD.left - PAD.right);
+  const [lo, hi] = model.y;
+  const y = cell.top + PAD.top + (1 - (p.value - lo) / (hi - lo)) * (cell.height - PAD.top - PAD.bottom);
+  return [x, y];
+}
+
+/** The point nearest (x, y) within `maxDist` pixels, in any cell. */
+export function knobHit(model: KnobModel, cells: Cell[], x: number, y: number, maxDist = 8): KnobPoint | null {
+  let best: KnobPoint | null = null;
+  let bestD = maxDist;
+  for (const cell of cells) {
+    if (x < cell.left || x > cell.left + cell.width || y < cell.top || y > cell.top + cell.height) continue;
+    for (const p of model.points) {
+      const at = pointPx(model, cell, p);
+      if (at === null) continue;
+      const d = Math.hypot(at[0] - x, at[1] - y);
+      if (d <= bestD) {
+        bestD = d;
+        best = p;
+      }
+    }
+  }
+  return best;
+}
+
+function axisLabel(axis: KnobAxis, t: number): string {
+  return axis.kind === "log" ? fmtHover(10 ** t) : fmtHover(t);
+}
+
+export interface KnobView {
+  details: HTMLDetailsElement;
+  update(state: PanelState, focus: ReadonlySet<number>): void;
+  dispose(): void;
+}
+
+export function createKnobView(opts: {
+  /** A point is hovered (null: none). */
+  onHover: (runId: number | null) => void;
+  /** A point was clicked: pin or unpin the run. */
+  onPick: (runId: number) => void;
+}): KnobView {
+  const summary = h("summary", { text: "knobs → metric" });
+  const metricSel = h("select", { "data-testid": "rf-knob-metric" });
+  const whichSel = h("select", { "data-testid": "rf-knob-which" },
+    [h("option", { value: "best", text: "best" }), h("option", { value: "latest", text: "latest" })]);
+  const note = h("span", { class: "rf-knob-note", "data-testid": "rf-knob-note" });
+  const canvas = h("canvas", { class: "rf-knob-canvas", "data-testid": "rf-knob-canvas" });
+  const tip = h("div", { class: "rf-tip rf-knob-tip", "data-testid": "rf-knob-tip" });
+  tip.style.display = "none";
+  const body = h("div", { class: "rf-knob-body" }, [canvas, tip]);
+  const bar = h("div", { class: "rf-curvebar" }, [h("label", {}, ["metric ", metricSel]), h("label", {}, ["value ", whichSel]), note]);
+  const details = h("details", { open: "", "data-testid": "rf-knobs" }, [summary, bar, body]);
+  let state: PanelState | null = null;
+  let focus: ReadonlySet<number> = new Set();
+  let metric: string | null = null;
+  let which: Which = "best";
+  let model: KnobModel | null = null;
+  let cells: Cell[] = [];
+  let hover: number | null = null;
+  let drawKey = "";
+  let draws = 0;
+
+  const redraw = () => {
+    if (state) update(state, focus, true);
+  };
+  metricSel.addEventListener("change", () => {
+    metric = metricSel.value || null;
+    redraw();
+  });
+  whichSel.addEventListener("change", () => {
+    which = whichSel.value === "latest" ? "latest" : "best";
+    redraw();
+  });
+  details.addEventListener("toggle", redraw);
+
+  function update(s: PanelState, f: ReadonlySet<number>, force = false): void {
+    state = s;
+    focus = f;
+    const names = [...s.evalMetrics, ...[...s.trainMetrics].filter((n) => !s.evalMetrics.has(n))];
+    if (metric === null || !names.includes(metric)) metric = names.includes("eval_loss") ? "eval_loss" : names.includes("loss") ? "loss" : names[0] ?? null;
+    const opts = names.join("\u0000");
+    if (metricSel.dataset.opts !== opts) {
+      metricSel.dataset.opts = opts;
+      metricSel.replaceChildren(...names.map((n) => h("option", { value: n, text: n })));
+    }
+    if (metric !== null) metricSel.value = metric;
+    if (!details.open) return;
+    const key = `${s.version}|${metric}|${which}|${[...f].join(",")}|${hover}|${details.clientWidth}`;
+    if (!force && key === drawKey) return;
+    drawKey = key;
+    model = knobModel(s, metric, which);
+    const m = model;
+    summary.textContent = m.axes.length
+      ? `knobs → ${metric ?? "metric"} (${which}): ${m.axes.length} knob${m.axes.length === 1 ? "" : "s"} that vary, ${m.points.length} run${m.points.length === 1 ? "" : "s"}`
+      : "knobs → metric (no knob varies between the runs)";
+    note.textContent = (m.missing.length ? `no ${which} ${metric ?? "value"} yet: run${m.missing.length === 1 ? "" : "s"} ${m.missing.join(", ")} · ` : "")
+      + "✕ pruned · ○ stopped · ■ failed";
+    const width = Math.max(CELL_W, details.clientWidth - 8);
+    const lay = knobLayout(m, width);
+    cells = lay.cells;
+    const dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.round(width * dpr);
+    canvas.height = Math.round(Math.max(1, lay.height) * dpr);
+    canvas.style.width = `${width}px`;
+    canvas.style.height = `${lay.height}px`;
+    const ctx = canvas.getContext("2d");
+    draws++;
+    if (ctx === null) return;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, width, lay.height);
+    const fg = getComputedStyle(details).color || "#1f2328";
+    ctx.font = "11px sans-serif";
+    const anyFocus = m.points.some((p) => f.has(p.runId));
+    for (const cell of cells) {
+      const { axis } = cell;
+      const x0 = cell.left + PAD.left;
+      const x1 = cell.left + cell.width - PAD.right;
+      const y0 = cell.top + PAD.top;
+      const y1 = cell.top + cell.height - PAD.bottom;
+      ctx.strokeStyle = "rgba(128,128,128,0.35)";
+      ctx.lineWidth = 1;
+      ctx.strokeRect(x0 + 0.5, y0 + 0.5, x1 - x0, y1 - y0);
+      ctx.fillStyle = fg;
+      ctx.textAlign = "center";
+      ctx.textBaseline = "top";
+      ctx.fillText(`${axis.key.split(".").pop()}${axis.kind === "log" ? " (log)" : ""}`, (x0 + x1) / 2, y1 + 15);
+      // x ticks: the categories, or the two ends and a middle value
+      const ticks = axis.kind === "category" ? axis.categories.map((c, i) => [axis.categories.length === 1 ? 0.5 : i / (axis.categories.length - 1), c] as const)
+        : (axis.max > axis.min ? [[0, axisLabel(axis, axis.min)], [1, axisLabel(axis, axis.max)]] as const : [[0.5, axisLabel(axis, axis.min)]] as const);
+      for (const [t, label] of ticks) ctx.fillText(String(label).slice(0, 12), x0 + t * (x1 - x0), y1 + 3);
+      // y ticks on each cell's left
+      const yt = niceTicks(m.y[0], m.y[1], 3);
+      ctx.textAlign = "right";
+      ctx.textBaseline = "middle";
+      for (const t of yt.ticks) {
+        const py = y0 + (1 - (t - m.y[0]) / (m.y[1] - m.y[0])) * (y1 - y0);
+        ctx.fillText(fmtHover(t), x0 - 3, py);
+      }
+      const order = [...m.points].sort((a, b) => Number(f.has(a.runId) || a.runId === hover) - Number(f.has(b.runId) || b.runId === hover));
+      for (const p of order) {
+        const at = pointPx(m, cell, p);
+        if (at === null) continue;
+        const on = f.has(p.runId) || p.runId === hover;
+        ctx.globalAlpha = anyFocus && !on ? 0.3 : 1;
+        const r = on ? 6 : 4;
+        ctx.strokeStyle = p.mark === "failed" ? "#cf222e" : p.color;
+        ctx.fillStyle = p.color;
+        ctx.lineWidth = on ? 2.5 : 1.5;
+        ctx.beginPath();
+        if (p.mark === "pruned") {
+          ctx.moveTo(at[0] - r, at[1] - r);
+          ctx.lineTo(at[0] + r, at[1] + r);
+          ctx.moveTo(at[0] + r, at[1] - r);
+          ctx.lineTo(at[0] - r, at[1] + r);
+          ctx.stroke();
+        } else if (p.mark === "failed") {
+          ctx.rect(at[0] - r, at[1] - r, 2 * r, 2 * r);
+          ctx.stroke();
+        } else {
+          ctx.arc(at[0], at[1], r, 0, 2 * Math.PI);
+          if (p.mark === "stopped") ctx.stroke();
+          else ctx.fill();
+        }
+        if (on) {
+          ctx.beginPath();
+          ctx.strokeStyle = fg;
+          ctx.lineWidth = 1;
+          ctx.arc(at[0], at[1], r + 3, 0, 2 * Math.PI);
+          ctx.stroke();
+        }
+      }
+      ctx.globalAlpha = 1;
+    }
+  }
+
+  const local = (ev: MouseEvent): [number, number] => {
+    const r = canvas.getBoundingClientRect();
+    return [ev.clientX - r.left, ev.clientY - r.top];
+  };
+  const onMove = (ev: MouseEvent) => {
+    if (model === null) return;
+    const [x, y] = local(ev);
+    const p = knobHit(model, cells, x, y);
+    const id = p ? p.runId : null;
+    if (p) {
+      const knobs = model.axes.map((a) => `${a.key.split(".").pop()} ${fmtKnob(has(p.knobs, a.key) ? p.knobs[a.key] : null)}`);
+      tip.replaceChildren(h("b", { text: p.name }), h("br"), `${model.metric} (${model.which}) ${fmtHover(p.value)}`,
+        h("br"), knobs.join(" · "), ...(p.mark !== "run" ? [h("br"), p.mark] : []));
+      tip.style.borderColor = p.color;
+      tip.style.display = "";
+      tip.style.left = `${Math.min(x + 12, Math.max(0, canvas.clientWidth - tip.offsetWidth))}px`;
+      tip.style.top = `${Math.max(0, y - 10)}px`;
+    } else tip.style.display = "none";
+    if (id !== hover) {
+      hover = id;
+      opts.onHover(id);
+      redraw();
+    }
+  };
+  const onLeave = () => {
+    tip.style.display = "none";
+    if (hover !== null) {
+      hover = null;
+      opts.onHover(null);
+      redraw();
+    }
+  };
+  const onClick = (ev: MouseEvent) => {
+    if (model === null) return;
+    const [x, y] = local(ev);
+    const p = knobHit(model, cells, x, y);
+    if (p) opts.onPick(p.runId);
+  };
+  canvas.addEventListener("mousemove", onMove);
+  canvas.addEventListener("mouseleave", onLeave);
+  canvas.addEventListener("click", onClick);
+  // What the browser test reads: the model and each point's pixel position in the last draw.
+  (canvas as unknown as { rfInspect: () => unknown }).rfInspect = () => ({
+    draws,
+    metric: model?.metric ?? null,
+    which: model?.which ?? null,
+    axes: model?.axes.map((a) => a.key) ?? [],
+    missing: model?.missing ?? [],
+    points: model === null ? [] : model.points.flatMap((p) => cells.map((c) => {
+      const at = pointPx(model!, c, p);
+      return { runId: p.runId, knob: c.axis.key, mark: p.mark, value: p.value, x: at?.[0] ?? null, y: at?.[1] ?? null };
+    })),
+  });
+  return {
+    details,
+    update: (s, f) => update(s, f),
+    dispose: () => {
+      canvas.removeEventListener("mousemove", onMove);
+      canvas.removeEventListener("mouseleave", onLeave);
+      canvas.removeEventListener("click", onClick);
+    },
+  };
+}
+
+function fmtKnob(v: unknown): string {
+  return typeof v === "number" ? fmtHover(v) : category(v);
+}

@@ -1,0 +1,140 @@
+// Curve tools: TensorBoard's smoothing, log-scale ticks, the x axis choice, the multi-run hover
+// rows, run short names and the remembered curve settings.
+import { describe, expect, it } from "vitest";
+import { hoverRows, logValues, nearestIndex, smoothed, type DrawSeries } from "../src/canvaschart";
+import { logTicks, niceTicks } from "../src/ticks";
+import { axisSeries, createChartBook, planChart } from "../src/chartplan";
+import { knobValueText, runName } from "../src/names";
+import { parsePrefs } from "../src/viewprefs";
+import { createState, ingest } from "../src/state";
+
+describe("smoothing", () => {
+  it("is TensorBoard's debiased moving average", () => {
+    expect(smoothed([1, 2, 3], 0)).toEqual([1, 2, 3]);
+    const s = smoothed([2, 4], 0.5) as number[];
+    // first point: no pull towards zero; second: (0.5*1 + 0.5*4 ... ) debiased
+    expect(s[0]).toBeCloseTo(2, 12);
+    expect(s[1]).toBeCloseTo((0.5 * (0.5 * 2) + 0.5 * 4) / (1 - 0.25), 12);
+  });
+  it("keeps gaps and does not reset at them", () => {
+    const s = smoothed([1, null, NaN, 3], 0.6);
+    expect(s[1]).toBeNull();
+    expect(Number.isNaN(s[2] as number)).toBe(true);
+    expect(s[3]).toBeGreaterThan(1);
+    expect(s[3]).toBeLessThan(3);
+  });
+  it("flattens a noisy curve towards its mean", () => {
+    const y = Array.from({ length: 400 }, (_, i) => 1 + (i % 2 ? 0.5 : -0.5));
+    const s = smoothed(y, 0.9) as number[];
+    expect(Math.abs(s[399] - 1)).toBeLessThan(0.1);
+  });
+});
+
+describe("log y", () => {
+  it("drops zero and negatives and ticks at powers of ten", () => {
+    expect(logValues([100, 0, -1, null, 0.01])).toEqual([2, null, null, null, -2]);
+    const t = logTicks(-3.2, 1.1, 6);
+    expect(t.labels).toEqual(["0.001", "0.01", "0.1", "1", "10"]);
+    expect(t.at).toEqual([-3, -2, -1, 0, 1]);
+    // A few decades: 2 and 5 between the powers.
+    expect(logTicks(-0.1, 1.05, 10).labels).toEqual(["1", "2", "5", "10"]);
+    // Inside one decade: round values placed at their logarithm.
+    const inside = logTicks(Math.log10(0.6), Math.log10(0.9), 4);
+    expect(inside.labels).toEqual(["0.6", "0.7", "0.8", "0.9"]);
+    expect(inside.at[0]).toBeCloseTo(Math.log10(0.6), 12);
+    // Many decades thin out.
+    expect(logTicks(-20, 20, 5).at.length).toBeLessThanOrEqual(6);
+    expect(logTicks(-20, 20, 5).labels[0]).toBe("1e-20");
+    expect(niceTicks(0, 1, 4).ticks).toEqual([0, 0.5, 1]);
+  });
+});
+
+describe("x axes", () => {
+  const s = { x: [4, 8, 12], y: [3, 2, 1], step: [1, null, 3], t: [1000.5, 1001, 1000.9] };
+  it("samples seen is the series itself", () => {
+    expect(axisSeries(s, "samples", null)).toBe(s);
+  });
+  it("step drops points without one, time counts from the first event and drops a clock going back", () => {
+    expect(axisSeries(s, "step", null)).toEqual({ x: [1, 3], y: [3, 1] });
+    expect(axisSeries(s, "time", 1000)).toEqual({ x: [0.5, 1], y: [3, 2] });
+  });
+  it("a chart redraws from scratch on another axis", () => {
+    const state = createState();
+    ingest(state, [
+      { seq: 1, time: 100, type: "run_created", run_id: 1, knobs: { "training_args.learning_rate": 0.001 } },
+      { seq: 2, time: 101, type: "metric", run_id: 1, split: "train", step: 1, samples_seen: 8, metrics: { loss: 2 } },
+      { seq: 3, time: 103, type: "metric", run_id: 1, split: "train", step: 2, samples_seen: 16, metrics: { loss: 1 } },
+    ]);
+    const book = createChartBook("train", "loss");
+    expect(planChart(state, book).traces[0].x).toEqual([8, 16]);
+    book.xAxis = "step";
+    const p = planChart(state, book);
+    expect(p.reset).toBe(true);
+    expect(p.traces[0].x).toEqual([1, 2]);
+    book.xAxis = "time";
+    // Seconds since the first metric was logged.
+    expect(planChart(state, book).traces[0].x).toEqual([0, 2]);
+  });
+});
+
+describe("multi-run hover", () => {
+  const series = (runId: number, x: number[], y: (number | null)[]): DrawSeries => ({
+    runId, name: `${runId} · lr ${runId}`, color: "#000", dash: "solid", x, y, shown: true, focused: false,
+    opacity: 1, width: 1.5, markers: false,
+  });
+  it("finds each run's nearest finite point", () => {
+    expect(nearestIndex([0, 10, 20], [1, null, 3], 9)).toBe(0);
+    expect(nearestIndex([0, 10, 20], [1, null, 3], 16)).toBe(2);
+    expect(nearestIndex([], [], 3)).toBe(-1);
+    expect(nearestIndex([5], [null], 3)).toBe(-1);
+  });
+  it("lists every shown run at that x, lowest first for a loss, hidden runs left out", () => {
+    const a = series(1, [0, 10], [3, 2]);
+    const b = series(2, [0, 10], [1, 0.5]);
+    const c = { ...series(3, [0, 10], [0.1, 0.1]), shown: false };
+    const rows = hoverRows([a, b, c], [a.y, b.y, c.y], 9);
+    expect(rows.map((r) => [r.runId, r.value, r.name])).toEqual([[2, 0.5, "2 · lr 2"], [1, 2, "1 · lr 1"]]);
+    expect(hoverRows([a, b], [a.y, b.y], 9, false).map((r) => r.runId)).toEqual([1, 2]);
+  });
+});
+
+describe("run names", () => {
+  it("are the id and the run's knobs, short", () => {
+    expect(runName({ id: 3, knobs: { "training_args.learning_rate": 0.001, "peft_config.r": 32 } })).toBe("3 · lr 1e-3 · r 32");
+    expect(runName({ id: 1, knobs: {} })).toBe("run 1");
+    expect(runName({ id: 2, knobs: { a: 1, b: 2, c: 3, d: 4, e: 5, f: 6 } })).toBe("2 · a 1 · b 2 · c 3 · d 4 · +2 knobs");
+    expect(knobValueText(5e-5)).toBe("5e-5");
+    expect(knobValueText(0.05)).toBe("0.05");
+    expect(knobValueText(["q_proj", "v_proj"])).toBe("q_proj+v_proj");
+    expect(knobValueText("cosine")).toBe("cosine");
+    expect(knobValueText(null)).toBe("none");
+  });
+});
+
+describe("curve settings are remembered", () => {
+  it("reads back what was saved and ignores what is malformed", () => {
+    expect(parsePrefs(JSON.stringify({ curves: { smoothing: 0.6, logY: true, xAxis: "step" } }))!.curves)
+      .toEqual({ smoothing: 0.6, logY: true, xAxis: "step" });
+    expect(parsePrefs(JSON.stringify({ curves: { smoothing: 5, logY: "yes", xAxis: "epoch" } }))!.curves)
+      .toEqual({ smoothing: 0, logY: false, xAxis: "samples" });
+  });
+});
+
+describe("resources", () => {
+  it("sums tokens over train time per run and keeps the highest peak; old logs show nothing", async () => {
+    const { runResources, resourceWords } = await import("../src/timesplit");
+    const { resourceText } = await import("../src/timeline");
+    const state = createState();
+    const chunk = (seq: number, run: number, extra: Record<string, unknown>) => ({
+      seq, type: "chunk_done", run_id: run, epoch: 0, chunk: seq, device: "cpu", start: seq, end: seq + 1,
+      train_s: 2, eval_s: 0, swap_s: 0, other_s: 0, completed_steps: seq, total_steps: 9, samples_seen: seq, chunks_done: seq, ...extra,
+    });
+    ingest(state, [chunk(1, 1, { tokens: 1000, tokens_per_s: 500, peak_mem_mb: 800 }), chunk(2, 1, { tokens: 3000, tokens_per_s: 1500, peak_mem_mb: 1200 }),
+      chunk(3, 2, {})]);
+    const r = runResources(state);
+    expect(resourceWords(r.runs.get(1))).toBe("1.17 GB · 1.0k tok/s");
+    expect(resourceWords(r.runs.get(2))).toBe("");
+    expect(resourceText(state.timeline[0])).toBe("peak 800 MB · 500 tok/s");
+    expect(resourceText(state.timeline[2])).toBe("");
+  });
+});

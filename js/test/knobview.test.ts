@@ -1,0 +1,56 @@
+// Knobs -> metric: which knobs show (only those that vary), each run's best or latest value,
+// the marks of pruned, stopped and failed runs, runs with a NaN or missing metric, and the hit test.
+import { describe, expect, it } from "vitest";
+import { axisPos, knobHit, knobLayout, knobModel, pointPx } from "../src/knobview";
+import { createState, ingest, type WireEvent } from "../src/state";
+
+function log(): WireEvent[] {
+  const ev: Omit<WireEvent, "seq">[] = [];
+  const lrs = [1e-4, 1e-3, 1e-2, 3e-3, 5e-4];
+  lrs.forEach((lr, i) => ev.push({ type: "run_created", run_id: i + 1,
+    knobs: { "training_args.learning_rate": lr, "peft_config.r": i % 2 ? 16 : 8, "training_args.beta": 0.1, "training_args.lr_scheduler_type": i < 2 ? "cosine" : "linear" } }));
+  const losses = [2.0, 1.5, 3.0, null, 1.8];
+  losses.forEach((v, i) => ev.push({ type: "metric", run_id: i + 1, split: "eval", step: 2, samples_seen: 8, metrics: { eval_loss: v } }));
+  ev.push({ type: "metric", run_id: 1, split: "eval", step: 4, samples_seen: 16, metrics: { eval_loss: 2.5 } });
+  ev.push({ type: "run_status", run_id: 2, status: "stopped", reason: "pruned at chunk 2 (below the median)", pruned: true });
+  ev.push({ type: "run_status", run_id: 3, status: "failed", has_error: true });
+  ev.push({ type: "run_status", run_id: 5, status: "stopped" });
+  return ev.map((e, i) => ({ ...e, seq: i + 1 }) as WireEvent);
+}
+
+describe("knobs -> metric", () => {
+  const state = createState();
+  ingest(state, log());
+
+  it("leaves out a knob that never varies, scales lr on a log axis", () => {
+    const m = knobModel(state, "eval_loss", "best");
+    expect(m.axes.map((a) => a.key).sort()).toEqual(["peft_config.r", "training_args.learning_rate", "training_args.lr_scheduler_type"]);
+    const lr = m.axes.find((a) => a.key === "training_args.learning_rate")!;
+    expect(lr.kind).toBe("log");
+    expect(axisPos(lr, 1e-4)).toBe(0);
+    expect(axisPos(lr, 1e-2)).toBe(1);
+    const sched = m.axes.find((a) => a.key.endsWith("lr_scheduler_type"))!;
+    expect(sched.kind).toBe("category");
+    expect(axisPos(sched, "cosine")).toBe(0);
+    expect(m.axes.find((a) => a.key === "peft_config.r")!.kind).toBe("linear");
+  });
+
+  it("takes the best or the latest value, marks pruned, stopped and failed runs, counts missing ones", () => {
+    const best = knobModel(state, "eval_loss", "best");
+    expect(best.points.map((p) => [p.runId, p.value, p.mark])).toEqual([
+      [1, 2.0, "run"], [2, 1.5, "pruned"], [3, 3.0, "failed"], [5, 1.8, "stopped"]]);
+    expect(best.missing).toEqual([4]);   // its eval_loss is NaN (null on the wire)
+    expect(knobModel(state, "eval_loss", "latest").points[0].value).toBe(2.5);
+    expect(knobModel(state, "bleu", "best").missing).toEqual([1, 2, 3, 4, 5]);
+  });
+
+  it("finds the point under the pointer", () => {
+    const m = knobModel(state, "eval_loss", "best");
+    const { cells } = knobLayout(m, 640);
+    expect(cells.length).toBe(3);
+    const p = m.points.find((q) => q.runId === 5)!;
+    const at = pointPx(m, cells[1], p)!;
+    expect(knobHit(m, cells, at[0] + 2, at[1] - 2)?.runId).toBe(5);
+    expect(knobHit(m, cells, at[0] + 30, at[1] + 30)).toBeNull();
+  });
+});
