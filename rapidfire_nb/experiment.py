@@ -21,17 +21,13 @@ from pathlib import Path
 
 from rapidfire_nb import _views, session
 from rapidfire_nb._environment import in_kernel
-from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import (
     DELETED,
     Engine,
-    EventLog,
     ExperimentStore,
-    FolderLock,
     Op,
     ProjectedRun,
     RunSpec,
-    atomic_write_json,
     check_experiment_meta,
     check_status_op,
     checked_run,
@@ -39,9 +35,10 @@ from rapidfire_nb.engine import (
     read_json,
 )
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
+from rapidfire_nb.folder import claim as claim_folder
+from rapidfire_nb.folder import give_back
 from rapidfire_nb.launch import commit, prepare
 from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
-from rapidfire_nb.launch.resume import refuse_lost_history
 from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path, tensorboard_link
 from rapidfire_nb.session import current_experiment  # noqa: F401  (RapidFire compat reads it here)
 
@@ -117,6 +114,7 @@ class Experiment:
         self._logged_open = False   # this session's "experiment" event is in the log
         self._live_table = None
         self._final = None   # RapidFire's final checkpoints, written as runs complete
+        self._folder = None   # the claimed folder (rapidfire_nb.folder.Claim), None when read-only
         self.read_only = mode == "read"
         if self.read_only:
             self._open_read_only(experiment_name, root)
@@ -131,74 +129,28 @@ class Experiment:
         session.make_current(self)
 
     def _claim(self, parent: Path, name: str) -> None:
-        """Take the folder: ``<parent>/<name>`` (a new experiment whose folder holds one already
-        moves to ``<name>_2``, ``_3``...), its lock and its log. A new experiment's folder gets
-        only ``experiment.json``, the empty log and the lock until its run_fit has checked
-        everything: a refused one gives them back (``_unclaim``). A resumed folder is written
-        only once run_fit has checked every argument against it: a refused resume leaves every
-        byte as it was (the "experiment" event included, which would make an ended experiment
-        read as open)."""
-        from rapidfire_nb.engine import ExperimentLocked, refuse_links
+        """Take the folder (``rapidfire_nb.folder``); a lock held by another Experiment of this
+        kernel is refused with the call that frees it."""
+        from rapidfire_nb.engine import ExperimentLocked
 
-        resume, root = self.resumed, parent / name
-        if resume and not (root / "experiment.json").exists():
-            raise ConfigError(f"resume=True but there is no experiment at {root}")
-        if not resume and (root / "experiment.json").exists():
-            # a re-executed cell must not mix two experiments in one folder
-            n = 2
-            while (parent / f"{name}_{n}" / "experiment.json").exists():
-                n += 1
-            # one short line in the cell (a re-run cell is normal), not a warning with a temp path
-            print(f"rapidfire: experiment {name!r} exists; this one is "
-                  f"'{name}_{n}' (resume=True continues {name!r})")
-            name, root = f"{name}_{n}", parent / f"{name}_{n}"
-        # a link anywhere in the folder could make a read or a write land outside it
-        refuse_links(root)
-        made = not root.exists()
-        root.mkdir(parents=True, exist_ok=True)
-        self.name = name
-        self.path = root.resolve()
-        self.store = ExperimentStore(self.path)
-        # the folder's owner from here to end(): nothing below may write before this
         try:
-            self._folder_lock = FolderLock(self.path).acquire()
+            c = self._folder = claim_folder(parent, name, self.resumed)
         except ExperimentLocked as exc:
-            if made:
-                _remove_dir_if_empty(self.path)
-            holder = session.holder_of(self.path)
+            holder = session.holder_of((parent / name).resolve())
             if holder is None:
                 raise
             raise ExperimentLocked(f"{exc}. It is experiment {holder.name!r} of this kernel: free it with "
                                    f"{session.how_to_free(holder.name)}") from None
-        try:
-            self.meta = check_experiment_meta(read_json(self.store.meta_path, {}),
-                                              self.store.meta_path) if resume else {}
-            if resume:
-                refuse_lost_history(self.store)
-            self.events = EventLog(self.store.events_path)
-        except BaseException:
-            self._folder_lock.release()
-            raise
-        self._claimed = "resumed" if resume else ("made" if made else "fresh")
+        self.name, self.path, self.store, self.events, self.meta = c.name, c.path, c.store, c.events, c.meta
+        self._folder_lock = c.lock
         session.opened(self)
-        if not resume:
-            atomic_write_json(self.store.meta_path, {"name": self.name, "version": __version__})
 
     def _unclaim(self) -> None:
-        """A new experiment's run_fit was refused before anything was logged: give back what
-        ``_claim`` took (the lock, ``experiment.json``, the empty log, the folder if it made
-        it), so the refused call leaves nothing behind and the next run_fit claims afresh."""
-        self.events.close()
-        for path in (self.store.events_path, self.store.meta_path):
-            with contextlib.suppress(OSError):
-                path.unlink()
-        self._folder_lock.release()
-        with contextlib.suppress(OSError):
-            self._folder_lock.path.unlink()
-        if self._claimed == "made":
-            _remove_dir_if_empty(self.path)
+        """A new experiment's first run_fit was refused: the folder, its lock and its name go back
+        as they were, and the next run_fit claims afresh."""
+        give_back(self._folder)
         session.closed(self)
-        self._claimed = None
+        self._folder = None
         self._live_table = None   # it read the log just closed
         self.name = self.asked_as[1]
         self.path = Path(self.asked_as[0]) / self.name
@@ -253,28 +205,12 @@ class Experiment:
         self._logged_open = True
         self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(self.resumed))
         tensorboard_link(self.path)   # RapidFire's RF_TENSORBOARD_LOG_DIR: <parent>/tensorboard_logs/<name>
-        self._start_trackers(self._tracking)
-
-    def _start_trackers(self, tracking):
         try:
-            from rapidfire_nb.tracking import TrackerHub, resolve_trackers
+            from rapidfire_nb.tracking import start_trackers
         except ImportError:
             return
-        names = resolve_trackers(tracking)
-        self.trackio_command = None
-        if "trackio" in names:
-            try:
-                from rapidfire_nb.tracking.trackio_tracker import show_command
-
-                self.trackio_command = show_command(self.path, self.name)
-            except ImportError:
-                pass
-            if self.trackio_command:
-                # decided before the tracker thread imports trackio; one line, in this cell
-                print(f"rapidfire: Trackio dashboard of this experiment: {self.trackio_command}")
-        if names:
-            self._trackers = TrackerHub(self.events, self.path, self.name, names)
-            self._trackers.start()
+        self._trackers, self.trackio_command = start_trackers(self.events, self.path, self.name,
+                                                              self._tracking)
 
     # -- training ----------------------------------------------------------------------------
     def run_fit(self, config_group, create_model: Callable, train_dataset, eval_dataset=None,
@@ -336,7 +272,7 @@ class Experiment:
                 "run_fit was already called on this Experiment; use clone_modify to add runs, or "
                 "create a new Experiment" + (f" (this one still trains: end it first with "
                                              f"{session.how_to_free(self.name)})" if busy else ""))
-        if self._claimed is None:     # a refused first run_fit gave its folder back
+        if self._folder is None:     # a refused first run_fit gave its folder back
             self._claim(Path(self.asked_as[0]), self.asked_as[1])
         try:
             if not check_concurrency_flag(allow_concurrent):
@@ -347,7 +283,7 @@ class Experiment:
                           name=self.name, stored_meta=self.meta if self.resumed else None,
                           num_workers=self.num_workers, offload=self.offload)
         except BaseException:
-            if self._claimed in ("made", "fresh") and not self._logged_open:
+            if not self.resumed and not self._logged_open:
                 self._unclaim()   # a refused call leaves no folder, no lock, no renamed experiment
             raise
         self._log_open()   # the first write of this session: every check has passed
@@ -445,7 +381,7 @@ class Experiment:
                 self._panel.close_publisher()
             except Exception:
                 pass
-        if self._claimed is not None:   # a refused first run_fit gave the folder back already
+        if self._folder is not None:   # a refused first run_fit gave the folder back already
             self.events.close()
             self._folder_lock.release()
             session.closed(self)
@@ -801,7 +737,3 @@ class Experiment:
                      f"run{'s' if unfinished != 1 else ''}")
         return text + ">"
 
-
-def _remove_dir_if_empty(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        path.rmdir()

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, int]] = [
     ("rapidfire_nb.launch", 4),        # run_fit's pipeline: plain values in, plans out
     ("rapidfire_nb.results", 4),       # result frames of the folded run table
     ("rapidfire_nb.layout", 4),        # RapidFire AI's folder layout (final checkpoints)
+    ("rapidfire_nb.folder", 4),        # the experiment folder a facade claims
     ("rapidfire_nb.experiment", FACADE := 5),    # the user's facade ...
     ("rapidfire_nb.session", 5),       # ... the kernel's experiments ...
     ("rapidfire_nb._views", 5),        # ... and the registry that hands one to a notebook view
