@@ -205,7 +205,7 @@ class RapidFireMagics(Magics):
                 print(f"experiment {name!r}: closed (nothing was training)")
                 return None
             known = ", ".join(repr(n) for n in training) or "none"
-            raise MagicError(f"no experiment {name!r} trains or is open in this kernel (training: {known})")
+            raise MagicError(f"no experiment {name!r} trains in this kernel (training: {known})")
         ended = end_training(name)
         if not ended:
             exp = current_experiment()
