@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import json
 import numbers
-import re
 import threading
 import warnings
 import weakref
@@ -53,8 +52,6 @@ _current: weakref.ref[Experiment] | None = None
 # re-run cell rebinds `exp`, and the old Experiment object may be collected while it trains).
 _ENGINES: weakref.WeakKeyDictionary[Engine, tuple[str, weakref.ref]] = weakref.WeakKeyDictionary()
 _ENGINES_LOCK = threading.Lock()
-# fullmatch, not match: "$" would let a trailing newline through into the folder name
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def current_experiment() -> Experiment | None:
@@ -230,9 +227,9 @@ class Experiment:
                  mode: str = "fit", resume: bool = False, tracking: list[str] | None = None,
                  offload: str = "auto", num_workers: int | str = "auto"):
         global _current
-        if not isinstance(experiment_name, str) or not _NAME_RE.fullmatch(experiment_name):
-            raise ConfigError(
-                f"experiment_name must be 1-128 letters, digits, '.', '_' or '-' (got {experiment_name!r})")
+        from rapidfire_nb.engine import check_experiment_name
+
+        check_experiment_name(experiment_name)
         if mode not in ("fit", "read"):
             raise ConfigError(f"mode={mode!r} is not supported: 'fit' (train, or continue with "
                               "resume=True) or 'read' (open a folder read-only for its results)")
@@ -867,7 +864,9 @@ class Experiment:
         * ``error``: a failed run's traceback (``%rapidfire status`` shows its last line), else
           None; ``note``: the user's note on the run (``exp.note``), else None;
         * ``worker`` (only with Ray workers, ``num_workers``): the worker that trained the run's
-          last chunk, None before its first;
+          last chunk (``w0+w1``: the gang of a sharded run), None before its first;
+        * ``devices`` (only when a run is sharded with FSDP, ``num_gpus=k``): the devices each
+          run trains on (1 for the others);
         * ``pruning`` (only when the config group has a pruner or is RFOptuna): why the run was
           pruned, or its open suggestion in ``pruner_mode="suggest"``; None otherwise.
         """
