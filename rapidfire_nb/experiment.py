@@ -14,7 +14,6 @@ kernel's experiments in ``session.py``; this class holds the folder and delegate
 from __future__ import annotations
 
 import contextlib
-import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -42,8 +41,6 @@ from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
 from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path, tensorboard_link
 from rapidfire_nb.session import current_experiment  # noqa: F401  (RapidFire compat reads it here)
 
-# fullmatch, not match: "$" would let a trailing newline through into the folder name
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class Experiment:
@@ -93,9 +90,9 @@ class Experiment:
                  offload: str = "auto", num_workers: int | str = "auto"):
         if self.__dict__.get("asked_as") is not None:
             return   # __new__ handed back the experiment that trains: nothing to open
-        if not isinstance(experiment_name, str) or not _NAME_RE.fullmatch(experiment_name):
-            raise ConfigError(
-                f"experiment_name must be 1-128 letters, digits, '.', '_' or '-' (got {experiment_name!r})")
+        from rapidfire_nb.engine import check_experiment_name
+
+        check_experiment_name(experiment_name)
         if mode not in ("fit", "read"):
             raise ConfigError(f"mode={mode!r} is not supported: 'fit' (train, or continue with "
                               "resume=True) or 'read' (open a folder read-only for its results)")
@@ -549,7 +546,9 @@ class Experiment:
         * ``error``: a failed run's traceback (``%rapidfire status`` shows its last line), else
           None; ``note``: the user's note on the run (``exp.note``), else None;
         * ``worker`` (only with Ray workers, ``num_workers``): the worker that trained the run's
-          last chunk, None before its first;
+          last chunk (``w0+w1``: the gang of a sharded run), None before its first;
+        * ``devices`` (only when a run is sharded with FSDP, ``num_gpus=k``): the devices each
+          run trains on (1 for the others);
         * ``pruning`` (only when the config group has a pruner or is RFOptuna): why the run was
           pruned, or its open suggestion in ``pruner_mode="suggest"``; None otherwise.
         """

@@ -538,7 +538,8 @@ def test_status_names_the_run_each_live_worker_trains(shell, capsys, tmp_path, t
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")   # loopback only, as rapidfire's own start
     e = None
     try:
         train, evald = tiny_data

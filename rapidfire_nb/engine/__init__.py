@@ -40,14 +40,15 @@ _WHERE = {
     "apply_num_gpus": "sharding", "check_sharding": "sharding",
     # the event log and the reducer's run table
     "EventLog": "events", "ReadOnlyLog": "events", "read_events": "events",
-    "read_nofollow": "events", "EventLogError": "events", "FolderLinkError": "events",
+    "read_nofollow": "events", "EventLogError": "events", "MAX_RUN_ID": "events",
+    "MetricNamesError": "events", "MAX_METRICS_PER_EVENT": "events", "MAX_METRIC_NAMES": "events", "FolderLinkError": "events",
     "LiveTable": "state", "new_table": "state", "reduce": "state", "fold": "state",
     "get_run": "state", "runs_by_id": "state", "metric_x": "state", "lower_is_better": "state",
     "is_pruned_text": "state", "config_fingerprint": "state", "check_automl_state": "state",
     "TIME_KEYS": "state", "TIMELINE_COLUMNS": "state",
     # the experiment folder
     "ExperimentStore": "store", "check_experiment_meta": "store", "read_json": "store",
-    "refuse_links": "store", "failed_by_the_disk": "store", "MetadataError": "store",
+    "refuse_links": "store", "check_experiment_name": "store", "failed_by_the_disk": "store", "MetadataError": "store",
     "CheckpointReadError": "store",
     "FolderLock": "lock", "ExperimentLocked": "lock",
     "atomic_write_json": "fsio", "atomic_write_text": "fsio", "atomic_write_bytes": "fsio",

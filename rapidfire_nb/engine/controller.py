@@ -95,6 +95,14 @@ def _collect_garbage(full: bool = True) -> None:
         pass
 
 
+def _devices(spec: RunSpec) -> dict:
+    """``devices`` of a run sharded over several (engine/sharding.py); nothing for one."""
+    from rapidfire_nb.engine.sharding import devices_of
+
+    k = devices_of(spec)
+    return {"devices": k} if k > 1 else {}
+
+
 def weights_lost(rec: RunRecord) -> bool:
     """A run without live or stored weights whose weights are not just its fresh initialisation:
     it trained (or started warm), so a clone of it that starts fresh would not be warm."""
@@ -240,7 +248,8 @@ class Engine:
                     config=spec.config_dict(), knobs=spec.knobs, parent_run_id=rec.parent_run_id,
                     warm_start=warm_start, total_steps=rec.total_steps, steps_per_epoch=plan.steps_per_epoch,
                     num_chunks=self.num_chunks, base_samples_seen=rec.samples_seen,
-                    base_step=rec.completed_steps, base_chunk=rec.chunk, changes=rec.changes)
+                    base_step=rec.completed_steps, base_chunk=rec.chunk, changes=rec.changes,
+                    **_devices(spec))
                 self.events.append("run_status", run_id=rid, status=rec.status, error=None, reason=None)
             self.save_runs()
         return rec

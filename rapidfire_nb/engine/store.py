@@ -25,15 +25,15 @@ older versions, or one planted by someone) is refused, never loaded.
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
 from rapidfire_nb.engine.fsio import TMP_MARK as _TMP_MARK
-from rapidfire_nb.engine.fsio import atomic_write_bytes
+from rapidfire_nb.engine.fsio import StrictJSONError, atomic_write_bytes, loads_strict
 from rapidfire_nb.errors import MetadataError, RapidFireError  # noqa: F401 -- read from here too
 
 # Atomic writes live in engine/fsio.py (the one writer of the package); the store cleans up the
@@ -89,18 +89,9 @@ def read_json(path: Path, default: Any = None, expect: type | None = None) -> An
     except FileNotFoundError:
         return default
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise MetadataError(f"{path} is not UTF-8 text (byte {exc.start}); it was left as it is") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MetadataError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column "
-                            f"{exc.colno}; it was left as it is") from None
-    except (ValueError, RecursionError) as exc:
-        # an integer of thousands of digits, or arrays nested thousands deep
-        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-        raise MetadataError(f"{path} is not readable JSON ({what}); it was left as it is") from None
+        obj = loads_strict(raw)
+    except StrictJSONError as exc:
+        raise MetadataError(f"{path} is {exc}; it was left as it is") from None
     if expect is not None and not isinstance(obj, expect):
         names = {dict: "an object", list: "an array"}
         raise MetadataError(f"{path} holds a JSON {_json_kind(obj)} where {names.get(expect, expect.__name__)} "
@@ -126,6 +117,22 @@ def check_experiment_meta(meta: Any, path: Path) -> dict:
     if isinstance(meta.get("runs"), list) and not all(isinstance(r, str) for r in meta["runs"]):
         raise MetadataError(f"{path}: 'runs' must be a list of run fingerprints (strings)")
     return meta
+
+
+# An experiment's name is one folder name, never a path: no separator, no "..", no leading dot
+# (hidden, or "." itself), no control character. Every place that takes a name checks it here
+# (fullmatch, not match: "$" would let a trailing newline through into the folder name).
+EXPERIMENT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_experiment_name(name: Any, where: str = "experiment_name") -> str:
+    """``name`` when it is an experiment's name, else ``ConfigError`` naming ``where``."""
+    from rapidfire_nb.errors import ConfigError
+
+    if not isinstance(name, str) or not EXPERIMENT_NAME_RE.fullmatch(name):
+        raise ConfigError(f"{where} must be 1-128 letters, digits, '.', '_' or '-', starting with "
+                          f"a letter or digit: a name, not a path (got {name!r:.200})")
+    return name
 
 
 def refuse_links(root: Path, writing: bool = True) -> None:

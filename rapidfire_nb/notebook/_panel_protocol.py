@@ -36,11 +36,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapidfire_nb.engine import is_pruned_text
+from rapidfire_nb.engine import MAX_RUN_ID, is_pruned_text
 
 PROTOCOL_VERSION = 1
 
-MAX_RUN_ID = 10**9
 MAX_SEQ = 2**53
 MAX_REQUEST_ID_LEN = 64
 MAX_CHANGES = 64
