@@ -1,9 +1,11 @@
 """RapidFire AI's folder layout, for the notebooks written against it.
 
 - ``<experiment>/runs/<id>/checkpoints/final_checkpoint/``: each completed run's
-  ``trainer_state.json`` (its logged metrics as transformers' ``log_history``) and, for a LoRA
-  run, its adapter; written when the run completes (again if it completes again after a resume),
-  by ``FinalCheckpoints``, a subscriber of the event log with its own thread.
+  ``trainer_state.json`` (its logged metrics as transformers' ``log_history``), written when the
+  run completes (again if it completes again after a resume) by ``FinalCheckpoints``, a
+  subscriber of the event log with its own thread; and, for a LoRA run, its adapter, written by
+  ``end()``: building the adapter's files while other runs train would draw on the process's
+  torch random state beside them, and every run's result must not depend on what trains beside it.
 - ``<experiments path>/tensorboard_logs/<name>/``: RapidFire's ``RF_TENSORBOARD_LOG_DIR``, a link
   to the experiment's own TensorBoard folder (``tensorboard_link``).
 
@@ -47,10 +49,11 @@ def trainer_state(table: dict, run_id: int) -> dict | None:
 
 
 class FinalCheckpoints:
-    """Writes a run's final checkpoint once the log says it completed. The event listener only
-    enqueues (it runs in the thread that logs, under the engine's lock); a thread of its own
-    writes. ``export_adapter(run_id, path)`` writes a LoRA run's adapter (None: a full model, not
-    copied there: it can be many GB, ``export`` saves it)."""
+    """Writes a run's ``trainer_state.json`` once the log says it completed. The event listener
+    only enqueues (it runs in the thread that logs, under the engine's lock); a thread of its own
+    writes (JSON only: nothing here touches torch). ``write_adapters`` (at ``end()``, when nothing
+    trains) adds each completed LoRA run's adapter through ``export_adapter(run_id, path)``; a
+    full model is not copied there (it can be many GB: ``export`` saves it)."""
 
     def __init__(self, root: Path, events, table, export_adapter: Callable[[int, Path], object],
                  is_lora: Callable[[int], bool]):
@@ -88,12 +91,24 @@ class FinalCheckpoints:
             state = self.table.read(lambda t: trainer_state(t, run_id))
             if state is None:
                 return
-            if self._is_lora(run_id):
-                self._export(run_id, path)
             path.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path / "trainer_state.json", state)
         except Exception as exc:  # noqa: BLE001 - a convenience copy never fails training
             warnings.warn(f"final checkpoint of run {run_id} not written to {path}: {exc}", stacklevel=2)
+
+    def write_adapters(self) -> None:
+        """Each completed LoRA run's adapter beside its trainer_state.json (nothing trains now)."""
+        from rapidfire_nb.engine import runs_by_id
+
+        done = self.table.read(lambda t: [r["run_id"] for r in runs_by_id(t) if r["status"] == COMPLETED])
+        for run_id in done:
+            path = final_checkpoint_path(self.root, run_id)
+            try:
+                if self._is_lora(run_id):
+                    self._export(run_id, path)
+            except Exception as exc:  # noqa: BLE001 - a convenience copy never fails end()
+                warnings.warn(f"final checkpoint of run {run_id} not written to {path}: {exc}",
+                              stacklevel=3)
 
     def flush(self, timeout: float | None = 60) -> bool:
         """Wait until every completed run's checkpoint is written; False on timeout."""
@@ -104,6 +119,7 @@ class FinalCheckpoints:
         self._unsubscribe()
         self.flush()
         self._todo.put(None)
+        self.write_adapters()
 
 
 def tensorboard_link(exp_path: Path) -> Path:

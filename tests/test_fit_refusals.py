@@ -78,7 +78,17 @@ def test_a_completed_runs_final_checkpoint_is_there_before_end(finished):
         assert state["global_step"] == steps == state["max_steps"]
         logged = finished.get_results()
         assert {e["step"] for e in state["log_history"]} == set(logged[logged.run_id == rid].step)
-        assert (final / "adapter_model.safetensors").exists() and (final / "adapter_config.json").exists()
+
+
+
+def test_end_adds_each_lora_runs_adapter_to_its_final_checkpoint(tmp_path, tiny_data):
+    train, evald = tiny_data
+    exp = Experiment("adapters", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(group((1e-3,)), tiny_create_model, train, evald, num_chunks=2, block=True)
+    final = exp.final_checkpoint_path(1)
+    assert (final / "trainer_state.json").exists()
+    exp.end()
+    assert (final / "adapter_model.safetensors").exists() and (final / "adapter_config.json").exists()
 
 
 def test_every_experiment_provides_rapidfires_tensorboard_log_dir(finished):
