@@ -331,3 +331,58 @@ def test_every_ray_start_in_tests_and_docs_binds_to_loopback():
     assert not wrong, "Ray started on every interface:\n" + "\n".join(wrong)
     cluster = (ROOT / "tests" / "test_ray_cluster.py").read_text(encoding="utf-8")
     assert cluster.count('node_ip_address="127.0.0.1"') + cluster.count('"node_ip_address": "127.0.0.1"') >= 2
+
+
+# -- 5. bad input fails early, in the right words ----------------------------------------------
+
+def _tiny_group():
+    from rapidfire_nb.automl import RFGridSearch
+
+    from helpers import model, sft, to_chat
+
+    return RFGridSearch(model(sft(), formatting_func=to_chat), trainer_type="SFT")
+
+
+def test_a_model_on_the_meta_device_is_named_before_training(tmp_path):
+    from rapidfire_nb.demo_data import tiny_create_model
+    from rapidfire_nb.errors import ConfigError
+
+    from helpers import customer_support_rows
+
+    def meta_create_model(model_config):
+        m, tok = tiny_create_model(model_config)
+        return m.to("meta"), tok
+
+    exp = Experiment("meta", experiment_path=tmp_path, tracking=[])
+    try:
+        with pytest.raises(ConfigError, match=r"create_model returned base model .* on the meta device"):
+            exp.run_fit(_tiny_group(), meta_create_model, customer_support_rows(16),
+                        customer_support_rows(4, seed=1), num_chunks=2, block=True)
+        assert not (tmp_path / "meta" / "checkpoints").exists()
+    finally:
+        exp.end()
+
+
+def test_export_paths_with_a_nul_byte_or_in_a_read_only_place_are_refused_clearly(tmp_path):
+    from rapidfire_nb.engine import ExportError, check_export_path
+
+    folder = tmp_path / "exps" / "x"
+    folder.mkdir(parents=True)
+    with pytest.raises(ExportError, match="holds a NUL byte"):
+        check_export_path(str(tmp_path / "a\x00b"), folder)
+    from rapidfire_nb.report import ReportError, write_report
+
+    with pytest.raises(ReportError, match="NUL byte"):
+        write_report({}, str(tmp_path / "r\x00.html"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exps"]
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who writes anywhere (root)")
+        with pytest.raises(ExportError, match=rf"{locked} is not writable here"):
+            check_export_path(locked / "adapter", folder)
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable
 
+from rapidfire_nb.engine.fsio import StrictJSONError, loads_strict
 from rapidfire_nb.errors import RapidFireError
 
 
@@ -452,19 +453,9 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
             continue             # an empty line holds no history
         where = f"{path}, line {number}"
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise EventLogError(f"{where}: not UTF-8 text (byte {exc.start} is "
-                                f"{raw[exc.start:exc.start + 1]!r}); {left}") from None
-        try:
-            event = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise EventLogError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                                f"{left}") from None
-        except (ValueError, RecursionError) as exc:
-            # an integer of thousands of digits, or arrays nested thousands deep
-            what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-            raise EventLogError(f"{where}: not readable JSON ({what}); {left}") from None
+            event = loads_strict(raw, lines=False)
+        except StrictJSONError as exc:
+            raise EventLogError(f"{where}: {exc}; {left}") from None
         if not isinstance(event, dict) or not isinstance(event.get("type"), str) \
                 or isinstance(event.get("seq"), bool) or not isinstance(event.get("seq"), int):
             raise EventLogError(f"{where}: not an event (a JSON object with an integer 'seq' and "
@@ -488,8 +479,8 @@ def _complete_tail(tail: bytes, expected: int) -> dict | None:
     """A final line that lacks only its newline (the crash came between the two) is a whole
     event: kept, not dropped."""
     try:
-        event = json.loads(tail.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        event = loads_strict(tail)
+    except StrictJSONError:
         return None
     if isinstance(event, dict) and isinstance(event.get("type"), str) and event.get("seq") == expected \
             and not isinstance(event.get("seq"), bool) and check_logged_event(event) is None:

@@ -119,6 +119,9 @@ def check_export_path(path, experiment_folder: Path, overwrite: bool = False) ->
 
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
         raise ExportError(f"export path must be a directory name, got {path!r}")
+    if "\x00" in os.fspath(path):
+        raise ExportError(f"export path {os.fspath(path)!r} holds a NUL byte, which no file name "
+                          "may hold; nothing was written")
     if not isinstance(overwrite, bool):
         raise ExportError(f"overwrite must be True or False, got {overwrite!r}")
     target = Path(path).expanduser().absolute()
@@ -138,6 +141,14 @@ def check_export_path(path, experiment_folder: Path, overwrite: bool = False) ->
     if resolved in folder.parents:
         raise ExportError(f"export path {target} contains the experiment folder {folder}; export "
                           "into a directory of its own")
+    # the nearest folder that exists must take a new entry: a read-only place fails here, with
+    # its name, not as a bare OSError halfway through the export
+    existing = target
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK):
+        raise ExportError(f"cannot export to {target}: {existing} is not writable here (read-only "
+                          "or another user's); choose a folder you can write to. Nothing was written")
     if target.exists() and not target.is_dir():
         raise ExportError(f"export path {target} exists and is not a directory; choose a new name")
     if target.is_dir() and any(target.iterdir()) and overwrite \

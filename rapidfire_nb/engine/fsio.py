@@ -151,3 +151,30 @@ def open_append_text(path: Path):
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=repr).encode())
+
+
+class StrictJSONError(ValueError):
+    """Bytes that are not UTF-8 JSON; ``str(exc)`` says how, in words ("not valid JSON: ...")."""
+
+
+def loads_strict(raw: bytes, *, lines: bool = True) -> Any:
+    """The JSON value in ``raw`` (UTF-8), for files read from an experiment folder: the event
+    log's lines and the metadata files. Anything else raises ``StrictJSONError`` whose text the
+    caller puts after the file's name: not UTF-8 (the byte), not valid JSON (where: ``line L
+    column C``, or just ``column C`` with ``lines=False`` for one line of a log), or not readable
+    (an integer of thousands of digits, arrays nested thousands deep, which would exhaust every
+    reader)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StrictJSONError(f"not UTF-8 text (byte {exc.start} is "
+                              f"{raw[exc.start:exc.start + 1]!r})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = f"line {exc.lineno} column {exc.colno}" if lines else f"column {exc.colno}"
+        raise StrictJSONError(f"not valid JSON: {exc.msg} at {at}") from None
+    except (ValueError, RecursionError) as exc:
+        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise StrictJSONError(f"not readable JSON ({what})") from None
+

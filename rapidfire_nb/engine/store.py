@@ -25,7 +25,6 @@ older versions, or one planted by someone) is refused, never loaded.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -34,7 +33,7 @@ from typing import Any
 from collections.abc import Callable
 
 from rapidfire_nb.engine.fsio import TMP_MARK as _TMP_MARK
-from rapidfire_nb.engine.fsio import atomic_write_bytes
+from rapidfire_nb.engine.fsio import StrictJSONError, atomic_write_bytes, loads_strict
 from rapidfire_nb.errors import MetadataError, RapidFireError  # noqa: F401 -- read from here too
 
 # Atomic writes live in engine/fsio.py (the one writer of the package); the store cleans up the
@@ -90,18 +89,9 @@ def read_json(path: Path, default: Any = None, expect: type | None = None) -> An
     except FileNotFoundError:
         return default
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise MetadataError(f"{path} is not UTF-8 text (byte {exc.start}); it was left as it is") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MetadataError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column "
-                            f"{exc.colno}; it was left as it is") from None
-    except (ValueError, RecursionError) as exc:
-        # an integer of thousands of digits, or arrays nested thousands deep
-        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-        raise MetadataError(f"{path} is not readable JSON ({what}); it was left as it is") from None
+        obj = loads_strict(raw)
+    except StrictJSONError as exc:
+        raise MetadataError(f"{path} is {exc}; it was left as it is") from None
     if expect is not None and not isinstance(obj, expect):
         names = {dict: "an object", list: "an array"}
         raise MetadataError(f"{path} holds a JSON {_json_kind(obj)} where {names.get(expect, expect.__name__)} "
