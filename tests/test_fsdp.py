@@ -93,7 +93,7 @@ def test_refused_in_run_fit_before_anything_trains(case, tmp_path):
 
 
 def test_refusals_name_each_config_of_a_grid():
-    from rapidfire_nb.experiment import _expand
+    from rapidfire_nb.launch.arguments import expand as _expand
 
     group = RFGridSearch(List([sharded_config(k=2), sharded_config(k=1)]), trainer_type="SFT")
     specs = _expand(group)
