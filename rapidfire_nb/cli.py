@@ -21,8 +21,8 @@ def _demo_parser() -> argparse.ArgumentParser:
                                 description="Train 4 SFT configs (2 LoRA x 2 learning rates) interleaved, "
                                             "offline on a tiny model, and print a leaderboard. The offline "
                                             "task: answer each animal's colour (a dozen facts); the demo "
-                                            "prints what a guess would score, and each run's answers. "
-                                            "About 2 minutes on 2 CPU cores (1.5-3).")
+                                            "prints what a guess would score, each run's answers, and its own "
+                                            "elapsed time (the README gives a measured figure).")
     p.add_argument("--model", default=None, help="a Hugging Face model name (needs the network); "
                                                  "default: a tiny model built offline")
     p.add_argument("--dataset", default=None, help="a Hugging Face dataset name with prompt/completion or "
@@ -42,6 +42,7 @@ def _demo_parser() -> argparse.ArgumentParser:
 
 def demo(argv: list[str]) -> int:
     args = _demo_parser().parse_args(argv)
+    started = time.time()
     print("rapidfire demo: loading libraries...", flush=True)
     from rapidfire_nb._quiet import import_peft_quietly
 
@@ -64,6 +65,7 @@ def demo(argv: list[str]) -> int:
         # adapters learn the facts slowly, which is the difference the leaderboard should show
         model_name, targets_small, targets_big = "tiny-llama-offline", ["q_proj", "v_proj"], [
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model_kwargs = {} if args.model else dict(demo_data.DEMO_MODEL_KWARGS)
     if args.dataset:
         from datasets import load_dataset
 
@@ -80,7 +82,7 @@ def demo(argv: list[str]) -> int:
     loras = List([RFLoraConfig(r=8, lora_alpha=16, target_modules=targets_small, lora_dropout=0.05),
                   RFLoraConfig(r=32, lora_alpha=64, target_modules=targets_big, lora_dropout=0.05)])
     configs = List([
-        RFModelConfig(model_name=model_name, peft_config=loras,
+        RFModelConfig(model_name=model_name, peft_config=loras, model_kwargs=model_kwargs,
                       training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=16,
                                                 num_train_epochs=args.epochs, lr_scheduler_type="linear",
                                                 warmup_steps=2, bf16=False, max_length=64))
@@ -125,10 +127,8 @@ def demo(argv: list[str]) -> int:
              if answers else "") + "):")
     print(board.to_string(index=False))
     if answers:
-        print("(eval_loss averages the answer's tokens, the colour and the end-of-text token, over a "
-              f"{len(demo_data.make_tokenizer())}-token vocabulary: a run can put the right colour "
-              "first, so its answer is correct, while still spreading probability over other "
-              "tokens, so its loss stays high. Judge what a run learned by `correct`.)")
+        print("(eval_loss averages the answer's tokens, the colour and the end-of-text token; a run "
+              "that learned the facts has both a low eval_loss and most answers right.)")
         best = int(board.run_id.iloc[0])
         print(f"\nrun {best} answers: " + "; ".join(answers[best][1][:4]))
     split = exp.time_split()
@@ -138,6 +138,7 @@ def demo(argv: list[str]) -> int:
     print(f"logs, checkpoints and TensorBoard files: {exp.path}")
     print(f"  tensorboard --logdir {exp.path / 'tensorboard'}")
     exp.end()
+    print(f"rapidfire demo: done in {time.time() - started:.0f} s (loading, training and the answers check)")
     failed = (info["status"] == "failed").any()
     return 1 if failed else 0
 
@@ -157,7 +158,7 @@ def _colors_answers(exp, run_ids: list[int]) -> dict[int, tuple[int, list[str]]]
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         for rid in run_ids:
-            base, tok = demo_data.tiny_create_model({"model_kwargs": {}})
+            base, tok = demo_data.tiny_create_model({"model_kwargs": dict(demo_data.DEMO_MODEL_KWARGS)})
             model = PeftModel.from_pretrained(base, str(exp.export(rid, f"{tmp}/run{rid}"))).eval()
             right, lines = 0, []
             for animal, color in demo_data.ANIMAL_COLORS.items():

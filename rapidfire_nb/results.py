@@ -24,12 +24,14 @@ def runs_frame(table: dict, pruning_of: Callable[[int], str | None] | None = Non
 
     runs = [{**{k: r[k] for k in RUN_FIELDS}, "epoch": r["next_epoch"], "config": r["config"],
              "knobs": list(r["knobs"]), "eval_loss": r["latest"].get("eval_loss"),
-             "worker": r["worker"], "name": short_name(r["run_id"], r["knobs"]), "note": r.get("note")}
+             "worker": r["worker"], "name": short_name(r["run_id"], r["knobs"]), "note": r.get("note"),
+             "devices": r.get("devices", 1)}
             for r in runs_by_id(table)]
     if not runs:
         return pd.DataFrame(columns=["run_id", "status"])
     # Ray workers (num_workers): the worker that trained each run's last chunk
     on_workers = any(run["worker"] is not None for run in runs)
+    sharded = any(run["devices"] > 1 for run in runs)   # FSDP: how many devices each run uses
     knob_keys: list[str] = []
     for run in runs:
         for k in run["knobs"]:
@@ -46,6 +48,8 @@ def runs_frame(table: dict, pruning_of: Callable[[int], str | None] | None = Non
                                         "eval_loss", "error", "note")})
         if on_workers:
             row["worker"] = run["worker"]
+        if sharded:
+            row["devices"] = run["devices"]
         if pruning_of is not None:
             row["pruning"] = pruning_of(run["run_id"])
         rows.append(row)

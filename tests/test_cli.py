@@ -28,7 +28,11 @@ def test_demo_trains_four_configs_and_prints_a_leaderboard(tmp_path):
     assert "correct" in out.split("Leaderboard")[1].splitlines()[1]
     assert all(line.split()[-1].endswith("/12") for line in board), board
     assert "answers: What color is the" in out
-    assert "Judge what a run learned by `correct`" in out
+    assert "a run that learned the facts has both a low eval_loss" in out
+    assert "rapidfire demo: done in " in out   # its own elapsed time, the figure the README quotes
+    # the eval curves tell the configs apart: the best run's loss sits far below the uniform guess
+    losses = sorted(float(line.split()[-2]) for line in board)
+    assert losses[0] < 6.24 - 1.0, board
     assert "Traceback" not in proc.stderr
     # peft's import of bitsandbytes logs this on a CPU without `kernels`; the demo imports it quietly
     assert "gemm_4bit" not in proc.stderr, proc.stderr[-2000:]
@@ -36,8 +40,8 @@ def test_demo_trains_four_configs_and_prints_a_leaderboard(tmp_path):
 
 def test_demo_help_explains_every_option_with_its_default(tmp_path):
     out = run(["demo", "--help"], tmp_path).stdout
-    assert "About 2 minutes on 2 CPU cores (1.5-3)" in " ".join(out.split())
     text = " ".join(out.split())
+    assert "its own elapsed time" in text and "minute" not in text   # one measured figure: the README's
     for needle in ("chunks per epoch (default: 4)", "training rows (default: 512)",
                    "(default: 3)", "(default: 0.02)", "(default: 0.005)", "(default: demo)"):
         assert needle in text, needle

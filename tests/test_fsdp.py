@@ -8,14 +8,25 @@ group) costs tens of seconds on this machine.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import time
 
 import pytest
+import torch
 
-from rapidfire_nb import Experiment
-from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
-from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
-from rapidfire_nb.engine.sharding import fsdp2_settings, refusals
-from rapidfire_nb.errors import ConfigError
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+import ray  # noqa: E402
+
+from rapidfire_nb import Experiment  # noqa: E402
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig  # noqa: E402
+from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model  # noqa: E402
+from rapidfire_nb.engine.sharding import fsdp2_settings, refusals  # noqa: E402
+from rapidfire_nb.errors import ConfigError  # noqa: E402
+
+# the workers cannot import this module: its callables travel by value, as a notebook's do
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 FSDP = dict(fsdp="full_shard auto_wrap",
             fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
@@ -37,7 +48,7 @@ def sft_args(batch=4, **kw):
 def sharded_config(k=2, batch=4, peft="lora", **kw):
     return RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32},
                          peft_config=lora() if peft == "lora" else peft,
-                         training_args=sft_args(batch, **FSDP, **kw), num_gpus=k)
+                         training_args=sft_args(batch, **{**FSDP, **kw}), num_gpus=k)
 
 
 def folder_files(path):
@@ -72,18 +83,17 @@ def test_refused_in_run_fit_before_anything_trains(case, tmp_path):
     train, evald = make_demo_datasets(16, 4)
     exp = Experiment("refused", experiment_path=tmp_path, num_workers=how["workers"])
     before = folder_files(exp.path)
+    ray_was = ray.is_initialized()
     with pytest.raises(ConfigError, match=message):
         exp.run_fit(RFGridSearch(how["config"](), trainer_type="SFT"), tiny_create_model, train,
                     evald, num_chunks=2, num_gpus=how.get("num_gpus", 1), block=True)
     assert exp.engine is None
     assert folder_files(exp.path) == before
-    import ray
-
-    assert not ray.is_initialized()   # refused before Ray or any worker started
+    assert ray.is_initialized() == ray_was   # refused before Ray or any worker started
 
 
 def test_refusals_name_each_config_of_a_grid():
-    from rapidfire_nb.experiment import _expand
+    from rapidfire_nb.launch.arguments import expand as _expand
 
     group = RFGridSearch(List([sharded_config(k=2), sharded_config(k=1)]), trainer_type="SFT")
     specs = _expand(group)
@@ -105,3 +115,172 @@ def test_fsdp1_knobs_map_onto_fsdp2_and_the_rest_are_named():
     assert ignored == ["limit_all_gathers", "sync_module_states", "use_orig_params"]
     settings, ignored = fsdp2_settings({"fsdp": "full_shard", "fsdp_config": {"bogus_knob": 1}})
     assert settings["reshard_after_forward"] is True and ignored == ["bogus_knob"]
+
+
+# -- gangs on a local Ray: two declared GPUs, two workers, gloo ----------------------------------
+
+@pytest.fixture(scope="module")
+def ray_session():
+    # (the refusal tests above need no Ray; every test from here on is slow: real gangs)
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_demo_datasets(64, 16)
+
+
+def losses(exp, run_id, split):
+    res = exp.get_results()
+    metric = "loss" if split == "train" else "eval_loss"
+    sel = res[(res.run_id == run_id) & (res.split == split) & (res.metric == metric)]
+    return list(zip(sel.step, sel.value))
+
+
+def renamed(weights):
+    out = {}
+    for k, v in weights.items():
+        parts = k.split(".")
+        out[".".join("run_X" if i > 0 and parts[i - 1] in ("lora_A", "lora_B") else p
+                     for i, p in enumerate(parts))] = v
+    return out
+
+
+def assert_same_weights(a, b):
+    a, b = renamed(a), renamed(b)
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.fixture(scope="module")
+def mixed(ray_session, data, tmp_path_factory):
+    """One experiment on one gang: two sharded runs (k=2, batch 4 per device; run 2 at another
+    learning rate) and one single-device run at batch 8 with run 1's config otherwise; then a warm
+    clone (run 4) and a cold clone (run 5) of run 1 at run 2's learning rate."""
+    train, evald = data
+    group = RFGridSearch(List([
+        sharded_config(k=2, batch=4),
+        sharded_config(k=2, batch=4, learning_rate=1e-2),
+        RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32}, peft_config=lora(),
+                      training_args=sft_args(8)),
+    ]), trainer_type="SFT")
+    exp = Experiment("mixed", experiment_path=tmp_path_factory.mktemp("mixed"), num_workers=2)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=5, block=True)
+    assert exp.clone_modify(1, {"training_args.learning_rate": 1e-2}, warm_start=True) == 4
+    assert exp.clone_modify(1, {"training_args.learning_rate": 1e-2}, warm_start=False) == 5
+    assert exp.wait(timeout=600)
+    exp.weights = {rid: exp.engine.run_weights(rid) for rid in range(1, 6)}
+    # for the record (pytest -s): the gang's start-up, and chunk times sharded vs not
+    tl = exp.get_timeline()
+    print(f"\nfsdp: gang start-up {exp.engine.remote.gang_start_s} s; train_s per chunk by run:",
+          tl.groupby("run_id").train_s.mean().round(3).to_dict(), "setup_s:",
+          tl.groupby("run_id").setup_s.max().round(3).to_dict())
+    exp.end()   # its workers' GPUs are free for the next gang; its log and weights stay readable
+    yield exp
+
+
+@pytest.mark.slow
+def test_sharded_lora_run_logs_the_losses_of_the_unsharded_run_at_k_times_the_batch(mixed):
+    info = mixed.get_runs_info().set_index("run_id")
+    assert list(info.status) == ["completed"] * 5, info[["status", "error"]]
+    assert list(info.devices) == [2, 2, 1, 2, 2]
+    for split in ("train", "eval"):
+        sharded, plain = losses(mixed, 1, split), losses(mixed, 3, split)
+        assert [s for s, _ in sharded] == [s for s, _ in plain] and sharded
+        for (_, a), (_, b) in zip(sharded, plain):
+            assert abs(a - b) <= 1e-5 * abs(b), (split, a, b)
+
+
+@pytest.mark.slow
+def test_sharded_and_single_device_runs_interleave_fairly(mixed):
+    tl = mixed.get_timeline()
+    tl = tl[tl.run_id <= 3].sort_values("start")
+    assert set(tl[tl.run_id.isin([1, 2])].worker) == {"w0+w1"}
+    assert set(tl[tl.run_id == 3].worker) <= {"w0", "w1"}
+    assert len(tl) == 3 * 2
+    # no run starts its second chunk before every run has finished its first
+    firsts = tl[tl.chunk == 0].groupby("run_id").end.max()
+    seconds = tl[tl.chunk == 1].groupby("run_id").start.min()
+    assert seconds.min() >= firsts.max()
+
+
+@pytest.mark.slow
+def test_a_cold_clone_of_a_sharded_run_is_bit_identical_to_the_same_config_from_the_start(mixed):
+    # run 5: run 1's config at run 2's learning rate, i.e. run 2's config, joined the live gang
+    assert_same_weights(mixed.weights[5], mixed.weights[2])
+    assert losses(mixed, 5, "train") == losses(mixed, 2, "train")
+
+
+def wait_for(predicate, what, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def alone(ray_session, data, tmp_path_factory, mixed):
+    """Run 1 of ``mixed`` alone on its own gang: stopped after its first chunk and resumed; a
+    gang member SIGKILLed while it trains its second chunk; then the same warm clone as there."""
+    train, evald = data
+    exp = Experiment("alone", experiment_path=tmp_path_factory.mktemp("alone"), num_workers=2)
+    exp.run_fit(RFGridSearch(sharded_config(k=2, batch=4), trainer_type="SFT"), tiny_create_model,
+                train, evald, num_chunks=2, seed=5, block=False)
+    eng = exp.engine
+    wait_for(lambda: 1 in eng.inflight, "run 1's first chunk")
+    exp.stop(1)   # applied at the chunk boundary
+    assert exp.wait(timeout=300)
+    stopped = exp.get_runs_info().set_index("run_id").loc[1]
+    exp.resume(1)
+    killed = {}
+
+    def kill_member():
+        with eng.lock:
+            flight = eng.inflight.get(1)
+            if flight is None or 1 in eng.remote.arrived or eng.runs[1].chunks_done < 1:
+                return False
+            member = flight.slot.members[1]
+            killed["name"], killed["pid"] = member.name, member.info["pid"]
+        os.kill(killed["pid"], signal.SIGKILL)
+        return True
+
+    wait_for(kill_member, "run 1's second chunk")
+    assert exp.wait(timeout=600)
+    assert exp.clone_modify(1, {"training_args.learning_rate": 1e-2}, warm_start=True) == 2
+    assert exp.wait(timeout=600)
+    yield exp, stopped, killed
+    exp.end()
+
+
+@pytest.mark.slow
+def test_a_sharded_run_alone_stopped_resumed_and_its_gang_lost_ends_bit_identical(alone, mixed):
+    exp, stopped, killed = alone
+    assert (stopped.status, stopped.chunks_done) == ("stopped", 1)
+    info = exp.get_runs_info().set_index("run_id")
+    assert list(info.status) == ["completed", "completed"], info[["status", "error"]]
+    # trained among other runs there, alone here: the same weights and losses
+    assert_same_weights(exp.engine.run_weights(1), mixed.weights[1])
+    assert losses(exp, 1, "train") == losses(mixed, 1, "train")
+    assert losses(exp, 1, "eval") == losses(mixed, 1, "eval")
+    # the gang was lost with the killed member: both members replaced, a new gang finished it
+    lost = [e for e in exp.events.since(0) if e["type"] == "worker_lost"]
+    assert {e["worker"] for e in lost} == {"w0", "w1"}
+    assert [e["chunk_lost"] for e in lost if e["worker"] == killed["name"]] == [
+        {"run_id": 1, "epoch": 0, "chunk": 1}]
+    tl = exp.get_timeline()
+    assert list(tl[tl.run_id == 1].worker) == ["w0+w1", "w2+w3"]
+
+
+@pytest.mark.slow
+def test_a_warm_clone_of_a_sharded_run_is_bit_identical_to_its_reference(alone, mixed):
+    exp, _, _ = alone
+    assert_same_weights(exp.engine.run_weights(2), mixed.weights[4])
+    assert losses(exp, 2, "train") == losses(mixed, 4, "train")

@@ -37,3 +37,17 @@ def test_folder_names_are_one_path_part():
     assert "/" not in name and "\\" not in name and ":" not in name
     assert name.startswith("2 · model org_model")
     assert folder_name(9, None) == "run 9"
+
+
+def test_the_panel_note_message_is_checked_before_anything_is_logged():
+    from rapidfire_nb.notebook import _panel_protocol as proto
+
+    req = proto.parse_message({"type": "note", "run_id": 3, "text": "lr too high", "request_id": "v1-1"})
+    assert (req.type, req.run_id, req.text) == ("note", 3, "lr too high")
+    for bad, match in [({"type": "note", "run_id": 3, "text": "x" * (1 << 20)}, "at most 2000 characters; this one has 1048576"),
+                       ({"type": "note", "run_id": 3, "text": 5}, "'text' must be a string"),
+                       ({"type": "note", "run_id": 3}, "'text' must be a string"),
+                       ({"type": "note", "run_id": 0, "text": "a"}, "run"),
+                       ({"type": "note", "run_id": 3, "text": "a", "op": "stop"}, "unexpected key 'op'")]:
+        with pytest.raises(proto.MessageError, match=match):
+            proto.parse_message(bad)

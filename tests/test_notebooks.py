@@ -35,11 +35,16 @@ CELL_TIMEOUT = 600
 EXPORT_RE = re.compile(r"Adapter exported to (\S+?):")
 
 
-def _repo_url() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    found = re.findall(r"^Repository:\s*(https://github\.com/[\w.-]+/[\w.-]+?)/?\s*$", text, re.M)
-    assert len(found) == 1, "README.md must define the repository URL once, as a line 'Repository: https://github.com/OWNER/NAME'"
-    return found[0]
+def _repo_slug() -> str | None:
+    """The one repository setting (docs/pages/contributing.md): ``owner/name``, or None while the
+    project has no published home (``Repository: unset``)."""
+    text = (ROOT / "docs" / "pages" / "contributing.md").read_text(encoding="utf-8")
+    found = re.findall(r"^Repository:\s*(\S+?)/?\s*$", text, re.M)
+    assert len(found) == 1, "contributing.md must hold the repository setting once: 'Repository: unset' or a GitHub URL"
+    if found[0] == "unset":
+        return None
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", found[0]), found[0]
+    return found[0].removeprefix("https://github.com/")
 
 
 def _source(cell) -> str:
@@ -72,18 +77,22 @@ def test_notebook_is_committed_clean_and_complete(path):
     sources = [_source(c) for c in code]
     everything = "\n".join(_source(c) for c in nb.cells)
 
-    repo = _repo_url()
-    slug = repo.removeprefix("https://github.com/")
+    slug = _repo_slug()
+    assert "OWNER" not in everything, f"{path.name}: a placeholder repository"
     colab = f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}"
-    assert colab in _source(nb.cells[0]), f"{path.name}: the first cell needs the Colab badge {colab}"
-    for link in re.findall(r"https://colab\.research\.google\.com/github/[^)\s\"']+", everything):
-        assert link == colab, f"{path.name}: Colab link {link} is not {colab}"
+    links = re.findall(r"https://colab\.research\.google\.com/github/[^)\s\"']+", everything)
+    if slug:
+        assert colab in _source(nb.cells[0]), f"{path.name}: the first cell needs the Colab badge {colab}"
+        assert all(link == colab for link in links), f"{path.name}: Colab links {links} are not {colab}"
+    else:
+        assert links == [], f"{path.name}: a Colab badge while the repository is unset: {links}"
 
     install = [s for s in sources if "%pip install" in s]
     assert len(install) == 1, f"{path.name}: one install cell"
     assert 'if "google.colab" in sys.modules:' in install[0], f"{path.name}: %pip must be guarded for Colab"
-    assert f'REPO, REF = "{repo}", "main"' in install[0] and "git+{REPO}@{REF}" in install[0], \
-        f"{path.name}: the install cell must install from {repo} (its REPO setting)"
+    url = f"https://github.com/{slug}" if slug else ""
+    assert f'REPO, REF = "{url}", "main"' in install[0] and "git+{REPO}@{REF}" in install[0], \
+        f"{path.name}: the install cell must install from {url or 'an unset REPO'} (its REPO setting)"
 
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "RF_SMOKE" in _source(params[0]), f"{path.name}: a parameters cell reading RF_SMOKE"
@@ -103,13 +112,72 @@ def test_notebook_is_committed_clean_and_complete(path):
 
 def test_readme_tutorials_link_every_notebook():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "## Tutorials" in text
-    slug = _repo_url().removeprefix("https://github.com/")
+    assert "## Tutorials" in text and "OWNER" not in text
+    tutorials = text.split("## Tutorials", 1)[1].split("\n## ", 1)[0]
+    assert "repo_links" not in tutorials, "maintainer plumbing belongs in docs/pages/contributing.md"
     for path in NOTEBOOKS:
-        link = f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}"
-        assert link in text, f"README.md: no Colab link for {path.name}"
-    for link in re.findall(r"https://colab\.research\.google\.com/github/([^/]+/[^/]+)/", text):
-        assert link == slug, f"README.md: Colab link to {link}, not to the Repository line's {slug}"
+        assert f"(notebooks/{path.name})" in tutorials, f"README.md: no link to {path.name}"
+    slug = _repo_slug()
+    links = re.findall(r"https://colab\.research\.google\.com/github/([^/]+/[^/]+)/", text)
+    if slug:
+        for path in NOTEBOOKS:
+            assert f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}" in text
+        assert set(links) == {slug}, f"README.md: Colab links to {links}, not to the setting's {slug}"
+    else:
+        assert links == [], f"README.md: Colab links while the repository is unset: {links}"
+        assert "install it from a clone" in text
+
+
+def _install_cell(path: Path) -> str:
+    nb = nbformat.read(str(path), as_version=4)
+    return next(_source(c) for c in nb.cells if c.cell_type == "code" and "%pip install" in _source(c))
+
+
+def _run_in_fake_colab(cell: str):
+    """Run an install cell as Colab's IPython would (magics transformed by IPython itself), with a
+    stand-in ``google.colab`` and a shell that records magics instead of running pip."""
+    import sys
+    import types
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    magics = []
+    shell = types.SimpleNamespace(run_line_magic=lambda name, line, *a, **k: magics.append((name, line)))
+    colab = types.ModuleType("google.colab")
+    colab.output = types.SimpleNamespace(enable_custom_widget_manager=lambda: magics.append(("widgets", "")))
+    google = types.ModuleType("google")
+    google.colab = colab
+    saved = {k: sys.modules.get(k) for k in ("google", "google.colab")}
+    sys.modules.update({"google": google, "google.colab": colab})
+    try:
+        code = TransformerManager().transform_cell(cell)
+        exec(compile(code, "<install cell>", "exec"), {"get_ipython": lambda: shell})
+        return None, magics
+    except Exception as exc:   # what the cell raised, for the test to read
+        return exc, magics
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_install_cell_with_repo_unset_stops_in_one_line_before_pip(path):
+    cell = _install_cell(path)
+    if _repo_slug():
+        pytest.skip("the repository is set")
+    exc, magics = _run_in_fake_colab(cell)
+    assert magics == [], f"{path.name}: the cell called {magics} with REPO unset"
+    assert exc is not None, f"{path.name}: the cell went on with REPO unset"
+    shown = exc._render_traceback_()     # what IPython prints instead of a traceback
+    assert len(shown) == 1 and "Set REPO" in shown[0] and "https://github.com/" in shown[0], shown
+    # set, the same cell installs from it
+    exc, magics = _run_in_fake_colab(cell.replace('REPO, REF = ""', 'REPO, REF = "https://github.com/a/b"'))
+    assert exc is None, exc
+    # (IPython expands {REPO}@{REF} from the cell's variables when it runs the magic)
+    assert magics[0][0] == "pip" and "git+{REPO}@{REF}" in magics[0][1], magics
 
 
 def _tensorboards_under(folder: Path) -> list:
@@ -160,6 +228,13 @@ def test_notebook_runs_end_to_end_in_smoke_mode(path, tmp_path):
             elapsed = time.monotonic() - t0
             print(f"\n{path.name}: executed in {elapsed:.1f} s (RF_SMOKE=1)")
             nbformat.write(nb, str(tmp_path / f"executed-{path.name}"))
+
+        # above the panel only what the user should read: no progress bar, no library warning
+        fit_cell = next(c for c in nb.cells if c.cell_type == "code" and ".run_fit(" in _source(c))
+        above = _outputs_text(fit_cell)
+        assert "Loading weights" not in above and "Warning" not in above, f"{path.name}: {above[:500]}"
+        everything = "\n".join(_outputs_text(c) for c in nb.cells if c.cell_type == "code")
+        assert "FutureWarning" not in everything, f"{path.name}: a FutureWarning in the outputs"
 
         # no run of the experiment may have failed (a failed run is not a cell error)
         events = _events(tmp_path)
@@ -256,3 +331,85 @@ def test_quickstart_steers_after_the_first_chunk():
     assert sizes, "quickstart: the full-mode sizes line"
     train, epochs, batch = map(int, sizes.groups())
     assert train * epochs // batch >= 128, "full mode must train long enough to steer the runs"
+
+
+# What the panel's buttons send, delivered through ipywidgets' comm-message path of the panel that
+# the run_fit cell displayed (the same path as tests/test_panel_protocol.py's comm test).
+_PANEL_CLICK = '''
+import time as _t
+def _click(op, run_id):
+    panel = exp._panel if getattr(exp, "_panel", None) is not None else exp.panel()
+    panel._handle_msg({"content": {"data": {"method": "custom", "content": {
+        "type": "op", "op": op, "run_id": int(run_id), "request_id": f"test-{op}-{run_id}"}}},
+        "buffers": []})
+def _until(run_id, statuses):
+    while exp.get_runs_info().set_index("run_id").loc[run_id, "status"] not in statuses:
+        _t.sleep(0.2)
+'''
+
+
+def test_quickstart_survives_panel_ops_between_its_cells(tmp_path):
+    """The user clicks in the panel between cells: after the cell that waited for the first chunk,
+    Delete on the runs that cell's table ranks worst and best (what the next cell used to stop and
+    clone), and Stop on every run still training before the final cell. Every later cell must
+    act on the runs as they are now: no op on a deleted run, no wait for a state it never reaches,
+    and the final cell still ranks and exports."""
+    from jupyter_client.manager import KernelManager
+
+    nb = nbformat.read(str(NB_DIR / "quickstart.ipynb"), as_version=4)
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    waited = next(i for i in code if re.search(r"(?m)^info = wait_for_chunk\(exp, 1\)", _source(nb.cells[i])))
+    final = next(i for i in code if "final" in nb.cells[i].metadata.get("tags", []))
+    after_chunk = _PANEL_CLICK + '''
+_ranked = info.dropna(subset=["eval_loss"]).sort_values("eval_loss")
+_deleted = [int(_ranked.run_id.iloc[-1]), int(_ranked.run_id.iloc[0])]
+for _r in _deleted:
+    _click("delete", _r)
+for _r in _deleted:
+    _until(_r, ("deleted",))
+print("panel deleted", _deleted)
+'''
+    before_final = '''
+_now = exp.get_runs_info()
+_stopped = [int(r) for r in _now.run_id[_now.status.isin(["pending", "running"])]]
+for _r in _stopped:
+    _click("stop", _r)
+for _r in _stopped:
+    _until(_r, ("stopped", "completed", "failed"))
+print("panel stopped", _stopped)
+'''
+    nb.cells.insert(final, nbformat.v4.new_code_cell(before_final))
+    nb.cells.insert(waited + 1, nbformat.v4.new_code_cell(after_chunk))
+
+    env = dict(os.environ, RF_SMOKE="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.pop("VSCODE_PID", None)
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path), env=env)
+    try:
+        client = nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, kernel_name="python3",
+                                         resources={"metadata": {"path": str(tmp_path)}})
+        try:
+            client.execute()
+        finally:
+            nbformat.write(nb, str(tmp_path / "executed-quickstart-with-clicks.ipynb"))
+    finally:
+        km.shutdown_kernel(now=True)
+        km.cleanup_resources()
+
+    outputs = "\n".join(_outputs_text(c) for c in nb.cells if c.cell_type == "code")
+    deleted = [int(x) for x in re.search(r"panel deleted \[(\d+), (\d+)\]", outputs).groups()]
+    events = _events(tmp_path)
+    ops = [e for e in events if e["type"] == "op"]
+    # the panel's deletes went through the engine; nothing the notebook did named a deleted run
+    assert {o["run_id"] for o in ops if o["op"] == "delete" and o.get("accepted")} == set(deleted)
+    later = [o for o in ops if o["op"] != "delete"]
+    assert not [o for o in later if o["run_id"] in deleted], f"an op on a deleted run: {later}"
+    assert "refused" not in outputs, outputs
+    clones = [e for e in events if e["type"] == "run_created" and e.get("parent_run_id") is not None]
+    assert clones and clones[0]["parent_run_id"] not in deleted
+    text = _outputs_text(nb.cells[final + 2])
+    board = text.split("Leaderboard", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    ranked = [int(line.split()[0]) for line in board if line.split()]
+    assert ranked and not set(ranked) & set(deleted), text
+    assert EXPORT_RE.search(text), text

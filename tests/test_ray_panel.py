@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow   # slow tier: a real local Ray
 def ray_session():
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")   # loopback only, as rapidfire's own start
     yield ray
     ray.shutdown()
 

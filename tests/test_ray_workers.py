@@ -114,7 +114,8 @@ def assert_identical(exp, ref, run_ids):
 def ray_session():
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")   # loopback only, as rapidfire's own start
     yield ray
     ray.shutdown()
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -23,7 +24,7 @@ from rapidfire_nb.notebook.tensorboard import (logdir_of, proxy_url, server_prox
                                                start_tensorboard, stop_tensorboard)
 from rapidfire_nb.tracking import TrackerHub
 
-from helpers import Recorder
+from helpers import Recorder, logged_run_name
 
 pytestmark = pytest.mark.slow   # slow tier: real TensorBoard and Jupyter servers
 
@@ -84,12 +85,15 @@ def test_tensorboard_serves_runs_scalars_and_hparams_on_localhost(tensorboard, e
     assert server.url == f"http://127.0.0.1:{port}/" and server.launched and server.running()
     base = server.url
     tags = scalar_runs(base)
-    assert sorted(tags) == ["run 1", "run 2", "run 3", "run 4"]  # run_5 was deleted untrained
+    # each run under its short name, the id and the knob that sets it apart
+    name = {i: logged_run_name(experiments_root / "exp", i) for i in range(1, 6)}
+    assert name[3] == "3 · lr 5e-4"
+    assert sorted(tags) == [name[i] for i in range(1, 5)]  # run 5 was deleted untrained
     assert {"train/loss", "train/learning_rate", "train/grad_norm", "eval/loss",
-            "eval/accuracy"} <= set(tags["run 3"])
-    points = get(base + "data/plugin/scalars/scalars?run=run%201&tag=eval%2Floss")
+            "eval/accuracy"} <= set(tags[name[3]])
+    points = get(base + f"data/plugin/scalars/scalars?run={urllib.parse.quote(name[1])}&tag=eval%2Floss")
     assert [p[1] for p in points] == [16, 32, 48]
-    assert wait_for(lambda: "run 5" in get(base + "data/runs"), what="run_5 in the run list")
+    assert wait_for(lambda: name[5] in get(base + "data/runs"), what="run 5 in the run list")
 
     # the HParams dashboard: every run's knobs, lineage and final metrics
     experiment = get(base + "data/plugin/hparams/experiment", data={"experimentName": ""})
@@ -102,10 +106,10 @@ def test_tensorboard_serves_runs_scalars_and_hparams_on_localhost(tensorboard, e
         "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
                             "STATUS_RUNNING"], "colParams": []})
     by_name = {g["name"]: g for g in groups["sessionGroups"]}
-    assert by_name["run 3"]["hparams"]["training_args.learning_rate"] == pytest.approx(5e-4)
-    assert by_name["run 1"]["sessions"][0]["status"] == "STATUS_SUCCESS"
-    assert by_name["run 4"]["sessions"][0]["status"] == "STATUS_FAILURE"
-    final = {m["name"]["tag"]: m for m in by_name["run 1"]["metricValues"]}
+    assert by_name[name[3]]["hparams"]["training_args.learning_rate"] == pytest.approx(5e-4)
+    assert by_name[name[1]]["sessions"][0]["status"] == "STATUS_SUCCESS"
+    assert by_name[name[4]]["sessions"][0]["status"] == "STATUS_FAILURE"
+    final = {m["name"]["tag"]: m for m in by_name[name[1]]["metricValues"]}
     assert final["eval/loss"]["trainingStep"] == 48
     assert final["eval/loss"]["value"] == pytest.approx(2.5 / 12 + 1 / 50, rel=1e-6)
 
@@ -274,4 +278,4 @@ def test_kernel_shows_an_iframe_that_works_through_the_proxy(jupyter_server, ten
     # the kernel reused this test's TensorBoard (same folder), and the URL is proxy-relative
     assert src == f"{base_url}proxy/{port}/"
     origin = root[: root.index(base_url)]
-    assert scalar_runs(origin + src, headers)["run 1"]
+    assert scalar_runs(origin + src, headers)[logged_run_name(experiments_root / "exp", 1)]

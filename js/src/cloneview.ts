@@ -120,7 +120,8 @@ export function createCloneEditor(opts: {
       const k = knobNamedIn(error, keys);
       if (k) {
         inputs.get(k)!.classList.add("rf-invalid");
-        fieldErrors.get(k)!.textContent = error.length > 120 ? `${error.slice(0, 117)}…` : error;
+        // the reason is in the status line below; the field only points at it (not the text twice)
+        fieldErrors.get(k)!.textContent = "refused: the reason is below";
       }
     }
 

@@ -29,6 +29,17 @@ export function ownSteps(run: RunState): { done: number; total: number | null } 
   return { done, total };
 }
 
+/**
+ * Why a warm clone's steps differ from get_runs_info(): there, completed_steps and total_steps
+ * are positions in the data stream, which starts at the parent's step; empty for other runs.
+ */
+export function stepTitle(run: RunState): string {
+  if (run.baseStep <= 0) return "";
+  const total = run.totalSteps !== null ? ` of total_steps ${run.totalSteps}` : "";
+  return `the clone's own steps; get_runs_info() counts positions in the data stream, which for a `
+    + `warm clone start at its parent's step ${run.baseStep}: completed_steps ${run.completedSteps}${total}`;
+}
+
 /** "step 6/16": the run's own optimizer steps. */
 export function stepText(run: RunState): string {
   const { done, total } = ownSteps(run);
@@ -88,6 +99,19 @@ export function formatKnobValue(value: unknown): string {
   if (typeof value === "string") return value;
   if (typeof value === "number") return String(value);
   return JSON.stringify(value);
+}
+
+/**
+ * A knob's value in a table cell: a list of names (target_modules) as "q_proj, v_proj", long
+ * ones cut to their first three and a count ("q_proj, k_proj, v_proj +4"), not clipped JSON;
+ * the cell's title has the whole value.
+ */
+export function knobCellText(value: unknown): string {
+  if (Array.isArray(value) && value.every((v) => typeof v === "string" || typeof v === "number")) {
+    const items = value.map(String);
+    return items.length > 3 ? `${items.slice(0, 3).join(", ")} +${items.length - 3}` : items.join(", ");
+  }
+  return formatKnobValue(value);
 }
 
 /** Column titles: the last part of a dotted knob name, or the whole name where that is ambiguous. */

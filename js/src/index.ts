@@ -152,7 +152,47 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
   const chartsRow = h("div", { class: "rf-charts" });
   const legend = h("div", { class: "rf-legend", "data-testid": "rf-legend" });
   let legendKey = "";
-  root.append(curveBar, chartsRow, legend);
+  // A click on a key entry opens this: the run's note, saved into the experiment's log.
+  const noteInput = h("input", { type: "text", maxlength: "2000", "data-testid": "rf-note-input", placeholder: "a note on this run (empty clears it)" });
+  const noteSave = h("button", { text: "Save note", "data-testid": "rf-note-save" });
+  const noteClose = h("button", { text: "Close", "data-role": "close" });
+  const noteLabel = h("span", { class: "rf-note-label" });
+  const noteBox = h("div", { class: "rf-notebox", "data-testid": "rf-notebox" }, [noteLabel, noteInput, noteSave, noteClose]);
+  noteBox.style.display = "none";
+  let noteRun: number | null = null;
+  root.append(curveBar, chartsRow, legend, noteBox);
+  function openNote(id: number): void {
+    const run = state.runs.get(id);
+    if (!run) return;
+    noteRun = id;
+    noteLabel.textContent = `note on ${traceName(run)}: `;
+    noteInput.value = run.note ?? "";
+    noteBox.style.display = "";
+    noteInput.focus();
+  }
+  async function saveNote(): Promise<void> {
+    if (noteRun === null || disconnected !== null) return;
+    const id = noteRun;
+    noteSave.disabled = true;
+    const reply = await client.request({ type: "note", run_id: id, text: noteInput.value });
+    noteSave.disabled = disconnected !== null;
+    if (reply.ok) {
+      say(`note on run ${id} saved`, "ok");
+      noteBox.style.display = "none";
+      noteRun = null;
+      requestPull();
+    } else say(`note on run ${id}: ${reply.error ?? "refused"}`, "error");
+  }
+  noteSave.addEventListener("click", () => void saveNote());
+  noteInput.addEventListener("keydown", (ev) => {
+    ev.stopPropagation();   // the notebook's shortcuts stay out of the field
+    if (ev.key === "Enter") void saveNote();
+    if (ev.key === "Escape") noteBox.style.display = "none";
+  });
+  noteClose.addEventListener("click", () => {
+    noteBox.style.display = "none";
+    noteRun = null;
+  });
   function applyCurveView(): void {
     smoothInput.value = String(curveView.smoothing);
     smoothText.textContent = curveView.smoothing.toFixed(2);
@@ -537,16 +577,17 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const runs = [...state.runs.values()]
       .filter((r) => Object.keys(r.train).length > 0 || Object.keys(r.eval).length > 0)
       .sort((a, b) => a.id - b.id);
-    const entries = runs.map((r) => [r.id, traceName(r), hiddenRuns.has(r.id)] as const);
+    const entries = runs.map((r) => [r.id, traceName(r), hiddenRuns.has(r.id), r.note] as const);
     const key = JSON.stringify(entries);
     if (key === legendKey) return;
     legendKey = key;
-    legend.replaceChildren(...entries.map(([id, name, hidden]) => {
+    legend.replaceChildren(...entries.map(([id, name, hidden, note]) => {
       const swatch = h("span", { class: "rf-legend-swatch" });
       swatch.style.background = runColor(id);
       const item = h("span", { class: `rf-legend-item${hidden ? " rf-legend-hidden" : ""}`, "data-run": String(id),
-        "data-testid": "rf-legend-item", title: `${name}: hover to emphasize its curves${hidden ? " (hidden by its swatch in the table)" : ""}` },
-      [swatch, name]);
+        "data-testid": "rf-legend-item",
+        title: `${name}: hover to emphasize its curves, click to write a note on it${hidden ? " (hidden by its swatch in the table)" : ""}${note ? `\nnote: ${note}` : ""}` },
+      [swatch, name, ...(note ? [h("span", { class: "rf-legend-note", text: " ✎", title: note })] : [])]);
       item.addEventListener("mouseenter", () => {
         focusOn.hover = id;
         runTable.highlight(id);
@@ -557,6 +598,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
         runTable.highlight(null);
         emphasizeAll();
       });
+      item.addEventListener("click", () => openNote(id));
       return item;
     }));
   }

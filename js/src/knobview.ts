@@ -122,6 +122,9 @@ export interface Cell {
 export const CELL_W = 200;
 export const CELL_H = 150;
 const PAD = { left: 44, right: 10, top: 18, bottom: 30 };
+/** Points keep off the frame: the axis ends sit this share of the width inside it. */
+const INSET = 0.08;
+const inset = (t: number) => INSET + t * (1 - 2 * INSET);
 
 /** One cell per knob, as many per row as fit in `width`. */
 export function knobLayout(model: KnobModel, width: number): { cells: Cell[]; height: number } {
@@ -137,7 +140,7 @@ export function knobLayout(model: KnobModel, width: number): { cells: Cell[]; he
 export function pointPx(model: KnobModel, cell: Cell, p: KnobPoint): [number, number] | null {
   const t = axisPos(cell.axis, has(p.knobs, cell.axis.key) ? p.knobs[cell.axis.key] : null);
   if (t === null) return null;
-  const x = cell.left + PAD.left + t * (cell.width - PAD.left - PAD.right);
+  const x = cell.left + PAD.left + inset(t) * (cell.width - PAD.left - PAD.right);
   const [lo, hi] = model.y;
   const y = cell.top + PAD.top + (1 - (p.value - lo) / (hi - lo)) * (cell.height - PAD.top - PAD.bottom);
   return [x, y];
@@ -266,7 +269,7 @@ export function createKnobView(opts: {
       // x ticks: the categories, or the two ends and a middle value
       const ticks = axis.kind === "category" ? axis.categories.map((c, i) => [axis.categories.length === 1 ? 0.5 : i / (axis.categories.length - 1), c] as const)
         : (axis.max > axis.min ? [[0, axisLabel(axis, axis.min)], [1, axisLabel(axis, axis.max)]] as const : [[0.5, axisLabel(axis, axis.min)]] as const);
-      for (const [t, label] of ticks) ctx.fillText(String(label).slice(0, 12), x0 + t * (x1 - x0), y1 + 3);
+      for (const [t, label] of ticks) ctx.fillText(String(label).slice(0, 12), x0 + inset(t) * (x1 - x0), y1 + 3);
       // y ticks on each cell's left
       const yt = niceTicks(m.y[0], m.y[1], 3);
       ctx.textAlign = "right";

@@ -53,6 +53,9 @@ export const CSS = `
 .rf-legend-item.rf-legend-hidden { opacity: 0.4; text-decoration: line-through; }
 .rf-legend-swatch { display: inline-block; width: 14px; height: 3px; border-radius: 1px; }
 .rf-time-res { color: var(--rf-fg2); font-size: 10px; white-space: nowrap; margin-left: 6px; min-width: 9em; }
+.rf-notebox { display: flex; gap: 6px; align-items: center; font-size: 12px; margin: 2px 0 6px; }
+.rf-notebox input { flex: 1 1 auto; min-width: 120px; }
+.rf-legend-note { color: var(--rf-fg2); }
 .rf-knob-body { position: relative; }
 .rf-knob-canvas { display: block; cursor: pointer; }
 .rf-knob-note { color: var(--rf-fg2); font-size: 11px; }

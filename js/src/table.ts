@@ -98,7 +98,9 @@ export function statusBadge(run: RunState, state: PanelState): {
 export function headerCounts(state: PanelState): [string, RunStatus][] {
   const c = statusCounts(state);
   const out: [string, RunStatus][] = [];
-  if (c.running > 0) out.push([`${c.running} running`, "running"]);
+  // "4 running" alone read as four runs training at once: say how many have the device.
+  const onDevice = trainingRun(state) !== null ? 1 : 0;
+  if (c.running > 0) out.push([c.running > onDevice && onDevice > 0 ? `${c.running} running (${onDevice} on device)` : `${c.running} running`, "running"]);
   if (c.pending > 0) out.push([`${c.pending} pending`, "pending"]);
   const pruned = [...state.runs.values()].filter(isPruned).length;
   for (const s of ["stopped", "completed", "failed", "deleted"] as RunStatus[]) {

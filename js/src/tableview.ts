@@ -11,6 +11,8 @@ import {
   dataStartText,
   fmtNumber,
   formatKnobValue,
+  knobCellText,
+  stepTitle,
   ownEpoch,
   progressFraction,
   readableKnob,
@@ -406,13 +408,14 @@ export function createRunTable(ctx: RunTableContext): RunTable {
       // A knob the run leaves at its default has no entry: show what the run does, not a blank.
       const epochs = k.endsWith("num_train_epochs") ? ownEpoch(run)?.epochs : undefined;
       const set = has(run.knobs, k);
-      const text = set ? formatKnobValue(run.knobs[k]) : epochs !== undefined ? String(epochs) : "default";
+      const text = set ? knobCellText(run.knobs[k]) : epochs !== undefined ? String(epochs) : "default";
       row.knobCells[i].textContent = text;
       row.knobCells[i].classList.toggle("rf-default", !set);
-      row.knobCells[i].title = set ? `${k} = ${text}` : `${k} not set: the trainer's default${epochs !== undefined ? ` (${epochs})` : ""}`;
+      row.knobCells[i].title = set ? `${k} = ${formatKnobValue(run.knobs[k])}` : `${k} not set: the trainer's default${epochs !== undefined ? ` (${epochs})` : ""}`;
     });
     row.progressBar.style.width = `${(progressFraction(run) * 100).toFixed(1)}%`;
     row.progressText.textContent = stepText(run);
+    row.progressText.title = stepTitle(run);
     row.chunkText.textContent = chunkText(run);
     row.chunkText.title = dataStartText(run);
     row.trainLoss.textContent = fmtNumber(has(run.latest, "loss") ? run.latest["loss"] : null);
@@ -502,6 +505,7 @@ export function createRunTable(ctx: RunTableContext): RunTable {
       // armed, so the second click lands on the same run.
       row.buttons.delete.textContent = "Confirm?";
       row.buttons.delete.title = `click again within 4 s to delete run ${runId}`;
+      ctx.say(`delete run ${runId}: click Confirm? within 4 s to delete it`);
       deleteArmed.set(runId, {
         at: performance.now(),
         timer: setTimeout(() => {
@@ -509,6 +513,7 @@ export function createRunTable(ctx: RunTableContext): RunTable {
           const now = rows.get(runId) ?? row;
           now.buttons.delete.textContent = "Delete";
           now.buttons.delete.title = `Delete run ${runId}`;
+          ctx.say(`delete run ${runId}: not confirmed within 4 s, nothing deleted`);
           ctx.scheduleRender({ table: true });
         }, 4000),
       });

@@ -14,7 +14,9 @@ import {
 import { runColor } from "../src/palette";
 import {
   dataStartText,
+  knobCellText,
   progressFraction,
+  stepTitle,
   readableKnob,
   progressText,
   shortKnobNames,
@@ -355,6 +357,17 @@ describe("derived view data", () => {
     { seq: 24, type: "chunk_done", run_id: 5, completed_steps: 26, total_steps: 26, epoch: 3, chunk: 0, chunks_done: 12 }]);
     expect(progressText(state.runs.get(5)!)).toBe("epoch 3/3 · chunk 1/4 · step 24/24");
     expect(progressFraction(state.runs.get(5)!)).toBe(1);
+    // get_runs_info() says 26/26 for that clone: the step's title says why the numbers differ
+    expect(stepTitle(state.runs.get(5)!)).toContain("parent's step 2: completed_steps 26 of total_steps 26");
+    expect(stepTitle(state.runs.get(1)!)).toBe("");
+  });
+
+  it("shows a list knob as names, not clipped JSON", () => {
+    expect(knobCellText(["q_proj", "v_proj"])).toBe("q_proj, v_proj");
+    expect(knobCellText(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+      .toBe("q_proj, k_proj, v_proj +4");
+    expect(knobCellText(1e-3)).toBe("0.001");
+    expect(knobCellText({ a: 1 })).toBe('{"a":1}');
   });
 });
 
@@ -418,7 +431,8 @@ describe("what a newcomer reads", () => {
     const state = createState();
     ingest(state, numbered([...run(1, {}, "running"), ...run(2, {}, "running"), ...run(3, {}, "pending"),
       ...run(4, {}, "stopped")]));
-    expect(headerCounts(state).map(([t]) => t)).toEqual(["2 running", "1 pending", "1 stopped"]);
+    // two runs have started, one of them has the device: the count says so, in the same words
+    expect(headerCounts(state).map(([t]) => t)).toEqual(["2 running (1 on device)", "1 pending", "1 stopped"]);
     expect(headerCounts(state).map(([t]) => t).join(" ")).not.toMatch(/training|waiting/);
     // the running count's title names the run on the device (run 2 took it last)
     expect(headerCountTitle(state, "running")).toMatch(/^run 2 has the device now/);

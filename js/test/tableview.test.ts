@@ -2,7 +2,7 @@
 // The run table as a view (./tableview.ts) in a DOM: what a row shows must survive the rows being
 // rebuilt, which happens whenever the columns change (a clone adds the parent column, a new knob
 // value adds a knob column, a deleted run takes one away).
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import type { Client, Reply } from "../src/client";
 import { createState, ingest, type PanelState, type WireEvent } from "../src/state";
 import { createRunTable, type Focus, type RunTable } from "../src/tableview";
@@ -12,6 +12,8 @@ interface Rig {
   table: RunTable;
   focus: Focus;
   sent: Record<string, unknown>[];
+  /** What the table said on the panel's message line. */
+  said: string[];
   /** Answer the oldest request still waiting. */
   answer: (reply?: Partial<Reply>) => void;
   seq: { n: number };
@@ -20,6 +22,7 @@ interface Rig {
 function rig(): Rig {
   const state = createState();
   const sent: Record<string, unknown>[] = [];
+  const said: string[] = [];
   const waiting: ((r: Reply) => void)[] = [];
   const client = {
     request: (content: Record<string, unknown>) => {
@@ -36,7 +39,7 @@ function rig(): Rig {
     emphasize: () => {},
     hiddenChanged: () => {},
     persistPrefs: () => {},
-    say: () => {},
+    say: (text: string) => { said.push(text); },
     requestPull: () => {},
     openClone: () => {},
     showTraceback: () => {},
@@ -49,7 +52,7 @@ function rig(): Rig {
   ingest(state, events);
   table.render();
   const answer = (reply: Partial<Reply> = {}) => waiting.shift()!({ type: "reply", request_id: "x", ok: true, ...reply } as Reply);
-  return { state, table, focus, sent, answer, seq };
+  return { state, table, focus, sent, said, answer, seq };
 }
 
 const row = (id: number) => document.querySelector<HTMLTableRowElement>(`tr[data-run-id="${id}"]`)!;
@@ -62,6 +65,24 @@ function cloneArrives(r: Rig): void {
   r.table.render();
   expect(row(2)).not.toBe(before);   // the premise: the rows were rebuilt
 }
+
+describe("an armed Delete", () => {
+  it("says it waits for a confirm, and says so when it lapses without deleting", () => {
+    vi.useFakeTimers();
+    try {
+      const r = rig();
+      button(2, "delete").click();
+      expect(button(2, "delete").textContent).toBe("Confirm?");
+      expect(r.said[r.said.length - 1]).toBe("delete run 2: click Confirm? within 4 s to delete it");
+      vi.advanceTimersByTime(4100);
+      expect(button(2, "delete").textContent).toBe("Delete");
+      expect(r.said[r.said.length - 1]).toBe("delete run 2: not confirmed within 4 s, nothing deleted");
+      expect(r.sent).toEqual([]);
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+});
 
 describe("the run table across a rebuild of its rows", () => {
   it("a Delete waiting for its confirm still waits: one click after the rebuild does not delete", async () => {

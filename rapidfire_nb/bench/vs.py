@@ -854,7 +854,8 @@ def vs_main(args) -> int:
                           threads=args.threads, warmup=not args.no_warmup, only=only or None, log=log)
     text = json.dumps(report, indent=1, default=_json_default)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+        from rapidfire_nb.engine import atomic_write_text
+
+        atomic_write_text(args.output, text)   # never through a link planted at the name
     print(text if args.json else format_vs_report(report), flush=True)
     return 0

@@ -243,7 +243,8 @@ def workers_main(args, preset) -> int:
     report = run_workers_bench(p, args.workers, repeats=args.repeats, log=log)
     text = json.dumps(report, indent=1, default=str)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+        from rapidfire_nb.engine import atomic_write_text
+
+        atomic_write_text(args.output, text)   # never through a link planted at the name
     print(text if args.json else format_workers_report(report), flush=True)
     return 0

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable
 
+from rapidfire_nb.engine.fsio import StrictJSONError, loads_strict
 from rapidfire_nb.errors import RapidFireError
 
 
@@ -45,6 +46,34 @@ class EventLogError(RapidFireError):
 
 class EventLogWriteError(RapidFireError, OSError):
     """Events could not be written (disk full, I/O error); nothing of them stays in the file."""
+
+
+class MetricNamesError(RapidFireError, ValueError):
+    """A metric event names more metrics than one event, or one experiment, may hold."""
+
+
+# Bounds on metric names. A real trainer logs tens of names per event (GRPO's per-reward-function
+# means and deviations are the most), and an experiment a few hundred at most; the folding,
+# the trackers and the report draw one series per name, so a crafted log of 100,000 names in one
+# line stalled them for minutes. Both bounds are checked where an event is written and where a
+# log is read.
+MAX_METRICS_PER_EVENT = 1_000
+MAX_METRIC_NAMES = 10_000
+
+
+def _metric_names_problem(metrics: Any, seen: set, where: str = "metric.metrics") -> tuple[str | None, set]:
+    """(what is wrong, the new names) for one metric event's ``metrics`` given the names seen
+    before it; the new names are not added to ``seen``."""
+    if not isinstance(metrics, dict):
+        return None, set()
+    if len(metrics) > MAX_METRICS_PER_EVENT:
+        return (f"{where}: {len(metrics)} metric names in one event, more than the "
+                f"{MAX_METRICS_PER_EVENT} one event may hold"), set()
+    new = {name for name in metrics if name not in seen}
+    if len(seen) + len(new) > MAX_METRIC_NAMES:
+        return (f"{where}: this event brings the experiment to {len(seen) + len(new)} distinct "
+                f"metric names, more than the {MAX_METRIC_NAMES} an experiment may hold"), set()
+    return None, new
 
 
 class EventLog:
@@ -65,9 +94,13 @@ class EventLog:
         self.write_error: EventLogWriteError | None = None
         self._listeners: list[Callable[[dict], None]] = []
         self.recreated = 0      # times the file was written again after it vanished
+        self._metric_names: set = set()
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             if os.path.lexists(self._path):
+                # a link or a hard link is refused before anything is written (the torn tail's
+                # repair below writes in place)
+                os.close(_open_nofollow(self._path, os.O_WRONLY | os.O_APPEND))
                 self._events, good, torn = _parse_log(self._path)
                 last = _complete_tail(torn, len(self._events) + 1) if torn.strip() else None
                 if last is not None:
@@ -83,6 +116,9 @@ class EventLog:
             self._fd = _open_nofollow(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             self._size = os.fstat(self._fd).st_size
             self._durable = len(self._events)
+            for event in self._events:
+                if event["type"] == "metric":
+                    self._metric_names.update(event["metrics"])
 
     @property
     def path(self) -> Path | None:
@@ -109,7 +145,22 @@ class EventLog:
 
         A write error does not raise: the events are logged in memory and written, in order,
         with the next successful write (see ``write_error`` and ``durable_seq``)."""
+        items = list(items)
         with self._lock:
+            # metric names are bounded here as where the log is read: a run that logs more is
+            # failed with this error (nothing of the batch is logged), never written and then
+            # refused at the next open
+            added: set = set()
+            for type_, payload in items:
+                if type_ == "metric":
+                    problem, names = _metric_names_problem(payload.get("metrics"),
+                                                           self._metric_names | added)
+                    if problem is not None:
+                        run = payload.get("run_id")
+                        raise MetricNamesError(f"run {run}: {problem}; nothing of it was logged. "
+                                               "Log fewer distinct metric names (aggregate them)")
+                    added |= names
+            self._metric_names |= added
             seq = self._events[-1]["seq"] if self._events else 0
             now = time.time()
             new = []
@@ -278,9 +329,17 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
-    """``os.open`` that refuses to follow a symbolic link at ``path`` (ELOOP)."""
+    """``os.open`` that refuses to follow a symbolic link at ``path`` (ELOOP); opened for
+    writing, it also refuses a file with other hard links (``fsio.open_in_place``)."""
     import errno
 
+    if flags & (os.O_WRONLY | os.O_RDWR):
+        from rapidfire_nb.engine.fsio import LinkedFileError, open_in_place
+
+        try:
+            return open_in_place(path, flags, mode)
+        except LinkedFileError as exc:
+            raise FolderLinkError(exc.strerror) from None
     try:
         return os.open(path, flags | _NOFOLLOW, mode)
     except OSError as exc:
@@ -306,6 +365,11 @@ def read_nofollow(path: Path) -> bytes:
     finally:
         os.close(fd)
 
+
+# The largest run id, everywhere (the log, the ops, the panel's messages): ids count up from 1,
+# one per run and clone, so a larger one only comes from a crafted log (one of 2**63 + 5 was
+# restored and trained, then the panel could not name it).
+MAX_RUN_ID = 10**9
 
 # How deep the JSON of one event may nest: the engine writes a few levels (a config's sections,
 # a list of target modules); hundreds of levels only come from a crafted file and would exhaust
@@ -363,7 +427,12 @@ def check_logged_event(event: dict) -> str | None:
         low = 1 if name in ("seq", "run_id", "parent_run_id", "num_chunks") else 0
         if value < low:
             return f"{event['type']}.{name}: {value} is below {low}"
+        if name in ("run_id", "parent_run_id", "new_run_id") and value > MAX_RUN_ID:
+            return (f"{event['type']}.{name}: {value} is above {MAX_RUN_ID}, the largest run id "
+                    "(run ids count up from 1)")
     if event["type"] == "metric":
+        if len(event["metrics"]) > MAX_METRICS_PER_EVENT:
+            return _metric_names_problem(event["metrics"], set())[0]
         for name, value in event["metrics"].items():
             if isinstance(value, (dict, list)):
                 return f"metric.metrics.{name}: a JSON {type(value).__name__} is not a metric value"
@@ -376,6 +445,7 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
     lines = data.split(b"\n")
     tail = lines.pop()          # b"" when the file ends with a newline
     events: list[dict] = []
+    metric_names: set = set()
     expected = 1
     left = "the log was left as it is. Repair or remove that line, then open the experiment again"
     for number, raw in enumerate(lines, start=1):
@@ -383,19 +453,9 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
             continue             # an empty line holds no history
         where = f"{path}, line {number}"
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise EventLogError(f"{where}: not UTF-8 text (byte {exc.start} is "
-                                f"{raw[exc.start:exc.start + 1]!r}); {left}") from None
-        try:
-            event = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise EventLogError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                                f"{left}") from None
-        except (ValueError, RecursionError) as exc:
-            # an integer of thousands of digits, or arrays nested thousands deep
-            what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-            raise EventLogError(f"{where}: not readable JSON ({what}); {left}") from None
+            event = loads_strict(raw, lines=False)
+        except StrictJSONError as exc:
+            raise EventLogError(f"{where}: {exc}; {left}") from None
         if not isinstance(event, dict) or not isinstance(event.get("type"), str) \
                 or isinstance(event.get("seq"), bool) or not isinstance(event.get("seq"), int):
             raise EventLogError(f"{where}: not an event (a JSON object with an integer 'seq' and "
@@ -405,6 +465,9 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
                 f"{where}: sequence number {event['seq']} where {expected} was expected (were two "
                 "processes writing to this experiment?); the log was left as it is")
         problem = check_logged_event(event)
+        if problem is None and event["type"] == "metric":
+            problem, names = _metric_names_problem(event["metrics"], metric_names)
+            metric_names |= names
         if problem is not None:
             raise EventLogError(f"{where} (seq {event['seq']}): {problem}; {left}")
         expected += 1
@@ -416,8 +479,8 @@ def _complete_tail(tail: bytes, expected: int) -> dict | None:
     """A final line that lacks only its newline (the crash came between the two) is a whole
     event: kept, not dropped."""
     try:
-        event = json.loads(tail.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        event = loads_strict(tail)
+    except StrictJSONError:
         return None
     if isinstance(event, dict) and isinstance(event.get("type"), str) and event.get("seq") == expected \
             and not isinstance(event.get("seq"), bool) and check_logged_event(event) is None:

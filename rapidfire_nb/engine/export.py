@@ -119,6 +119,9 @@ def check_export_path(path, experiment_folder: Path, overwrite: bool = False) ->
 
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
         raise ExportError(f"export path must be a directory name, got {path!r}")
+    if "\x00" in os.fspath(path):
+        raise ExportError(f"export path {os.fspath(path)!r} holds a NUL byte, which no file name "
+                          "may hold; nothing was written")
     if not isinstance(overwrite, bool):
         raise ExportError(f"overwrite must be True or False, got {overwrite!r}")
     target = Path(path).expanduser().absolute()
@@ -138,6 +141,14 @@ def check_export_path(path, experiment_folder: Path, overwrite: bool = False) ->
     if resolved in folder.parents:
         raise ExportError(f"export path {target} contains the experiment folder {folder}; export "
                           "into a directory of its own")
+    # the nearest folder that exists must take a new entry: a read-only place fails here, with
+    # its name, not as a bare OSError halfway through the export
+    existing = target
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK):
+        raise ExportError(f"cannot export to {target}: {existing} is not writable here (read-only "
+                          "or another user's); choose a folder you can write to. Nothing was written")
     if target.exists() and not target.is_dir():
         raise ExportError(f"export path {target} exists and is not a directory; choose a new name")
     if target.is_dir() and any(target.iterdir()) and overwrite \
@@ -152,3 +163,34 @@ def check_export_path(path, experiment_folder: Path, overwrite: bool = False) ->
                           "entries: another export?); choose a new directory, or pass "
                           "overwrite=True to write over its files")
     return target
+
+
+def export_run(engine, spec, run_id: int, weights: dict, lora_config, path: Path) -> Path:
+    """A run's ``weights`` into ``path`` (checked by the caller): a PEFT adapter when
+    ``lora_config`` is given (the run's ``peft.LoraConfig``), else the full model; plus the
+    tokenizer."""
+    import warnings
+
+    path.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = engine.model_and_tokenizer(spec)
+    if lora_config is not None:
+        lora_config.base_model_name_or_path = spec.model_name
+        with warnings.catch_warnings():
+            # transformers 5 deprecates a name PEFT still calls while it saves; the user can do
+            # nothing about it, and it was the one line an export printed
+            warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            export_adapter(model, lora_config, weights, f"run_{run_id}", path)
+    else:
+        model = copy.deepcopy(engine.untouched_model(spec))
+        try:
+            result = model.load_state_dict(weights, strict=False)   # raises on a shape mismatch
+        except RuntimeError as exc:
+            raise ExportError(f"the weights of run {run_id} do not fit its model: {exc}") from None
+        if result.unexpected_keys:
+            raise ExportError(f"the weights of run {run_id} hold tensors its model lacks: "
+                              f"{result.unexpected_keys[:3]}")
+        model.save_pretrained(str(path))
+        del model
+    tokenizer.save_pretrained(str(path))
+    return path

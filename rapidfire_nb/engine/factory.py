@@ -124,7 +124,11 @@ class TrainerFactory:
         cls = trainer_class(spec.trainer_type)
         args = self.build_args(spec, output_dir=str(self.store.root / "outputs" / "_plan"),
                                seed=self.seed, **RunTrainer.ENGINE_ARGS)
-        plan = cls.plan_for(args, len(self.train_dataset), self.num_chunks, self.seed)
+        from rapidfire_nb.engine.sharding import devices_of
+
+        devices = devices_of(spec)   # a sharded run steps on devices x its per-device batch
+        plan = cls.plan_for(args, len(self.train_dataset), self.num_chunks, self.seed,
+                            **({"devices": devices} if devices > 1 else {}))
         return plan, plan.total_steps(args.max_steps, args.num_train_epochs)
 
     def build(self, rec: RunRecord) -> RunTrainer:
@@ -134,7 +138,7 @@ class TrainerFactory:
         built before it; a full fine-tuning run trains a deep copy of the untouched base."""
         spec = rec.spec
         base = self.load_base(spec, need_pristine=spec.peft_config is None)
-        cls = trainer_class(spec.trainer_type)
+        cls = self.trainer_class_for(spec)
         out_dir = str(self.store.output_dir(rec.run_id))
         init_seed = derive_seed(self.seed, spec.seed_fingerprint())
         if spec.peft_config is not None:
@@ -166,6 +170,10 @@ class TrainerFactory:
         finally:
             if was:
                 datasets.utils.logging.enable_progress_bar()
+
+    def trainer_class_for(self, spec: RunSpec):
+        """The ``RunTrainer`` type a run is built with (a gang's factory: its sharded form)."""
+        return trainer_class(spec.trainer_type)
 
     def drop_adapter(self, spec: RunSpec, rt: RunTrainer) -> None:
         """Remove a released run's adapter from its base's PeftModel."""

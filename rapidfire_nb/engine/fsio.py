@@ -1,5 +1,14 @@
-"""Atomic file writes: the one writer every JSON/metadata/checkpoint file of the package goes
-through (experiment.json, runs.json, automl.json, tracker state, checkpoints).
+"""The one writer of the package: every file rapidfire writes, in an experiment folder or outside
+it (experiment.json, runs.json, automl.json, tracker state, checkpoints, reports, exports, bench
+JSON), goes through ``atomic_write_bytes``/``atomic_write_text``; the files that are appended to
+(the event log, the lock note, the engine's and workers' logs) are opened by ``open_in_place``.
+
+Neither follows a symbolic link, and neither writes into an existing file it did not create: an
+atomic write creates its temporary file afresh (``O_EXCL | O_NOFOLLOW``) and renames it over the
+target, which replaces a link or a hard link at the target instead of writing through it; an
+in-place open refuses a link and a file with more than one hard link (a hard link made by a
+planted folder or a tar extracted without a filter would make the append land in a file outside
+the folder).
 
 A file is written aside (``.<name>.tmp-<pid>-<thread id>``), fsynced, renamed over the old one,
 and its directory fsynced, so a crash at any instant leaves the previous version or the new one.
@@ -91,5 +100,81 @@ def _plain_write(f, data: bytes) -> None:
     f.write(data)
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+class LinkedFileError(OSError):
+    """A file that would be written in place is a symbolic link or has other hard links."""
+
+
+def open_in_place(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` for a file written in place (appended, truncated, rewritten): never through a
+    symbolic link, and never a file with more than one hard link, whose other names may lie
+    outside the folder. Raises ``LinkedFileError`` naming the file; nothing is written."""
+    import errno
+
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            try:
+                target = os.readlink(path)
+            except OSError:
+                target = "?"
+            raise LinkedFileError(
+                errno.ELOOP, f"{path} is a symbolic link (to {target!r}); rapidfire does not write "
+                "through links, since they could overwrite a file elsewhere. Replace the link with "
+                "the file itself; nothing was changed") from None
+        raise
+    try:
+        links = os.fstat(fd).st_nlink
+    except OSError:
+        os.close(fd)
+        raise
+    if links > 1:
+        os.close(fd)
+        raise LinkedFileError(
+            errno.EMLINK, f"{path} has {links} hard links: another name of the same file may lie "
+            "outside this folder (a tar extracted without a filter makes such links), and writing "
+            "it in place would change that file too. Replace it with a copy of its own "
+            "(cp --remove-destination, or copy and rename); nothing was changed")
+    return fd
+
+
+def open_append_text(path: Path):
+    """A text file opened for appending through ``open_in_place`` (logs)."""
+    fd = open_in_place(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=repr).encode())
+
+
+class StrictJSONError(ValueError):
+    """Bytes that are not UTF-8 JSON; ``str(exc)`` says how, in words ("not valid JSON: ...")."""
+
+
+def loads_strict(raw: bytes, *, lines: bool = True) -> Any:
+    """The JSON value in ``raw`` (UTF-8), for files read from an experiment folder: the event
+    log's lines and the metadata files. Anything else raises ``StrictJSONError`` whose text the
+    caller puts after the file's name: not UTF-8 (the byte), not valid JSON (where: ``line L
+    column C``, or just ``column C`` with ``lines=False`` for one line of a log), or not readable
+    (an integer of thousands of digits, arrays nested thousands deep, which would exhaust every
+    reader)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StrictJSONError(f"not UTF-8 text (byte {exc.start} is "
+                              f"{raw[exc.start:exc.start + 1]!r})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = f"line {exc.lineno} column {exc.colno}" if lines else f"column {exc.colno}"
+        raise StrictJSONError(f"not valid JSON: {exc.msg} at {at}") from None
+    except (ValueError, RecursionError) as exc:
+        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise StrictJSONError(f"not readable JSON ({what})") from None
+

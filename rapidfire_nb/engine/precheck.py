@@ -6,7 +6,8 @@ only once a run's trainer was built in the engine thread, as a failed run:
 - LoRA ``target_modules`` that match no module of the base (or ``[]``);
 - a dataset row that cannot be tokenized (checked on the first rows of each dataset, after the
   run's ``formatting_func``: a full pass would cost as much as the training's own preprocessing);
-- a ``generation_config`` that transformers refuses.
+- a ``generation_config`` that transformers refuses;
+- a base model returned by ``create_model`` without its weights (on the ``meta`` device).
 """
 
 from __future__ import annotations
@@ -125,6 +126,23 @@ def _tokenize(text: str, where: str, tokenizer) -> None:
         raise ConfigError(f"{where} cannot be tokenized: {type(exc).__name__}: {exc}") from exc
 
 
+def check_model_has_weights(spec, model) -> None:
+    """Refuse a base model whose weights are on the ``meta`` device (made under
+    ``init_empty_weights`` or ``torch.device("meta")``, never loaded): it has shapes but no
+    values, and training it failed deep in the engine with torch's "Cannot copy out of meta
+    tensor"."""
+    params = getattr(model, "named_parameters", None)
+    if params is None:
+        return
+    empty = [name for name, p in params() if getattr(p, "is_meta", False)]
+    if empty:
+        raise ConfigError(
+            f"create_model returned base model {spec.model_name!r} with {len(empty)} parameters on "
+            f"the meta device (e.g. {empty[0]!r}): they have shapes but no values. Load the weights "
+            "in create_model (from_pretrained, or load_state_dict after init_empty_weights) before "
+            "returning the model")
+
+
 def check_before_training(specs, bases_for, train_dataset, eval_dataset, cache: dict | None = None) -> None:
     """Every check above, for every run; ``bases_for(spec)`` gives the loaded base (model,
     tokenizer). Raises the first ``ConfigError``, naming the run."""
@@ -134,6 +152,7 @@ def check_before_training(specs, bases_for, train_dataset, eval_dataset, cache: 
     for i, spec in enumerate(specs, start=1):
         model, tokenizer = bases_for(spec)
         try:
+            check_model_has_weights(spec, model)
             check_target_modules(spec, model)
             if spec.generation_config:
                 check_generation_settings(dict(spec.generation_config))

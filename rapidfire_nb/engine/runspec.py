@@ -18,6 +18,8 @@ TRAINER_TYPES = ("SFT", "DPO", "GRPO")
 REPORTING_KNOBS = ("logging_steps", "logging_strategy", "logging_first_step", "eval_strategy",
                    "eval_steps", "eval_delay", "save_strategy", "save_steps", "save_total_limit",
                    "report_to", "run_name", "disable_tqdm")
+# training_args knobs that choose how a run is spread over devices
+SHARDING_KNOBS = ("fsdp", "fsdp_config")
 
 
 @dataclass
@@ -103,6 +105,13 @@ class RunSpec:
         args = dict(config["training_args"] or {})
         for knob in REPORTING_KNOBS:
             args.pop(knob, None)
+        # sharding says where a run computes, not what: a run sharded over k devices at a
+        # per-device batch b computes what one device does at k x b (engine/sharding.py)
+        devices = int((self.extra or {}).get("num_gpus") or 1)
+        for knob in SHARDING_KNOBS:
+            args.pop(knob, None)
+        if devices > 1 and "per_device_train_batch_size" in args:
+            args["per_device_train_batch_size"] = args["per_device_train_batch_size"] * devices
         config["training_args"] = args
         blob = json.dumps(config, sort_keys=True, default=repr)
         return hashlib.sha256(blob.encode()).hexdigest()

@@ -114,10 +114,35 @@ def config_fingerprint(config: dict) -> str:
 
 # -- the table ---------------------------------------------------------------------------------
 
+class _Names(list):
+    """A table's metric names, in first-seen order, with a set beside them: folding an event
+    asks "seen before?" for each of its names, and a list's own ``in`` made the fold quadratic in
+    the number of names (a crafted log of 40,000 names took a minute). Still a list to every
+    reader (JSON, equality, copies)."""
+
+    def __init__(self, names=()):
+        super().__init__(names)
+        self._seen = set(self)
+
+    def __contains__(self, name) -> bool:
+        return name in self._seen
+
+    def append(self, name) -> None:
+        if name not in self._seen:
+            self._seen.add(name)
+            super().append(name)
+
+    def __deepcopy__(self, memo):
+        return _Names(self)
+
+    def __reduce__(self):
+        return (_Names, (list(self),))
+
+
 def new_table() -> dict:
     return {
         "experiment": None, "path": None, "resumed": False, "ended": False, "last_seq": 0,
-        "runs": {}, "train_metrics": [], "eval_metrics": [],
+        "runs": {}, "train_metrics": _Names(), "eval_metrics": _Names(),
         "time": dict.fromkeys(TIME_KEYS, 0.0), "timeline": [], "points": [],
         "workers": [], "lost_workers": [],
     }
@@ -226,6 +251,9 @@ def _created(run: dict, ev: dict) -> None:
         run["changes"] = copy.deepcopy(ev["changes"])
     run["parent_run_id"] = ev["parent_run_id"] if _is_int(ev.get("parent_run_id")) else None
     run["warm_start"] = ev.get("warm_start") is True
+    # devices a sharded run trains on (num_gpus, FSDP over a gang of workers); absent: one
+    if _is_int(ev.get("devices")) and ev["devices"] > 1:
+        run["devices"] = ev["devices"]
     for key in ("total_steps", "steps_per_epoch", "num_chunks"):
         run[key] = ev[key] if _is_int(ev.get(key)) else None
     for key in ("base_samples_seen", "base_step"):
@@ -267,6 +295,8 @@ def _metric(table: dict, run: dict, ev: dict) -> None:
         run["samples_seen"] = samples
     x = metric_x(ev)
     names = table[f"{split}_metrics"]
+    if not isinstance(names, _Names):   # a table rebuilt from JSON or copied by hand
+        names = table[f"{split}_metrics"] = _Names(names)
     series = run["series"][split]
     values: dict[str, Any] = {}
     raw = ev.get("metrics") if isinstance(ev.get("metrics"), dict) else {}
@@ -276,8 +306,7 @@ def _metric(table: dict, run: dict, ev: dict) -> None:
         if value is None and raw_value is not None and (isinstance(raw_value, bool)
                                                         or not isinstance(raw_value, (int, float))):
             continue
-        if name not in names:
-            names.append(name)
+        names.append(name)   # once: a name seen before is not added again
         values[name] = value
         run["latest"][name] = value
         if value is not None:

@@ -25,15 +25,15 @@ older versions, or one planted by someone) is refused, never loaded.
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
 from rapidfire_nb.engine.fsio import TMP_MARK as _TMP_MARK
-from rapidfire_nb.engine.fsio import atomic_write_bytes
+from rapidfire_nb.engine.fsio import StrictJSONError, atomic_write_bytes, loads_strict
 from rapidfire_nb.errors import MetadataError, RapidFireError  # noqa: F401 -- read from here too
 
 # Atomic writes live in engine/fsio.py (the one writer of the package); the store cleans up the
@@ -89,18 +89,9 @@ def read_json(path: Path, default: Any = None, expect: type | None = None) -> An
     except FileNotFoundError:
         return default
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise MetadataError(f"{path} is not UTF-8 text (byte {exc.start}); it was left as it is") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MetadataError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column "
-                            f"{exc.colno}; it was left as it is") from None
-    except (ValueError, RecursionError) as exc:
-        # an integer of thousands of digits, or arrays nested thousands deep
-        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-        raise MetadataError(f"{path} is not readable JSON ({what}); it was left as it is") from None
+        obj = loads_strict(raw)
+    except StrictJSONError as exc:
+        raise MetadataError(f"{path} is {exc}; it was left as it is") from None
     if expect is not None and not isinstance(obj, expect):
         names = {dict: "an object", list: "an array"}
         raise MetadataError(f"{path} holds a JSON {_json_kind(obj)} where {names.get(expect, expect.__name__)} "
@@ -128,23 +119,51 @@ def check_experiment_meta(meta: Any, path: Path) -> dict:
     return meta
 
 
-def refuse_links(root: Path) -> None:
+# An experiment's name is one folder name, never a path: no separator, no "..", no leading dot
+# (hidden, or "." itself), no control character. Every place that takes a name checks it here
+# (fullmatch, not match: "$" would let a trailing newline through into the folder name).
+EXPERIMENT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_experiment_name(name: Any, where: str = "experiment_name") -> str:
+    """``name`` when it is an experiment's name, else ``ConfigError`` naming ``where``."""
+    from rapidfire_nb.errors import ConfigError
+
+    if not isinstance(name, str) or not EXPERIMENT_NAME_RE.fullmatch(name):
+        raise ConfigError(f"{where} must be 1-128 letters, digits, '.', '_' or '-', starting with "
+                          f"a letter or digit: a name, not a path (got {name!r:.200})")
+    return name
+
+
+def refuse_links(root: Path, writing: bool = True) -> None:
     """Refuse an experiment folder that is, or holds, a symbolic link (``FolderLinkError`` naming
     it): a link in a shared or downloaded folder would let the engine read, or write over, a file
-    outside the folder. Checked before anything of the folder is read or written."""
+    outside the folder. Checked before anything of the folder is read or written.
+
+    ``writing``: the folder is about to be trained in, so a file with more than one hard link is
+    refused too (a tar extracted without a filter makes them): the log, the lock and the logs are
+    written in place, and another name of such a file may lie outside the folder. A folder opened
+    read-only may hold hard links (a backup made with ``rsync --link-dest`` does)."""
     from rapidfire_nb.engine.events import FolderLinkError
 
     root = Path(root)
     found = None
+    hard = None
     if root.is_symlink():
         found = root
     elif root.is_dir():
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             for name in dirnames + filenames:
                 p = Path(dirpath) / name
-                if p.is_symlink():
+                try:
+                    st = os.lstat(p)
+                except OSError:
+                    continue
+                if os.path.stat.S_ISLNK(st.st_mode):
                     found = p
                     break
+                if writing and hard is None and os.path.stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    hard = (p, st.st_nlink)
             if found is not None:
                 break
     if found is not None:
@@ -156,6 +175,13 @@ def refuse_links(root: Path) -> None:
             f"{found} is a symbolic link (to {target!r}); an experiment folder may not hold links, "
             "since following one could read or overwrite a file outside the folder. Replace it "
             "with the file itself (or remove it); nothing was changed")
+    if hard is not None:
+        raise FolderLinkError(
+            f"{hard[0]} has {hard[1]} hard links: another name of the same file may lie outside "
+            "the experiment folder (a tar extracted without a filter makes such links), and "
+            "training here writes files in place. Replace it with a copy of its own (cp "
+            "--remove-destination), or open the folder read-only with Experiment.open; nothing "
+            "was changed")
 
 
 class ExperimentStore:

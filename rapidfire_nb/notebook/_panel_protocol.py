@@ -10,6 +10,8 @@ Front-end -> Python messages (every one may carry an optional ``request_id``, ec
    "warm_start": bool, "validate_only": bool}``               (the two bools are optional)
 - ``{"type": "traceback", "run_id": int}``                     a failed run's traceback
 - ``{"type": "editable", "run_id": int}``                      the run's JSON-editable knobs
+- ``{"type": "note", "run_id": int, "text": str}``              attach a note to a run (at most
+  MAX_NOTE_CHARS characters; "" clears it); it is logged as a ``note`` event
 
 Python -> front-end messages:
 
@@ -34,11 +36,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapidfire_nb.engine import is_pruned_text
+from rapidfire_nb.engine import MAX_RUN_ID, is_pruned_text
 
 PROTOCOL_VERSION = 1
 
-MAX_RUN_ID = 10**9
 MAX_SEQ = 2**53
 MAX_REQUEST_ID_LEN = 64
 MAX_CHANGES = 64
@@ -52,6 +53,7 @@ MAX_BATCH_EVENTS = 1000
 MAX_BATCH_BYTES = 256 * 1024
 MAX_WIRE_STRING = 2000
 MAX_TRACEBACK_CHARS = 20000
+MAX_NOTE_CHARS = 2000   # as Experiment.note
 
 OPS = ("stop", "resume", "delete", "clone", "confirm_suggestion", "ignore_suggestion")
 _COMMON_KEYS = {"type", "request_id"}
@@ -59,6 +61,7 @@ _ALLOWED_KEYS = {
     "pull": _COMMON_KEYS | {"since"},
     "traceback": _COMMON_KEYS | {"run_id"},
     "editable": _COMMON_KEYS | {"run_id"},
+    "note": _COMMON_KEYS | {"run_id", "text"},
     "op": _COMMON_KEYS | {"op", "run_id"},
     "clone": _COMMON_KEYS | {"op", "run_id", "changes", "warm_start", "validate_only"},
 }
@@ -82,6 +85,7 @@ class Request:
     changes: dict[str, Any] = field(default_factory=dict)
     warm_start: bool = False
     validate_only: bool = False
+    text: str | None = None
 
 
 def _is_int(value: Any) -> bool:
@@ -183,9 +187,9 @@ def parse_message(content: Any, buffers: Any = None) -> Request:
     if not isinstance(content, dict):
         raise MessageError(f"a message must be an object, got {type(content).__name__}")
     kind = content.get("type")
-    if not isinstance(kind, str) or kind not in ("pull", "op", "traceback", "editable"):
+    if not isinstance(kind, str) or kind not in ("pull", "op", "traceback", "editable", "note"):
         shown = kind[:40] if isinstance(kind, str) else type(kind).__name__
-        raise MessageError(f"unknown message type {shown!r} (expected pull, op, traceback or editable)")
+        raise MessageError(f"unknown message type {shown!r} (expected pull, op, traceback, editable or note)")
     if "request_id" in content and content["request_id"] is not None and request_id_of(content) is None:
         raise MessageError(
             f"'request_id' must be a printable string of at most {MAX_REQUEST_ID_LEN} characters or an integer"
@@ -211,6 +215,13 @@ def parse_message(content: Any, buffers: Any = None) -> Request:
     run_id = _check_int(content, "run_id", 1, MAX_RUN_ID, "the run's id")
     if kind in ("traceback", "editable"):
         return Request(kind, rid, run_id=run_id)
+    if kind == "note":
+        text = content.get("text")
+        if not isinstance(text, str):
+            raise MessageError("'text' must be a string (the note)")
+        if len(text) > MAX_NOTE_CHARS:
+            raise MessageError(f"a note holds at most {MAX_NOTE_CHARS} characters; this one has {len(text)}")
+        return Request("note", rid, run_id=run_id, text=text)
     if op != "clone":
         return Request("op", rid, run_id=run_id, op=op)
     return Request(

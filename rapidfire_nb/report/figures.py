@@ -388,8 +388,8 @@ def knobs_figure(table: dict, metric: str | None = None, value: str = "best",
         elif len(nums) != len(xs):
             fig.update_xaxes(type="category", row=1, col=i)
     fig.update_yaxes(title=dict(text=_esc(name)), row=1, col=1)
-    fig.update_layout(title=dict(text=_esc(title) + " · ✕ pruned, ○ stopped, □ failed"),
-                      **{**_LAYOUT, "height": 360})
+    fig.update_layout(title=dict(text=_esc(title) + "<br><sup>✕ pruned · ○ stopped · □ failed</sup>"),
+                      **{**_LAYOUT, "height": 380, "margin": dict(l=60, r=20, t=90, b=50)})
     return fig
 
 

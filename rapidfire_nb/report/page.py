@@ -66,8 +66,12 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         head.append("lineage")
     show_lineage = "lineage" in head
     head.append("note")
-    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left"'
-    out = ['<table style="border-collapse:collapse;font-size:13px">',
+    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"'
+    # long values (target_modules, a failure's reason) wrap in their cell, and a table still
+    # wider than the page scrolls in its own box: the page never outgrows a 1280 px window
+    wrap = ('style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
+            'max-width:22em;overflow-wrap:anywhere"')
+    out = ['<div style="overflow-x:auto;max-width:100%"><table style="border-collapse:collapse;font-size:13px">',
            "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for rank, run in enumerate(runs, start=1):
         color = run_color(run["run_id"])
@@ -82,8 +86,8 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         if show_lineage:
             row.append(_e(lineage(table, run)))
         row.append(_e(run_note(run)))
-        out.append("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in row) + "</tr>")
-    out.append("</tbody></table>")
+        out.append("<tr>" + "".join(f"<td {wrap}>{c}</td>" for c in row) + "</tr>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
@@ -110,6 +114,24 @@ def _figure_div(fig, div_id: str) -> str:
                        default_width="100%", config={"displaylogo": False, "responsive": True})
 
 
+# One figure per metric name costs ~17 ms and ~10 KB of report each: a log of thousands of names
+# (crafted, or a trainer that logs a name per token) made a report of minutes and tens of MB.
+# The report draws the first names logged (the losses come first) and lists the rest.
+MAX_CURVES_PER_SPLIT = 24
+_LISTED = 50
+
+
+def _left_out_note(names: list, split: str) -> str:
+    rest = names[MAX_CURVES_PER_SPLIT:]
+    if not rest:
+        return ""
+    shown = ", ".join(_e(n) for n in rest[:_LISTED]) + (", …" if len(rest) > _LISTED else "")
+    return (f'<p class="meta">{len(rest)} more {split} metric{"s" if len(rest) > 1 else ""} '
+            f"logged but not drawn (a report draws the first {MAX_CURVES_PER_SPLIT} of each split, in "
+            f"the order they were first logged): {shown}. <code>exp.plot(name)</code> draws any "
+            "of them.</p>")
+
+
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 20px; margin-bottom: 4px; } h2 { font-size: 16px; margin-top: 28px; }
@@ -129,9 +151,11 @@ def report_html(table: dict, meta: dict | None = None, source: str | None = None
     name = table["experiment"] or "experiment"
     figs: list[str] = []
     for split in ("eval", "train"):
-        for i, metric in enumerate(table[f"{split}_metrics"]):
+        names = list(table[f"{split}_metrics"])
+        for i, metric in enumerate(names[:MAX_CURVES_PER_SPLIT]):
             fig = curves_figure(table, metric, split)
             figs.append(f'<div class="fig">{_figure_div(fig, f"curve-{split}-{i}")}</div>')
+        figs.append(_left_out_note(names, split))
     facts = [f"{_e(status_counts(table))}", f"log: {_e(log_state(table))}",
              f"{table['last_seq']} events"]
     for key, label in (("num_chunks", "chunks per epoch"), ("seed", "seed")):
@@ -155,9 +179,10 @@ def report_html(table: dict, meta: dict | None = None, source: str | None = None
         "<h2>Leaderboard</h2>", leaderboard_html(table),
         "<h2>Curves</h2>",
         *(figs or ["<p>No metric logged yet.</p>"]),
+        # the scatter (SVG) only: plotly's parallel coordinates need WebGL, which a report opened
+        # anywhere may lack (exp.plot(kind="parcoords") draws them in a notebook)
         *(["<h2>Knobs → metric</h2>",
-            f'<div class="fig">{_figure_div(knobs_figure(table), "knobs-scatter")}</div>',
-            f'<div class="fig">{_figure_div(knobs_figure(table, kind="parcoords"), "knobs-parcoords")}</div>']
+            f'<div class="fig">{_figure_div(knobs_figure(table), "knobs-scatter")}</div>']
           if table["eval_metrics"] or table["train_metrics"] else []),
         "<h2>Engine time</h2>",
         f'<div class="fig">{_figure_div(time_split_figure(table), "time-split")}</div>',
@@ -182,6 +207,8 @@ def write_report(table: dict, path: str | Path, meta: dict | None = None,
 
     ``overwrite=False`` refuses an existing file; ``outside`` is a folder the report must not be
     written into (the experiment folder it is read from, which stays as it is)."""
+    if "\x00" in str(path):
+        raise ReportError(f"report path {str(path)!r} holds a NUL byte, which no file name may hold")
     path = Path(path)
     if path.is_dir():
         raise ReportError(f"{path} is a folder; give the report's file name, e.g. {path / 'report.html'}")
@@ -196,14 +223,12 @@ def write_report(table: dict, path: str | Path, meta: dict | None = None,
     if not overwrite and (path.exists() or path.is_symlink()):
         raise ReportError(f"{path} already exists; give another file name, or --force to replace it")
     text = report_html(table, meta, source)
-    tmp = path.with_name(f".{path.name}.tmp")
+    from rapidfire_nb.engine import atomic_write_text
+
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        # a temporary file of its own, never one found there (a planted link or hard link), then
+        # renamed over ``path``: a link at ``path`` is replaced, not written through
+        atomic_write_text(path, text)
     except OSError as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         raise ReportError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return path

@@ -91,3 +91,36 @@ def run_first_cell(page) -> None:
                 return
             time.sleep(0.25)
     raise AssertionError("the notebook cell did not start executing")
+
+
+# The picture of the panel in the README and on the docs site is this test's own screenshot, so it
+# cannot drift from what the panel shows: RF_UPDATE_SCREENSHOT=1 writes it, and otherwise a
+# committed picture whose size is no longer the panel's (other rows, header lines, columns) fails.
+DOCS_SCREENSHOTS = (Path(__file__).resolve().parents[2] / ".github" / "panel.png",
+                    Path(__file__).resolve().parents[2] / "docs" / "pages" / "img" / "panel.png")
+SCREENSHOT_TOLERANCE_PX = 24   # a curve's tick label or a number's width, not a layout change
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    import struct
+
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def check_docs_screenshot(taken: Path) -> None:
+    """Write (RF_UPDATE_SCREENSHOT=1) or check the committed docs screenshots against ``taken``."""
+    import os
+    import shutil
+
+    if os.environ.get("RF_UPDATE_SCREENSHOT") == "1":
+        for path in DOCS_SCREENSHOTS:
+            shutil.copyfile(taken, path)
+        return
+    first, second = (p.read_bytes() for p in DOCS_SCREENSHOTS)
+    assert first == second, f"{DOCS_SCREENSHOTS[0]} and {DOCS_SCREENSHOTS[1]} differ: both are this test's screenshot"
+    now, committed = png_size(taken), png_size(DOCS_SCREENSHOTS[0])
+    assert all(abs(a - b) <= SCREENSHOT_TOLERANCE_PX for a, b in zip(now, committed)), (
+        f"the panel now screenshots at {now[0]}x{now[1]} px, the README's picture is {committed[0]}x{committed[1]}: "
+        f"run this test with RF_UPDATE_SCREENSHOT=1 to write the new one ({taken})")

@@ -9,7 +9,7 @@ is checked against the experiment's event log on disk. Screenshots go to test-ou
 
 from __future__ import annotations
 
-from browser_helpers import experiment_events, row_status, run_first_cell, trace_points, waiter, write_notebook
+from browser_helpers import check_docs_screenshot, experiment_events, row_status, run_first_cell, trace_points, waiter, write_notebook
 
 from pathlib import Path
 
@@ -120,7 +120,7 @@ def test_panel_in_jupyterlab(lab, page):
     panel.scroll_into_view_if_needed()
     page.evaluate("() => document.querySelectorAll('.rf-table-wrap').forEach((w) => { w.scrollLeft = 0; })")
     page.screenshot(path=str(OUTPUT / "04_clone_training.png"), full_page=True)
-    panel.screenshot(path=str(OUTPUT / "panel.png"))
+    panel.screenshot(path=str(OUTPUT / "panel.png"))   # the README's and the docs' picture
 
     # --- a view rendered late, living on pulls alone (as in Colab) ------------------------------
     # A second widget without the publisher thread: it must rebuild everything from seq 0 by
@@ -157,6 +157,7 @@ def test_panel_in_jupyterlab(lab, page):
 
     errors = [line for line in page.console_log if line.startswith("pageerror")]
     assert errors == [], errors
+    check_docs_screenshot(OUTPUT / "panel.png")
 
 
 NB7_EXPERIMENT = "browser-panel-nb7"

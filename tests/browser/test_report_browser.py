@@ -32,7 +32,7 @@ def _report(tmp_path: Path, name: str) -> Path:
 @pytest.mark.parametrize("name", ["pruned", "clone_delete"])
 def test_report_renders_offline_without_errors(browser, tmp_path, name):
     report = _report(tmp_path, name)
-    context = browser.new_context(viewport={"width": 1300, "height": 900}, device_scale_factor=1,
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1,
                                   offline=True)
     page = context.new_page()
     requests: list[str] = []
@@ -58,6 +58,9 @@ def test_report_renders_offline_without_errors(browser, tmp_path, name):
         # the leaderboard is a table with one row per run
         rows = page.locator("table tbody tr").count()
         assert rows >= 3
+        # nothing in the report, the leaderboard included, is wider than a 1280 px window
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= 1280, f"the report is {width} px wide in a 1280 px window"
         shots = os.environ.get("RF_REPORT_SHOTS")
         if shots:
             Path(shots).mkdir(parents=True, exist_ok=True)

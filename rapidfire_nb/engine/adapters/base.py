@@ -216,7 +216,11 @@ class RunTrainer:
         self.train_data = self.trainer.train_dataset
         self.eval_data = self.trainer.eval_dataset
         self.raw_eval_dataset = eval_dataset  # prompts/references for generation-based metrics
-        self.plan = self.plan_for(args, len(self.train_data), num_chunks, seed)
+        from rapidfire_nb.engine.sharding import devices_of
+
+        devices = devices_of(self.spec)
+        self.plan = self.plan_for(args, len(self.train_data), num_chunks, seed,
+                                  **({"devices": devices} if devices > 1 else {}))
         self.optimizer = None
         self.scheduler = None
         self._eval_batches = None
@@ -236,8 +240,10 @@ class RunTrainer:
         return 1
 
     @classmethod
-    def plan_for(cls, args, n_examples: int, num_chunks: int, seed: int) -> ChunkPlan:
-        return ChunkPlan(n_examples=n_examples, micro_batch_size=args.per_device_train_batch_size,
+    def plan_for(cls, args, n_examples: int, num_chunks: int, seed: int, devices: int = 1) -> ChunkPlan:
+        """``devices``: a run sharded over k devices steps on k times its per-device batch."""
+        return ChunkPlan(n_examples=n_examples,
+                         micro_batch_size=args.per_device_train_batch_size * devices,
                          grad_accum=args.gradient_accumulation_steps, num_chunks=num_chunks,
                          seed=seed, rows_per_example=cls.rows_per_example(args))
 
@@ -422,12 +428,14 @@ class RunTrainer:
         batches = [self.collate(idx) for idx in micro]
         # the public face of Trainer's token count for loss scaling (it pulls from an iterator)
         _, n_items = t.get_batch_samples(iter(batches), len(batches), t.args.device)
+        n_items = self.global_items(n_items)
         t.current_gradient_accumulation_steps = len(batches)
         t.state.global_step = global_step
         t.accelerator.gradient_state._set_sync_gradients(True)
         loss = 0.0
         for inputs in batches:
             loss += float(t.training_step(model, inputs, n_items))
+        loss = self.reduce_gradients(loss, n_items)
         if not math.isfinite(loss):
             raise FloatingPointError(f"training loss is {loss} at step {global_step + 1}")
         grad_norm = None
@@ -447,6 +455,15 @@ class RunTrainer:
         n_examples = sum(len(i) for i in micro)
         return {"metrics": metrics, "examples": n_examples,
                 "tokens": sum(batch_tokens(b) for b in batches)}
+
+    def global_items(self, n_items):
+        """The loss normaliser of one optimizer step (a sharded run: over the global batch)."""
+        return n_items
+
+    def reduce_gradients(self, loss: float, n_items) -> float:
+        """After the step's backward passes: a sharded run combines its ranks' gradients and
+        losses here (adapters/sharded.py); one device has nothing to combine."""
+        return loss
 
     def pop_trainer_metrics(self, mode: str) -> dict:
         """Drain what the TRL trainer accumulated in ``_metrics`` (token accuracy, rewards...)."""

@@ -37,8 +37,9 @@ from rapidfire_nb.engine.executor import ChunkExecutor, ChunkResult, Flight
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.scheduler import RunView
 from rapidfire_nb.engine.workers.policy import choose_for_worker
+from rapidfire_nb.engine.sharding import devices_of
 from rapidfire_nb.engine.workers.pool import (  # noqa: F401  (MAX_FAILED_STARTS: its old home)
-    MAX_FAILED_STARTS, RayWorkerPool, WorkerSlot, plain, root_line)
+    MAX_FAILED_STARTS, Gang, RayWorkerPool, WorkerSlot, plain, root_line)
 from rapidfire_nb.engine.workers.worker import COUNTERS, pack_tensors, unpack_tensors
 from rapidfire_nb.errors import RapidFireError
 
@@ -93,6 +94,9 @@ class RemoteChunkExecutor(ChunkExecutor):
         self.write_pending = lambda run_id: False   # set by the engine (its writer)
         self.moves = 0
         self.hops: list[dict] = []                # per chunk: round trip vs time inside the worker
+        self.gangs: dict[int, Gang] = {}          # devices -> the live gang of that size
+        self._gang_count = 0
+        self.gang_start_s: list[float] = []       # forming each gang (the rendezvous round trip)
 
     # -- ChunkExecutor interface ----------------------------------------------------------------
     def live_weights(self, run_id: int) -> dict | None:
@@ -130,19 +134,93 @@ class RemoteChunkExecutor(ChunkExecutor):
     # -- dispatch -------------------------------------------------------------------------------
     def assignments(self, engine):
         """Every idle worker gets the run the policy picks for it (workers/policy.py): first
-        only runs it may take without moving one, then moves."""
+        only runs it may take without moving one, then moves.
+
+        Runs sharded over k devices train on the gang of k workers (one per size, formed from the
+        first k workers), when every member is idle; the policy picks among them as for one
+        worker. Its members train single-device runs too, except while a sharded run is next in
+        line (its progress is the least of the waiting runs): they are then kept free for it,
+        so the gang's runs keep pace with the others."""
         live = [s for s in self.pool.live() if s.info]
         writer = engine.persistence.writer
+        sharded = {r.run_id: devices_of(r.spec) for r in engine.runs.values() if devices_of(r.spec) > 1}
+        barrier = engine.boundary_hook is not None
+
+        def views(keep):
+            return [RunView(r.run_id, r.progress, r.status in R.ACTIVE and keep(r.run_id),
+                            busy=r.run_id in self.inflight or writer.pending(r.run_id))
+                    for r in engine.runs.values()]
+
+        reserved: set[int] = set()
+        for k in sorted(set(sharded.values())):
+            gang = self._gang(k, live)
+            if gang is None:
+                continue
+            # the runs waiting for this gang, and the others (single-device, other gangs)
+            waiting = [v for v in views(lambda rid, k=k: sharded.get(rid) == k) if v.schedulable and not v.busy]
+            others = [v for v in views(lambda rid, k=k: sharded.get(rid) != k) if v.schedulable and not v.busy]
+            if not waiting:
+                continue
+            ahead = bool(others) and min(v.progress for v in waiting) > min(v.progress for v in others)
+            if ahead:
+                continue   # a run behind it trains first (on the members, if it is theirs)
+            reserved.update(m.index for m in gang.members)
+            if gang.idle():
+                home = {rid: s.index for rid, s in self.home.items() if s.alive}
+                rid = choose_for_worker(views(lambda rid, k=k: sharded.get(rid) == k), gang.index, home,
+                                        gang.last, True, 1, barrier=barrier)
+                if rid is not None:
+                    yield gang, rid
+        singles = [s for s in live if s.index not in reserved]
         for allow_move in (False, True):
             for slot in self.pool.idle():
-                views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE,
-                                 busy=r.run_id in self.inflight or writer.pending(r.run_id))
-                         for r in engine.runs.values()]
+                if slot.index in reserved:
+                    continue
                 home = {rid: s.index for rid, s in self.home.items() if s.alive}
-                rid = choose_for_worker(views, slot.index, home, slot.last, allow_move, len(live),
-                                        barrier=engine.boundary_hook is not None)
+                rid = choose_for_worker(views(lambda rid: rid not in sharded), slot.index, home,
+                                        slot.last, allow_move, len(singles), barrier=barrier)
                 if rid is not None:
                     yield slot, rid
+
+    def arrive(self, flight: Flight, reply) -> None:
+        if isinstance(flight.slot, Gang):
+            for m in flight.slot.members:
+                if m.busy_with == flight.run_id:
+                    m.busy_with = None
+        super().arrive(flight, reply)
+
+    def drop(self, flight: Flight) -> None:
+        if isinstance(flight.slot, Gang):
+            for m in flight.slot.members:
+                if m.busy_with == flight.run_id:
+                    m.busy_with = None
+        super().drop(flight)
+
+    def _gang(self, k: int, live: list) -> Gang | None:
+        """The live gang of ``k`` workers, or a new one from the first ``k`` live workers."""
+        gang = self.gangs.get(k)
+        if gang is not None and gang.alive and all(m.alive for m in gang.members):
+            return gang
+        free = [s for s in live if s.gang is None or not s.gang.alive]
+        if len(free) < k:
+            return None
+        self._gang_count += 1
+        gang = Gang(index=-self._gang_count, members=sorted(free, key=lambda s: s.index)[:k])
+        for m in gang.members:
+            m.gang = gang
+        self.gangs[k] = gang
+        return gang
+
+    def _form(self, gang: Gang) -> None:
+        """The members join one process group: rank 0 names the rendezvous; the joins are queued
+        on every member before its first chunk (an actor runs its calls in order)."""
+        t0 = time.perf_counter()
+        ray = self.pool.ray
+        addr, port = ray.get(gang.members[0].actor.gang_address.remote(), timeout=120)
+        for rank, m in enumerate(gang.members):
+            m.actor.join_gang.remote(gang.name, rank, gang.size, addr, port)
+        gang.formed = True
+        self.gang_start_s.append(time.perf_counter() - t0)
 
     def dispatch(self, slot: WorkerSlot, rec: RunRecord, load_checkpoint) -> None:
         """Start the next chunk of ``rec`` on ``slot`` (under the engine lock). A run new to this
@@ -161,39 +239,67 @@ class RemoteChunkExecutor(ChunkExecutor):
             record = copy.copy(rec)
             record.last_metrics = {}
         counters = {k: getattr(rec, k) for k in COUNTERS}
-        ref = slot.actor.train_chunk.remote(rid, counters, record, pack_tensors(checkpoint),
-                                            pack_tensors(start))
+        if isinstance(slot, Gang):   # the same call to every member, in lockstep
+            if not slot.formed:
+                self._form(slot)
+            args = (rid, counters, record, pack_tensors(checkpoint), pack_tensors(start))
+            ref = [m.actor.train_chunk.remote(*args) for m in slot.members]
+            for m in slot.members:
+                m.busy_with, m.last = rid, rid
+        else:
+            ref = slot.actor.train_chunk.remote(rid, counters, record, pack_tensors(checkpoint),
+                                                pack_tensors(start))
         slot.busy_with, slot.last = rid, rid
         self.home[rid] = slot
         self.inflight[rid] = Flight(rid, slot, ref, rec.epoch, rec.chunk, time.perf_counter(),
                                     moved=record is not None, sent_wall=time.time())
 
     def collect(self, timeout: float) -> list[tuple[Flight, dict | None, BaseException | None]]:
-        """Wait up to ``timeout`` for chunks in flight; (flight, reply, error) of each one back."""
+        """Wait up to ``timeout`` for chunks in flight; (flight, reply, error) of each one back.
+        A gang's chunk is back when every member answered; a member that died fails it at once
+        (its peers' collectives would only time out)."""
         ray = self.pool.ray
-        by_ref = {f.ref: f for rid, f in self.inflight.items() if rid not in self.arrived}
-        if not by_ref:
+        flights = [f for rid, f in self.inflight.items() if rid not in self.arrived]
+        if not flights:
             time.sleep(0.005)   # only replies waiting for their turn: nothing to wait on here
             return []
         if not ray.is_initialized():   # ray.shutdown() under us: every worker is gone
             gone = RuntimeError("the Ray session ended (ray.shutdown())")
-            return [(f, None, gone) for f in by_ref.values()]
-        ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=timeout)
+            return [(f, None, gone) for f in flights]
+        refs = [r for f in flights for r in _refs(f)]
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:
-            ready, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready = set(ready)
         out = []
         now, now_wall = time.perf_counter(), time.time()
-        for ref in ready:
-            flight = by_ref[ref]
-            flight.arrived, flight.noticed_wall = now, now_wall
-            try:
-                reply = ray.get(ref)
-                if reply.get("ok"):
-                    reply["result"].state = unpack_tensors(reply["result"].state)
-                flight.got_s = time.perf_counter() - now
-            except Exception as exc:
-                out.append((flight, None, exc))
+        for flight in flights:
+            mine = _refs(flight)
+            if not any(r in ready for r in mine):
                 continue
+            replies, error = [], None
+            for i, ref in enumerate(mine):
+                if ref not in ready:
+                    replies.append(None)
+                    continue
+                try:
+                    reply = ray.get(ref)
+                    if reply.get("ok"):
+                        reply["result"].state = unpack_tensors(reply["result"].state)
+                    replies.append(reply)
+                except Exception as exc:
+                    if isinstance(flight.slot, Gang):
+                        exc.rf_member = flight.slot.members[i]
+                    error = exc
+                    break
+            if error is None and any(r is None for r in replies):
+                continue   # a gang whose other members are still training
+            flight.arrived, flight.noticed_wall = now, now_wall
+            flight.got_s = time.perf_counter() - now
+            if error is not None:
+                out.append((flight, None, error))
+                continue
+            reply = replies[0] if len(replies) == 1 else _gang_reply(replies)
             if reply.get("unfit"):   # this worker cannot build the run's base: exclude it
                 out.append((flight, None, WorkerUnfit(reply.get("reason") or plain(reply["error"]))))
             else:
@@ -209,7 +315,7 @@ class RemoteChunkExecutor(ChunkExecutor):
         if reply["ok"]:
             try:   # a base built on this worker for the first time (a replacement's)
                 for key, fp in reply.get("fingerprints", {}).items():
-                    self.pool.note_fingerprint(flight.slot.name, key, fp)
+                    self.pool.note_fingerprint(_first(flight.slot).name, key, fp)
             except RapidFireError as exc:
                 self.pool.release(flight.slot, flight.run_id)
                 reply = {"ok": False, "reason": f"{type(exc).__name__}: {exc}", "error": str(exc)}
@@ -218,6 +324,11 @@ class RemoteChunkExecutor(ChunkExecutor):
             raise WorkerTrainingError(reply.get("reason") or plain(reply["error"]), reply["error"])
         result: ChunkResult = reply["result"]
         flight.slot.chunks += 1
+        if isinstance(flight.slot, Gang):
+            for m in flight.slot.members:
+                m.chunks += 1
+            result.chunk_event["worker"] = flight.slot.name
+            result.chunk_event["devices"] = flight.slot.size
         self.pool.replacements.trained()   # a worker trained a chunk: starts work again
         event = result.chunk_event
         if flight.sent_wall and flight.noticed_wall and "start" in event and "end" in event:
@@ -246,16 +357,52 @@ class RemoteChunkExecutor(ChunkExecutor):
         return result
 
     def lose(self, slot: WorkerSlot) -> list[int]:
-        """A worker died: forget what it held and trained; the runs it held, sorted."""
+        """A worker died: forget what it held and trained; the runs it held, sorted. A gang
+        member's death ends its gang: its runs (held by every member) are forgotten too, and its
+        other members are killed (their process group is broken); the caller replaces them."""
         slot.alive = False
         slot.busy_with = None
-        held = sorted(rid for rid, s in self.home.items() if s is slot)
+        gang = slot.gang
+        gone = [slot]
+        if gang is not None and gang.alive:
+            gang.alive = False
+            gang.busy_with = None
+            gone.append(gang)
+            for m in gang.members:
+                if m is not slot and m.alive:
+                    self.pool.kill(m)
+                    m.busy_with = None
+        held = sorted(rid for rid, s in self.home.items() if any(s is g for g in gone))
         for rid in held:
             del self.home[rid]
         # a reply already back stays: its chunk is in the controller's hands
-        for rid in [rid for rid, f in self.inflight.items() if f.slot is slot and rid not in self.arrived]:
+        for rid in [rid for rid, f in self.inflight.items()
+                    if any(f.slot is g for g in gone) and rid not in self.arrived]:
             del self.inflight[rid]
         return held
+
+
+def _refs(flight: Flight) -> list:
+    return flight.ref if isinstance(flight.ref, list) else [flight.ref]
+
+
+def _first(slot):
+    return slot.members[0] if isinstance(slot, Gang) else slot
+
+
+def _gang_reply(replies: list[dict]) -> dict:
+    """The members' replies to one chunk as one: rank 0's result (its weights and optimizer
+    state are every rank's: adapters are replicated), one RNG state per rank, the slowest
+    member's time; the first failure if a member failed (the chunk failed for the run)."""
+    for reply in replies:
+        if not reply.get("ok"):
+            return reply
+    out = dict(replies[0])
+    state = out["result"].state
+    state["trainer"]["rng_ranks"] = [r["result"].state["trainer"]["rng"] for r in replies]
+    out["worker_s"] = max(r["worker_s"] for r in replies)
+    out["returned"] = max(r.get("returned", 0.0) for r in replies)
+    return out
 
 
 class WorkerEngine(Engine):
@@ -372,9 +519,10 @@ class WorkerEngine(Engine):
 
     def _chunk_lost(self, flight: Flight, exc: BaseException) -> None:
         if self.remote.is_death(exc):
+            slot = getattr(exc, "rf_member", None) or _first(flight.slot)
             if isinstance(exc, WorkerUnfit):
-                self.pool.kill(flight.slot)
-            self._worker_lost(flight.slot, exc, flight)
+                self.pool.kill(slot)
+            self._worker_lost(slot, exc, flight)
             return
         # a Ray-level error of this call alone (e.g. an argument that cannot be unpickled there)
         super()._chunk_lost(flight, exc)
@@ -394,7 +542,8 @@ class WorkerEngine(Engine):
         errors are back already count as dead before ``workers_left`` is logged (no waiting)."""
         ray = self.pool.ray
         others = {f.ref: f.slot for rid, f in self.inflight.items()
-                  if f.slot is not slot and f.slot.alive and rid not in self.remote.arrived}
+                  if f.slot is not slot and f.slot.alive and rid not in self.remote.arrived
+                  and not isinstance(f.slot, Gang)}
         if not others or not ray.is_initialized():
             return
         ready, _ = ray.wait(list(others), num_returns=len(others), timeout=0)
@@ -406,7 +555,19 @@ class WorkerEngine(Engine):
                     others[ref].alive = False
 
     def _worker_lost(self, slot: WorkerSlot, exc: BaseException, flight: Flight | None) -> None:
+        gang = slot.gang if slot.gang is not None and slot.gang.alive else None
         held = self.remote.lose(slot)
+        if gang is not None:   # its peers were killed with it: each is lost, and replaced
+            for m in gang.members:
+                if m is not slot:
+                    why = f"its gang {gang.name} lost worker {slot.name}; a gang ends with a member"
+                    replacement = self.replacements.lost(
+                        m, why, stopping=self._draining or self.closed,
+                        active=any(r.status in R.ACTIVE for r in self.runs.values()))
+                    self.events.append("worker_lost", worker=m.name, node=m.info.get("node"),
+                                       reason=why, runs=[], chunk_lost=None,
+                                       workers_left=len([s for s in self.pool.live() if s.info]),
+                                       replacement=replacement)
         self._notice_other_deaths(slot)
         lost = None
         if flight is not None:

@@ -150,6 +150,38 @@ class WorkerSlot:
     last: int | None = None                    # the run it trained last
     chunks: int = 0                            # chunks it trained that were booked
     created: float = field(default_factory=time.monotonic)
+    gang: Any = None                           # the Gang it belongs to (for its life), if any
+
+
+@dataclass
+class Gang:
+    """k workers that train the chunks of runs sharded over k devices together, in lockstep
+    (one slot of the executor for those runs). Formed once (its members join one process group
+    at the first chunk sent to it) and kept across chunks and runs; a member's death ends it."""
+
+    index: int
+    members: list
+    alive: bool = True
+    formed: bool = False
+    busy_with: int | None = None
+    last: int | None = None
+    chunks: int = 0
+
+    @property
+    def name(self) -> str:
+        return "+".join(m.name for m in self.members)
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    @property
+    def info(self) -> dict:
+        return self.members[0].info if all(m.info for m in self.members) else {}
+
+    def idle(self) -> bool:
+        return self.busy_with is None and all(m.alive and m.info and m.busy_with is None
+                                              for m in self.members)
 
 
 def root_line(exc: BaseException | str) -> str:
@@ -321,6 +353,10 @@ class RayWorkerPool:
 
     def release(self, slot: WorkerSlot, run_id: int) -> None:
         """Ask a worker to drop a run (ordered after the chunk it may be training; no wait)."""
+        if isinstance(slot, Gang):
+            for member in slot.members:
+                self.release(member, run_id)
+            return
         if slot.alive:
             try:
                 slot.actor.release.remote(run_id)

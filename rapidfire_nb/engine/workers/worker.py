@@ -177,7 +177,57 @@ class ChunkWorker:
             self.factory, self.store, f"{name}:{device}", Residency(offload),
             may_move=lambda rid: True,   # no checkpoint is written here: any run may be parked
             progress_of=lambda rid: self.runs[rid].progress)
-        self._log = open(self.root / "worker.log", "a", encoding="utf-8")
+        from rapidfire_nb.engine.fsio import open_append_text
+
+        self._log = open_append_text(self.root / "worker.log")
+        # a gang (engine/fsdp.py): joined once, for the worker's life; its sharded runs train on
+        # their own factory (bases sharded over the gang) beside the single-device ones
+        self._factory_args = (create_model, train_dataset, eval_dataset, num_chunks, seed,
+                              build_args, build_lora)
+        self._device, self._offload = device, offload
+        self.gang = None
+        self.gang_factory = None
+        self.gang_executor = None
+
+    def gang_address(self) -> tuple[str, int]:
+        """Where the gang's rendezvous listens when this worker is its rank 0."""
+        from rapidfire_nb.engine.fsdp import free_port
+
+        try:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        except Exception:
+            host = "127.0.0.1"
+        return host, free_port(host)
+
+    def join_gang(self, name: str, rank: int, size: int, addr: str, port: int,
+                  timeout_s: float | None = None) -> dict:
+        """Join the gang's process group (every member at once: each waits for the others)."""
+        from rapidfire_nb.engine.fsdp import GANG_TIMEOUT_S, GangMembership, ShardedFactoryMixin
+
+        membership = GangMembership(name, rank, size, addr, port, timeout_s or GANG_TIMEOUT_S)
+
+        class _GangFactory(ShardedFactoryMixin, _FingerprintingFactory):
+            pass
+
+        factory = _GangFactory(self.store, *self._factory_args)
+        factory.membership = membership
+        self.gang, self.gang_factory = membership, factory
+        self.gang_executor = LocalChunkExecutor(
+            factory, self.store, f"{self.name}:{self._device}", Residency(self._offload),
+            may_move=lambda rid: True, progress_of=lambda rid: self.runs[rid].progress)
+        return {"gang": name, "rank": rank, "size": size, "backend": membership.backend}
+
+    def _executor_for(self, rec: RunRecord):
+        from rapidfire_nb.engine.sharding import is_sharded
+
+        if is_sharded(rec.spec):
+            if self.gang_executor is None:
+                raise RuntimeError(f"worker {self.name} got a chunk of sharded run {rec.run_id} but "
+                                   "is in no gang")
+            return self.gang_executor, self.gang_factory
+        return self.executor, self.factory
 
     def check_loads(self, blobs: dict, bases: list) -> dict:
         """The controller's check before any run exists: ``blobs`` (field -> cloudpickled value)
@@ -237,20 +287,21 @@ class ChunkWorker:
             if record is not None:
                 old = self.runs.get(run_id)
                 if old is not None:
-                    self.executor.release(old)
+                    self._executor_for(old)[0].release(old)
                 self.runs[run_id] = record
                 if checkpoint is not None:
                     self.store.shipped[run_id] = unpack_tensors(checkpoint)
                 if start_weights is not None:
-                    self.executor.set_start_weights(run_id, unpack_tensors(start_weights))
+                    self._executor_for(record)[0].set_start_weights(run_id, unpack_tensors(start_weights))
             rec = self.runs.get(run_id)
             if rec is None:
                 raise RuntimeError(f"worker {self.name} holds no run {run_id} and got no state for it")
             for k, v in counters.items():
                 setattr(rec, k, v)
+            executor, factory = self._executor_for(rec)
             try:   # this worker's environment first: a base it cannot build is not the run's fault
                 with routed_to(self._log), HF_STATE_LOCK:
-                    self.factory.load_base(rec.spec, need_pristine=rec.spec.peft_config is None)
+                    factory.load_base(rec.spec, need_pristine=rec.spec.peft_config is None)
             except Exception as exc:
                 tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
                 self.release(run_id)
@@ -259,12 +310,12 @@ class ChunkWorker:
                                   f"{type(exc).__name__}: {exc}",
                         "worker_s": time.perf_counter() - t0}
             with routed_to(self._log):   # TRL/transformers warnings go to the worker's log
-                result = self.executor.train_chunk(rec)
+                result = executor.train_chunk(rec)
             result.chunk_event["worker"] = self.name
             result.state = pack_tensors(result.state)   # unpacked by the controller's book()
             return {"ok": True, "result": result, "worker_s": time.perf_counter() - t0,
                     "started": started, "returned": time.time(),
-                    "fingerprints": dict(self.factory.fingerprints)}
+                    "fingerprints": dict(factory.fingerprints)}
         except Exception as exc:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             self.release(run_id)
@@ -279,7 +330,10 @@ class ChunkWorker:
         self.store.shipped.pop(run_id, None)
         if rec is None:
             return False
-        self.executor.release(rec)
+        try:
+            self._executor_for(rec)[0].release(rec)
+        except RuntimeError:   # a sharded run on a worker in no gang: nothing was built
+            pass
         return True
 
     def close(self) -> None:
@@ -289,4 +343,5 @@ class ChunkWorker:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def holds(self) -> list[int]:
-        return sorted(self.executor.live_run_ids())
+        gang = self.gang_executor.live_run_ids() if self.gang_executor is not None else []
+        return sorted(self.executor.live_run_ids() + gang)

@@ -22,9 +22,11 @@ from rapidfire_nb.errors import ConfigError
 def _find(experiment_name: str) -> Path:
     from rapidfire_nb.experiment import current_experiment
 
-    if not isinstance(experiment_name, str) or not experiment_name:
-        raise ConfigError(f"RfDb.get_experiments_path: experiment_name must be the experiment's name "
-                          f"(a non-empty string), got {experiment_name!r}")
+    from rapidfire_nb.engine import check_experiment_name
+
+    # a name, never a path: "../../x" or "/tmp/x" would make the TensorBoard folder and link
+    # below land outside ./rapidfire_experiments
+    check_experiment_name(experiment_name, "RfDb.get_experiments_path: experiment_name")
 
     exp = current_experiment()
     if exp is not None and exp.name == experiment_name:
