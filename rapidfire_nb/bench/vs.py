@@ -178,6 +178,11 @@ def summarize(trace: Trace, ref_loss: float | None, full_samples: int) -> dict:
         params[e["run"]] = e["params"]
         if e["kind"] == "eval" and e["samples"] >= full_samples:
             finals[e["run"]] = e["loss"]
+    # a run pruned at its last rung trained the whole budget but is no finished trial (Optuna
+    # keeps no value for it): the winner is among the runs that ended finished
+    for e in events:
+        if e["kind"] == "end" and e["status"] != "finished":
+            finals.pop(e["run"], None)
     winner = min(finals, key=lambda r: (finals[r], r)) if finals else None
     latest: dict[str, float] = {}
     t_lead = None
