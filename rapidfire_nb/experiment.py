@@ -35,7 +35,6 @@ from rapidfire_nb.engine import (
 )
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 from rapidfire_nb.folder import claim as claim_folder
-from rapidfire_nb.folder import give_back
 from rapidfire_nb.launch import commit, prepare
 from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
 from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path, tensorboard_link
@@ -123,6 +122,8 @@ class Experiment:
         self._tracking = tracking
         self._ended = False
         self._claim(parent, experiment_name)
+        if not resume:
+            self._log_open()
         session.make_current(self)
 
     def _claim(self, parent: Path, name: str) -> None:
@@ -141,16 +142,6 @@ class Experiment:
         self.name, self.path, self.store, self.events, self.meta = c.name, c.path, c.store, c.events, c.meta
         self._folder_lock = c.lock
         session.opened(self)
-
-    def _unclaim(self) -> None:
-        """A new experiment's first run_fit was refused: the folder, its lock and its name go back
-        as they were, and the next run_fit claims afresh."""
-        give_back(self._folder)
-        session.closed(self)
-        self._folder = None
-        self._live_table = None   # it read the log just closed
-        self.name = self.asked_as[1]
-        self.path = Path(self.asked_as[0]) / self.name
 
     @classmethod
     def open(cls, folder: str | Path) -> Experiment:
@@ -201,7 +192,6 @@ class Experiment:
             return
         self._logged_open = True
         self.events.append("experiment", name=self.name, path=str(self.path), resumed=bool(self.resumed))
-        tensorboard_link(self.path)   # RapidFire's RF_TENSORBOARD_LOG_DIR: <parent>/tensorboard_logs/<name>
         try:
             from rapidfire_nb.tracking import start_trackers
         except ImportError:
@@ -269,23 +259,17 @@ class Experiment:
                 "run_fit was already called on this Experiment; use clone_modify to add runs, or "
                 "create a new Experiment" + (f" (this one still trains: end it first with "
                                              f"{session.how_to_free(self.name)})" if busy else ""))
-        if self._folder is None:     # a refused first run_fit gave its folder back
-            self._claim(Path(self.asked_as[0]), self.asked_as[1])
-        try:
-            if not check_concurrency_flag(allow_concurrent):
-                session.refuse_while_another_trains(self.name)
-            session.make_current(self)   # the experiment that trains is the one the magics mean
-            fit = prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed, block,
-                          num_shards, num_gpus, monte_carlo_simulations, store=self.store, events=self.events, table=self._state(),
-                          name=self.name, stored_meta=self.meta if self.resumed else None,
-                          num_workers=self.num_workers, offload=self.offload)
-        except BaseException:
-            if not self.resumed and not self._logged_open:
-                self._unclaim()   # a refused call leaves no folder, no lock, no renamed experiment
-            raise
-        self._log_open()   # the first write of this session: every check has passed
+        if not check_concurrency_flag(allow_concurrent):
+            session.refuse_while_another_trains(self.name)
+        session.make_current(self)   # the experiment that trains is the one the magics mean
+        fit = prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed, block,
+                      num_shards, num_gpus, monte_carlo_simulations, store=self.store, events=self.events, table=self._state(),
+                      name=self.name, stored_meta=self.meta if self.resumed else None,
+                      num_workers=self.num_workers, offload=self.offload)
+        self._log_open()   # a resumed folder's first write: every check has passed
         self.engine, self.automl = fit.engine, fit.driver
         self.meta = commit(fit, self.name)
+        tensorboard_link(self.path)   # RapidFire's RF_TENSORBOARD_LOG_DIR: <parent>/tensorboard_logs/<name>
         session.register_engine(fit.engine, self.name, self)
         self._final = FinalCheckpoints(
             self.path, self.events, self._state(), self._export_to,

@@ -67,6 +67,7 @@ def test_a_second_run_fit_while_another_trains_is_refused_until_it_ends(tmp_path
         assert sorted(os.listdir(tmp_path)) == listing
         # another experiment's run_fit must not start a second engine on the same device unseen
         second = Experiment("y", experiment_path=tmp_path)
+        log_before = (second.path / "events.jsonl").read_bytes()
         with first.engine.atomically():   # keeps the first one training while we look
             assert training_experiments() == ["x"]
             with pytest.raises(RapidFireError) as refused:
@@ -75,9 +76,9 @@ def test_a_second_run_fit_while_another_trains_is_refused_until_it_ends(tmp_path
         assert "'x' is still training" in text
         assert "%rapidfire end x" in text and ".end(wait=False)" in text
         assert "allow_concurrent=True" in text
-        # refused: nothing started, and the new experiment's folder given back
+        # refused: nothing started, nothing logged
         assert second.engine is None
-        assert sorted(os.listdir(tmp_path)) == listing and second.name == "y"
+        assert (second.path / "events.jsonl").read_bytes() == log_before
         # the refused, empty experiment does not hide the training one from the magics
         import rapidfire_nb.experiment as E
 
