@@ -322,7 +322,7 @@ def reaches_into_the_facade(source: str, privates: set[str]) -> list[tuple[int, 
 def passes_self_down(source: str, module: str, mods) -> list[tuple[int, str]]:
     """(line, callee) for each call in the facade that hands ``self`` to a module below it."""
     bound: dict[str, str] = {}
-    for line, target, attr in imports_of(module, source, mods):
+    for _line, target, attr in imports_of(module, source, mods):
         if not attr and target in mods:
             bound[target.rpartition(".")[2]] = target
         elif attr:

@@ -468,7 +468,7 @@ def ray_start() -> tuple[float, bool]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    from rapidfire_nb.engine.workers.pool import _init_local
+    from rapidfire_nb.engine import init_local_ray
 
     t = time.time()
     if ray.is_initialized():
@@ -480,10 +480,10 @@ def ray_start() -> tuple[float, bool]:
     os.environ[RAY_NICENESS] = "0"
     try:
         try:
-            _init_local(ray)
+            init_local_ray(ray)
         except Exception:  # Ray waits 30 s for its node; a very busy machine can miss that once
             ray.shutdown()
-            _init_local(ray)
+            init_local_ray(ray)
     finally:
         if was is None:
             os.environ.pop(RAY_NICENESS, None)
