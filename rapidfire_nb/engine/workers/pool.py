@@ -163,6 +163,7 @@ class Gang:
     members: list
     alive: bool = True
     formed: bool = False
+    ended: bool = False      # a member was lost: its peers were stopped and replaced
     busy_with: int | None = None
     last: int | None = None
     chunks: int = 0
