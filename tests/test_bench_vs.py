@@ -162,3 +162,12 @@ def test_vs_smoke_every_kind_of_side_end_to_end(tmp_path, capsys):
     import ray
 
     assert not ray.is_initialized()   # the bench shut down the Ray it started
+
+
+def test_a_run_pruned_at_its_last_rung_is_no_finished_trial():
+    # Optuna's pruner may judge a trial at its last report: it trained the whole budget, but the
+    # study keeps no value for it, so it is neither finished nor the winner
+    evals = [(1, "a", 64, 2.0), (2, "b", 64, 1.5)]
+    s = vs.summarize(_trace(evals, [(1, "a", "finished"), (2, "b", "pruned")]), 2.0, FULL)
+    assert (s["finished"], s["pruned"], s["runs"]) == (1, 1, 2)
+    assert s["winner"] == "cfg-a" and s["best_final_eval_loss"] == 2.0

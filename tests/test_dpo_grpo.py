@@ -74,7 +74,7 @@ def build_trainers(group, train, evald, tmp_path, lora: bool):
     from peft import get_peft_model
 
     from rapidfire_nb.engine.runs import RunRecord
-    from rapidfire_nb.experiment import build_lora_config, build_training_args
+    from rapidfire_nb.automl import build_lora_config, build_training_args
 
     base, tok = tiny_create_model({"model_kwargs": {}})
     pristine = copy.deepcopy(base)

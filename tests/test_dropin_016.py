@@ -369,7 +369,7 @@ def test_compat_module_paths_and_bad_arguments(tmp_path, monkeypatch):
     assert (L, R, G, M, S, RS, E) == (ours.List, ours.Range, ours.RFGridSearch, ours.RFModelConfig,
                                       ours.RFSFTConfig, ours.RFRandomSearch, Experiment)
     assert __version__ == rapidfire_nb.__version__
-    with pytest.raises(ConfigError, match="experiment_name must be .* got None"):
+    with pytest.raises(ConfigError, match=r"experiment_name must be .* \(got None\)"):
         RfDb().get_experiments_path(None)
     assert not (tmp_path / "rapidfire_experiments").exists()
     exp = Experiment("m", experiment_path=tmp_path / "e")

@@ -67,7 +67,7 @@ def test_exported_full_model_loads_with_every_tensor_equal(trained):
 
 def test_weights_that_do_not_fit_the_model_are_refused(trained, tmp_path):
     exp, _ = trained
-    from rapidfire_nb.experiment import build_lora_config
+    from rapidfire_nb.automl import build_lora_config
 
     spec = exp.engine.snapshot()[1].spec
     base = exp.engine.factory.bases[spec.base_key()].model

@@ -93,7 +93,7 @@ def test_refused_in_run_fit_before_anything_trains(case, tmp_path):
 
 
 def test_refusals_name_each_config_of_a_grid():
-    from rapidfire_nb.experiment import _expand
+    from rapidfire_nb.launch.arguments import expand as _expand
 
     group = RFGridSearch(List([sharded_config(k=2), sharded_config(k=1)]), trainer_type="SFT")
     specs = _expand(group)
@@ -175,8 +175,14 @@ def mixed(ray_session, data, tmp_path_factory):
     assert exp.clone_modify(1, {"training_args.learning_rate": 1e-2}, warm_start=True) == 4
     assert exp.clone_modify(1, {"training_args.learning_rate": 1e-2}, warm_start=False) == 5
     assert exp.wait(timeout=600)
+    exp.weights = {rid: exp.engine.run_weights(rid) for rid in range(1, 6)}
+    # for the record (pytest -s): the gang's start-up, and chunk times sharded vs not
+    tl = exp.get_timeline()
+    print(f"\nfsdp: gang start-up {exp.engine.remote.gang_start_s} s; train_s per chunk by run:",
+          tl.groupby("run_id").train_s.mean().round(3).to_dict(), "setup_s:",
+          tl.groupby("run_id").setup_s.max().round(3).to_dict())
+    exp.end()   # its workers' GPUs are free for the next gang; its log and weights stay readable
     yield exp
-    exp.end()
 
 
 @pytest.mark.slow
@@ -207,7 +213,7 @@ def test_sharded_and_single_device_runs_interleave_fairly(mixed):
 @pytest.mark.slow
 def test_a_cold_clone_of_a_sharded_run_is_bit_identical_to_the_same_config_from_the_start(mixed):
     # run 5: run 1's config at run 2's learning rate, i.e. run 2's config, joined the live gang
-    assert_same_weights(mixed.engine.run_weights(5), mixed.engine.run_weights(2))
+    assert_same_weights(mixed.weights[5], mixed.weights[2])
     assert losses(mixed, 5, "train") == losses(mixed, 2, "train")
 
 
@@ -261,7 +267,7 @@ def test_a_sharded_run_alone_stopped_resumed_and_its_gang_lost_ends_bit_identica
     info = exp.get_runs_info().set_index("run_id")
     assert list(info.status) == ["completed", "completed"], info[["status", "error"]]
     # trained among other runs there, alone here: the same weights and losses
-    assert_same_weights(exp.engine.run_weights(1), mixed.engine.run_weights(1))
+    assert_same_weights(exp.engine.run_weights(1), mixed.weights[1])
     assert losses(exp, 1, "train") == losses(mixed, 1, "train")
     assert losses(exp, 1, "eval") == losses(mixed, 1, "eval")
     # the gang was lost with the killed member: both members replaced, a new gang finished it
@@ -276,5 +282,5 @@ def test_a_sharded_run_alone_stopped_resumed_and_its_gang_lost_ends_bit_identica
 @pytest.mark.slow
 def test_a_warm_clone_of_a_sharded_run_is_bit_identical_to_its_reference(alone, mixed):
     exp, _, _ = alone
-    assert_same_weights(exp.engine.run_weights(2), mixed.engine.run_weights(4))
+    assert_same_weights(exp.engine.run_weights(2), mixed.weights[4])
     assert losses(exp, 2, "train") == losses(mixed, 4, "train")

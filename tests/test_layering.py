@@ -24,19 +24,24 @@ FACE = PACKAGE / "engine" / "__init__.py"
 # Bottom up. A module may import its own layer and those below; the longest prefix decides.
 LAYERS: list[tuple[str, int]] = [
     ("rapidfire_nb._version", 0), ("rapidfire_nb.errors", 0), ("rapidfire_nb._compat", 0),
-    ("rapidfire_nb._quiet", 0), ("rapidfire_nb._views", 0),
+    ("rapidfire_nb._quiet", 0), ("rapidfire_nb._environment", 0),
     ("rapidfire_nb.engine", 1),        # no notebook, no widget, no tracker, no AutoML in here
     ("rapidfire_nb.demo_data", 1),
     ("rapidfire_nb.automl", 2),        # config classes only
-    ("rapidfire_nb.tuning", 3),        # the AutoML driver
+    ("rapidfire_nb.tuning", 3),        # the AutoML driver, its study and pruners
     ("rapidfire_nb.tracking", 3),      # subscribers of the event log
     ("rapidfire_nb.report", 3),        # figures and reports: readers of the event log
-    ("rapidfire_nb.experiment", 4),    # the user's facade
-    ("rapidfire_nb.recovery", 4), ("rapidfire_nb.results", 4),
-    ("rapidfire_nb.notebook", 5), ("rapidfire_nb.compat", 5),
-    ("rapidfire_nb", 6),               # the package's public face (re-exports)
-    ("rapidfire_nb.bench", 6),
-    ("rapidfire_nb.cli", 7), ("rapidfire_nb.__main__", 7),
+    ("rapidfire_nb.launch", 4),        # run_fit's pipeline: plain values in, plans out
+    ("rapidfire_nb.results", 4),       # result frames of the folded run table
+    ("rapidfire_nb.layout", 4),        # RapidFire AI's folder layout (final checkpoints)
+    ("rapidfire_nb.folder", 4),        # the experiment folder a facade claims
+    ("rapidfire_nb.experiment", FACADE := 5),    # the user's facade ...
+    ("rapidfire_nb.session", 5),       # ... the kernel's experiments ...
+    ("rapidfire_nb._views", 5),        # ... and the registry that hands one to a notebook view
+    ("rapidfire_nb.notebook", 6), ("rapidfire_nb.compat", 6),
+    ("rapidfire_nb", 7),               # the package's public face (re-exports)
+    ("rapidfire_nb.bench", 7),
+    ("rapidfire_nb.cli", 8), ("rapidfire_nb.__main__", 8),
 ]
 
 def modules() -> dict[str, Path]:
@@ -271,3 +276,96 @@ def test_every_name_of_the_face_resolves_and_importing_it_loads_none():
     assert loaded == "[]"
     assert names == str(face_names())
     assert undir == "[]" and missing == "[]"
+
+
+# -- the facade hands plain values down ----------------------------------------------------------
+#
+# Modules below the facade (launch/, tuning/, results, the engine, ...) are given plain values:
+# a store, an event log, a run table, a plan. None of them receives the Experiment (no parameter
+# named for it, no call of the facade's that passes it ``self``) or reaches into its private
+# attributes, which would be a hidden channel across the layers.
+
+FACADE_MODULE = "rapidfire_nb.experiment"
+_EXPERIMENT_NAMES = {"exp", "experiment"}
+
+
+def facade_privates(source: str) -> set[str]:
+    """The Experiment's private names: ``self._x`` it assigns, and its ``_methods``."""
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Experiment")
+    names = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)
+             and f.name.startswith("_") and not f.name.startswith("__")}
+    for node in ast.walk(cls):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name) and node.value.id == "self"
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            names.add(node.attr)
+    return names
+
+
+def reaches_into_the_facade(source: str, privates: set[str]) -> list[tuple[int, str]]:
+    """(line, what) where a module takes an Experiment as a parameter or reads one of its
+    private attributes from an object other than its own ``self``/``cls``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                if arg.arg in _EXPERIMENT_NAMES:
+                    found.append((node.lineno, f"takes an Experiment as {arg.arg!r}"))
+        elif (isinstance(node, ast.Attribute) and node.attr in privates
+              and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            found.append((node.lineno, f"reads the facade's private .{node.attr}"))
+    return sorted(found)
+
+
+def passes_self_down(source: str, module: str, mods) -> list[tuple[int, str]]:
+    """(line, callee) for each call in the facade that hands ``self`` to a module below it."""
+    bound: dict[str, str] = {}
+    for _line, target, attr in imports_of(module, source, mods):
+        if not attr and target in mods:
+            bound[target.rpartition(".")[2]] = target
+        elif attr:
+            bound[attr] = target
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        given = [*node.args, *(k.value for k in node.keywords)]
+        if not any(isinstance(a, ast.Name) and a.id == "self" for a in given):
+            continue
+        head = (_dotted(node.func) or "").split(".")[0]
+        target = bound.get(head)
+        if target is None:
+            continue     # a method of its own, a builtin, a local helper
+        if layer(target) is not None and layer(target) < layer(module):
+            found.append((node.lineno, f"{_dotted(node.func)} ({target})"))
+    return sorted(found)
+
+
+def test_the_facade_check_finds_each_kind_of_reach():
+    privates = facade_privates((PACKAGE / "experiment.py").read_text(encoding="utf-8"))
+    assert {"_state", "_ended", "_log_open"} <= privates
+    below = ("def restore(exp, specs):\n    exp._ended = True\n"
+             "def ok(self, store):\n    return self._state, store.root\n"
+             "def peek(x):\n    return x._log_open()\n")
+    assert [line for line, _ in reaches_into_the_facade(below, privates)] == [1, 2, 6]
+    facade = ("from rapidfire_nb.launch import resume\nfrom rapidfire_nb import session\n"
+              "class E:\n    def f(self):\n        resume.restore(self)\n"
+              "        session.make_current(self)\n        self.g(self)\n")
+    found = passes_self_down(facade, FACADE_MODULE, modules())
+    assert found == [(5, "resume.restore (rapidfire_nb.launch.resume)")], found
+
+
+def test_no_module_below_the_facade_receives_the_experiment():
+    mods = modules()
+    facade = mods[FACADE_MODULE].read_text(encoding="utf-8")
+    privates = facade_privates(facade)
+    found = [f"{FACADE_MODULE}:{line}: hands self to {callee}"
+             for line, callee in passes_self_down(facade, FACADE_MODULE, mods)]
+    for m, path in sorted(mods.items()):
+        if layer(m) is None or layer(m) >= layer(FACADE_MODULE):
+            continue
+        found += [f"{m}:{line}: {what}"
+                  for line, what in reaches_into_the_facade(path.read_text(encoding="utf-8"), privates)]
+    assert found == [], "\n".join(found)

@@ -94,7 +94,7 @@ def test_load_ext_registers_the_magic(shell, name):
 def test_no_experiment_gives_a_clear_message(shell, capsys, tmp_path):
     # an ended experiment is no longer current (whatever other tests left behind)
     Experiment("gone", experiment_path=tmp_path).end()
-    from rapidfire_nb.experiment import current_experiment
+    from rapidfire_nb.session import current_experiment
 
     assert current_experiment() is None
     for line in ("status", "stop 1", "clone 1 lr=1e-3", "results", "panel", "tensorboard"):

@@ -23,7 +23,7 @@ from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig,
 from rapidfire_nb.demo_data import tiny_create_model
 from rapidfire_nb.engine.events import read_events
 from rapidfire_nb.errors import RapidFireError
-from rapidfire_nb.experiment import training_experiments
+from rapidfire_nb.session import training_experiments
 
 pytestmark = pytest.mark.slow   # slow tier: several experiments training in one process
 
@@ -56,10 +56,17 @@ def test_a_second_run_fit_while_another_trains_is_refused_until_it_ends(tmp_path
     second = None
     try:
         first.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, block=False)
-        # the re-run cell: the same name gets a new folder, and its run_fit must not start a
-        # second engine on the same device unseen
-        second = Experiment("x", experiment_path=tmp_path)
-        assert second.name == "x_2"
+        listing = sorted(os.listdir(tmp_path))
+        # the re-run cell: `exp` stays the experiment that trains, and its run_fit is refused
+        # with the call that ends it; no "x_2" folder, no lock, nothing logged
+        with first.engine.atomically():   # keeps the first one training while we look
+            again = Experiment("x", experiment_path=tmp_path)
+            assert again is first
+            with pytest.raises(RapidFireError, match=r"already called .*%rapidfire end x"):
+                again.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2, block=False)
+        assert sorted(os.listdir(tmp_path)) == listing
+        # another experiment's run_fit must not start a second engine on the same device unseen
+        second = Experiment("y", experiment_path=tmp_path)
         log_before = (second.path / "events.jsonl").read_bytes()
         with first.engine.atomically():   # keeps the first one training while we look
             assert training_experiments() == ["x"]

@@ -1,4 +1,4 @@
-"""Pruning policy at chunk boundaries (engine/pruning.py): pure, property-tested, no torch."""
+"""Pruning policy at chunk boundaries (tuning/pruners.py): pure, property-tested, no torch."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapidfire_nb.engine.pruning import (
+from rapidfire_nb.tuning.pruners import (
     Hyperband,
     MedianRule,
     SuccessiveHalving,

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rapidfire_nb.engine import pruning as P
+from rapidfire_nb.tuning import pruners as P
 from rapidfire_nb.engine.events import ReadOnlyLog
 from rapidfire_nb.engine.state import LiveTable, check_event, fold, load_schema
 from rapidfire_nb.errors import RapidFireError
@@ -91,10 +91,11 @@ class _Exp:
 def _automl_reading(log, folder: Path, metric: str = "eval_loss") -> None:
     """The driver's reading of a resumed folder: automl.json, the rung values and applied stops
     it scans from the log, the replayed suggestions, and a last logged value."""
-    from rapidfire_nb.tuning import ChunkAutoML, PruningOptions
+    from rapidfire_nb.automl.pruning import PruningOptions
+    from rapidfire_nb.tuning import ChunkAutoML
 
     driver = ChunkAutoML.__new__(ChunkAutoML)
-    driver.exp = _Exp(log, folder)
+    driver.events, driver.table, driver.view = log, _Exp(log, folder)._state(), None
     driver.options = PruningOptions("t", "sha")
     driver.metric, driver.unit, driver.num_chunks = metric, 1, 2
     driver.policy = P.make_policy("sha", "minimize", 1, 2, max_chunks=4)

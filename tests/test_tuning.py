@@ -517,7 +517,7 @@ def test_the_sampler_learns_from_pruned_trials_rung_values(good_low):
     first rung goes where the surviving trials are."""
     import optuna
 
-    from rapidfire_nb.tuning import make_sampler
+    from rapidfire_nb.automl.optuna_search import make_sampler
 
     TS = optuna.trial.TrialState
     study = optuna.create_study(direction="minimize")

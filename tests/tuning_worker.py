@@ -74,7 +74,7 @@ def main():
 
         def save_then_die(self):
             save(self)
-            writer = self.engine.persistence.writer
+            writer = exp.engine.persistence.writer
             if any(writer.pending(rid) for rid in self.pruned):
                 os.kill(os.getpid(), signal.SIGKILL)
 

@@ -86,7 +86,8 @@ export function logTicks(lo: number, hi: number, maxTicks: number): { at: number
       const p = k + Math.log10(m);
       if (p >= lo && p <= hi) {
         at.push(p);
-        labels.push(String(Number((m * 10 ** k).toPrecision(6))));
+        // the powers' notation: "5e-5" beside "1e-4", "0.005" beside "0.001"
+        labels.push(k >= -3 && k <= 4 ? String(Number((m * 10 ** k).toPrecision(6))) : `${m}e${k > 0 ? "+" : ""}${k}`);
       }
     }
   }

@@ -42,6 +42,8 @@ describe("log y", () => {
     const inside = logTicks(Math.log10(0.6), Math.log10(0.9), 4);
     expect(inside.labels).toEqual(["0.6", "0.7", "0.8", "0.9"]);
     expect(inside.at[0]).toBeCloseTo(Math.log10(0.6), 12);
+    // 2 and 5 between powers far from one read like the powers beside them.
+    expect(logTicks(-4.7, -2.6, 6).labels).toEqual(["2e-5", "5e-5", "1e-4", "2e-4", "5e-4", "0.001", "0.002"]);
     // Many decades thin out.
     expect(logTicks(-20, 20, 5).at.length).toBeLessThanOrEqual(6);
     expect(logTicks(-20, 20, 5).labels[0]).toBe("1e-20");

@@ -23,8 +23,9 @@ What lives here (public): ``List`` and ``Range`` (grid and random-search axes); 
 validated at construction by building the real object); ``RFModelConfig``; ``RFGridSearch``,
 ``RFRandomSearch`` and ``RFOptuna`` (Optuna's ask/tell over chunk-level eval values);
 ``RapidFireConfigWarning`` (the category of this package's warnings); and the helpers the engine
-and ``clone_modify`` use on expanded runs: ``apply_changes``, ``editable_knobs``,
-``build_training_args``, ``build_lora_config``, ``warm_start_conflicts``.
+and ``clone_modify`` use on expanded runs: ``apply_changes``, ``check_changes``,
+``flatten_changes``, ``editable_knobs``, ``build_training_args``, ``build_lora_config``,
+``warm_start_conflicts``.
 
 The package, by concern: ``axes`` (List, Range), ``configs`` (the RF* wrappers and RFModelConfig),
 ``groups`` (RFGridSearch, RFRandomSearch), ``optuna_search`` (RFOptuna), ``pruning`` (PruningOptions,
@@ -49,28 +50,19 @@ from __future__ import annotations
 from rapidfire_nb.automl.axes import List, Range
 from rapidfire_nb.automl.configs import RFDPOConfig, RFGRPOConfig, RFLoraConfig, RFModelConfig, RFSFTConfig
 from rapidfire_nb.automl.edits import (
-    apply_changes, build_lora_config, build_training_args, editable_knobs, warm_start_conflicts,
+    apply_changes, build_lora_config, build_training_args, check_changes, editable_knobs, flatten_changes,
+    warm_start_conflicts,
 )
 from rapidfire_nb.automl.groups import RFGridSearch, RFRandomSearch
 from rapidfire_nb.automl.optuna_search import RFOptuna
 from rapidfire_nb.automl.policy import RapidFireConfigWarning
 from rapidfire_nb.automl.pruning import PruningOptions
 
-# Private names that experiment.py reaches through ``automl.<name>``, re-exported so those call
-# sites (and code written against them) read as before.
-from rapidfire_nb.automl.edits import _EDITABLE_SECTIONS as _EDITABLE_SECTIONS
-from rapidfire_nb.automl.edits import _check_generation_config as _check_generation_config
-from rapidfire_nb.automl.edits import flatten_changes as flatten_changes
-from rapidfire_nb.automl.groups import _SearchGroup as _SearchGroup
-from rapidfire_nb.automl.specs import _display as _display
-from rapidfire_nb.automl.specs import _flatten as _flatten
-from rapidfire_nb.automl.specs import _leaves_to_specs as _leaves_to_specs
-from rapidfire_nb.automl.specs import _varying as _varying
-
 __all__ = [
     "List", "Range", "RFLoraConfig", "RFSFTConfig", "RFDPOConfig", "RFGRPOConfig", "RFModelConfig",
     "RFGridSearch", "RFRandomSearch", "RFOptuna", "PruningOptions",
     "RapidFireConfigWarning", "apply_changes", "editable_knobs",
-    "build_training_args", "build_lora_config", "warm_start_conflicts",
+    "build_training_args", "build_lora_config", "warm_start_conflicts", "check_changes",
+    "flatten_changes",
 ]
 

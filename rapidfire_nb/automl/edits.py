@@ -104,6 +104,32 @@ def _flatten_changes(changes: dict, prefix: str = "") -> dict:
 flatten_changes = _flatten_changes  # the one reading of nested/dotted clone changes
 
 
+def check_changes(changes: dict) -> None:
+    """Refuse what has no stated meaning: a knob given twice (``"training_args.learning_rate"``
+    and ``{"training_args": {"learning_rate": ...}}``), and ``output_dir``, which would be
+    silently ignored (every run writes under its experiment folder)."""
+    seen: dict[str, str] = {}
+
+    def walk(d: dict, prefix: str) -> None:
+        for key, value in d.items():
+            if not isinstance(key, str):
+                continue   # apply_changes names it
+            full = f"{prefix}.{key}" if prefix else key
+            spelled = f"{{{prefix!r}: {{{key!r}: ...}}}}" if prefix else repr(key)
+            if isinstance(value, dict) and full in _EDITABLE_SECTIONS:
+                walk(value, full)
+                continue
+            if full in seen:
+                raise ConfigError(f"changes set {full!r} twice ({seen[full]} and {spelled}); give "
+                                  "each knob once")
+            seen[full] = spelled
+            if full == "training_args.output_dir":
+                raise ConfigError("changes: training_args.output_dir cannot be set; every run writes "
+                                  "under its experiment folder (outputs/run_N)")
+
+    walk(changes, "")
+
+
 def apply_changes(spec: RunSpec, changes: dict) -> RunSpec:
     """A new RunSpec: ``spec`` with ``changes`` applied and validated (the parent is untouched).
 

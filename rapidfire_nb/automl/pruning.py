@@ -1,16 +1,16 @@
 """The pruning knobs every search group accepts (``pruner=``, ``pruner_mode=``, ``objective=``...).
 
 Config only: ``PruningOptions`` checks the knobs when a group is built; the driver that acts on
-them at chunk boundaries is ``rapidfire_nb.tuning``, the policy ``rapidfire_nb.engine.pruning``.
+them at chunk boundaries is ``rapidfire_nb.tuning``, the policies ``rapidfire_nb.tuning.pruners``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rapidfire_nb.engine import PRUNERS
 from rapidfire_nb.errors import ConfigError
 
+PRUNERS = ("sha", "median", "hyperband")   # tuning/pruners.py implements each
 MODES = ("stop", "suggest")
 # "shard" is RapidFire AI 0.16.2's word for our chunk: accepted, stored as "chunk"
 GRANULARITIES = ("chunk", "epoch")

@@ -178,6 +178,11 @@ def summarize(trace: Trace, ref_loss: float | None, full_samples: int) -> dict:
         params[e["run"]] = e["params"]
         if e["kind"] == "eval" and e["samples"] >= full_samples:
             finals[e["run"]] = e["loss"]
+    # a run pruned at its last rung trained the whole budget but is no finished trial (Optuna
+    # keeps no value for it): the winner is among the runs that ended finished
+    for e in events:
+        if e["kind"] == "end" and e["status"] != "finished":
+            finals.pop(e["run"], None)
     winner = min(finals, key=lambda r: (finals[r], r)) if finals else None
     latest: dict[str, float] = {}
     t_lead = None
@@ -463,7 +468,7 @@ def ray_start() -> tuple[float, bool]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    from rapidfire_nb.engine.workers.pool import _init_local
+    from rapidfire_nb.engine import init_local_ray
 
     t = time.time()
     if ray.is_initialized():
@@ -475,10 +480,10 @@ def ray_start() -> tuple[float, bool]:
     os.environ[RAY_NICENESS] = "0"
     try:
         try:
-            _init_local(ray)
+            init_local_ray(ray)
         except Exception:  # Ray waits 30 s for its node; a very busy machine can miss that once
             ray.shutdown()
-            _init_local(ray)
+            init_local_ray(ray)
     finally:
         if was is None:
             os.environ.pop(RAY_NICENESS, None)

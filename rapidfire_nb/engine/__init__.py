@@ -23,20 +23,21 @@ _WHERE = {
     "check_generation_settings": "genconfig", "check_prompt_settings": "genconfig",
     # the engine, its ops and their rules
     "Engine": "controller", "Op": "controller", "Note": "controller", "weights_lost_reason": "controller",
-    "refusal": "ops",
-    "ProjectedRun": "queued", "known_ids": "queued", "project": "queued",
-    "ENDED_REASON": "lifecycle", "wait_with_progress": "lifecycle",
+    "refusal": "ops", "ProjectedRun": "ops", "known_ids": "ops", "project": "ops",
+    "checked_run": "ops", "check_status_op": "ops", "EngineView": "ops",
+    "ENDED_REASON": "lifecycle", "wait_with_progress": "lifecycle", "interruptible": "lifecycle",
     "trainer_class": "adapters", "warn_engine_owned_knobs": "adapters.base",
     "check_before_training": "precheck", "check_target_modules": "precheck",
     "check_run_data": "formatting",
     "preserved_accelerate_state": "hfstate",
     "derive_seed": "rng", "rng_fork": "rng",
     "export_adapter": "export", "check_export_path": "export", "ExportError": "export",
+    "export_run": "export",
     # Ray workers
     "check_num_workers": "workers", "resolve_num_workers": "workers",
-    "WorkerEngine": "workers.engine", "connect": "workers.pool",
-    # pruning policies
-    "PRUNERS": "pruning", "Decision": "pruning", "make_policy": "pruning",
+    "WorkerEngine": "workers.engine", "connect": "workers.pool", "init_local_ray": "workers.pool",
+    # FSDP: run_fit's up-front checks of sharded runs
+    "apply_num_gpus": "sharding", "check_sharding": "sharding",
     # the event log and the reducer's run table
     "EventLog": "events", "ReadOnlyLog": "events", "read_events": "events",
     "read_nofollow": "events", "EventLogError": "events", "MAX_RUN_ID": "events",
@@ -49,7 +50,7 @@ _WHERE = {
     "ExperimentStore": "store", "check_experiment_meta": "store", "read_json": "store",
     "refuse_links": "store", "check_experiment_name": "store", "failed_by_the_disk": "store", "MetadataError": "store",
     "CheckpointReadError": "store",
-    "FolderLock": "lock",
+    "FolderLock": "lock", "ExperimentLocked": "lock",
     "atomic_write_json": "fsio", "atomic_write_text": "fsio", "atomic_write_bytes": "fsio",
 }
 __all__ = sorted(_WHERE)

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 import gc
 import logging
 import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from rapidfire_nb.engine import ops as rules
@@ -34,6 +34,7 @@ from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.fsio import open_append_text
 from rapidfire_nb.engine.executor import ChunkExecutor, LocalChunkExecutor
 from rapidfire_nb.engine.factory import TrainerFactory
+from rapidfire_nb.engine.ops import EngineView
 from rapidfire_nb.engine.persistence import Persistence
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.routing import LIBRARY_LOGGERS, routed_to
@@ -45,6 +46,15 @@ from rapidfire_nb.errors import OpRefused, RapidFireError
 
 _POLL_S = 0.1          # how long the loop waits for a chunk before looking at the op queue again
 _WRITE_POLL_S = 0.005  # ... and before looking whether the checkpoint writer is done
+
+
+class _Next(enum.Enum):
+    """What the control loop does after a turn's ops and dispatch."""
+    COLLECT = "collect"   # wait for a chunk to come back and book it
+    FLUSH = "flush"       # wait for the checkpoint writer first
+    AGAIN = "again"       # ops came in: a new turn, at a boundary
+    PAUSE = "pause"       # nothing in flight, replacement workers starting
+    LEAVE = "leave"       # nothing left to train
 
 
 @dataclass
@@ -126,7 +136,7 @@ class Engine:
             may_move=lambda rid: not self.persistence.writer.pending(rid),
             progress_of=lambda rid: self.runs[rid].progress)
         self.ops: queue.SimpleQueue[Op] = queue.SimpleQueue()
-        self.queued_ops: list[Op] = []   # submitted, not yet applied (under self.lock)
+        self._queued: list[Op] = []      # submitted, not yet applied (under self.lock)
         self._held_ops: list[Op] = []    # taken from the queue, waiting for a chunk in flight
         self._last_booked: int | None = None
         self.thread: threading.Thread | None = None
@@ -137,11 +147,11 @@ class Engine:
         # a new thread, even though the old one is still alive in its clean-up
         self._leaving = False
         # called by the engine thread, under the lock, before each scheduling decision (i.e. at
-        # every chunk boundary) with a read-only view of the run table and a list to which it
-        # appends what it decides, as ops and notes; the engine acts on them before the next
-        # chunk (AutoML pruning and refills, rapidfire_nb/tuning.py). The policy never writes
-        # engine state.
-        self.boundary_hook: Callable[[Mapping[int, RunRecord], list], None] | None = None
+        # every chunk boundary) with a read-only view of the engine (ops.EngineView); it yields
+        # what it decides, as ops and notes, and the engine acts on each before the next chunk
+        # (AutoML pruning and refills, rapidfire_nb/tuning/driver.py). The policy never calls
+        # the engine.
+        self.boundary_hook: Callable[[EngineView], Iterable[Op | Note]] | None = None
         # ids handed out for runs that do not exist yet (a queued clone, a trial's run): a later
         # id never takes one of them
         self.reserved_ids: set[int] = set()
@@ -188,29 +198,29 @@ class Engine:
             self.reserved_ids.update(int(r) for r in run_ids)
 
     def _boundary(self) -> None:
-        """Under the lock: ask the boundary policy for its decisions, then act on them in order.
+        """Under the lock: act on each decision of the boundary policy as it yields it. A policy
+        that fails after deciding (its own bookkeeping raised) has had what it decided acted on,
+        as its books say; the failure goes on up to the loop, which logs it."""
+        for action in self.boundary_hook(EngineView(self)):
+            try:
+                self.act_on(action)
+            except Exception:   # one bad decision does not drop the ones after it
+                self._log_file.write("boundary decision failed:\n" + traceback.format_exc())
 
-        The policy appends to ``decided`` as it decides: a policy that fails after deciding
-        (its own bookkeeping raised) still has what it decided acted on, as its books say."""
-        decided: list = []
-        try:
-            self.boundary_hook(MappingProxyType(self.runs), decided)
-        finally:
-            for action in decided:
-                try:
-                    self._act_on(action)
-                except Exception:   # one bad decision does not drop the ones after it
-                    self._log_file.write("boundary decision failed:\n" + traceback.format_exc())
-
-    def _act_on(self, action) -> None:
-        if isinstance(action, Op):
-            if action.kind == "add":
-                self.reserved_ids.add(action.run_id)
-            self.submit(action)
-        elif isinstance(action, Note):
-            self.events.append(action.type, **action.fields)
-        else:
-            raise TypeError(f"a boundary policy decided {action!r}; expected an Op or a Note")
+    def act_on(self, action: Op | Note) -> None:
+        """A policy's decision: an ``Op`` is queued (an ``add`` keeps its run id), a ``Note``
+        logged (one that answers an op with a new run id keeps that id too: a refused trial's)."""
+        with self.lock:
+            if isinstance(action, Op):
+                if action.kind == "add":
+                    self.reserved_ids.add(action.run_id)
+                self.submit(action)
+            elif isinstance(action, Note):
+                if isinstance(action.fields.get("new_run_id"), int):
+                    self.reserved_ids.add(action.fields["new_run_id"])
+                self.events.append(action.type, **action.fields)
+            else:
+                raise TypeError(f"a boundary policy decided {action!r}; expected an Op or a Note")
 
     def add_run(self, spec: RunSpec, run_id: int | None = None, parent: RunRecord | None = None,
                 warm_start: bool = False, changes: dict | None = None, emit: bool = True) -> RunRecord:
@@ -265,13 +275,29 @@ class Engine:
 
     # -- reading ------------------------------------------------------------------------------
     def atomically(self):
-        """Hold while validating an op against ``snapshot``/``engine.queued.project`` and
+        """Hold while validating an op against ``snapshot``/``ops.project`` and
         submitting it: no op is applied and no run changes status in between."""
         return self.lock
 
     def run_ids(self) -> list[int]:
         with self.lock:
             return list(self.runs)
+
+    def taken_ids(self) -> set[int]:
+        """Every run id in use: the runs', and those reserved for runs not created yet."""
+        with self.lock:
+            return set(self.runs) | self.reserved_ids
+
+    def queued_ops(self, timeout: float = -1) -> list[Op] | None:
+        """The ops submitted and not applied yet, in queue order (a copy); None when the lock is
+        not free within ``timeout`` seconds (-1: wait for it), so a reader in the kernel's
+        thread never waits on a chunk boundary."""
+        if not self.lock.acquire(timeout=timeout):
+            return None
+        try:
+            return list(self._queued)
+        finally:
+            self.lock.release()
 
     def snapshot(self) -> dict[int, RunRecord]:
         """A consistent copy of the run table (records are copies: safe to read in any thread)."""
@@ -389,8 +415,8 @@ class Engine:
 
     def submit(self, op: Op) -> None:
         """Queue an op (validated by the caller); the engine applies it at the next chunk boundary."""
-        with self.lock:   # queued_ops and the queue change together (engine/queued.py reads both)
-            self.queued_ops.append(op)
+        with self.lock:   # the queued list and the queue change together (``project`` reads both)
+            self._queued.append(op)
             self.ops.put(op)
         self.start()
 
@@ -520,91 +546,120 @@ class Engine:
             job()
 
     def _loop(self) -> None:
-        """The one control loop, over the executor's slots (one in the kernel, one per Ray worker).
-
-        Each turn, under the lock: at a chunk boundary the AutoML hook; then ops (once the writer
-        has caught up), then every free slot gets a chunk. Outside the lock: wait for a chunk to
-        come back and book it (counters, checkpoint, events), or flush the writer when what comes
-        next needs a write on disk first."""
-        ex = self.executor
+        """The one control loop, over the executor's slots (one in the kernel, one per Ray worker),
+        as named steps. Each turn: at a chunk boundary the AutoML hook (``_boundary_step``); then,
+        under the lock, ops and dispatch (``_ops_and_dispatch_step``), which says what comes next:
+        flush the writer first, wait for a replacement worker, go round again, leave, or collect
+        the chunks that come back and book them (``_collect_and_book_step``)."""
         self._begin_loop()
-        boundary = True    # the AutoML hook runs at chunk boundaries, not at every poll
+        at_boundary = True    # the AutoML hook runs at chunk boundaries, not at every poll
         while True:
-            flush = pause = False
             with self.lock:
-                if boundary and self.boundary_hook is not None and not self._draining:
-                    try:
-                        self._boundary()
-                    except Exception:   # a policy bug must not kill training: logged, ignored
-                        self._log_file.write("boundary hook failed:\n" + traceback.format_exc())
-                boundary = False
-                writer = self.persistence.writer
-                if self._draining:
-                    flush = not ex.inflight   # chunks in flight come back first, and are booked
-                elif self.ops_pending() and writer.busy():
-                    flush = True   # ops see every finished chunk on disk and in the log
-                else:
-                    self._settle_writes()
-                    if not writer.busy():
-                        # only this thread submits writes: the writer stays idle while ops apply;
-                        # an op queued meanwhile waits for the next turn (flush, then apply)
-                        self._apply_ops()
-                    self._dispatch()
-                    if not ex.inflight:
-                        if writer.busy():
-                            # a finishing run's checkpoint is in flight, or the next choice's own
-                            # last chunk: its write first, so that the training order (and
-                            # AutoML's decisions) never depends on the writer's speed
-                            flush = True
-                        elif self.ops_pending():
-                            boundary = True
-                            continue
-                        elif self._recovering():
-                            pause = True   # every worker died: their replacements are starting
-                        else:
-                            self._on_leave()
-                            self._leaving = True  # under the lock: a later submit starts a new thread
-                            _collect_garbage(full=False)
-                            return
-                    elif not ex.waiting() and writer.busy() and self._reply_due() is None:
-                        flush = True   # the reply due next waits for its run's checkpoint write
-            if pause:
+                if at_boundary:
+                    self._boundary_step()
+                step = self._ops_and_dispatch_step()
+            if step is _Next.LEAVE:
+                return
+            if step is _Next.PAUSE:       # every worker died: their replacements are starting
                 time.sleep(_POLL_S)
-                continue
-            if flush:
-                self.persistence.flush()   # outside the lock: the writer's follow-ups take it
-                with self.lock:
-                    if self._draining and not ex.inflight:
-                        self._settle_writes()
-                        # ops accepted before end(wait=False) are applied (or refused, logged),
-                        # never dropped: a returned clone id must exist, a user stop must stay one
-                        self._apply_ops()
-                        return
+                at_boundary = False
+            elif step is _Next.AGAIN:     # ops came in while the turn ran: apply them first
+                at_boundary = True
+            elif step is _Next.FLUSH:
+                if self._flush_step():
+                    return
                 # back to the top: ops that waited for this flush are applied before any other
                 # reply is booked (a pruner's stop lands where the kernel puts it)
-                boundary = True
-                continue
+                at_boundary = True
+            else:
+                at_boundary = self._collect_and_book_step()
+
+    def _boundary_step(self) -> None:
+        """Under the lock, at a chunk boundary: the AutoML hook's decisions, acted on."""
+        if self.boundary_hook is None or self._draining:
+            return
+        try:
+            self._boundary()
+        except Exception:   # a policy bug must not kill training: logged, ignored
+            self._log_file.write("boundary hook failed:\n" + traceback.format_exc())
+
+    def _ops_and_dispatch_step(self) -> _Next:
+        """Under the lock: apply ops (once the writer has caught up), give every free slot a
+        chunk, and say what the loop does next."""
+        ex = self.executor
+        writer = self.persistence.writer
+        if self._draining:
+            # chunks in flight come back first, and are booked
+            return _Next.COLLECT if ex.inflight else _Next.FLUSH
+        if self.ops_pending() and writer.busy():
+            return _Next.FLUSH   # ops see every finished chunk on disk and in the log
+        self._settle_writes()
+        if not writer.busy():
+            # only this thread submits writes: the writer stays idle while ops apply; an op
+            # queued meanwhile waits for the next turn (flush, then apply)
+            self._apply_ops()
+        self._dispatch()
+        if ex.inflight:
+            if not ex.waiting() and writer.busy() and self._reply_due() is None:
+                return _Next.FLUSH   # the reply due next waits for its run's checkpoint write
+            return _Next.COLLECT
+        if writer.busy():
+            # a finishing run's checkpoint is in flight, or the next choice's own last chunk:
+            # its write first, so that the training order (and AutoML's decisions) never
+            # depends on the writer's speed
+            return _Next.FLUSH
+        if self.ops_pending():
+            return _Next.AGAIN
+        if self._recovering():
+            return _Next.PAUSE
+        self._leave_step()
+        return _Next.LEAVE
+
+    def _leave_step(self) -> None:
+        """Under the lock: nothing left to train."""
+        self._on_leave()
+        self._leaving = True  # under the lock: a later submit starts a new thread
+        _collect_garbage(full=False)
+
+    def _flush_step(self) -> bool:
+        """Wait for the checkpoint writer (outside the lock: its follow-ups take it). True when
+        the loop leaves: a drain found nothing in flight any more."""
+        self.persistence.flush()
+        with self.lock:
+            if self._draining and not self.executor.inflight:
+                self._settle_writes()
+                # ops accepted before end(wait=False) are applied (or refused, logged), never
+                # dropped: a returned clone id must exist, a user stop must stay one
+                self._apply_ops()
+                return True
+        return False
+
+    def _collect_and_book_step(self) -> bool:
+        """Wait for a chunk to come back and book the one whose turn it is (counters,
+        checkpoint, events). True when a chunk boundary was reached (booked, or lost)."""
+        ex = self.executor
+        due = self._take_reply()
+        if due is None:
+            with self.lock:
+                wait = _WRITE_POLL_S if self.persistence.writer.busy() and ex.arrived else _POLL_S
+            results = ex.collect(wait)
+            with self.lock:   # every death seen in this batch counts before any is logged
+                for flight, _, exc in results:
+                    if exc is not None and ex.is_death(exc):
+                        flight.slot.alive = False
+            lost = False
+            for flight, reply, exc in results:
+                with self.lock:
+                    if exc is None:
+                        ex.arrive(flight, reply)
+                    else:
+                        lost = True
+                        self._chunk_lost(flight, exc)
             due = self._take_reply()
             if due is None:
-                with self.lock:
-                    wait = _WRITE_POLL_S if self.persistence.writer.busy() and ex.arrived else _POLL_S
-                results = ex.collect(wait)
-                with self.lock:   # every death seen in this batch counts before any is logged
-                    for flight, _, exc in results:
-                        if exc is not None and ex.is_death(exc):
-                            flight.slot.alive = False
-                for flight, reply, exc in results:
-                    with self.lock:
-                        if exc is None:
-                            ex.arrive(flight, reply)
-                        else:
-                            boundary = True
-                            self._chunk_lost(flight, exc)
-                due = self._take_reply()
-                if due is None:
-                    continue
-            boundary = True
-            self._book(*due)
+                return lost
+        self._book(*due)
+        return True
 
     def _take_reply(self) -> tuple | None:
         """The reply to book now (``_reply_due``), taken out of ``executor.arrived``. Booking while
@@ -747,7 +802,7 @@ class Engine:
         self._held_ops = held
         freed = False
         for op in ready:
-            self.queued_ops[:] = [q for q in self.queued_ops if q is not op]
+            self._queued[:] = [q for q in self._queued if q is not op]
             rec = self.runs.get(op.run_id)
             ok, reason = True, None
             try:

@@ -163,3 +163,34 @@ def check_export_path(path, experiment_folder: Path, overwrite: bool = False) ->
                           "entries: another export?); choose a new directory, or pass "
                           "overwrite=True to write over its files")
     return target
+
+
+def export_run(engine, spec, run_id: int, weights: dict, lora_config, path: Path) -> Path:
+    """A run's ``weights`` into ``path`` (checked by the caller): a PEFT adapter when
+    ``lora_config`` is given (the run's ``peft.LoraConfig``), else the full model; plus the
+    tokenizer."""
+    import warnings
+
+    path.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = engine.model_and_tokenizer(spec)
+    if lora_config is not None:
+        lora_config.base_model_name_or_path = spec.model_name
+        with warnings.catch_warnings():
+            # transformers 5 deprecates a name PEFT still calls while it saves; the user can do
+            # nothing about it, and it was the one line an export printed
+            warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            export_adapter(model, lora_config, weights, f"run_{run_id}", path)
+    else:
+        model = copy.deepcopy(engine.untouched_model(spec))
+        try:
+            result = model.load_state_dict(weights, strict=False)   # raises on a shape mismatch
+        except RuntimeError as exc:
+            raise ExportError(f"the weights of run {run_id} do not fit its model: {exc}") from None
+        if result.unexpected_keys:
+            raise ExportError(f"the weights of run {run_id} hold tensors its model lacks: "
+                              f"{result.unexpected_keys[:3]}")
+        model.save_pretrained(str(path))
+        del model
+    tokenizer.save_pretrained(str(path))
+    return path

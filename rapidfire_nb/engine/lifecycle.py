@@ -6,7 +6,10 @@ Called by ``Experiment.end`` in the user's thread, never in the engine's.
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from rapidfire_nb.engine import runs as R
 
@@ -46,3 +49,28 @@ def wait_with_progress(engine, stream=None, every_s: float = 5.0) -> bool:
     active, done, total = _progress(engine)
     print(f"end(): every run finished ({done}/{total} steps)", file=stream, flush=True)
     return True
+
+
+def interruptible(wait: Callable[[], Any]) -> Any:
+    """``wait()`` run in a helper thread while this one waits on an Event. An interrupt (Ctrl-C,
+    Kernel > Interrupt) then lands in ``Event.wait``, which it leaves intact; landing inside
+    ``Thread.join`` instead, CPython 3.11 can mark the engine's thread stopped while it still runs
+    (its tstate lock is released by the interrupted join), and every later wait believes the
+    engine dead. The helper finishes on its own once the engine is idle."""
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["value"] = wait()
+        except BaseException as exc:   # handed to the caller's thread
+            outcome["error"] = exc
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="rapidfire-wait", daemon=True).start()
+    while not finished.wait(0.2):
+        pass
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -192,15 +192,15 @@ class RapidFireMagics(Magics):
             print(f"  {k.ljust(width)}  {_fmt(v)}")
 
     def _cmd_end(self, args):
-        from rapidfire_nb.experiment import current_experiment, end_training, training_experiments
+        from rapidfire_nb.session import current_experiment, end_training, open_experiment, training_experiments
 
         if len(args) > 1:
             raise MagicError(f"'end' takes at most one experiment name, got {' '.join(args)!r}")
         name = args[0] if args else None
         training = training_experiments()
         if name is not None and name not in training:
-            exp = current_experiment()
-            if exp is not None and exp.name == name:
+            exp = open_experiment(name)
+            if exp is not None:
                 exp.end(wait=False)
                 print(f"experiment {name!r}: closed (nothing was training)")
                 return None
@@ -250,7 +250,7 @@ def _one_id(command: str, args: list[str]) -> int:
 
 
 def _experiment():
-    from rapidfire_nb.experiment import current_experiment
+    from rapidfire_nb.session import current_experiment
 
     exp = current_experiment()
     if exp is None:

@@ -145,15 +145,11 @@ class Panel(anywidget.AnyWidget):
         from the engine's own op queue; None when the engine is busy holding its lock (the view
         keeps what it last had)."""
         engine = getattr(self._exp, "engine", None)
-        lock = getattr(engine, "lock", None)
-        if engine is None or lock is None or not hasattr(engine, "queued_ops"):
+        if engine is None:
             return []
-        if not lock.acquire(timeout=0.2):
+        ops = engine.queued_ops(timeout=0.2)
+        if ops is None:
             return None
-        try:
-            ops = list(engine.queued_ops)
-        finally:
-            lock.release()
         return [[op.kind, op.run_id] for op in ops
                 if op.kind in ("stop", "resume", "delete") and isinstance(op.run_id, int)]
 

@@ -84,22 +84,16 @@ def queued_ops_line(exp) -> str | None:
     """The ops accepted but not applied yet (they apply at the run's next chunk boundary), from
     the live engine's queue; None when nothing is queued or the engine is busy."""
     engine = getattr(exp, "engine", None)
-    lock = getattr(engine, "lock", None)
-    if engine is None or lock is None or not hasattr(engine, "queued_ops"):
+    ops = engine.queued_ops(timeout=1.0) if engine is not None else None
+    if ops is None:
         return None
-    if not lock.acquire(timeout=1.0):
-        return None
-    try:
-        ops = list(engine.queued_ops)
-    finally:
-        lock.release()
     words = []
     for op in ops:
         if op.kind == "clone":
             words.append(f"clone of {op.run_id} -> run {op.new_run_id}"
                          + (" (warm start)" if op.warm_start else ""))
         elif op.kind == "add":
-            words.append(f"new run {op.run_id}")   # AutoML's next trial (tuning.py)
+            words.append(f"new run {op.run_id}")   # AutoML's next trial (rapidfire_nb.tuning)
         else:
             words.append(f"{op.kind} {op.run_id}" + (f" ({op.reason})" if op.reason else ""))
     if not words:

@@ -37,6 +37,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._environment import frontend
 from ..errors import RapidFireError
 
 HOST = "127.0.0.1"
@@ -340,23 +341,6 @@ def logdir_of(exp_or_path) -> Path:
     if (path / "tensorboard").is_dir() or (path / "events.jsonl").exists():
         return path / "tensorboard"
     return path
-
-
-def frontend() -> str:
-    """``colab``, ``vscode``, ``jupyter`` (a kernel, served by Jupyter) or ``terminal``."""
-    if "google.colab" in sys.modules:
-        return "colab"
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:
-        shell = None
-    if shell is None or not hasattr(shell, "kernel"):
-        return "terminal"
-    if "VSCODE_PID" in os.environ or os.environ.get("VSCODE_CWD"):
-        return "vscode"
-    return "jupyter"
 
 
 def proxy_url(port: int, base_url: str | None = None) -> str:

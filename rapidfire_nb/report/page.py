@@ -179,9 +179,10 @@ def report_html(table: dict, meta: dict | None = None, source: str | None = None
         "<h2>Leaderboard</h2>", leaderboard_html(table),
         "<h2>Curves</h2>",
         *(figs or ["<p>No metric logged yet.</p>"]),
+        # the scatter (SVG) only: plotly's parallel coordinates need WebGL, which a report opened
+        # anywhere may lack (exp.plot(kind="parcoords") draws them in a notebook)
         *(["<h2>Knobs → metric</h2>",
-            f'<div class="fig">{_figure_div(knobs_figure(table), "knobs-scatter")}</div>',
-            f'<div class="fig">{_figure_div(knobs_figure(table, kind="parcoords"), "knobs-parcoords")}</div>']
+            f'<div class="fig">{_figure_div(knobs_figure(table), "knobs-scatter")}</div>']
           if table["eval_metrics"] or table["train_metrics"] else []),
         "<h2>Engine time</h2>",
         f'<div class="fig">{_figure_div(time_split_figure(table), "time-split")}</div>',

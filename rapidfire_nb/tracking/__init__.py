@@ -84,7 +84,30 @@ def resolve_trackers(tracking: str | Iterable[str | Tracker] | bool | None = Non
     return out
 
 
+def start_trackers(events, path, name: str, tracking=None) -> tuple[TrackerHub | None, str | None]:
+    """The tracker hub of an experiment's log (started), or None when no tracker is enabled; and
+    Trackio's dashboard command when Trackio is one of them (printed once, in the caller's cell)."""
+    names = resolve_trackers(tracking)
+    command = None
+    if "trackio" in names:
+        try:
+            from .trackio_tracker import show_command
+
+            command = show_command(path, name)
+        except ImportError:
+            pass
+        if command:
+            # decided before the tracker thread imports trackio; one line, in this cell
+            print(f"rapidfire: Trackio dashboard of this experiment: {command}")
+    if not names:
+        return None, command
+    hub = TrackerHub(events, path, name, names)
+    hub.start()
+    return hub, command
+
+
 __all__ = [
+    "start_trackers",
     "ENV_SWITCHES", "LIFECYCLE_EVENTS", "RunState", "TRACKER_NAMES", "Tracker", "TrackerContext",
     "TrackerHub", "TrackerWarning", "metric_tag", "resolve_trackers",
 ]

@@ -225,12 +225,17 @@ def test_report_has_the_new_sections(compare, browser, tmp_path):
     page = context.new_page()
     try:
         page.goto(out.as_uri())
-        page.wait_for_function("['knobs-scatter', 'knobs-parcoords', 'resources'].every((id) => "
+        page.wait_for_function("['knobs-scatter', 'resources'].every((id) => "
                                "document.querySelector(`#${id} .main-svg`))", timeout=60_000)
         heads = page.locator("h2").all_text_contents()
         assert "Knobs → metric" in heads and "Resources" in heads
-        parcoords = page.evaluate("() => document.getElementById('knobs-parcoords').data[0].dimensions.map((d) => d.label)")
-        assert parcoords == ["r", "learning_rate", "status", "eval_loss"], parcoords
+        # one scatter per knob that varies, a point per run, drawn
+        knobs = page.evaluate("""() => { const d = document.getElementById('knobs-scatter');
+            return {names: d.data.map((t) => t.name), points: d.data.map((t) => t.y.length),
+                    drawn: d.querySelectorAll('.scatterlayer .trace .point').length}; }""")
+        assert knobs["names"] == ["r", "learning_rate"] and knobs["points"] == [4, 4] and knobs["drawn"] == 8, knobs
+        resources = page.evaluate("() => document.getElementById('resources').data.map((t) => [t.name, t.y.length])")
+        assert len(resources) == 8 and all(n == 3 for _, n in resources), resources   # 4 runs x (memory, tokens/s), 3 chunks
         page.locator("#knobs-scatter").scroll_into_view_if_needed()
         page.screenshot(path=str(SHOTS / "compare_report_knobs.png"))
         page.locator("#resources").scroll_into_view_if_needed()

@@ -27,7 +27,7 @@ class RFMetricLogger:
 
     def get_run_metrics(self, run_id) -> dict:
         """``{metric: [(step, value), ...]}`` of run ``run_id`` (an int, or ``"run 3"``)."""
-        from rapidfire_nb.experiment import current_experiment
+        from rapidfire_nb.session import current_experiment
 
         exp = self._experiment or current_experiment()
         if exp is None:

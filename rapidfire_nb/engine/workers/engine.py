@@ -364,14 +364,14 @@ class RemoteChunkExecutor(ChunkExecutor):
         slot.busy_with = None
         gang = slot.gang
         gone = [slot]
-        if gang is not None and gang.alive:
-            gang.alive = False
-            gang.busy_with = None
+        if gang is not None:   # (the loop may have marked it dead already: its flight failed)
             gone.append(gang)
-            for m in gang.members:
-                if m is not slot and m.alive:
-                    self.pool.kill(m)
-                    m.busy_with = None
+            if not gang.ended:
+                gang.ended, gang.alive, gang.busy_with = True, False, None
+                for m in gang.members:
+                    if m is not slot and m.alive:
+                        self.pool.kill(m)
+                        m.busy_with = None
         held = sorted(rid for rid, s in self.home.items() if any(s is g for g in gone))
         for rid in held:
             del self.home[rid]
@@ -555,7 +555,7 @@ class WorkerEngine(Engine):
                     others[ref].alive = False
 
     def _worker_lost(self, slot: WorkerSlot, exc: BaseException, flight: Flight | None) -> None:
-        gang = slot.gang if slot.gang is not None and slot.gang.alive else None
+        gang = slot.gang if slot.gang is not None and not slot.gang.ended else None
         held = self.remote.lose(slot)
         if gang is not None:   # its peers were killed with it: each is lost, and replaced
             for m in gang.members:

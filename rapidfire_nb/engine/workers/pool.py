@@ -43,12 +43,12 @@ def connect():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
         else:
-            _init_local(ray)
+            init_local_ray(ray)
     _keep_ray_errors_out_of_the_cell(ray)
     return ray
 
 
-def _init_local(ray) -> None:
+def init_local_ray(ray) -> None:
     """A Ray of our own, for this machine alone: every server it starts (GCS, raylet, object
     manager, workers, the driver's own) listens on the loopback interface only. With
     ``RAY_AUTH_MODE=disabled`` anything that reaches those ports can run code.
@@ -163,6 +163,7 @@ class Gang:
     members: list
     alive: bool = True
     formed: bool = False
+    ended: bool = False      # a member was lost: its peers were stopped and replaced
     busy_with: int | None = None
     last: int | None = None
     chunks: int = 0

@@ -17,7 +17,7 @@ class InteractiveController:
         self._experiment = experiment
 
     def _exp(self):
-        from rapidfire_nb.experiment import current_experiment
+        from rapidfire_nb.session import current_experiment
 
         exp = self._experiment or current_experiment()
         if exp is None:

@@ -1,47 +1,87 @@
-"""Crash recovery: a resumed ``run_fit`` rebuilds every run from the experiment folder.
+"""Resume planning: a resumed ``run_fit`` rebuilds every run from the experiment folder.
 
-``check_resume`` refuses a resume whose ``run_fit`` arguments differ from the original ones;
-``plan_restore`` decides everything the restore will do before a byte is written (and refuses a
-folder that does not fit the arguments); ``restore_runs`` then rebuilds each run from the event log
-and its checkpoint and mends what a crash left. Each takes the ``Experiment`` being resumed.
+``refuse_lost_history`` refuses a folder whose log was lost while its runs were not;
+``check_resume`` refuses a resume whose ``run_fit`` arguments (the ``FitPlan``) differ from the
+original ones; ``plan_restore`` decides everything the restore will do before a byte is written
+(and refuses a folder that does not fit the arguments), as a ``RestorePlan``; ``restore_runs``
+then rebuilds each run from the event log and its checkpoint and mends what a crash left. Plain
+values in (the plan, the folder's store and log, the engine being set up): nothing here sees the
+Experiment.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import (ACTIVE, COMPLETED, DELETED, FAILED, PENDING, RUNNING, STOPPED, RunSpec,
                                  atomic_write_json, check_runs_json, failed_by_the_disk, read_json)
 from rapidfire_nb.errors import ConfigError, RapidFireError
 
 
-def check_resume(exp, specs, data_fp, num_chunks, seed, config_group=None) -> None:
-    """Refuse a resume whose ``run_fit`` arguments differ from the original ones (pruning
-    knobs included), before anything is changed."""
-    from rapidfire_nb.tuning import check_pruning_resume, pruning_settings
+@dataclass
+class RestorePlan:
+    """What ``restore_runs`` will do: the folded log (``table``), each run's restore record
+    (``infos``) and spec (``specs``), the runs restored ``failed`` with their reason
+    (``refused``), and the runs that only ``end(wait=False)`` stopped (they go on)."""
+    table: dict
+    infos: dict[int, dict]
+    specs: dict[int, RunSpec]
+    refused: dict[int, str]
+    stopped_by_end: set[int] = field(default_factory=set)
 
-    meta = exp.meta
-    pruning = pruning_settings(config_group)
-    # remembered so restore_runs can complete experiment.json if a crash came before it
-    exp._resume_meta = {"num_chunks": num_chunks, "seed": seed, "data": data_fp,
-                         "runs": [s.fingerprint() for s in specs], "pruning": pruning}
+
+def refuse_lost_history(store) -> None:
+    """Resuming on an empty or missing event log while runs.json or checkpoints show that runs
+    were created would silently drop every logged loss, metric and op: refused, nothing written.
+    A folder where run_fit never created a run (no runs.json, no checkpoint) is fresh."""
+    from rapidfire_nb.engine import EventLogError
+
+    path = store.events_path
+    try:
+        empty = not path.exists() or not path.read_bytes().strip()
+    except OSError as exc:
+        raise EventLogError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if not empty:
+        return
+    runs = read_json(store.runs_path, {})
+    ckpts = sorted(p.parent.name for p in (store.root / "checkpoints").glob("run_*/*.safetensors"))
+    if not runs and not ckpts:
+        return
+    what = "is missing" if not path.exists() else "is empty"
+    evidence = []
+    if runs:
+        evidence.append(f"{store.runs_path} records {len(runs)} run(s)")
+    if ckpts:
+        evidence.append(f"checkpoints exist for {', '.join(dict.fromkeys(ckpts))}")
+    raise EventLogError(
+        f"{path} {what} but {' and '.join(evidence)}: resuming would lose the experiment's "
+        f"logged history (losses, metrics, ops). Restore {path.name} from a backup, or start a "
+        f"new experiment (resume=False); nothing was changed")
+
+
+def check_resume(meta: dict, name: str, plan) -> None:
+    """Refuse a resume whose ``run_fit`` arguments (``plan``) differ from the original ones
+    recorded in ``meta`` (experiment.json; pruning knobs included), before anything is changed."""
+    from rapidfire_nb.tuning import check_pruning_resume
+
+    data_fp = plan.data
     stored_data = meta.get("data") or {}
-    for split, name in (("train", "train_dataset"), ("eval", "eval_dataset")):
+    for split, arg in (("train", "train_dataset"), ("eval", "eval_dataset")):
         if split in stored_data and stored_data[split] != data_fp[split]:
             raise ConfigError(
-                f"resume=True but {name} differs from the one experiment {exp.name!r} was started "
+                f"resume=True but {arg} differs from the one experiment {name!r} was started "
                 f"with (fingerprint {data_fp[split]!r}, stored {stored_data[split]!r}); pass the "
-                f"same {name} to run_fit")
-    for key, given in (("num_chunks", num_chunks), ("seed", seed)):
+                f"same {arg} to run_fit")
+    for key, given in (("num_chunks", plan.num_chunks), ("seed", plan.seed)):
         if meta.get(key) is not None and meta[key] != given:
             raise ConfigError(f"resume=True needs the original {key}={meta[key]!r} (got {given!r})")
-    check_pruning_resume(meta.get("pruning"), pruning)
+    check_pruning_resume(meta.get("pruning"), plan.pruning)
     stored_runs = meta.get("runs")
     if stored_runs:
-        given_runs = exp._resume_meta["runs"]
+        given_runs = plan.fingerprints()
         if len(stored_runs) != len(given_runs):
             raise ConfigError(f"resume=True but the config group expands to {len(given_runs)} runs; "
                               f"the original one had {len(stored_runs)}; pass the same config group")
@@ -50,7 +90,8 @@ def check_resume(exp, specs, data_fp, num_chunks, seed, config_group=None) -> No
                 raise ConfigError(f"resume=True but run {i + 1}'s config differs from the original "
                                   f"one; pass the same config group (and callables of the same names)")
 
-def restore_runs(exp, specs: list[RunSpec], restore: dict) -> None:
+
+def restore_runs(restore: RestorePlan, engine, store, events, meta: dict | None = None) -> None:
     """Rebuild every run (clones included) from the event log and its checkpoint; mend the log.
 
     The event log is the authority (folded by engine/state.py); runs.json is a cache the
@@ -69,33 +110,27 @@ def restore_runs(exp, specs: list[RunSpec], restore: dict) -> None:
       from its previous, intact checkpoint;
     - temporary files of interrupted writes: removed.
     Stopped runs stay stopped; running ones become pending and continue from their checkpoint.
+    ``meta``: experiment.json to write once the runs are back (a crash came before run_fit
+    wrote it), or None.
     """
-    from rapidfire_nb import automl
     from rapidfire_nb.engine import CheckpointReadError
 
-    engine = exp.engine
-    exp.store.remove_stale_tmp()
-    table, infos = restore["table"], restore["infos"]
+    store.remove_stale_tmp()
+    table, infos = restore.table, restore.infos
     logged = {r["run_id"]: r for r in table["runs"].values() if r["created"]}
-    from rapidfire_nb.engine import ENDED_REASON
-
-    # by end(wait=False), not by the user: they go on
-    exp._stopped_by_end = {rid for rid, r in logged.items()
-                            if r["status"] == STOPPED and r["reason"] == ENDED_REASON}
     logged_chunks = {_chunk_key(row) for row in table["timeline"]}
     logged_metrics = {(p["run_id"], p["split"], p["step"]) for p in table["points"]}
     # one runs.json write at the end instead of one per restored run (it is only a cache)
     with engine.runs_writes_deferred():
         for rid in sorted(infos):
-            _restore_run(exp, rid, infos[rid], restore["specs"][rid], restore["refused"].get(rid),
-                              set(logged), logged_chunks, logged_metrics, automl,
-                              CheckpointReadError)
-    if not exp.meta.get("data") and getattr(exp, "_resume_meta", None):
-        exp.meta = {"name": exp.name, "version": __version__, **exp._resume_meta}
-        atomic_write_json(exp.store.meta_path, exp.meta)
+            _restore_run(engine, store, events, rid, infos[rid], restore.specs[rid],
+                         restore.refused.get(rid), rid in restore.stopped_by_end, set(logged),
+                         logged_chunks, logged_metrics, CheckpointReadError)
+    if meta is not None:
+        atomic_write_json(store.meta_path, meta)
     engine.save_runs()
 
-def plan_restore(exp, specs: list[RunSpec], engine, driver) -> dict:
+def plan_restore(specs: list[RunSpec], store, events, engine, driver) -> RestorePlan:
     """Everything ``restore_runs`` will do, decided before it writes a byte: every run's
     spec, and the refusals. The whole resume is refused (``ConfigError``, nothing changed)
     when a logged run does not fit the ``run_fit`` arguments: an id the group cannot have,
@@ -110,10 +145,10 @@ def plan_restore(exp, specs: list[RunSpec], engine, driver) -> dict:
     restored ``failed`` with the reason, and ``create_model`` is never called for it (clone
     its parent again to train it)."""
     from rapidfire_nb import automl
-    from rapidfire_nb.engine import fold, model_identity
+    from rapidfire_nb.engine import ENDED_REASON, fold, model_identity
 
-    cache = check_runs_json(read_json(exp.store.runs_path, {}), exp.store.runs_path)
-    table = fold(exp.events.since(0))
+    cache = check_runs_json(read_json(store.runs_path, {}), store.runs_path)
+    table = fold(events.since(0))
     logged = {r["run_id"]: r for r in table["runs"].values() if r["created"]}
     infos = {rid: _restore_info(run, cache.get(rid)) for rid, run in logged.items()}
     for rid, rec in cache.items():
@@ -122,7 +157,7 @@ def plan_restore(exp, specs: list[RunSpec], engine, driver) -> dict:
         infos.setdefault(rid, {"status": PENDING, "parent_run_id": None, "warm_start": False})
     planned: dict[int, RunSpec] = {}
     refused: dict[int, str] = {}
-    where = exp.store.events_path
+    where = store.events_path
     for rid in sorted(infos):
         info = infos[rid]
         parent_id = info.get("parent_run_id")
@@ -161,11 +196,13 @@ def plan_restore(exp, specs: list[RunSpec], engine, driver) -> dict:
         if rid not in refused:
             _check_counters(rid, info, spec, engine, where)
         planned[rid] = spec
-    return {"table": table, "infos": infos, "specs": planned, "refused": refused}
+    # by end(wait=False), not by the user: they go on
+    stopped_by_end = {rid for rid, r in logged.items()
+                      if r["status"] == STOPPED and r["reason"] == ENDED_REASON}
+    return RestorePlan(table, infos, planned, refused, stopped_by_end)
 
-def _restore_run(exp, rid, info, spec, refused, created, logged_chunks, logged_metrics, automl,
-                 CheckpointReadError) -> None:
-    engine = exp.engine
+def _restore_run(engine, store, events, rid, info, spec, refused, stopped_by_end, created,
+                 logged_chunks, logged_metrics, CheckpointReadError) -> None:
     parent_id = info.get("parent_run_id")
     rec = engine.add_run(spec, run_id=rid, parent=None, warm_start=bool(info.get("warm_start")),
                          changes=info.get("changes"), emit=rid not in created)
@@ -173,7 +210,7 @@ def _restore_run(exp, rid, info, spec, refused, created, logged_chunks, logged_m
     if refused is not None:
         # nothing of it is loaded: no checkpoint, no base model, no create_model call
         rec.status, rec.error = FAILED, refused
-        exp.events.append("run_status", run_id=rid, status=FAILED, error=refused,
+        events.append("run_status", run_id=rid, status=FAILED, error=refused,
                            reason="its model would have come from the folder")
         return
     rec.step_offset = info.get("step_offset", 0)
@@ -182,7 +219,7 @@ def _restore_run(exp, rid, info, spec, refused, created, logged_chunks, logged_m
         setattr(rec, key, info.get(key, getattr(rec, key)))
     status = info.get("status", PENDING)
     reason = "restored after restart"
-    if status == STOPPED and rid in exp._stopped_by_end:
+    if status == STOPPED and stopped_by_end:
         status, reason = PENDING, "continued: it was stopped only because the experiment ended"
     if status == FAILED and failed_by_the_disk(rec.error):
         status, reason = PENDING, "retried from its last intact checkpoint after a checkpoint write failure"
@@ -190,7 +227,7 @@ def _restore_run(exp, rid, info, spec, refused, created, logged_chunks, logged_m
     ckpt = unreadable = None
     if status != DELETED:
         try:
-            ckpt = exp.store.load_checkpoint(rid)
+            ckpt = store.load_checkpoint(rid)
         except CheckpointReadError as exc:
             unreadable = exc
             if status not in (COMPLETED, FAILED):
@@ -198,7 +235,7 @@ def _restore_run(exp, rid, info, spec, refused, created, logged_chunks, logged_m
                 reason = "its checkpoint cannot be read"
     if ckpt is not None and (problem := _counter_problem(ckpt["counters"], spec, engine)):
         unreadable, ckpt = CheckpointReadError(
-            f"{exp.store.checkpoint_path(rid)}: {problem}; it is not loaded"), None
+            f"{store.checkpoint_path(rid)}: {problem}; it is not loaded"), None
         if status not in (COMPLETED, FAILED):
             status, rec.error, reason = FAILED, str(unreadable), "its checkpoint cannot be read"
     if ckpt is not None:
@@ -209,12 +246,12 @@ def _restore_run(exp, rid, info, spec, refused, created, logged_chunks, logged_m
             # killed between the checkpoint and (the end of) its log append
             missing = [(t, p) for t, p in ckpt["events"]
                        if t != "metric" or (p["run_id"], p["split"], p["step"]) not in logged_metrics]
-            exp.events.extend(missing + [("chunk_done", chunk_event)])
+            events.extend(missing + [("chunk_done", chunk_event)])
     elif status in (PENDING, RUNNING, STOPPED, FAILED):
         # failed ones too: a warm clone of a run that failed before its first checkpoint
         # starts from these weights, in this session as in the one that created it
         if rec.warm_start:
-            weights = _lost_warm_start_weights(exp, rec)
+            weights = _lost_warm_start_weights(store, rec)
             if weights is None and status == FAILED:
                 pass   # failed already; a warm clone of it is refused (no weights)
             elif weights is None:
@@ -231,7 +268,7 @@ def _restore_run(exp, rid, info, spec, refused, created, logged_chunks, logged_m
         warnings.warn(f"run {rid} is completed but its checkpoint cannot be used: {unreadable}",
                       stacklevel=3)
     elif status == COMPLETED:
-        warnings.warn(f"run {rid} is completed but its checkpoint {exp.store.checkpoint_path(rid)} "
+        warnings.warn(f"run {rid} is completed but its checkpoint {store.checkpoint_path(rid)} "
                       f"is missing: its weights are gone (export and warm clones of it are refused)",
                       stacklevel=3)
     if status == RUNNING:
@@ -240,15 +277,15 @@ def _restore_run(exp, rid, info, spec, refused, created, logged_chunks, logged_m
         status = COMPLETED
     rec.status = status
     if status != info.get("status") or rid not in created:
-        exp.events.append("run_status", run_id=rid, status=status, error=rec.error, reason=reason)
+        events.append("run_status", run_id=rid, status=status, error=rec.error, reason=reason)
 
-def _lost_warm_start_weights(exp, rec):
+def _lost_warm_start_weights(store, rec):
     """A warm-start clone without a checkpoint: its stored starting weights, else the parent's
     checkpoint if the parent is still exactly where the clone started."""
-    weights = exp.store.load_warm_start(rec.run_id)
+    weights = store.load_warm_start(rec.run_id)
     if weights is not None:
         return weights
-    parent_ckpt = exp.store.load_checkpoint(rec.parent_run_id)
+    parent_ckpt = store.load_checkpoint(rec.parent_run_id)
     if parent_ckpt is not None and parent_ckpt["counters"]["completed_steps"] == rec.step_offset:
         return parent_ckpt["trainer"]["weights"]
     return None

@@ -1,0 +1,97 @@
+"""The experiment folder an Experiment trains in: claimed (its name chosen, its lock taken, its
+log opened) and, when a new experiment's first run_fit is refused, given back as it was.
+
+Plain values in (the parent folder, the name asked for, whether to resume), a ``Claim`` out;
+nothing here sees the Experiment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rapidfire_nb._version import __version__
+from rapidfire_nb.engine import (EventLog, ExperimentStore, FolderLock, atomic_write_json,
+                                 check_experiment_meta, read_json)
+from rapidfire_nb.errors import ConfigError
+
+
+@dataclass
+class Claim:
+    name: str             # the folder's name: the one asked for, or <name>_N for a new experiment
+    path: Path            # the folder, resolved
+    store: Any            # its ExperimentStore
+    lock: Any             # its FolderLock, held
+    events: Any           # its EventLog, open
+    meta: dict            # experiment.json as read (a resumed folder), else {}
+    made: bool            # this claim made the folder
+    resumed: bool
+
+
+def claim(parent: Path, name: str, resume: bool) -> Claim:
+    """Take ``<parent>/<name>``: a new experiment whose folder holds one already moves to
+    ``<name>_2``, ``_3``... (one printed line); its lock; its log. A new experiment's folder gets
+    ``experiment.json``, the empty log and the lock, and nothing else until its run_fit has
+    checked everything (``give_back`` if it refuses). A resumed folder is not written at all
+    until then: a refused resume leaves every byte as it was. ``ExperimentLocked`` when another
+    Experiment holds the folder (nothing is left behind)."""
+    from rapidfire_nb.engine import refuse_links
+    from rapidfire_nb.launch.resume import refuse_lost_history
+
+    root = parent / name
+    if resume and not (root / "experiment.json").exists():
+        raise ConfigError(f"resume=True but there is no experiment at {root}")
+    if not resume and (root / "experiment.json").exists():
+        # a re-executed cell must not mix two experiments in one folder
+        n = 2
+        while (parent / f"{name}_{n}" / "experiment.json").exists():
+            n += 1
+        # one short line in the cell (a re-run cell is normal), not a warning with a temp path
+        print(f"rapidfire: experiment {name!r} exists; this one is "
+              f"'{name}_{n}' (resume=True continues {name!r})")
+        name, root = f"{name}_{n}", parent / f"{name}_{n}"
+    # a link anywhere in the folder could make a read or a write land outside it
+    refuse_links(root)
+    made = not root.exists()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root.resolve()
+    store = ExperimentStore(path)
+    # the folder's owner from here to end(): nothing below may write before this
+    try:
+        lock = FolderLock(path).acquire()
+    except BaseException:
+        if made:
+            _remove_dir_if_empty(path)
+        raise
+    try:
+        meta = check_experiment_meta(read_json(store.meta_path, {}), store.meta_path) if resume else {}
+        if resume:
+            refuse_lost_history(store)
+        events = EventLog(store.events_path)
+    except BaseException:
+        lock.release()
+        raise
+    if not resume:
+        atomic_write_json(store.meta_path, {"name": name, "version": __version__})
+    return Claim(name, path, store, lock, events, meta, made, resume)
+
+
+def give_back(c: Claim) -> None:
+    """A new experiment's run_fit was refused before anything was logged: give back what
+    ``claim`` took (the lock, ``experiment.json``, the empty log, the folder if it made it)."""
+    c.events.close()
+    for path in (c.store.events_path, c.store.meta_path):
+        with contextlib.suppress(OSError):
+            path.unlink()
+    c.lock.release()
+    with contextlib.suppress(OSError):
+        c.lock.path.unlink()
+    if c.made:
+        _remove_dir_if_empty(c.path)
+
+
+def _remove_dir_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()

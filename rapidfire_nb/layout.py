@@ -1,0 +1,144 @@
+"""RapidFire AI's folder layout, for the notebooks written against it.
+
+- ``<experiment>/runs/<id>/checkpoints/final_checkpoint/``: each completed run's
+  ``trainer_state.json`` (its logged metrics as transformers' ``log_history``), written when the
+  run completes (again if it completes again after a resume) by ``FinalCheckpoints``, a
+  subscriber of the event log with its own thread; and, for a LoRA run, its adapter, written by
+  ``end()``: building the adapter's files while other runs train would draw on the process's
+  torch random state beside them, and every run's result must not depend on what trains beside it.
+- ``<experiments path>/tensorboard_logs/<name>/``: RapidFire's ``RF_TENSORBOARD_LOG_DIR``, a link
+  to the experiment's own TensorBoard folder (``tensorboard_link``).
+
+Plain values in: the experiment folder, its event log and folded run table, and the export
+function that writes a run's adapter.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from rapidfire_nb.engine import COMPLETED, atomic_write_json
+
+
+def final_checkpoint_path(root: Path, run_id: int) -> Path:
+    return Path(root) / "runs" / str(int(run_id)) / "checkpoints" / "final_checkpoint"
+
+
+def trainer_state(table: dict, run_id: int) -> dict | None:
+    """transformers' ``trainer_state.json`` of a completed run (None when it is not completed):
+    its step counters and every logged metric as ``log_history``, one entry per step."""
+    from rapidfire_nb.results import results_frame, runs_frame
+
+    info = runs_frame(table)
+    row = info[info.run_id == run_id]
+    if row.empty or row.iloc[0]["status"] != COMPLETED:
+        return None
+    row = row.iloc[0]
+    results = results_frame(table)
+    mine = results[results.run_id == run_id]
+    history = [{"step": int(step), **{m: float(v) for m, v in zip(g.metric, g.value)}}
+               for step, g in mine.groupby("step", sort=True)]
+    return {"global_step": int(row["completed_steps"]), "max_steps": int(row["total_steps"]),
+            "epoch": float(row["epoch"]) if row.get("epoch") is not None else None,
+            "log_history": history}
+
+
+class FinalCheckpoints:
+    """Writes a run's ``trainer_state.json`` once the log says it completed. The event listener
+    only enqueues (it runs in the thread that logs, under the engine's lock); a thread of its own
+    writes (JSON only: nothing here touches torch). ``write_adapters`` (at ``end()``, when nothing
+    trains) adds each completed LoRA run's adapter through ``export_adapter(run_id, path)``; a
+    full model is not copied there (it can be many GB: ``export`` saves it)."""
+
+    def __init__(self, root: Path, events, table, export_adapter: Callable[[int, Path], object],
+                 is_lora: Callable[[int], bool]):
+        self.root, self.table = Path(root), table
+        self._export, self._is_lora = export_adapter, is_lora
+        self._todo: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._unsubscribe = events.subscribe(self._on_event)
+        self._thread = threading.Thread(target=self._work, name="rapidfire-final-checkpoints",
+                                        daemon=True)
+        self._thread.start()
+
+    def _on_event(self, ev: dict) -> None:
+        if ev.get("type") == "run_status" and ev.get("status") == COMPLETED:
+            with self._idle:
+                self._pending += 1
+            self._todo.put(ev.get("run_id"))
+
+    def _work(self) -> None:
+        while True:
+            rid = self._todo.get()
+            if rid is None:
+                return
+            try:
+                self.write(rid)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def write(self, run_id: int) -> None:
+        path = final_checkpoint_path(self.root, run_id)
+        try:
+            state = self.table.read(lambda t: trainer_state(t, run_id))
+            if state is None:
+                return
+            path.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path / "trainer_state.json", state)
+        except Exception as exc:  # noqa: BLE001 - a convenience copy never fails training
+            warnings.warn(f"final checkpoint of run {run_id} not written to {path}: {exc}", stacklevel=2)
+
+    def write_adapters(self) -> None:
+        """Each completed LoRA run's adapter beside its trainer_state.json (nothing trains now)."""
+        from rapidfire_nb.engine import runs_by_id
+
+        done = self.table.read(lambda t: [r["run_id"] for r in runs_by_id(t) if r["status"] == COMPLETED])
+        for run_id in done:
+            path = final_checkpoint_path(self.root, run_id)
+            try:
+                if self._is_lora(run_id):
+                    self._export(run_id, path)
+            except Exception as exc:  # noqa: BLE001 - a convenience copy never fails end()
+                warnings.warn(f"final checkpoint of run {run_id} not written to {path}: {exc}",
+                              stacklevel=3)
+
+    def flush(self, timeout: float | None = 60) -> bool:
+        """Wait until every completed run's checkpoint is written; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+
+    def close(self) -> None:
+        self._unsubscribe()
+        self.flush()
+        self._todo.put(None)
+        self.write_adapters()
+
+
+def tensorboard_link(exp_path: Path) -> Path:
+    """``<parent>/tensorboard_logs/<name>`` pointing at ``<exp_path>/tensorboard`` (made if missing)."""
+    exp_path = Path(exp_path)
+    target = exp_path / "tensorboard"
+    link = exp_path.parent / "tensorboard_logs" / exp_path.name
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return link
+    if link.exists() or link.is_symlink():
+        if link.resolve() != target.resolve():
+            warnings.warn(f"{link} exists and is not this experiment's TensorBoard folder ({target}); "
+                          "it was left as it is", stacklevel=3)
+        return link
+    target.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        link.symlink_to(target, target_is_directory=True)
+    except OSError as exc:   # e.g. Windows without the symlink privilege
+        warnings.warn(f"could not link {link} to {target} ({exc}); point TensorBoard at {target}",
+                      stacklevel=3)
+    return link

@@ -1,0 +1,144 @@
+"""The kernel's experiments: the current one (what ``%rapidfire`` and the RapidFire compat calls
+mean), every training engine of this process, and the one-engine guard of ``run_fit``.
+
+The engine, not the Experiment, is what keeps training: a re-run cell rebinds ``exp``, and the
+old Experiment object may be collected while its engine trains. So engines are kept here (weakly)
+with their experiment's name.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from rapidfire_nb.errors import RapidFireError
+
+_current: weakref.ref | None = None
+# every open (not ended) Experiment that holds a folder, by its folder: what a "locked" message
+# names, and what `%rapidfire end NAME` closes when nothing trains
+_OPEN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ENGINES_LOCK = threading.Lock()
+
+
+def current_experiment():
+    """The most recently created (or trained), not yet ended Experiment of this process."""
+    exp = _current() if _current is not None else None
+    return exp if exp is not None and not exp.ended else None
+
+
+def make_current(exp) -> None:
+    global _current
+    _current = weakref.ref(exp)
+
+
+def forget(exp) -> None:
+    """``exp`` ended: it is no longer the current experiment."""
+    global _current
+    if _current is not None and _current() is exp:
+        _current = None
+
+
+def opened(exp) -> None:
+    """``exp`` holds its folder (``exp.path``) from now until ``closed(exp)``."""
+    _OPEN[str(exp.path)] = exp
+
+
+def closed(exp) -> None:
+    if _OPEN.get(str(exp.path)) is exp:
+        del _OPEN[str(exp.path)]
+
+
+def holder_of(path) -> object | None:
+    """The open Experiment of this kernel that holds folder ``path``, or None."""
+    exp = _OPEN.get(str(path))
+    return exp if exp is not None and not exp.ended else None
+
+
+def open_experiment(name: str):
+    """The newest open Experiment of this kernel called ``name``, or None."""
+    found = [exp for exp in list(_OPEN.values()) if exp.name == name and not exp.ended]
+    return found[-1] if found else None
+
+
+def training_as(parent, name: str):
+    """The Experiment of this kernel that was asked for as ``Experiment(name, parent)`` and still
+    trains (a re-run cell's), or None."""
+    for _n, _engine, exp in training_engines():
+        if exp is not None and getattr(exp, "asked_as", None) == (str(parent), name):
+            return exp
+    return None
+
+
+def how_to_free(name: str) -> str:
+    """The calls that end experiment ``name`` of this kernel, as the messages name them."""
+    return f"`%rapidfire end {name}` (or .end() on that Experiment)"
+
+
+def register_engine(engine, name: str, exp) -> None:
+    """``engine`` trains experiment ``name`` (whose Experiment object is ``exp``)."""
+    with _ENGINES_LOCK:
+        _ENGINES[engine] = (name, weakref.ref(exp))
+
+
+def training_engines() -> list[tuple[str, Any, Any]]:
+    """(name, engine, its Experiment or None if that was collected) for each engine of this
+    process that still has runs pending or running (or ops queued), oldest first."""
+    with _ENGINES_LOCK:
+        engines = list(_ENGINES.items())
+    out = []
+    for engine, (name, ref) in engines:
+        try:
+            if not engine.closed and engine.busy():
+                out.append((name, engine, ref()))
+        except Exception:   # an engine half torn down trains nothing
+            continue
+    return out
+
+
+def training_experiments() -> list[str]:
+    """Names of this process's experiments that still train, oldest first."""
+    return [name for name, _engine, _exp in training_engines()]
+
+
+def end_training(name: str | None = None) -> list[str]:
+    """End (as ``end(wait=False)``: unfinished runs stop at their next chunk boundary, resumable)
+    the experiment called ``name`` that trains in this process, or every one when ``name`` is
+    None; returns the names ended. An engine whose Experiment object is gone is stopped the same
+    way."""
+    from rapidfire_nb.engine import ENDED_REASON
+
+    ended = []
+    for n, engine, exp in training_engines():
+        if name is not None and n != name:
+            continue
+        if exp is not None:
+            exp.end(wait=False)
+        else:
+            engine.drain()
+            engine.end_unfinished(ENDED_REASON)
+            engine.close()
+        ended.append(n)
+    return ended
+
+
+def refuse_while_another_trains(name: str) -> None:
+    """run_fit's guard: one engine per device unless asked (``allow_concurrent=True``)."""
+    training = [(n, exp) for n, _engine, exp in training_engines() if n != name]
+    busy = [n for n, _exp in training]
+    if not busy:
+        return
+    # The refused Experiment (the re-run cell's) trains nothing: `%rapidfire status`, `panel` and
+    # a bare `%rapidfire end` keep meaning the one that trains, not this empty one.
+    newest = next((exp for _n, exp in reversed(training) if exp is not None), None)
+    if newest is not None:
+        make_current(newest)
+    listed = ", ".join(repr(n) for n in busy)
+    ends = " and ".join(f"%rapidfire end {n}" for n in busy)
+    raise RapidFireError(
+        f"experiment {listed} is still training in this kernel; a second engine would share the "
+        f"device with it (or its Ray workers' GPUs). End it first with `{ends}` (or .end(wait=False) "
+        "on it: runs stop at their next chunk boundary, resumable), then run this cell again; or "
+        "pass run_fit(..., allow_concurrent=True) to train both at once. Until then %rapidfire "
+        f"status and %rapidfire panel show {busy[-1]!r}.")

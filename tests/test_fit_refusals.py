@@ -1,0 +1,106 @@
+"""What a notebook user sees around run_fit: a locked folder names the call that frees it; a reopened experiment shows its runs before run_fit; and
+RapidFire's folder layout (final checkpoints, tensorboard_logs) appears as runs complete.
+
+Tiny offline model and data (demo_data); each experiment trains a few steps on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.demo_data import tiny_create_model
+from rapidfire_nb.engine import ExperimentLocked
+from rapidfire_nb.session import open_experiment
+
+
+def group(lrs=(1e-3, 2e-2)):
+    cfg = RFModelConfig(
+        model_name="tiny", model_kwargs={"hidden_size": 32},
+        peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        training_args=RFSFTConfig(learning_rate=List(list(lrs)), per_device_train_batch_size=8,
+                                  num_train_epochs=1, max_length=64, bf16=False))
+    return RFGridSearch(cfg, trainer_type="SFT")
+
+
+def test_a_locked_folder_names_the_call_that_frees_it(tmp_path):
+    first = Experiment("same", experiment_path=tmp_path, tracking=[])
+    with pytest.raises(ExperimentLocked, match=r"experiment 'same' of this kernel: free it with "
+                                               r"`%rapidfire end same` \(or \.end\(\)"):
+        Experiment("same", experiment_path=tmp_path, resume=True, tracking=[])
+    assert open_experiment("same") is first      # what `%rapidfire end same` closes
+    first.end()
+    Experiment("same", experiment_path=tmp_path, resume=True, tracking=[]).end()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_data):
+    """One experiment trained to the end, not yet ended: its folder as a RapidFire notebook reads
+    it between training and end()."""
+    train, evald = tiny_data
+    root = tmp_path_factory.mktemp("layout")
+    exp = Experiment("layout", experiment_path=root, tracking=[])
+    exp.run_fit(group(), tiny_create_model, train, evald, num_chunks=2, block=True)
+    yield exp
+    exp.end()
+
+
+def test_a_completed_runs_final_checkpoint_is_there_before_end(finished):
+    info = finished.get_runs_info()
+    assert set(info.status) == {"completed"}
+    for rid, steps in zip(info.run_id, info.completed_steps):
+        final = finished.final_checkpoint_path(int(rid))
+        state = json.loads((final / "trainer_state.json").read_text())
+        assert state["global_step"] == steps == state["max_steps"]
+        logged = finished.get_results()
+        assert {e["step"] for e in state["log_history"]} == set(logged[logged.run_id == rid].step)
+
+
+
+def test_end_adds_each_lora_runs_adapter_to_its_final_checkpoint(tmp_path, tiny_data):
+    train, evald = tiny_data
+    exp = Experiment("adapters", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(group((1e-3,)), tiny_create_model, train, evald, num_chunks=2, block=True)
+    final = exp.final_checkpoint_path(1)
+    assert (final / "trainer_state.json").exists()
+    exp.end()
+    assert (final / "adapter_model.safetensors").exists() and (final / "adapter_config.json").exists()
+
+
+def test_every_experiment_provides_rapidfires_tensorboard_log_dir(finished):
+    # RF_TENSORBOARD_LOG_DIR of RapidFire's notebooks, without RfDb's compat call
+    link = finished.path.parent / "tensorboard_logs" / finished.name
+    assert link.is_dir() and link.resolve() == (finished.path / "tensorboard").resolve()
+
+
+def test_a_reopened_experiment_shows_its_runs_before_run_fit(tmp_path, tiny_data):
+    train, evald = tiny_data
+    exp = Experiment("reopen", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, block=False)
+    exp.wait(timeout=0)     # let the engine start
+    import time
+
+    deadline = time.monotonic() + 300
+    while exp.get_results().empty:    # one chunk's results, then the kernel "dies" (ends early)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    exp.end(wait=False)
+    logged = Experiment.open(exp.path)
+    expected = logged.get_runs_info()
+    again = Experiment("reopen", experiment_path=tmp_path, resume=True, tracking=[])
+    info = again.get_runs_info()
+    assert list(info.run_id) == list(expected.run_id) == [1, 2]
+    assert list(info.status) == list(expected.status)
+    assert not again.get_results().empty
+    unfinished = int((expected.status != "completed").sum())
+    text = repr(again)
+    assert "2 runs" in text
+    if unfinished:
+        assert "run_fit(...) with the same arguments continues the" in text, text
+        assert f"{unfinished} unfinished" in text, text
+    again.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, block=True)
+    assert set(again.get_runs_info().status) == {"completed"}
+    again.end()
