@@ -120,7 +120,12 @@ def test_panel_in_jupyterlab(lab, page):
     panel.scroll_into_view_if_needed()
     page.evaluate("() => document.querySelectorAll('.rf-table-wrap').forEach((w) => { w.scrollLeft = 0; })")
     page.screenshot(path=str(OUTPUT / "04_clone_training.png"), full_page=True)
-    panel.screenshot(path=str(OUTPUT / "panel.png"))   # the README's and the docs' picture
+    # The README's and the docs' picture: the panel from its header to the engine time split
+    # (below it, the timeline and knob views are folded or empty here), its top at the window's.
+    panel.evaluate("(el) => el.scrollIntoView({ block: 'start' })")
+    box, split = panel.bounding_box(), panel.locator("[data-testid=rf-time-split]").bounding_box()
+    page.screenshot(path=str(OUTPUT / "panel.png"), clip={
+        "x": box["x"], "y": box["y"], "width": box["width"], "height": split["y"] + split["height"] - box["y"] + 8})
 
     # --- a view rendered late, living on pulls alone (as in Colab) ------------------------------
     # A second widget without the publisher thread: it must rebuild everything from seq 0 by
