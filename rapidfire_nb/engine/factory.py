@@ -8,6 +8,7 @@ for validation before training, by ``Experiment`` (``load_base``, ``model_and_to
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,21 @@ from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.store import ExperimentStore
 from rapidfire_nb.errors import ConfigError
+
+
+@contextlib.contextmanager
+def _no_loading_bars():
+    """run_fit calls ``create_model`` in the user's cell, so transformers' "Loading weights" bar
+    would sit above the panel; bars come back as the user had them once the model is loaded."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 @dataclass
@@ -59,7 +75,8 @@ class TrainerFactory:
         if key in self.bases:
             self.reference_model(spec)
             return self.bases[key]
-        result = self.create_model(spec.model_config())
+        with _no_loading_bars():
+            result = self.create_model(spec.model_config())
         self.create_model_calls += 1
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ConfigError(
@@ -94,7 +111,8 @@ class TrainerFactory:
         key = ref_spec.base_key()
         if key in self.references:
             return self.references[key]
-        result = self.create_model(ref_spec.model_config())
+        with _no_loading_bars():
+            result = self.create_model(ref_spec.model_config())
         self.create_model_calls += 1
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ConfigError(f"create_model must return (model, tokenizer); for ref_model_name="
