@@ -654,7 +654,8 @@ class Experiment:
         ``rapidfire report <experiment folder>`` writes the same from a folder."""
         from rapidfire_nb.report import snapshot, write_report
 
-        return write_report(self._state().read(snapshot), path, source=str(self.path))
+        return write_report(self._state().read(snapshot), path, source=str(self.path),
+                            outside=self.path)
 
     # -- notebook ----------------------------------------------------------------------------
     def panel(self):

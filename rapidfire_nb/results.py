@@ -67,6 +67,14 @@ def runs_frame(table: dict, pruning_of: Callable[[int], str | None] | None = Non
 MAX_NOTE_CHARS = 2000
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def note_run(events, run_ids: set[int], run_id: int, text: str, *, writable: bool) -> None:
     """``Experiment.note``: check the note, then log it as a ``note`` event (the log is where a
     note lives: the panel, the report and a reopened folder read it back). An empty text clears
@@ -78,6 +86,9 @@ def note_run(events, run_ids: set[int], run_id: int, text: str, *, writable: boo
         raise ValueError(f"no run {run_id} in this experiment (runs: {known})")
     if not isinstance(text, str):
         raise ValueError(f"a note is text (a str), not {type(text).__name__}")
+    if not _encodable(text):
+        raise ValueError("a note must be valid Unicode text: it holds a lone surrogate "
+                         "(half of a UTF-16 pair), which no file or browser can carry")
     if len(text) > MAX_NOTE_CHARS:
         raise ValueError(f"a note holds at most {MAX_NOTE_CHARS} characters; this one has "
                          f"{len(text)} (keep long texts in a file and note its path)")

@@ -430,3 +430,80 @@ def test_a_logged_clone_that_sets_a_path_valued_knob_is_refused_on_resume(tmp_pa
     finally:
         exp.end()
     assert digest(planted) == before
+
+
+# -- what the red-team review of this round found ------------------------------------------------
+
+def _trained(tmp_path: Path, name: str = "t") -> Experiment:
+    from rapidfire_nb.demo_data import tiny_create_model
+
+    from helpers import customer_support_rows
+
+    exp = Experiment(name, experiment_path=tmp_path, tracking=[])
+    exp.run_fit(_tiny_group(), tiny_create_model, customer_support_rows(16),
+                customer_support_rows(4, seed=1), num_chunks=2, block=True)
+    return exp
+
+
+def test_a_re_export_never_writes_through_links_planted_in_the_earlier_export(tmp_path):
+    exp = _trained(tmp_path)
+    try:
+        out = tmp_path / "out" / "adapter"
+        exp.export(1, out)
+        symlinked, hardlinked = tmp_path / "victim-sym", tmp_path / "victim-hard"
+        symlinked.write_bytes(b"SECRET-SYM")
+        hardlinked.write_bytes(b"SECRET-HARD")
+        (out / "tokenizer.json").unlink()
+        os.symlink(symlinked, out / "tokenizer.json")
+        (out / "adapter_config.json").unlink()
+        os.link(hardlinked, out / "adapter_config.json")
+        exp.export(1, out, overwrite=True)
+        assert symlinked.read_bytes() == b"SECRET-SYM"
+        assert hardlinked.read_bytes() == b"SECRET-HARD"
+        assert not (out / "tokenizer.json").is_symlink()
+        assert json.loads((out / "adapter_config.json").read_text())["peft_type"] == "LORA"
+        # nothing of the staging or of the replaced export is left beside it
+        assert sorted(p.name for p in out.parent.iterdir()) == ["adapter"]
+        # the report refuses the experiment's own folder, as `rapidfire report` does
+        before = digest(exp.path)
+        for inside in ("events.jsonl", "experiment.json"):
+            with pytest.raises(RapidFireError, match="inside the experiment folder"):
+                exp.report(exp.path / inside)
+        assert digest(exp.path) == before
+    finally:
+        exp.end()
+
+
+def test_a_lone_surrogate_is_refused_in_a_note_and_in_a_log(tmp_path):
+    folder = fixture_folder(tmp_path / "exps")
+    before = digest(folder)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        Experiment.open(folder).note(1, "ok \ud800")
+    assert digest(folder) == before
+    from rapidfire_nb.notebook._panel_protocol import MessageError, parse_message
+
+    with pytest.raises(MessageError, match="lone surrogate"):
+        parse_message({"type": "note", "run_id": 1, "text": "\udfff"})
+    crafted = fixture_folder(tmp_path / "crafted")
+    lines = (crafted / "events.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    lines.append(json.dumps({**metric_event(last["seq"] + 1, ["\ud800x"])}))
+    (crafted / "events.jsonl").write_text("\n".join(lines) + "\n")
+    before = digest(crafted)
+    out = tmp_path / "r.html"
+    proc = subprocess.run([sys.executable, "-m", "rapidfire_nb", "report", str(crafted), "-o", str(out)],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode != 0
+    assert "lone surrogate" in proc.stderr and "events.jsonl" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and digest(crafted) == before
+
+
+def test_a_report_may_take_a_long_legal_file_name(tmp_path):
+    folder = fixture_folder(tmp_path / "exps")
+    out = tmp_path / "out" / ("x" * 245 + ".html")
+    out.parent.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "rapidfire_nb", "report", str(folder), "-o", str(out)],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file() and sorted(p.name for p in out.parent.iterdir()) == [out.name]

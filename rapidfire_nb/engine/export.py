@@ -17,6 +17,7 @@ of renaming keys by hand.
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 from rapidfire_nb.errors import RapidFireError
@@ -168,10 +169,40 @@ def check_export_path(path, experiment_folder: Path, overwrite: bool = False) ->
 def export_run(engine, spec, run_id: int, weights: dict, lora_config, path: Path) -> Path:
     """A run's ``weights`` into ``path`` (checked by the caller): a PEFT adapter when
     ``lora_config`` is given (the run's ``peft.LoraConfig``), else the full model; plus the
-    tokenizer."""
+    tokenizer.
+
+    The files are written into a new folder beside ``path`` and that folder is renamed into
+    place: ``save_pretrained`` opens its files by name and would write through a link planted in
+    an earlier export (to a file outside it); here nothing that was in ``path`` is ever opened,
+    and an earlier export is moved aside and removed (its links removed, never followed)."""
+    import shutil
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name[:40]}.export-"))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)    # mkdtemp's 0700 would make the export private
+    try:
+        _write_export(engine, spec, run_id, weights, lora_config, staging)
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            path.rmdir()
+        if os.path.lexists(path):
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name[:40]}.old-"))
+            os.rename(path, old / "export")    # a link is moved as a link
+            os.rename(staging, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+def _write_export(engine, spec, run_id: int, weights: dict, lora_config, path: Path) -> None:
     import warnings
 
-    path.mkdir(parents=True, exist_ok=True)
     model, tokenizer = engine.model_and_tokenizer(spec)
     if lora_config is not None:
         lora_config.base_model_name_or_path = spec.model_name
@@ -193,4 +224,3 @@ def export_run(engine, spec, run_id: int, weights: dict, lora_config, path: Path
         model.save_pretrained(str(path))
         del model
     tokenizer.save_pretrained(str(path))
-    return path

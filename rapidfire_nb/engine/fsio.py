@@ -58,7 +58,8 @@ def _make_dirs(path: Path) -> None:
 
 
 def tmp_path_for(path: Path) -> Path:
-    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{threading.get_ident()}")
+    # the name is cut so that a legal long name (up to 255 bytes) still has a legal temporary
+    return path.with_name(f".{path.name[:120]}{TMP_MARK}{os.getpid()}-{threading.get_ident()}")
 
 
 def atomic_write_bytes(path: Path, data: bytes, writer=None) -> None:
@@ -170,11 +171,20 @@ def loads_strict(raw: bytes, *, lines: bool = True) -> Any:
         raise StrictJSONError(f"not UTF-8 text (byte {exc.start} is "
                               f"{raw[exc.start:exc.start + 1]!r})") from None
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         at = f"line {exc.lineno} column {exc.colno}" if lines else f"column {exc.colno}"
         raise StrictJSONError(f"not valid JSON: {exc.msg} at {at}") from None
     except (ValueError, RecursionError) as exc:
         what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
         raise StrictJSONError(f"not readable JSON ({what})") from None
+    # a \uD800-style escape decodes to a lone surrogate, which no later writer (report, table,
+    # panel message) can encode: refuse it here, where the file and line are known; only text
+    # holding escapes pays for the check
+    if "\\u" in text:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise StrictJSONError("not valid Unicode text (a \\u escape of a lone surrogate)") from None
+    return value
 

@@ -221,6 +221,10 @@ def parse_message(content: Any, buffers: Any = None) -> Request:
             raise MessageError("'text' must be a string (the note)")
         if len(text) > MAX_NOTE_CHARS:
             raise MessageError(f"a note holds at most {MAX_NOTE_CHARS} characters; this one has {len(text)}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MessageError("the note holds a lone surrogate (half of a UTF-16 pair): not valid Unicode text") from None
         return Request("note", rid, run_id=run_id, text=text)
     if op != "clone":
         return Request("op", rid, run_id=run_id, op=op)
