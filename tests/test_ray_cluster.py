@@ -28,10 +28,9 @@ pytestmark = pytest.mark.slow   # slow tier: a real two-node Ray cluster
 def two_nodes():
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
-                                                               "node_ip_address": "127.0.0.1"})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     for _ in range(2):
-        cluster.add_node(num_cpus=1, num_gpus=1, node_ip_address="127.0.0.1")
+        cluster.add_node(num_cpus=1, num_gpus=1)
     ray.init(address=cluster.address, log_to_driver=False)
     cluster.wait_for_nodes()
     yield cluster
