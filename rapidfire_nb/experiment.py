@@ -37,7 +37,7 @@ from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 from rapidfire_nb.folder import claim as claim_folder
 from rapidfire_nb.launch import commit, prepare
 from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
-from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path, tensorboard_link
+from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path
 from rapidfire_nb.session import current_experiment  # noqa: F401  (RapidFire compat reads it here)
 
 
@@ -269,7 +269,6 @@ class Experiment:
         self._log_open()   # a resumed folder's first write: every check has passed
         self.engine, self.automl = fit.engine, fit.driver
         self.meta = commit(fit, self.name)
-        tensorboard_link(self.path)   # RapidFire's RF_TENSORBOARD_LOG_DIR: <parent>/tensorboard_logs/<name>
         session.register_engine(fit.engine, self.name, self)
         self._final = FinalCheckpoints(
             self.path, self.events, self._state(), self._export_to,

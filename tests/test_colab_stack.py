@@ -89,7 +89,7 @@ def test_install_cell_writes_the_constraints_the_ci_job_uses(tmp_path, monkeypat
     code = "\n".join(line[4:] for line in body.splitlines())
     target = tmp_path / "held.txt"
     code = code.replace('"/tmp/rapidfire-colab-held.txt"', repr(str(target)))
-    exec(compile(code, "install-cell", "exec"), {})
+    exec(compile(code, "install-cell", "exec"), {"REPO": "https://github.com/owner/rapidfire-nb", "REF": "main"})
     assert target.read_text().split() == cs.held()
     assert any(line.startswith("ipykernel==") for line in cs.held())
 

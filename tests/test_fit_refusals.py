@@ -70,12 +70,6 @@ def test_end_adds_each_lora_runs_adapter_to_its_final_checkpoint(tmp_path, tiny_
     assert (final / "adapter_model.safetensors").exists() and (final / "adapter_config.json").exists()
 
 
-def test_every_experiment_provides_rapidfires_tensorboard_log_dir(finished):
-    # RF_TENSORBOARD_LOG_DIR of RapidFire's notebooks, without RfDb's compat call
-    link = finished.path.parent / "tensorboard_logs" / finished.name
-    assert link.is_dir() and link.resolve() == (finished.path / "tensorboard").resolve()
-
-
 def test_a_reopened_experiment_shows_its_runs_before_run_fit(tmp_path, tiny_data):
     train, evald = tiny_data
     exp = Experiment("reopen", experiment_path=tmp_path, tracking=[])

@@ -221,7 +221,7 @@ def jupyter_server(experiments_root, tmp_path_factory):
         log.close()
 
 
-def test_same_pages_through_jupyter_server_proxy(jupyter_server, tensorboard):
+def test_same_pages_through_jupyter_server_proxy(jupyter_server, tensorboard, experiments_root):
     root, headers, base_url = jupyter_server
     port, server = tensorboard
     proxied = f"{root}proxy/{port}/"
@@ -229,7 +229,8 @@ def test_same_pages_through_jupyter_server_proxy(jupyter_server, tensorboard):
     assert scalar_runs(proxied, headers) == direct
     page = get(proxied, headers)
     assert "<tf-tensorboard" in page or "TensorBoard" in page
-    points = get(proxied + "data/plugin/scalars/scalars?run=run%202&tag=train%2Floss", headers)
+    run2 = urllib.parse.quote(logged_run_name(experiments_root / "exp", 2))
+    points = get(proxied + f"data/plugin/scalars/scalars?run={run2}&tag=train%2Floss", headers)
     assert [p[1] for p in points] == [4 * i for i in range(1, 9)]
     # without the token the proxy refuses (redirect to login): it does not expose TensorBoard
     import http.client
@@ -242,14 +243,14 @@ def test_same_pages_through_jupyter_server_proxy(jupyter_server, tensorboard):
     conn.close()
 
 
-def test_launcher_entry_serves_every_experiment(jupyter_server):
+def test_launcher_entry_serves_every_experiment(jupyter_server, experiments_root):
     root, headers, _ = jupyter_server
     entry = server_proxy_entry()
     assert "{port}" in entry["command"] and "127.0.0.1" in entry["command"]
     launched = f"{root}tensorboard-rapidfire/"
     runs = wait_for(lambda: (lambda r: r if len(r) >= 5 else None)(
         get(launched + "data/runs", headers, timeout=60)), timeout=120, what="launcher runs")
-    assert sorted(runs) == [f"exp/tensorboard/run {i}" for i in range(1, 6)]
+    assert sorted(runs) == sorted(f"exp/tensorboard/{logged_run_name(experiments_root / 'exp', i)}" for i in range(1, 6))
 
 
 def test_kernel_shows_an_iframe_that_works_through_the_proxy(jupyter_server, tensorboard,
