@@ -6,8 +6,8 @@
   subscriber of the event log with its own thread; and, for a LoRA run, its adapter, written by
   ``end()``: building the adapter's files while other runs train would draw on the process's
   torch random state beside them, and every run's result must not depend on what trains beside it.
-- ``<experiments path>/tensorboard_logs/<name>/``: RapidFire's ``RF_TENSORBOARD_LOG_DIR``, a link
-  to the experiment's own TensorBoard folder (``tensorboard_link``).
+- ``<experiments path>/tensorboard_logs/<name>/`` (RapidFire's ``RF_TENSORBOARD_LOG_DIR``) is made
+  by the ``RfDb`` compat call (``compat/fit/db/rf_db.py``), as RapidFire's notebooks make it.
 
 Plain values in: the experiment folder, its event log and folded run table, and the export
 function that writes a run's adapter.
@@ -15,7 +15,6 @@ function that writes a run's adapter.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import warnings
@@ -121,24 +120,3 @@ class FinalCheckpoints:
         self._todo.put(None)
         self.write_adapters()
 
-
-def tensorboard_link(exp_path: Path) -> Path:
-    """``<parent>/tensorboard_logs/<name>`` pointing at ``<exp_path>/tensorboard`` (made if missing)."""
-    exp_path = Path(exp_path)
-    target = exp_path / "tensorboard"
-    link = exp_path.parent / "tensorboard_logs" / exp_path.name
-    if link.is_symlink() and Path(os.readlink(link)) == target:
-        return link
-    if link.exists() or link.is_symlink():
-        if link.resolve() != target.resolve():
-            warnings.warn(f"{link} exists and is not this experiment's TensorBoard folder ({target}); "
-                          "it was left as it is", stacklevel=3)
-        return link
-    target.mkdir(parents=True, exist_ok=True)
-    link.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        link.symlink_to(target, target_is_directory=True)
-    except OSError as exc:   # e.g. Windows without the symlink privilege
-        warnings.warn(f"could not link {link} to {target} ({exc}); point TensorBoard at {target}",
-                      stacklevel=3)
-    return link
