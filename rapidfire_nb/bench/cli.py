@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 
-from rapidfire_nb.bench.presets import LEARNING_RATES, PRESETS
+from rapidfire_nb.bench.presets import LEARNING_RATES, PRESETS, with_overrides
 from rapidfire_nb.bench.pruner import _pruner_main
 from rapidfire_nb.bench.report import _json_default, format_report
 from rapidfire_nb.bench.run import run_bench
@@ -89,19 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers is not None and args.workers < 1:
         print(f"rapidfire bench: --workers must be >= 1, got {args.workers}", file=sys.stderr)
         return 2
-    changes = {}
-    for name, key in (("configs", "n_configs"), ("chunks", "num_chunks"),
-                      ("steps_per_chunk", "steps_per_chunk")):
-        value = getattr(args, name)
-        if value is not None:
-            if value < 1:
-                print(f"rapidfire bench: --{name.replace('_', '-')} must be >= 1, got {value}",
-                      file=sys.stderr)
-                return 2
-            changes[key] = value
-    if args.device:
-        changes["device"] = args.device
-    p = replace(p, **changes)
+    try:
+        p = with_overrides(p, args, {"configs": "n_configs", "chunks": "num_chunks",
+                                     "steps_per_chunk": "steps_per_chunk"})
+    except ValueError as exc:
+        print(f"rapidfire bench: {exc}", file=sys.stderr)
+        return 2
     if args.repeats < 1:
         print(f"rapidfire bench: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2

@@ -178,3 +178,20 @@ def _sync(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def with_overrides(preset, args, fields: dict[str, str]):
+    """``preset`` with the command line's sizes (``fields``: argument name -> preset field) and
+    ``--device`` put in; a size below 1 raises ``ValueError`` naming the option."""
+    from dataclasses import replace
+
+    changes = {}
+    for name, key in fields.items():
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            changes[key] = value
+    if args.device:
+        changes["device"] = args.device
+    return replace(preset, **changes)

@@ -56,7 +56,7 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
-from rapidfire_nb.bench.presets import PRESETS, Preset, _quiet, _sync, build_base, make_datasets
+from rapidfire_nb.bench.presets import PRESETS, Preset, _quiet, _sync, build_base, make_datasets, with_overrides
 from rapidfire_nb.bench.pruner import PRUNER_LRS, PRUNER_RANKS, make_pruner_group
 
 PEERS = ("optuna", "ray-tune")
@@ -825,18 +825,11 @@ def vs_main(args) -> int:
               file=sys.stderr)
         return 2
     p = vs_preset(args.preset)
-    changes = {}
-    for name, key in (("chunks", "num_chunks"), ("steps_per_chunk", "steps_per_chunk")):
-        value = getattr(args, name)
-        if value is not None:
-            if value < 1:
-                print(f"rapidfire bench: --{name.replace('_', '-')} must be >= 1, got {value}",
-                      file=sys.stderr)
-                return 2
-            changes[key] = value
-    if args.device:
-        changes["device"] = args.device
-    p = replace(p, **changes)
+    try:
+        p = with_overrides(p, args, {"chunks": "num_chunks", "steps_per_chunk": "steps_per_chunk"})
+    except ValueError as exc:
+        print(f"rapidfire bench: {exc}", file=sys.stderr)
+        return 2
     if "ray-tune" in peers:
         import importlib.util
 
