@@ -104,7 +104,10 @@ class FinalCheckpoints:
             path = final_checkpoint_path(self.root, run_id)
             try:
                 if self._is_lora(run_id):
+                    # an export replaces its whole folder (never writing into what was there):
+                    # trainer_state.json goes back in beside the adapter
                     self._export(run_id, path)
+                    self.write(run_id)
             except Exception as exc:  # noqa: BLE001 - a convenience copy never fails end()
                 warnings.warn(f"final checkpoint of run {run_id} not written to {path}: {exc}",
                               stacklevel=3)
