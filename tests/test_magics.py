@@ -148,10 +148,12 @@ def test_status_lists_the_ray_workers_of_the_experiment(shell, capsys, tmp_path)
             f"  w1  node 192.0.2.2  w1:cpu  {W1_LOST}; last trained run 2 (epoch 1 · chunk 2/3)"
             "  log /tmp/rapidfire-w1-1bkw2vf8/worker.log",
         ]
-        # resumed, run_fit not called yet: the run table waits for the engine, the log has the runs,
-        # all completed (the log ends with experiment_end): nothing to continue
-        assert lines[3:] == ["experiment 'ray_workers' has 3 run(s) in its log, none left to train "
-                             "(3 completed); exp.get_results() and exp.get_runs_info() read them"]
+        # resumed, run_fit not called yet: the log has the runs, all completed (the log ends with
+        # experiment_end): nothing to continue, and the table of them follows
+        assert lines[3] == ("experiment 'ray_workers' has 3 run(s) in its log, none left to train "
+                            "(3 completed); exp.get_results() and exp.get_runs_info() read them")
+        assert lines[4].startswith("Out[") and "status" in lines[5]
+        assert sum(" completed " in f"{line} " for line in lines[5:]) == 3
     finally:
         e.end()   # no longer current: the module's experiment below becomes the current one
 

@@ -131,19 +131,20 @@ class RapidFireMagics(Magics):
         queued = queued_ops_line(exp)
         if queued:
             print(queued)
-        if len(table) == 0:
-            if statuses and getattr(exp, "engine", None) is None:
-                # resume=True before run_fit: the log knows the runs, the engine is not started
-                open_ = sum(1 for st in statuses if st in ("pending", "running", "stopped"))
-                counts = ", ".join(f"{statuses.count(st)} {st}" for st in dict.fromkeys(statuses))
-                if open_:
-                    print(f"experiment {exp.name!r} has {len(statuses)} run(s) in its log ({counts}); call "
-                          "exp.run_fit(...) with the original arguments to continue them")
-                else:
-                    print(f"experiment {exp.name!r} has {len(statuses)} run(s) in its log, none left to "
-                          f"train ({counts}); exp.get_results() and exp.get_runs_info() read them")
+        if statuses and getattr(exp, "engine", None) is None:
+            # resume=True before run_fit: the log knows the runs (the table shows them), the
+            # engine is not started
+            open_ = sum(1 for st in statuses if st in ("pending", "running", "stopped"))
+            counts = ", ".join(f"{statuses.count(st)} {st}" for st in dict.fromkeys(statuses))
+            if open_:
+                print(f"experiment {exp.name!r} has {len(statuses)} run(s) in its log ({counts}); call "
+                      "exp.run_fit(...) with the original arguments to continue them")
             else:
-                print(f"experiment {exp.name!r} has no runs yet (call exp.run_fit(...))")
+                print(f"experiment {exp.name!r} has {len(statuses)} run(s) in its log, none left to "
+                      f"train ({counts}); exp.get_results() and exp.get_runs_info() read them")
+        elif len(table) == 0:
+            print(f"experiment {exp.name!r} has no runs yet (call exp.run_fit(...))")
+        if len(table) == 0:
             return None
         return table
 
