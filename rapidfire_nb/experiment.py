@@ -35,6 +35,7 @@ from rapidfire_nb.engine import (
 )
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 from rapidfire_nb.folder import claim as claim_folder
+from rapidfire_nb.folder import give_back
 from rapidfire_nb.launch import commit, prepare
 from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
 from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path
@@ -122,8 +123,6 @@ class Experiment:
         self._tracking = tracking
         self._ended = False
         self._claim(parent, experiment_name)
-        if not resume:
-            self._log_open()
         session.make_current(self)
 
     def _claim(self, parent: Path, name: str) -> None:
@@ -142,6 +141,16 @@ class Experiment:
         self.name, self.path, self.store, self.events, self.meta = c.name, c.path, c.store, c.events, c.meta
         self._folder_lock = c.lock
         session.opened(self)
+
+    def _unclaim(self) -> None:
+        """A new experiment's first run_fit was refused: the folder, its lock and its name go back
+        as they were, and the next run_fit claims afresh."""
+        give_back(self._folder)
+        session.closed(self)
+        self._folder = None
+        self._live_table = None   # it read the log just closed
+        self.name = self.asked_as[1]
+        self.path = Path(self.asked_as[0]) / self.name
 
     @classmethod
     def open(cls, folder: str | Path) -> Experiment:
@@ -259,14 +268,22 @@ class Experiment:
                 "run_fit was already called on this Experiment; use clone_modify to add runs, or "
                 "create a new Experiment" + (f" (this one still trains: end it first with "
                                              f"{session.how_to_free(self.name)})" if busy else ""))
-        if not check_concurrency_flag(allow_concurrent):
-            session.refuse_while_another_trains(self.name)
-        session.make_current(self)   # the experiment that trains is the one the magics mean
-        fit = prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed, block,
-                      num_shards, num_gpus, monte_carlo_simulations, store=self.store, events=self.events, table=self._state(),
-                      name=self.name, stored_meta=self.meta if self.resumed else None,
-                      num_workers=self.num_workers, offload=self.offload)
-        self._log_open()   # a resumed folder's first write: every check has passed
+        if self._folder is None:     # a refused first run_fit gave its folder back
+            self._claim(Path(self.asked_as[0]), self.asked_as[1])
+        try:
+            if not check_concurrency_flag(allow_concurrent):
+                session.refuse_while_another_trains(self.name)
+            session.make_current(self)   # the experiment that trains is the one the magics mean
+            fit = prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
+                          block, num_shards, num_gpus, monte_carlo_simulations, store=self.store,
+                          events=self.events, table=self._state(), name=self.name,
+                          stored_meta=self.meta if self.resumed else None,
+                          num_workers=self.num_workers, offload=self.offload)
+        except BaseException:
+            if not self.resumed and not self._logged_open:
+                self._unclaim()   # a refused call leaves no folder, no lock, no renamed experiment
+            raise
+        self._log_open()   # the first write of this session: every check has passed
         self.engine, self.automl = fit.engine, fit.driver
         self.meta = commit(fit, self.name)
         session.register_engine(fit.engine, self.name, self)
@@ -281,9 +298,9 @@ class Experiment:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until no run is pending or running; True if so, False on timeout.
 
-        Panel buttons are handled by the kernel only between cell executions, so while a cell is
-        blocked here clicks wait until it returns; in a notebook, prefer to let ``run_fit`` return
-        and call ``wait`` only at the end.
+        While a cell is blocked here, panel clicks act at once on ipykernel 7 with JupyterLab >= 4.4
+        (they come on a subshell); older kernels serve them only once the cell returns, so there
+        let ``run_fit`` return and call ``wait`` only at the end.
 
         Interrupting it (Kernel > Interrupt, Ctrl-C) stops the waiting, not the training: one line
         says that the runs go on in the background and how to stop them; in a kernel ``wait``

@@ -1,4 +1,5 @@
-"""What a notebook user sees around run_fit: a locked folder names the call that frees it; a reopened experiment shows its runs before run_fit; and
+"""What a notebook user sees around run_fit: a refused call leaves nothing behind and names the
+call that frees what it refused on; a reopened experiment shows its runs before run_fit; and
 RapidFire's folder layout (final checkpoints, tensorboard_logs) appears as runs complete.
 
 Tiny offline model and data (demo_data); each experiment trains a few steps on 2 CPU cores.
@@ -7,13 +8,16 @@ Tiny offline model and data (demo_data); each experiment trains a few steps on 2
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from datasets import Dataset
 
 from rapidfire_nb import Experiment
 from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 from rapidfire_nb.demo_data import tiny_create_model
 from rapidfire_nb.engine import ExperimentLocked
+from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.session import open_experiment
 
 
@@ -24,6 +28,23 @@ def group(lrs=(1e-3, 2e-2)):
         training_args=RFSFTConfig(learning_rate=List(list(lrs)), per_device_train_batch_size=8,
                                   num_train_epochs=1, max_length=64, bf16=False))
     return RFGridSearch(cfg, trainer_type="SFT")
+
+
+def test_a_refused_run_fit_leaves_the_folder_listing_and_exp_as_they_were(tmp_path, tiny_data):
+    train, evald = tiny_data
+    listing = sorted(os.listdir(tmp_path))
+    exp = Experiment("wrong-cols", experiment_path=tmp_path, tracking=[])
+    wrong = Dataset.from_dict({"question": ["a"] * 16, "answer": ["b"] * 16})
+    with pytest.raises(ConfigError):
+        exp.run_fit(group(), tiny_create_model, wrong, evald, num_chunks=2)
+    # no folder, no lock, no renamed experiment: the cell can be fixed and run again
+    assert sorted(os.listdir(tmp_path)) == listing
+    assert exp.name == "wrong-cols" and exp.engine is None and open_experiment("wrong-cols") is None
+    # the fixed cell, run again: the same name, and it trains
+    again = Experiment("wrong-cols", experiment_path=tmp_path, tracking=[])
+    again.run_fit(group((1e-3,)), tiny_create_model, train, evald, num_chunks=2, block=True)
+    assert again.name == "wrong-cols" and set(again.get_runs_info().status) == {"completed"}
+    again.end()
 
 
 def test_a_locked_folder_names_the_call_that_frees_it(tmp_path):

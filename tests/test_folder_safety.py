@@ -199,6 +199,8 @@ def test_a_planted_pickle_checkpoint_is_refused_not_run(tmp_path):
     from rapidfire_nb.demo_data import tiny_create_model
 
     exp = Experiment(W.NAME, experiment_path=tmp_path, tracking=[])
+    # the folder of a kernel that died as run_fit began: its start logged, no run created yet
+    exp.events.append("experiment", name=exp.name, path=str(exp.path), resumed=False)
     exp.end()
     store = ExperimentStore(tmp_path / W.NAME)
     marker = tmp_path / "PWNED"
@@ -255,6 +257,17 @@ def _fresh(tmp_path, name="meta"):
     return tmp_path / name
 
 
+@pytest.fixture(scope="module")
+def trained_crash_folder(tmp_path_factory):
+    """crash_worker's experiment trained to the end once; each test damages its own copy (runs.json
+    is only ever written by a run_fit that logged its start, so the damage meets a real log)."""
+    import crash_worker as W
+
+    parent = tmp_path_factory.mktemp("trained")
+    W.run_experiment(parent).end()
+    return parent / W.NAME
+
+
 @pytest.mark.parametrize("content, message", [
     (b"{not json", r"runs.json is not valid JSON: .* line 1 column 2"),
     (b"[1, 2]", r"runs.json holds a JSON array where an object"),
@@ -264,11 +277,14 @@ def _fresh(tmp_path, name="meta"):
     (b'{"1": "pending"}', r"runs.json: run 1 is not an object"),
     (b'\xff\xfe{}', r"runs.json is not UTF-8"),
 ])
-def test_damaged_runs_json_is_named(tmp_path, content, message):
+def test_damaged_runs_json_is_named(trained_crash_folder, tmp_path, content, message):
+    import shutil
+
     import crash_worker as W
     from rapidfire_nb.demo_data import tiny_create_model
 
-    root = _fresh(tmp_path, W.NAME)
+    root = tmp_path / W.NAME
+    shutil.copytree(trained_crash_folder, root)
     (root / "runs.json").write_bytes(content)
     train, evald = W.make_data()
     again = Experiment(W.NAME, experiment_path=tmp_path, resume=True, tracking=[])

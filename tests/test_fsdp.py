@@ -81,14 +81,14 @@ REFUSED = [
 def test_refused_in_run_fit_before_anything_trains(case, tmp_path):
     _, how, message = case
     train, evald = make_demo_datasets(16, 4)
+    before = folder_files(tmp_path)
     exp = Experiment("refused", experiment_path=tmp_path, num_workers=how["workers"])
-    before = folder_files(exp.path)
     ray_was = ray.is_initialized()
     with pytest.raises(ConfigError, match=message):
         exp.run_fit(RFGridSearch(how["config"](), trainer_type="SFT"), tiny_create_model, train,
                     evald, num_chunks=2, num_gpus=how.get("num_gpus", 1), block=True)
     assert exp.engine is None
-    assert folder_files(exp.path) == before
+    assert folder_files(tmp_path) == before   # the new experiment's folder given back
     assert ray.is_initialized() == ray_was   # refused before Ray or any worker started
 
 
