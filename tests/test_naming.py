@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rapidfire_nb.tracking.naming import folder_name, knob_value_text, short_name
+from rapidfire_nb.tracking.naming import folder_name, full_name, knob_value_text, short_name
 
 CASES = json.loads((Path(__file__).parent / "fixtures" / "run_names.json").read_text())
 
@@ -22,7 +22,16 @@ def test_short_names_follow_the_shared_table(case):
 def test_the_shared_table_reads_as_intended():
     names = [c["name"] for c in CASES]
     assert "3 · lr 1e-3 · r 32" in names and "run 1" in names
-    assert any(n.endswith("· +1 knobs") for n in names)   # at most four knobs in a name
+    # the id and at most two knobs, values compact: a legend entry stays a glance
+    assert all(n.count(" · ") <= 2 and "knobs" not in n for n in names)
+    assert "9 · sched cosine_with… · modules q_proj…(4)" in names and "8 · r 16 · model SmolLM2-135…" in names
+
+
+def test_full_names_keep_every_knob_whole():
+    knobs = {"training_args.lr_scheduler_type": "cosine_with_restarts", "peft_config.r": 8,
+             "peft_config.target_modules": ["q_proj", "k_proj", "v_proj"]}
+    assert short_name(4, knobs) == "4 · r 8 · sched cosine_with…"
+    assert full_name(4, knobs) == "4 · sched cosine_with_restarts · r 8 · modules q_proj+k_proj+v_proj"
 
 
 def test_values_read_short():
@@ -35,7 +44,7 @@ def test_values_read_short():
 def test_folder_names_are_one_path_part():
     name = folder_name(2, {"model_name": "org/model", "note": 'a:b*c?"<>|\\'})
     assert "/" not in name and "\\" not in name and ":" not in name
-    assert name.startswith("2 · model org_model")
+    assert name.startswith("2 · model model · note a_b")   # a path keeps its last part
     assert folder_name(9, None) == "run 9"
 
 

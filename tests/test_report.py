@@ -347,6 +347,25 @@ def test_leaderboard_best_first_with_lineage_and_reasons():
     assert "deleted" in fallback_html(table)
 
 
+def test_leaderboard_cells_never_break_inside_a_value():
+    """A number or a name split over two lines misreads ("0.64" over "21"): cells stay on one
+    line, a long one cut with an ellipsis and whole in its title."""
+    import re
+
+    from rapidfire_nb.report.page import leaderboard_html
+
+    table = fixture_table("clone_delete")
+    board = leaderboard_html(table)
+    cells = re.findall(r"<td ([^>]*)>", board)
+    assert cells and "overflow-wrap" not in board and "word-break" not in board
+    for attrs in cells:
+        assert "white-space:nowrap" in attrs and "text-overflow:ellipsis" in attrs and 'title="' in attrs
+    ths = re.findall(r"<th ([^>]*)>", board)
+    assert ths and all("white-space:nowrap" in a for a in ths)
+    run = next(iter(table["runs"].values()))
+    assert f'title="{run["status"]}"' in board
+
+
 def test_logged_strings_stay_text_in_the_report(tmp_path):
     hostile = "</script><script>alert(1)</script><img src=x onerror=alert(2)>"
     events = read_events(FIXTURES / "events" / "pruned.jsonl")

@@ -221,7 +221,11 @@ def test_tensorboard_names_runs_as_the_panel_does(tmp_path):
 
     assert tb_run_name(tmp_path, 3) == "run 3"
     knobs = {"training_args.learning_rate": 1e-3, "peft_config.r": 32, "model_name": "org/tiny"}
-    assert tb_run_name(tmp_path, 3, knobs) == "3 · lr 1e-3 · r 32 · model org_tiny"   # one path part
+    # two knobs at most, learning rate and rank first
+    assert tb_run_name(tmp_path, 3, knobs) == "3 · lr 1e-3 · r 32"
+    # one path part: a model path keeps its last part, a character a folder refuses is replaced
+    assert tb_run_name(tmp_path, 3, {"model_name": "org/tiny", "training_args.lr_scheduler_type": "cos:x"}) \
+        == "3 · model tiny · sched cos_x"
     (tmp_path / "run_4").mkdir()  # an experiment written with the old naming keeps its folder
     assert tb_run_name(tmp_path, 4, knobs) == "run_4"
     (tmp_path / "run 5").mkdir()

@@ -21,6 +21,8 @@ export { fmtTick, logTicks, niceStep, niceTicks } from "./ticks";
 export interface DrawSeries {
   runId: number;
   name: string;
+  /** The run's whole config (its name shows two knobs at most). */
+  title?: string;
   color: string;
   dash: Dash;
   x: number[];
@@ -79,6 +81,21 @@ export function smoothed(y: readonly (number | null)[], weight: number): (number
   return out;
 }
 
+/**
+ * A series with fewer finite points than this is too sparse to smooth: an eval curve of a few
+ * chunks, whose average would drag each point towards the first (TensorBoard's smoothing is for
+ * a dense, noisy train loss). It is drawn raw, with its points marked.
+ */
+export const SMOOTH_MIN_POINTS = 8;
+
+/** The smoothing weight one series gets: `weight` for a dense series on a chart that smooths, else 0. */
+export function seriesSmoothing(y: readonly (number | null)[], weight: number, chartSmooths = true): number {
+  if (!chartSmooths || !(weight > 0)) return 0;
+  let n = 0;
+  for (const v of y) if (v !== null && Number.isFinite(v) && ++n >= SMOOTH_MIN_POINTS) return weight;
+  return 0;
+}
+
 /** Values on a log axis: log10, and no point for zero or a negative value (a gap). */
 export function logValues(y: readonly (number | null)[]): (number | null)[] {
   return y.map((v) => (v !== null && Number.isFinite(v) && v > 0 ? Math.log10(v) : null));
@@ -112,26 +129,28 @@ export interface HoverRow {
   name: string;
   color: string;
   x: number;
-  /** The value drawn (smoothed when smoothing is on), and the logged one. */
+  /** The value logged there (what the hover shows first), and the smoothed one (null: not smoothed). */
   value: number;
-  raw: number;
+  smoothed: number | null;
 }
 
 /**
- * Every shown run's value at data x `x` (each at its own nearest point), sorted by value, as
- * TensorBoard's tooltip lists them.
+ * Every shown run's logged value at data x `x` (each at its own nearest point of `values`, the
+ * points it draws), sorted by that value, as TensorBoard's tooltip lists them; the smoothed value
+ * beside it where the series is smoothed (`smooth[i]`, null: raw).
  */
 export function hoverRows(
-  series: readonly DrawSeries[], drawn: readonly (number | null)[][], x: number, lowerFirst = true,
+  series: readonly DrawSeries[], values: readonly (number | null)[][], x: number, lowerFirst = true,
+  smooth: readonly ((number | null)[] | null)[] = [],
 ): HoverRow[] {
   const rows: HoverRow[] = [];
   series.forEach((s, si) => {
     if (!s.shown) return;
-    const i = nearestIndex(s.x, drawn[si], x);
+    const i = nearestIndex(s.x, values[si], x);
     if (i < 0) return;
-    const raw = s.y[i];
-    rows.push({ runId: s.runId, name: s.name, color: s.color, x: s.x[i], value: drawn[si][i] as number,
-      raw: raw === null ? NaN : raw });
+    const sm = smooth[si]?.[i];
+    rows.push({ runId: s.runId, name: s.name, color: s.color, x: s.x[i], value: values[si][i] as number,
+      smoothed: sm === null || sm === undefined || !Number.isFinite(sm) ? null : sm });
   });
   rows.sort((a, b) => (lowerFirst ? a.value - b.value : b.value - a.value) || a.runId - b.runId);
   return rows;
@@ -319,6 +338,8 @@ export function dashArray(dash: Dash, width: number): number[] {
 
 export interface CanvasChartOptions {
   xLabel: string;
+  /** false: never smoothed (the eval chart: a point per chunk is too few to average). */
+  smooths?: boolean;
   /** The multi-run hover lists the lowest value first (losses), else the highest. */
   lowerFirst?: (metric: string) => boolean;
   /** A drag or a double-click changed the x range (null: zoomed out). */
@@ -377,6 +398,8 @@ export class CanvasChart {
   /** The series in axis units (log10 when log y), and the line drawn on top (smoothed or raw). */
   private axisSeries: DrawSeries[] = [];
   private mainY: (number | null)[][] = [];
+  /** Each series' smoothing weight in the last draw (0: drawn raw). */
+  private smoothW: number[] = [];
   private curve: CurveView = { smoothing: 0, logY: false };
   private paths: PathRecord[] = [];
   private hoverText: string[] = [];
@@ -517,9 +540,10 @@ export class CanvasChart {
     // average on top of the raw curve, which stays, faint, behind it.
     const { logY, smoothing } = this.curve;
     this.axisSeries = this.series.map((s) => (logY ? { ...s, y: logValues(s.y) } : s));
+    this.smoothW = this.series.map((s) => seriesSmoothing(s.y, smoothing, this.opts.smooths !== false));
     this.mainY = this.series.map((s, i) => {
-      if (smoothing <= 0) return this.axisSeries[i].y;
-      const sm = smoothed(s.y, smoothing);
+      if (this.smoothW[i] <= 0) return this.axisSeries[i].y;
+      const sm = smoothed(s.y, this.smoothW[i]);
       return logY ? logValues(sm) : sm;
     });
     this.paths = [];
@@ -639,7 +663,8 @@ export class CanvasChart {
       ctx.strokeStyle = s.color;
       ctx.fillStyle = s.color;
       const record: PathRecord = { runId: s.runId, raw: { n: 0, ySum: 0, alpha: s.opacity }, smooth: null };
-      if (smoothing > 0) {
+      const smoothOn = this.smoothW[si] > 0;
+      if (smoothOn) {
         // The raw curve, thin and faint behind the smoothed one, as TensorBoard draws it.
         const alpha = s.opacity * 0.25;
         ctx.globalAlpha = alpha;
@@ -651,7 +676,7 @@ export class CanvasChart {
       ctx.lineWidth = s.width;
       ctx.setLineDash(dashArray(s.dash, s.width));
       const drawn = line(s.x, main);
-      if (smoothing > 0) record.smooth = { ...drawn, alpha: s.opacity };
+      if (smoothOn) record.smooth = { ...drawn, alpha: s.opacity };
       else record.raw = { ...drawn, alpha: s.opacity };
       this.paths.push(record);
       const dots = s.markers ? null : isolatedPoints(main);
@@ -765,10 +790,12 @@ export class CanvasChart {
         const main = this.axisSeries.map((s, i) => ({ ...s, y: this.mainY[i] }));
         const hit = nearestPoint(main, scales, px, py, HOVER_PX);
         const x = fromPx(scales, px, py)[0];
-        const valueY = this.series.map((s, i) => (this.curve.smoothing > 0 ? smoothed(s.y, this.curve.smoothing) : s.y)
-          .map((v, k) => (this.mainY[i][k] === null ? null : v)));
+        // The logged values (where the curve is drawn): a smoothed value alone misreads a run
+        // (1.087 shown where it logged 0.642), so it only comes second.
+        const rawY = this.series.map((s, i) => s.y.map((v, k) => (this.mainY[i][k] === null ? null : v)));
+        const smoothY = this.series.map((s, i) => (this.smoothW[i] > 0 ? smoothed(s.y, this.smoothW[i]) : null));
         const lower = this.opts.lowerFirst ? this.opts.lowerFirst(this.yLabel) : true;
-        rows = hoverRows(this.series, valueY, x, lower);
+        rows = hoverRows(this.series, rawY, x, lower, smoothY);
         if (hit !== null) {
           const s = this.series[hit.series];
           runId = s.runId;
@@ -783,20 +810,27 @@ export class CanvasChart {
       if (rows.length) {
         const shown = rows.slice(0, MAX_HOVER_ROWS);
         const head = h("div", "rf-tip-head", `${this.opts.xLabel} ${fmtHover(rows.find((r) => r.runId === runId)?.x ?? rows[0].x)}`);
-        const smoothing = this.curve.smoothing > 0;
         const body = shown.map((r) => {
           const row = h("div", r.runId === runId ? "rf-tip-row rf-tip-hit" : "rf-tip-row", "");
           const key = h("span", "rf-tip-key", "\u25A0");
           key.style.color = r.color;
-          row.append(key, h("span", "rf-tip-name", r.name),
-            h("span", "rf-tip-value", smoothing ? `${fmtHover(r.value)} (raw ${fmtHover(r.raw)})` : fmtHover(r.value)));
+          const name = h("span", "rf-tip-name", r.name);
+          const title = this.series.find((s) => s.runId === r.runId)?.title;
+          if (title) name.title = title;
+          row.append(key, name, h("span", "rf-tip-value", fmtHover(r.value)),
+            ...(r.smoothed !== null ? [h("span", "rf-tip-smoothed", `smoothed ${fmtHover(r.smoothed)}`)] : []));
           return row;
         });
+        // The hovered run's whole config: its short name shows two knobs at most.
+        const hitTitle = this.series.find((s) => s.runId === runId)?.title;
+        const full = hitTitle && hitTitle !== rows.find((r) => r.runId === runId)?.name
+          ? [h("div", "rf-tip-full", hitTitle)] : [];
         const more = rows.length > shown.length ? [h("div", "rf-tip-more", `+${rows.length - shown.length} more runs`)] : [];
-        this.tip.replaceChildren(head, ...body, ...more);
+        this.tip.replaceChildren(head, ...full, ...body, ...more);
         this.tip.classList.remove("rf-tip-wrap");
         this.tip.classList.add("rf-tip-multi");
-        this.hoverText = [head.textContent ?? "", ...shown.map((r) => `${r.name}: ${fmtHover(r.value)}`)];
+        this.hoverText = [head.textContent ?? "", ...shown.map((r) => `${r.name}: ${fmtHover(r.value)}`
+          + `${r.smoothed !== null ? ` (smoothed ${fmtHover(r.smoothed)})` : ""}`)];
         if (color === "") color = "rgba(128,128,128,0.6)";
       } else {
         this.tip.replaceChildren(...lines.flatMap((l, i) => (i ? [document.createElement("br"), l] : [l])));

@@ -7,7 +7,7 @@
 import { has, type PanelState, type RunState, type Series, type TimeSplit } from "./state";
 import { runColor, runDash, type Dash } from "./palette";
 import { isCollapsible, isPruned } from "./table";
-import { runName } from "./names";
+import { runName, runTitle } from "./names";
 
 /** What the curves are drawn against. */
 export type XAxis = "samples" | "step" | "time";
@@ -17,16 +17,82 @@ export const X_LABELS: Record<XAxis, string> = { samples: "samples seen", step: 
 /** Points with an x and a y, x ascending (what LTTB and the charts read). */
 export type XY = Pick<Series, "x" | "y">;
 
+/** A trained chunk's wall-clock span (a chunk_done row of the timeline). */
+export interface ChunkSpan {
+  start: number;
+  end: number;
+}
+
+/** A run's chunk spans from the timeline, by end time (what `axisSeries` reads on the time axis). */
+export function chunkSpans(state: Pick<PanelState, "timeline">, runId: number): ChunkSpan[] {
+  const out: ChunkSpan[] = [];
+  for (const row of state.timeline) {
+    const { start, end } = row;
+    if (row.run_id === runId && typeof start === "number" && typeof end === "number" && Number.isFinite(start) && end >= start) {
+      out.push({ start, end });
+    }
+  }
+  return out.sort((a, b) => a.end - b.end);
+}
+
+/**
+ * Zero of the wall-time axis: the first metric's time, or the first chunk's start when earlier
+ * (spread over their chunk, the first points fall before the time they were logged at).
+ */
+export function timeOrigin(state: Pick<PanelState, "t0" | "timeline">): number | null {
+  let t0 = state.t0;
+  for (const row of state.timeline) {
+    if (typeof row.start === "number" && Number.isFinite(row.start) && (t0 === null || row.start < t0)) t0 = row.start;
+  }
+  return t0;
+}
+
+/**
+ * Wall times of a series' points. The engine logs a chunk's metrics in one batch when the chunk
+ * ends, so every step of a chunk carries the same time and the curve would climb in stairs:
+ * one vertical riser per chunk. A block of points sharing a time is spread instead over the
+ * chunk that logged it (the run's chunk_done whose end is the latest before that time), its
+ * last point at the chunk's end; without that chunk (a log cut before its chunk_done), over the
+ * gap since the run's previous block; the run's first block without one keeps its time.
+ */
+export function spreadTimes(t: readonly (number | null)[], chunks: readonly ChunkSpan[]): (number | null)[] {
+  const out = t.slice();
+  let prevEnd: number | null = null;
+  for (let i = 0; i < t.length;) {
+    const v = t[i];
+    let j = i + 1;
+    if (v === null || v === undefined || !Number.isFinite(v)) {
+      i = j;
+      continue;
+    }
+    while (j < t.length && t[j] === v) j++;
+    let span: ChunkSpan | null = null;
+    for (const c of chunks) {
+      if (c.end <= v + 1e-6) span = c;
+      else break;
+    }
+    const from = span !== null ? span.start : prevEnd;
+    const to = span !== null ? Math.min(span.end, v) : v;
+    if (from !== null && to > from && j - i > 1) {
+      for (let k = i; k < j; k++) out[k] = from + ((to - from) * (k - i + 1)) / (j - i);
+    } else if (from !== null && to > from) out[i] = to;
+    prevEnd = v;
+    i = j;
+  }
+  return out;
+}
+
 /**
  * A series against another x axis: the optimizer step or the seconds since the experiment's
- * first event. Points without that x (an event that had no step) are left out; samples seen is
- * the series itself (no copy, so new points append).
+ * first event (a chunk's points spread over the chunk: `spreadTimes`). Points without that x (an
+ * event that had no step) are left out; samples seen is the series itself (no copy, so new
+ * points append).
  */
-export function axisSeries(s: Series, axis: XAxis, t0: number | null): XY {
+export function axisSeries(s: Series, axis: XAxis, t0: number | null, chunks: readonly ChunkSpan[] = []): XY {
   if (axis === "samples") return s;
   const x: number[] = [];
   const y: (number | null)[] = [];
-  const src = axis === "step" ? s.step : s.t;
+  const src = axis === "step" ? s.step : spreadTimes(s.t, chunks);
   const origin = axis === "time" ? (t0 ?? 0) : 0;
   let last = -Infinity;
   for (let i = 0; i < s.x.length; i++) {
@@ -156,6 +222,8 @@ export function drawnPoints(
 export interface TraceSpec {
   runId: number;
   name: string;
+  /** The run's whole config, for hovers and titles. */
+  title: string;
   color: string;
   x: number[];
   y: (number | null)[];
@@ -243,12 +311,13 @@ export function planChart(state: PanelState, book: ChartBook): ChartPlan {
   const axis = book.xAxis;
   // Each run's series against the chosen axis, built once per plan (a copy for step and time).
   const views = new Map<number, XY | undefined>();
+  const t0 = axis === "time" ? timeOrigin(state) : null;
   const seriesOf = (run: RunState): XY | undefined => {
     if (metric === null) return undefined;
     if (views.has(run.id)) return views.get(run.id);
     const src = (book.split === "train" ? run.train : run.eval);
     const s = has(src, metric) ? src[metric] : undefined;
-    const v = s === undefined ? undefined : axisSeries(s, axis, state.t0);
+    const v = s === undefined ? undefined : axisSeries(s, axis, t0, axis === "time" ? chunkSpans(state, run.id) : []);
     views.set(run.id, v);
     return v;
   };
@@ -274,11 +343,13 @@ export function planChart(state: PanelState, book: ChartBook): ChartPlan {
   const spec = (run: RunState): TraceSpec => {
     const s = seriesOf(run) ?? { x: [], y: [] };
     const d = drawnPoints(s, book.range, book.maxPoints);
-    if (d.sampled || book.range !== null) book.sampled.add(run.id);
+    // On the time axis a chunk_done read after its metrics moves their x (spreadTimes): such a
+    // trace is replaced, never appended to.
+    if (d.sampled || book.range !== null || axis === "time") book.sampled.add(run.id);
     else book.sampled.delete(run.id);
     book.drawn.set(run.id, s.x.length);
     return {
-      runId: run.id, name: traceName(run), color: runColor(run.id), x: d.x, y: d.y,
+      runId: run.id, name: traceName(run), title: runTitle(run), color: runColor(run.id), x: d.x, y: d.y,
       dash: runDash(run.id), faded: isCollapsible(run),
     };
   };

@@ -25,6 +25,7 @@ import { drawSeries, seriesStyles } from "./scale";
 import { CanvasChart, type Range, type RungMark } from "./canvaschart";
 import { loadPrefs, MAX_SMOOTHING, prefsKey, savePrefs, type ViewPrefs } from "./viewprefs";
 import { runColor } from "./palette";
+import { runTitle } from "./names";
 import { lowerIsBetter } from "./state";
 import {
   applySnapshot,
@@ -240,6 +241,8 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     chartsRow.append(h("div", { class: "rf-chart" }, [head, h("div", { class: "rf-chart-body" }, [div, waiting])]));
     const plot = new CanvasChart(div, {
       xLabel,
+      // An eval curve has a point per chunk: averaging a few points misplaces each of them.
+      smooths: split === "train",
       lowerFirst: (metric) => lowerIsBetter(metric),
       // A zoomed range redraws at full resolution inside it (planChart resets on a new range).
       onZoom: (range: Range | null) => {
@@ -577,16 +580,16 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     const runs = [...state.runs.values()]
       .filter((r) => Object.keys(r.train).length > 0 || Object.keys(r.eval).length > 0)
       .sort((a, b) => a.id - b.id);
-    const entries = runs.map((r) => [r.id, traceName(r), hiddenRuns.has(r.id), r.note] as const);
+    const entries = runs.map((r) => [r.id, traceName(r), hiddenRuns.has(r.id), r.note, runTitle(r)] as const);
     const key = JSON.stringify(entries);
     if (key === legendKey) return;
     legendKey = key;
-    legend.replaceChildren(...entries.map(([id, name, hidden, note]) => {
+    legend.replaceChildren(...entries.map(([id, name, hidden, note, full]) => {
       const swatch = h("span", { class: "rf-legend-swatch" });
       swatch.style.background = runColor(id);
       const item = h("span", { class: `rf-legend-item${hidden ? " rf-legend-hidden" : ""}`, "data-run": String(id),
         "data-testid": "rf-legend-item",
-        title: `${name}: hover to emphasize its curves, click to write a note on it${hidden ? " (hidden by its swatch in the table)" : ""}${note ? `\nnote: ${note}` : ""}` },
+        title: `${full}: hover to emphasize its curves, click to write a note on it${hidden ? " (hidden by its swatch in the table)" : ""}${note ? `\nnote: ${note}` : ""}` },
       [swatch, name, ...(note ? [h("span", { class: "rf-legend-note", text: " ✎", title: note })] : [])]);
       item.addEventListener("mouseenter", () => {
         focusOn.hover = id;

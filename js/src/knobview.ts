@@ -33,7 +33,19 @@ export interface KnobAxis {
   categories: string[];
   min: number;
   max: number;
+  /**
+   * Some runs do not set this knob (runs created before a clone or a search added it): they sit
+   * in their own slot, labelled DEFAULT_LABEL, at the axis's left end, apart from the values.
+   */
+  defaults: boolean;
 }
+
+/** How a run that does not set a knob reads: it trains with the library's default, not with "null". */
+export const DEFAULT_LABEL = "(default)";
+/** On a number axis with a default slot, the values start this share of the axis to the right. */
+const DEFAULT_GAP = 0.22;
+
+const absent = (v: unknown): boolean => v === null || v === undefined;
 
 export interface KnobModel {
   metric: string | null;
@@ -53,7 +65,8 @@ function markOf(run: RunState): Mark {
 }
 
 function category(v: unknown): string {
-  return typeof v === "string" ? v : JSON.stringify(v) ?? "none";
+  if (absent(v)) return DEFAULT_LABEL;
+  return typeof v === "string" ? v : JSON.stringify(v) ?? DEFAULT_LABEL;
 }
 
 /**
@@ -76,16 +89,18 @@ export function knobModel(state: PanelState, metric: string | null, which: Which
     points.push({ runId: run.id, name: runName(run), color: runColor(run.id), mark: markOf(run), value: v, knobs: run.knobs });
   }
   const axes: KnobAxis[] = keys.map((key) => {
-    const vals = runs.map((r) => (has(r.knobs, key) ? r.knobs[key] : null));
+    const all = runs.map((r) => (has(r.knobs, key) ? r.knobs[key] : null));
+    const vals = all.filter((v) => !absent(v));
+    const defaults = vals.length < all.length;
     const nums = vals.filter((v): v is number => typeof v === "number" && Number.isFinite(v));
     if (nums.length === vals.length && nums.length > 0) {
       const min = Math.min(...nums);
       const max = Math.max(...nums);
       const log = min > 0 && max / min >= 20;
-      return { key, kind: log ? "log" : "linear", categories: [], min: log ? Math.log10(min) : min, max: log ? Math.log10(max) : max };
+      return { key, kind: log ? "log" : "linear", categories: [], min: log ? Math.log10(min) : min, max: log ? Math.log10(max) : max, defaults };
     }
-    const categories = [...new Set(vals.map(category))].sort();
-    return { key, kind: "category", categories, min: 0, max: Math.max(0, categories.length - 1) };
+    const categories = [...(defaults ? [DEFAULT_LABEL] : []), ...[...new Set(vals.map(category))].sort()];
+    return { key, kind: "category", categories, min: 0, max: Math.max(0, categories.length - 1), defaults };
   });
   let lo = Infinity;
   let hi = -Infinity;
@@ -105,10 +120,24 @@ export function axisPos(axis: KnobAxis, v: unknown): number | null {
     if (i < 0) return null;
     return axis.categories.length === 1 ? 0.5 : i / (axis.categories.length - 1);
   }
+  if (absent(v)) return axis.defaults ? 0 : null;
   if (typeof v !== "number" || !Number.isFinite(v)) return null;
   const t = axis.kind === "log" ? (v > 0 ? Math.log10(v) : null) : v;
   if (t === null) return null;
-  return axis.max > axis.min ? (t - axis.min) / (axis.max - axis.min) : 0.5;
+  const pos = axis.max > axis.min ? (t - axis.min) / (axis.max - axis.min) : 0.5;
+  return axis.defaults ? DEFAULT_GAP + (1 - DEFAULT_GAP) * pos : pos;
+}
+
+/** An axis's tick positions (0..1) and labels: the categories, or the values' ends (and the default slot). */
+export function axisTicks(axis: KnobAxis): [number, string][] {
+  if (axis.kind === "category") {
+    return axis.categories.map((c, i) => [axis.categories.length === 1 ? 0.5 : i / (axis.categories.length - 1), c]);
+  }
+  const ends: [number, string][] = axis.max > axis.min
+    ? [[axisPos(axis, axis.kind === "log" ? 10 ** axis.min : axis.min)!, axisLabel(axis, axis.min)],
+      [axisPos(axis, axis.kind === "log" ? 10 ** axis.max : axis.max)!, axisLabel(axis, axis.max)]]
+    : [[axisPos(axis, axis.kind === "log" ? 10 ** axis.min : axis.min)!, axisLabel(axis, axis.min)]];
+  return axis.defaults ? [[0, DEFAULT_LABEL], ...ends] : ends;
 }
 
 export interface Cell {
@@ -267,9 +296,7 @@ export function createKnobView(opts: {
       ctx.textBaseline = "top";
       ctx.fillText(`${axis.key.split(".").pop()}${axis.kind === "log" ? " (log)" : ""}`, (x0 + x1) / 2, y1 + 15);
       // x ticks: the categories, or the two ends and a middle value
-      const ticks = axis.kind === "category" ? axis.categories.map((c, i) => [axis.categories.length === 1 ? 0.5 : i / (axis.categories.length - 1), c] as const)
-        : (axis.max > axis.min ? [[0, axisLabel(axis, axis.min)], [1, axisLabel(axis, axis.max)]] as const : [[0.5, axisLabel(axis, axis.min)]] as const);
-      for (const [t, label] of ticks) ctx.fillText(String(label).slice(0, 12), x0 + inset(t) * (x1 - x0), y1 + 3);
+      for (const [t, label] of axisTicks(axis)) ctx.fillText(label.slice(0, 12), x0 + inset(t) * (x1 - x0), y1 + 3);
       // y ticks on each cell's left
       const yt = niceTicks(m.y[0], m.y[1], 3);
       ctx.textAlign = "right";
@@ -379,6 +406,6 @@ export function createKnobView(opts: {
   };
 }
 
-function fmtKnob(v: unknown): string {
+export function fmtKnob(v: unknown): string {
   return typeof v === "number" ? fmtHover(v) : category(v);
 }

@@ -69,7 +69,7 @@ export function seriesStyles(
 /** A chart's curves as the canvas draws them: each trace with its run's emphasis. */
 export function drawSeries(traces: readonly TraceSpec[], styles: readonly SeriesStyle[]): DrawSeries[] {
   return traces.map((t, i) => ({
-    runId: t.runId, name: t.name, color: t.color, dash: t.dash, x: t.x, y: t.y,
+    runId: t.runId, name: t.name, title: t.title, color: t.color, dash: t.dash, x: t.x, y: t.y,
     ...(styles[i] ?? { shown: true, focused: false, opacity: t.faded ? 0.35 : 1, width: 1.5, markers: false }),
   }));
 }

@@ -44,6 +44,8 @@ export const CSS = `
 .rf-tip-row.rf-tip-hit { font-weight: 600; }
 .rf-tip-name { overflow: hidden; text-overflow: ellipsis; flex: 1 1 auto; }
 .rf-tip-value { font-variant-numeric: tabular-nums; margin-left: auto; }
+.rf-tip-smoothed { color: var(--rf-fg2); font-variant-numeric: tabular-nums; }
+.rf-tip-full { color: var(--rf-fg2); max-width: 400px; overflow: hidden; text-overflow: ellipsis; }
 .rf-tip-more { color: var(--rf-fg2); }
 .rf-curvebar { display: flex; gap: 12px; align-items: center; flex-wrap: wrap; font-size: 12px; color: var(--rf-fg2); margin: 2px 0 4px; }
 .rf-curvebar label { display: inline-flex; gap: 4px; align-items: center; }

@@ -50,11 +50,16 @@ function fmtPow(k: number): string {
   return k >= -3 && k <= 4 ? String(Number((10 ** k).toPrecision(6))) : `1e${k > 0 ? "+" : ""}${k}`;
 }
 
+/** Up to this many 1-2-5 ticks are kept on a log axis even past `maxTicks`: two powers alone cannot be read. */
+export const MAX_LOG_125 = 9;
+
 /**
  * Ticks of a log-scale axis whose range is [lo, hi] in log10 units: positions (log10 of the
- * value) and labels of the values. Over a decade or more: powers of ten (every k-th one when
- * there are too many), with 2 and 5 between them when few decades show; inside one decade:
- * round values of the linear scale, placed at their logarithm.
+ * value) and labels of the values. Over a decade or more: 1, 2 and 5 times the powers of ten
+ * while there are at most `maxTicks` of them, or MAX_LOG_125 (an eval loss from 0.5 to 12
+ * read "1, 10" and nothing between), else powers of ten, every k-th one
+ * when there are too many; inside one decade: round values of the linear scale, placed at
+ * their logarithm.
  */
 export function logTicks(lo: number, hi: number, maxTicks: number): { at: number[]; labels: string[] } {
   const at: number[] = [];
@@ -76,7 +81,11 @@ export function logTicks(lo: number, hi: number, maxTicks: number): { at: number
   const last = Math.floor(hi + 1e-9);
   const decades = last - first + 1;
   const every = Math.max(1, Math.ceil(decades / n));
-  const between = decades * 3 <= n ? [2, 5] : [];
+  // The 1-2-5 ticks inside the range, counted exactly (the ends of the range cut decades short).
+  let oneTwoFive = 0;
+  for (let k = first - 1; k <= last; k++) for (const m of [1, 2, 5]) { const p = k + Math.log10(m); if (p >= lo - 1e-9 && p <= hi + 1e-9) oneTwoFive++; }
+  // Three decades of 1-2-5 (nine labels) still read on a chart a few hundred pixels high.
+  const between = oneTwoFive <= Math.max(n, MAX_LOG_125) ? [2, 5] : [];
   for (let k = first - 1; k <= last; k++) {
     if (k >= first && (k - first) % every === 0) {
       at.push(k);

@@ -1,10 +1,10 @@
 // Curve tools: TensorBoard's smoothing, log-scale ticks, the x axis choice, the multi-run hover
 // rows, run short names and the remembered curve settings.
 import { describe, expect, it } from "vitest";
-import { hoverRows, logValues, nearestIndex, smoothed, type DrawSeries } from "../src/canvaschart";
+import { hoverRows, logValues, nearestIndex, seriesSmoothing, smoothed, SMOOTH_MIN_POINTS, type DrawSeries } from "../src/canvaschart";
 import { logTicks, niceTicks } from "../src/ticks";
-import { axisSeries, createChartBook, planChart } from "../src/chartplan";
-import { knobValueText, runName } from "../src/names";
+import { axisSeries, chunkSpans, createChartBook, planChart, spreadTimes } from "../src/chartplan";
+import { compactValueText, knobValueText, runName, runTitle } from "../src/names";
 import { parsePrefs } from "../src/viewprefs";
 import { createState, ingest } from "../src/state";
 
@@ -23,6 +23,14 @@ describe("smoothing", () => {
     expect(s[3]).toBeGreaterThan(1);
     expect(s[3]).toBeLessThan(3);
   });
+  it("is for dense series only: a few eval points, or the eval chart, stay raw", () => {
+    const dense = Array.from({ length: SMOOTH_MIN_POINTS }, (_, i) => i);
+    expect(seriesSmoothing(dense, 0.8)).toBe(0.8);
+    expect(seriesSmoothing([1.2, 0.9, 0.64], 0.8)).toBe(0);
+    expect(seriesSmoothing([...dense.slice(1), null, NaN], 0.8)).toBe(0);   // gaps do not count
+    expect(seriesSmoothing(dense, 0.8, false)).toBe(0);
+    expect(seriesSmoothing(dense, 0)).toBe(0);
+  });
   it("flattens a noisy curve towards its mean", () => {
     const y = Array.from({ length: 400 }, (_, i) => 1 + (i % 2 ? 0.5 : -0.5));
     const s = smoothed(y, 0.9) as number[];
@@ -36,6 +44,9 @@ describe("log y", () => {
     const t = logTicks(-3.2, 1.1, 6);
     expect(t.labels).toEqual(["0.001", "0.01", "0.1", "1", "10"]);
     expect(t.at).toEqual([-3, -2, -1, 0, 1]);
+    // An eval loss from 0.5 to 12 on a short chart: not "1, 10" alone, but 1-2-5 ticks.
+    expect(logTicks(Math.log10(0.5), Math.log10(12), 5).labels).toEqual(["0.5", "1", "2", "5", "10"]);
+    expect(logTicks(Math.log10(0.3), Math.log10(40), 4).labels).toEqual(["0.5", "1", "2", "5", "10", "20"]);
     // A few decades: 2 and 5 between the powers.
     expect(logTicks(-0.1, 1.05, 10).labels).toEqual(["1", "2", "5", "10"]);
     // Inside one decade: round values placed at their logarithm.
@@ -59,6 +70,31 @@ describe("x axes", () => {
   it("step drops points without one, time counts from the first event and drops a clock going back", () => {
     expect(axisSeries(s, "step", null)).toEqual({ x: [1, 3], y: [3, 1] });
     expect(axisSeries(s, "time", 1000)).toEqual({ x: [0.5, 1], y: [3, 2] });
+  });
+  it("wall time spreads a chunk's points over the chunk: no staircase", () => {
+    // Chunk 1 trained 100..104 and logged its 4 steps at 104.5; chunk 2 trained 110..112, logged at 112.1.
+    const chunks = [{ start: 100, end: 104 }, { start: 110, end: 112 }];
+    const t = [104.5, 104.5, 104.5, 104.5, 112.1, 112.1];
+    expect(spreadTimes(t, chunks)).toEqual([101, 102, 103, 104, 111, 112]);
+    // no chunk rows (a log cut before its chunk_done): over the gap since the previous block
+    expect(spreadTimes(t, [])).toEqual([104.5, 104.5, 104.5, 104.5, 104.5 + 7.6 / 2, 112.1]);
+    const xs = axisSeries({ x: [8, 16, 24, 32, 40, 48], y: [6, 5, 4, 3, 2, 1], step: [1, 2, 3, 4, 5, 6], t }, "time", 100, chunks).x;
+    expect(new Set(xs).size).toBe(xs.length);   // one x per point: a curve, not risers
+    expect(xs).toEqual([1, 2, 3, 4, 11, 12]);
+  });
+  it("reads a run's chunk spans from the timeline", () => {
+    const state = createState();
+    ingest(state, [
+      { seq: 1, time: 100, type: "run_created", run_id: 1, knobs: {} },
+      { seq: 2, time: 104.5, type: "metric", run_id: 1, split: "train", step: 1, samples_seen: 8, metrics: { loss: 2 } },
+      { seq: 3, time: 104.5, type: "metric", run_id: 1, split: "train", step: 2, samples_seen: 16, metrics: { loss: 1 } },
+      { seq: 4, time: 104.5, type: "chunk_done", run_id: 1, epoch: 0, chunk: 0, start: 102, end: 104 },
+    ]);
+    expect(chunkSpans(state, 1)).toEqual([{ start: 102, end: 104 }]);
+    const book = createChartBook("train", "loss");
+    book.xAxis = "time";
+    // seconds since the first chunk started (its points now lie before the time they were logged)
+    expect(planChart(state, book).traces[0].x).toEqual([1, 2]);
   });
   it("a chart redraws from scratch on another axis", () => {
     const state = createState();
@@ -98,13 +134,33 @@ describe("multi-run hover", () => {
     expect(rows.map((r) => [r.runId, r.value, r.name])).toEqual([[2, 0.5, "2 · lr 2"], [1, 2, "1 · lr 1"]]);
     expect(hoverRows([a, b], [a.y, b.y], 9, false).map((r) => r.runId)).toEqual([1, 2]);
   });
+  it("shows the logged value, the smoothed one beside it, and sorts by the logged one", () => {
+    const y = [3, 2.5, 0.642, 2.4, 2.3, 2.2, 2.1, 2, 1.9];
+    const x = y.map((_, i) => i);
+    const a = series(1, x, y);
+    const b = series(2, [0, 10], [1, 1.5]);
+    const sm = smoothed(y, 0.8);
+    const rows = hoverRows([a, b], [a.y, b.y], 2, true, [sm, null]);
+    expect(rows.map((r) => [r.runId, r.value])).toEqual([[1, 0.642], [2, 1]]);
+    expect(rows[0].smoothed).toBeCloseTo(sm[2] as number, 12);
+    expect(rows[0].smoothed).toBeGreaterThan(1);   // what the hover showed alone before
+    expect(rows[1].smoothed).toBeNull();
+  });
 });
 
 describe("run names", () => {
   it("are the id and the run's knobs, short", () => {
     expect(runName({ id: 3, knobs: { "training_args.learning_rate": 0.001, "peft_config.r": 32 } })).toBe("3 · lr 1e-3 · r 32");
     expect(runName({ id: 1, knobs: {} })).toBe("run 1");
-    expect(runName({ id: 2, knobs: { a: 1, b: 2, c: 3, d: 4, e: 5, f: 6 } })).toBe("2 · a 1 · b 2 · c 3 · d 4 · +2 knobs");
+    // two knobs at most, learning rate and rank first; the whole config in the title
+    expect(runName({ id: 2, knobs: { a: 1, b: 2, c: 3, d: 4, e: 5, f: 6 } })).toBe("2 · a 1 · b 2");
+    const knobs = { "peft_config.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "training_args.weight_decay": 0.01,
+      "peft_config.r": 8, "training_args.learning_rate": 0.001 };
+    expect(runName({ id: 5, knobs })).toBe("5 · lr 1e-3 · r 8");
+    expect(runTitle({ id: 5, knobs })).toBe("5 · modules q_proj+k_proj+v_proj+o_proj · wd 0.01 · r 8 · lr 1e-3");
+    expect(compactValueText(["q_proj", "k_proj", "v_proj", "o_proj"])).toBe("q_proj…(4)");
+    expect(compactValueText("HuggingFaceTB/SmolLM2-135M")).toBe("SmolLM2-135M");
+    expect(compactValueText(1e-3)).toBe("1e-3");
     expect(knobValueText(5e-5)).toBe("5e-5");
     expect(knobValueText(0.05)).toBe("0.05");
     expect(knobValueText(["q_proj", "v_proj"])).toBe("q_proj+v_proj");

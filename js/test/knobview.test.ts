@@ -1,7 +1,7 @@
 // Knobs -> metric: which knobs show (only those that vary), each run's best or latest value,
 // the marks of pruned, stopped and failed runs, runs with a NaN or missing metric, and the hit test.
 import { describe, expect, it } from "vitest";
-import { axisPos, knobHit, knobLayout, knobModel, pointPx } from "../src/knobview";
+import { axisPos, axisTicks, DEFAULT_LABEL, fmtKnob, knobHit, knobLayout, knobModel, pointPx } from "../src/knobview";
 import { createState, ingest, type WireEvent } from "../src/state";
 
 function log(): WireEvent[] {
@@ -52,5 +52,36 @@ describe("knobs -> metric", () => {
     const at = pointPx(m, cells[1], p)!;
     expect(knobHit(m, cells, at[0] + 2, at[1] - 2)?.runId).toBe(5);
     expect(knobHit(m, cells, at[0] + 30, at[1] + 30)).toBeNull();
+  });
+
+  it("shows a knob older runs lack as the default, in its own slot, never as null or a number", () => {
+    const st = createState();
+    const ev: Omit<WireEvent, "seq">[] = [
+      { type: "run_created", run_id: 1, knobs: { "training_args.learning_rate": 1e-3 } },
+      { type: "run_created", run_id: 2, knobs: { "training_args.learning_rate": 1e-3, "training_args.weight_decay": 0.01 } },
+      { type: "run_created", run_id: 3, knobs: { "training_args.learning_rate": 1e-3, "training_args.weight_decay": 0.1 } },
+      { type: "run_created", run_id: 4, knobs: { "training_args.learning_rate": 1e-3, "training_args.lr_scheduler_type": "cosine" } },
+    ];
+    [1, 2, 3, 4].forEach((id) => ev.push({ type: "metric", run_id: id, split: "eval", step: 2, samples_seen: 8, metrics: { eval_loss: id } }));
+    ingest(st, ev.map((e, i) => ({ ...e, seq: i + 1 }) as WireEvent));
+    const m = knobModel(st, "eval_loss", "best");
+    const wd = m.axes.find((a) => a.key === "training_args.weight_decay")!;
+    // the numbers keep a number axis (not categories "0.01", "0.1", "null")
+    expect(wd.kind).toBe("linear");
+    expect(wd.defaults).toBe(true);
+    expect(axisPos(wd, undefined)).toBe(0);
+    expect(axisPos(wd, null)).toBe(0);
+    expect(axisPos(wd, 0.01)!).toBeGreaterThan(0.15);
+    expect(axisPos(wd, 0.1)).toBe(1);
+    const labels = axisTicks(wd).map(([, l]) => l);
+    expect(labels).toEqual([DEFAULT_LABEL, "0.01", "0.1"]);
+    const sched = m.axes.find((a) => a.key.endsWith("lr_scheduler_type"))!;
+    expect(sched.categories).toEqual([DEFAULT_LABEL, "cosine"]);
+    expect(axisPos(sched, undefined)).toBe(0);
+    expect(fmtKnob(null)).toBe(DEFAULT_LABEL);
+    expect(fmtKnob(undefined)).toBe(DEFAULT_LABEL);
+    // every run is drawn on every axis (run 1 at both default slots)
+    const { cells } = knobLayout(m, 600);
+    for (const c of cells) for (const p of m.points) expect(pointPx(m, c, p)).not.toBeNull();
   });
 });

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import time
 from pathlib import Path
 
@@ -29,6 +30,11 @@ def _num(v) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _text(cell_html: str) -> str:
+    """A cell's text, for its title: the markup gone, the entities read back."""
+    return html.unescape(re.sub(r"<[^>]*>", "", cell_html)).strip()
 
 
 def status_counts(table: dict) -> str:
@@ -66,11 +72,13 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         head.append("lineage")
     show_lineage = "lineage" in head
     head.append("note")
-    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"'
-    # long values (target_modules, a failure's reason) wrap in their cell, and a table still
-    # wider than the page scrolls in its own box: the page never outgrows a 1280 px window
-    wrap = ('style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
-            'max-width:22em;overflow-wrap:anywhere"')
+    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;white-space:nowrap"'
+    # A cell never breaks inside a number or a name ("0.64" over "21" misreads as two values): a
+    # long value (target_modules, a failure's reason) is cut with an ellipsis, whole in the cell's
+    # title, and a table still wider than the page scrolls in its own box: the page never
+    # outgrows a 1280 px window.
+    clip = ('style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
+            'white-space:nowrap;max-width:22em;overflow:hidden;text-overflow:ellipsis"')
     out = ['<div style="overflow-x:auto;max-width:100%"><table style="border-collapse:collapse;font-size:13px">',
            "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for rank, run in enumerate(runs, start=1):
@@ -86,7 +94,7 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         if show_lineage:
             row.append(_e(lineage(table, run)))
         row.append(_e(run_note(run)))
-        out.append("<tr>" + "".join(f"<td {wrap}>{c}</td>" for c in row) + "</tr>")
+        out.append("<tr>" + "".join(f'<td {clip} title="{_e(_text(c))}">{c}</td>' for c in row) + "</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
 

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("RF_COMPARE_SHOTS") or ROOT / "test-output" / "browser")
 EXPERIMENT = "browser-compare"
 TRAIN = "[data-testid=rf-chart-train]"
+EVAL = "[data-testid=rf-chart-eval]"
 
 NOTEBOOK_CODE = """\
 from rapidfire_nb import Experiment
@@ -99,6 +100,9 @@ def test_names_and_colour_key(compare):
     legend = panel.locator("[data-testid=rf-legend-item]")
     assert legend.count() == 4
     assert [legend.nth(i).text_content() for i in range(4)] == names
+    # the key's title has the run's whole config (lora_alpha and target_modules too), the name two knobs
+    title = legend.nth(0).get_attribute("title") or ""
+    assert title.startswith(names[0].split(" · ")[0] + " · ") and "q_proj+v_proj" not in names[0], title
     panel.locator(".rf-legend").screenshot(path=str(SHOTS / "compare_colour_key.png"))
     legend.nth(2).hover()
     _wait(lambda: [s["focused"] for s in page.evaluate(INSPECT, TRAIN)["series"]] == [False, False, True, False], 10,
@@ -127,6 +131,9 @@ def test_multi_run_hover_lists_every_run_at_that_x(compare):
     assert all(" · lr " in r and " · r " in r for r in rows), rows
     values = [float(tip.locator(".rf-tip-row").nth(i).locator(".rf-tip-value").text_content()) for i in range(4)]
     assert values == sorted(values)   # a loss: lowest first
+    # the value shown is the one run 1 logged there (not a smoothed one)
+    hit_value = float(tip.locator(".rf-tip-hit .rf-tip-value").text_content())
+    assert hit_value == pytest.approx(s1["y"][k], rel=1e-4)
     assert "rf-hot" in (panel.locator('tr[data-run-id="1"]').get_attribute("class") or "")
     # the page as it is (an element screenshot would scroll, and the pointer leave the chart)
     page.screenshot(path=str(SHOTS / "compare_hover.png"))
@@ -151,6 +158,23 @@ def test_smoothing_draws_the_average_and_keeps_the_raw_curve(compare):
         assert abs(p["smooth"]["ySum"] - p["raw"]["ySum"]) / p["raw"]["n"] > 0.5
     assert page.evaluate(INSPECT, TRAIN)["curve"]["smoothing"] == pytest.approx(0.8)
     panel.screenshot(path=str(SHOTS / "compare_smoothing.png"))
+    # an eval curve (a point per chunk) stays raw: smoothing a few points misplaces each of them
+    evals = _paths(page, EVAL)
+    assert len(evals) == 4 and all(p["smooth"] is None and p["raw"]["alpha"] == 1 for p in evals.values()), evals
+    # the hover shows the logged value first, the smoothed one beside it
+    s1 = next(s for s in page.evaluate(INSPECT, TRAIN)["series"] if s["runId"] == 1)
+    k = len(s1["x"]) // 2
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    page.mouse.move(*page.evaluate(POINT_PX, [TRAIN, s1["x"][k], s1["y"][k]]))
+    tip = panel.locator(f"{TRAIN} [data-testid=rf-tooltip]")
+    # (run 1's row by its name: the point is on the raw curve, away from the smoothed one drawn bold)
+    row = tip.locator(".rf-tip-row").filter(has_text=s1["name"])
+    _wait(lambda: tip.is_visible() and row.locator(".rf-tip-smoothed").count() == 1, 10, "a smoothed hover", page)
+    assert float(row.locator(".rf-tip-value").text_content()) == pytest.approx(s1["y"][k], rel=1e-4)
+    assert row.locator(".rf-tip-smoothed").text_content().startswith("smoothed ")
+    page.screenshot(path=str(SHOTS / "compare_after_smoothing_hover.png"))
+    page.mouse.move(5, 5)
+    _wait(lambda: not tip.is_visible(), 10, "the hover to go", page)
 
 
 def test_log_y_ticks(compare):
@@ -176,6 +200,12 @@ def test_log_y_ticks(compare):
     ticks = _wait(powers_of_ten, 10, "powers of ten on the log axis", page)
     assert "0.001" in ticks, ticks
     panel.screenshot(path=str(SHOTS / "compare_log_y.png"))
+    # the eval chart's log axis is readable too: at least three ticks, 1-2-5 values
+    panel.locator(EVAL).scroll_into_view_if_needed()
+    eticks = _wait(lambda: (lambda c: c["view"]["yTicks"] if c["curve"]["logY"] and len(c["view"]["yTicks"] or []) >= 3 else None)(
+        page.evaluate(INSPECT, EVAL)), 10, "three or more ticks on the eval chart's log axis", page)
+    assert len(set(eticks)) == len(eticks), eticks
+    panel.screenshot(path=str(SHOTS / "compare_after_log_y.png"))
     panel.locator("[data-testid=rf-metric-train]").select_option("loss")
     # the settings are remembered: a re-rendered panel comes back with them
     prefs = page.evaluate("() => Object.entries(localStorage).filter(([k]) => k.startsWith('rapidfire-panel-view:'))")
@@ -183,6 +213,17 @@ def test_log_y_ticks(compare):
     panel.locator("[data-testid=rf-logy]").uncheck()
     panel.locator("[data-testid=rf-xaxis]").select_option("step")
     _wait(lambda: page.evaluate(INSPECT, TRAIN)["series"][0]["x"][:2] == [1, 2], 10, "curves against the optimizer step", page)
+    # wall time: a chunk's steps spread over the chunk, so no two points of a curve share an x
+    samples_x = {s["runId"]: s["x"] for s in page.evaluate(INSPECT, TRAIN)["series"]}
+    panel.locator("[data-testid=rf-xaxis]").select_option("time")
+    def spread_in_time():
+        series = page.evaluate(INSPECT, TRAIN)["series"]
+        ok = series and all(len(s["x"]) > 3 and len(set(s["x"])) == len(s["x"]) and s["x"] != samples_x.get(s["runId"])
+                            for s in series)
+        return series if ok else None
+    _wait(spread_in_time, 10, "train curves against wall time, one x per step", page)
+    panel.locator(TRAIN).scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "compare_after_wall_time.png"))
     panel.locator("[data-testid=rf-xaxis]").select_option("samples")
     panel.locator("[data-testid=rf-smoothing]").evaluate(
         "(el) => { el.value = '0'; el.dispatchEvent(new Event('input', { bubbles: true })); }")
@@ -238,6 +279,16 @@ def test_report_has_the_new_sections(compare, browser, tmp_path):
         assert len(resources) == 8 and all(n == 3 for _, n in resources), resources   # 4 runs x (memory, tokens/s), 3 chunks
         page.locator("#knobs-scatter").scroll_into_view_if_needed()
         page.screenshot(path=str(SHOTS / "compare_report_knobs.png"))
+        # the leaderboard never breaks inside a value: every cell is one line, its text whole in its title
+        lines = page.evaluate("""() => {
+            const head = [...document.querySelectorAll('h2')].find((e) => e.textContent === 'Leaderboard');
+            return [...head.nextElementSibling.querySelectorAll('td')].map((td) => {
+            const r = document.createRange(); r.selectNodeContents(td);
+            return [new Set([...r.getClientRects()].map((b) => Math.round(b.top))).size, td.title, td.textContent.trim()]; }); }""")
+        assert lines and all(n <= 1 for n, _, _ in lines), [x for x in lines if x[0] > 1]
+        assert all(t == txt for _, t, txt in lines if txt), [x for x in lines if x[1] != x[2]]
+        page.locator("h2", has_text="Leaderboard").scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "compare_after_leaderboard.png"))
         page.locator("#resources").scroll_into_view_if_needed()
         page.screenshot(path=str(SHOTS / "compare_report_resources.png"))
     finally:
