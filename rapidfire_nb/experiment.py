@@ -38,7 +38,7 @@ from rapidfire_nb.folder import claim as claim_folder
 from rapidfire_nb.launch import commit, prepare
 from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
 from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path
-from rapidfire_nb.session import current_experiment  # noqa: F401  (RapidFire compat reads it here)
+from rapidfire_nb.session import current_experiment  # noqa: F401  (public here: the API docs show it with Experiment)
 
 
 
