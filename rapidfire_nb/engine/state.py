@@ -438,7 +438,7 @@ _DECISION = {"run_id": "int", "rung": "int", "rank": "int", "of": "int", "reason
 
 
 def check_automl_state(data: Any, path: Any) -> dict | None:
-    """``automl.json`` (the pruning driver's state, rapidfire_nb/tuning.py) checked field by
+    """``automl.json`` (the pruning driver's state, tuning/driver.py) checked field by
     field: a ``MetadataError`` naming the file and the field, or the data (None: no file)."""
     from rapidfire_nb.errors import MetadataError
 
