@@ -18,29 +18,19 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from rapidfire_nb import _views, session
+from rapidfire_nb import _views, results, session
 from rapidfire_nb._environment import in_kernel
-from rapidfire_nb.engine import (
-    DELETED,
-    Engine,
-    ExperimentStore,
-    Op,
-    ProjectedRun,
-    RunSpec,
-    check_experiment_meta,
-    check_status_op,
-    checked_run,
-    interruptible,
-    read_json,
-)
+from rapidfire_nb.engine import Engine, Op, ProjectedRun, RunSpec, check_status_op, checked_run, interruptible
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
-from rapidfire_nb.folder import claim as claim_folder
-from rapidfire_nb.folder import give_back
+from rapidfire_nb.folder import give_back, open_read_only
 from rapidfire_nb.launch import commit, prepare
 from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
-from rapidfire_nb.layout import FinalCheckpoints, final_checkpoint_path
-from rapidfire_nb.session import current_experiment  # noqa: F401  (RapidFire compat reads it here)
+from rapidfire_nb.layout import FinalCheckpoints, export_weights, final_checkpoint_path, log_file_path
+from rapidfire_nb.session import current_experiment  # noqa: F401  (public here: the API docs show it with Experiment)
 
+
+def _parent(experiment_path: str | Path | None) -> Path:
+    return Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
 
 
 class Experiment:
@@ -72,16 +62,10 @@ class Experiment:
 
     def __new__(cls, experiment_name: str = "", experiment_path: str | Path | None = None, *,
                 mode: str = "fit", resume: bool = False, **_kwargs):
-        # A re-run cell (``exp = Experiment("x"); exp.run_fit(...)``) while "x" still trains in
-        # this kernel: ``exp`` stays the one that trains, instead of an empty "x_2" whose
-        # run_fit the one-engine guard then refuses.
+        # a re-run cell while its experiment still trains gets that one (session.still_training)
         if mode == "fit" and not resume and isinstance(experiment_name, str) and experiment_name:
-            parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
-            training = session.training_as(parent.resolve(), experiment_name)
+            training = session.still_training(_parent(experiment_path), experiment_name)
             if training is not None:
-                print(f"rapidfire: experiment {experiment_name!r} is still training in this kernel; "
-                      "this is that one (its panel, results and ops work as before). To start a "
-                      f"new one, end it first: {session.how_to_free(training.name)}")
                 return training
         return super().__new__(cls)
 
@@ -102,7 +86,7 @@ class Experiment:
         from rapidfire_nb.engine import check_num_workers
 
         check_num_workers(num_workers)
-        parent = Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
+        parent = _parent(experiment_path)
         root = parent / experiment_name
         self.engine: Engine | None = None
         self.automl = None   # pruning/refill driver of the config group (rapidfire_nb.tuning), if any
@@ -126,25 +110,16 @@ class Experiment:
         session.make_current(self)
 
     def _claim(self, parent: Path, name: str) -> None:
-        """Take the folder (``rapidfire_nb.folder``); a lock held by another Experiment of this
-        kernel is refused with the call that frees it."""
-        from rapidfire_nb.engine import ExperimentLocked
-
-        try:
-            c = self._folder = claim_folder(parent, name, self.resumed)
-        except ExperimentLocked as exc:
-            holder = session.holder_of((parent / name).resolve())
-            if holder is None:
-                raise
-            raise ExperimentLocked(f"{exc}. It is experiment {holder.name!r} of this kernel: free it with "
-                                   f"{session.how_to_free(holder.name)}") from None
+        c = self._folder = session.claim(parent, name, self.resumed)
         self.name, self.path, self.store, self.events, self.meta = c.name, c.path, c.store, c.events, c.meta
         self._folder_lock = c.lock
         session.opened(self)
 
     def _unclaim(self) -> None:
-        """A new experiment's first run_fit was refused: the folder, its lock and its name go back
-        as they were, and the next run_fit claims afresh."""
+        """A new experiment's first run_fit was refused before it logged anything: the folder, its
+        lock and its name go back as they were, and the next run_fit claims afresh."""
+        if self.resumed or self._logged_open or self._folder is None:
+            return
         give_back(self._folder)
         session.closed(self)
         self._folder = None
@@ -168,18 +143,8 @@ class Experiment:
         return cls(folder.name, folder.parent, mode="read")
 
     def _open_read_only(self, name: str, root: Path) -> None:
-        from rapidfire_nb.engine import ReadOnlyLog, refuse_links
-
-        if not (root / "experiment.json").exists() and not (root / "events.jsonl").exists():
-            raise ConfigError(f"mode='read' but there is no experiment at {root}")
-        refuse_links(root, writing=False)
-        self.name = name
-        self.path = root.resolve()
-        self.resumed = False
-        self.offload, self.num_workers = "never", 0
-        self.store = ExperimentStore(self.path)
-        self.meta = check_experiment_meta(read_json(self.store.meta_path, {}), self.store.meta_path)
-        self.events = ReadOnlyLog(self.store.events_path)
+        self.name, self.resumed, self.offload, self.num_workers = name, False, "never", 0
+        self.path, self.store, self.meta, self.events = open_read_only(root)
         self._ended = False
         self._tracking = []
 
@@ -257,6 +222,23 @@ class Experiment:
         Every error that can be found before training (configs, data columns, ``num_chunks``,
         ``create_model``'s return value) is raised here and nothing is started.
         """
+        self._may_fit(allow_concurrent)
+        try:
+            fit = prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
+                          block, num_shards, num_gpus, monte_carlo_simulations, store=self.store,
+                          events=self.events, table=self._state(), name=self.name,
+                          stored_meta=self.meta if self.resumed else None,
+                          num_workers=self.num_workers, offload=self.offload)
+        except BaseException:
+            self._unclaim()
+            raise
+        self._start(fit)
+        if fit.args.block if fit.args.block is not None else not in_kernel():
+            self.wait()
+        return self
+
+    def _may_fit(self, allow_concurrent) -> None:
+        """run_fit's refusals that need this Experiment or the kernel's others."""
         from rapidfire_nb._quiet import import_peft_quietly
 
         import_peft_quietly()   # before trl/peft: no bitsandbytes "pip install kernels" line
@@ -273,17 +255,14 @@ class Experiment:
         try:
             if not check_concurrency_flag(allow_concurrent):
                 session.refuse_while_another_trains(self.name)
-            session.make_current(self)   # the experiment that trains is the one the magics mean
-            fit = prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
-                          block, num_shards, num_gpus, monte_carlo_simulations, store=self.store,
-                          events=self.events, table=self._state(), name=self.name,
-                          stored_meta=self.meta if self.resumed else None,
-                          num_workers=self.num_workers, offload=self.offload)
         except BaseException:
-            if not self.resumed and not self._logged_open:
-                self._unclaim()   # a refused call leaves no folder, no lock, no renamed experiment
+            self._unclaim()   # a refused call leaves no folder, no lock, no renamed experiment
             raise
-        self._log_open()   # the first write of this session: every check has passed
+        session.make_current(self)   # the experiment that trains is the one the magics mean
+
+    def _start(self, fit) -> None:
+        """Every check has passed: log, commit the plan and start the engine."""
+        self._log_open()   # a resumed folder's first write
         self.engine, self.automl = fit.engine, fit.driver
         self.meta = commit(fit, self.name)
         session.register_engine(fit.engine, self.name, self)
@@ -291,16 +270,13 @@ class Experiment:
             self.path, self.events, self._state(), self._export_to,
             is_lora=lambda rid: self.engine.snapshot()[rid].spec.peft_config is not None)
         self.engine.start()
-        if fit.args.block if fit.args.block is not None else not in_kernel():
-            self.wait()
-        return self
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until no run is pending or running; True if so, False on timeout.
 
-        While a cell is blocked here, panel clicks act at once on ipykernel 7 with JupyterLab >= 4.4
-        (they come on a subshell); older kernels serve them only once the cell returns, so there
-        let ``run_fit`` return and call ``wait`` only at the end.
+        Panel buttons are handled by the kernel only between cell executions, so while a cell is
+        blocked here clicks wait until it returns; in a notebook, prefer to let ``run_fit`` return
+        and call ``wait`` only at the end.
 
         Interrupting it (Kernel > Interrupt, Ctrl-C) stops the waiting, not the training: one line
         says that the runs go on in the background and how to stop them; in a kernel ``wait``
@@ -435,9 +411,7 @@ class Experiment:
 
     def note(self, run_id: int, text: str) -> None:
         """Attach a note to a run (at most 2000 characters; ``""`` clears it). It stays in the event log: ``get_runs_info()``'s ``note``, the panel and the report show it."""
-        from rapidfire_nb.results import note_run
-
-        note_run(self.events, self._state().read(lambda t: {r["run_id"] for r in t["runs"].values()}), run_id, text, writable=not (self.read_only or self._ended))
+        results.note_run(self.events, self._state().read(lambda t: {r["run_id"] for r in t["runs"].values()}), run_id, text, writable=not (self.read_only or self._ended))
 
     def resume(self, run_id: int) -> None:
         """Resume a stopped run from its checkpoint.
@@ -554,29 +528,17 @@ class Experiment:
         """
         import pandas as pd
 
-        from rapidfire_nb import results
-
         if self.engine is None and not self._from_log:
             return pd.DataFrame(columns=["run_id", "status"])
-        if self.automl is not None:
-            pruning_of = self.automl.reason_for
-        elif self._from_log and ((self.meta.get("pruning") or {}).get("pruner") is not None
-                                 or "budget" in (self.meta.get("pruning") or {})):
-            # no driver yet (read-only, or reopened before run_fit): the notes as the log tells them
-            pruning_of = lambda rid: self._state().read(lambda t: results.logged_pruning_note(t, rid))  # noqa: E731
-        else:
-            pruning_of = None
-        table = self._state().read()
-        return results.runs_frame(table, pruning_of)
+        pruning_of = results.pruning_notes(self.automl, self.meta, self._from_log, self._state())
+        return results.runs_frame(self._state().read(), pruning_of)
 
     def get_results(self):
         """Every logged metric, long form: run_id, split, step, samples_seen, epoch, chunk, metric,
         value, and deleted (True for the metrics of a run deleted since). Non-finite values read
         NaN; curves (panel, trackers) place each point at samples_seen. ``epoch`` and ``chunk`` are
         0-based (chunk 0 is the panel's and ``%rapidfire status``'s "chunk 1/N")."""
-        from rapidfire_nb.results import results_frame
-
-        return self._state().read(results_frame)
+        return self._state().read(results.results_frame)
 
     def get_timeline(self):
         """One row per trained chunk, in the order they were logged. Columns:
@@ -601,15 +563,11 @@ class Experiment:
           ``train_s``; ``peak_mem_mb``: the chunk's peak memory in MB (CUDA max allocated on a
           GPU, the process's resident set size on a CPU); NaN in logs from older versions.
         """
-        from rapidfire_nb.results import timeline_frame
-
-        return self._state().read(timeline_frame)
+        return self._state().read(results.timeline_frame)
 
     def time_split(self) -> dict:
         """Seconds spent training, evaluating, swapping and on everything else (engine-measured)."""
-        from rapidfire_nb.results import time_split
-
-        return self._state().read(time_split)
+        return self._state().read(results.time_split)
 
     def export(self, run_id: int, path: str | Path, *, overwrite: bool = False) -> Path:
         """Save a run's weights at its last chunk boundary: a PEFT adapter directory (LoRA runs)
@@ -631,20 +589,7 @@ class Experiment:
     def _export_to(self, run_id: int, path: Path) -> Path:
         """``export`` into a checked ``path``; the final checkpoints (RapidFire's layout, inside
         the experiment folder) are written through it too."""
-        from rapidfire_nb import automl
-        from rapidfire_nb.engine import export_run
-
-        rec = self._run(run_id)
-        if rec.status == DELETED:
-            raise OpRefused(f"run {run_id} is deleted; its weights are gone")
-        weights = self.engine.boundary_weights(run_id)
-        if weights is None:
-            if rec.exists and rec.record.chunks_done > 0:
-                raise OpRefused(f"run {run_id} ({rec.status}) has trained but its checkpoint "
-                                f"{self.store.checkpoint_path(run_id)} is missing; nothing to export")
-            raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")
-        lora = automl.build_lora_config(rec.spec) if rec.spec.peft_config is not None else None
-        return export_run(self.engine, rec.spec, run_id, weights, lora, path)
+        return export_weights(self.engine, self.store, self._run(run_id), run_id, path)
 
     def final_checkpoint_path(self, run_id: int) -> Path:
         """``<experiment>/runs/<id>/checkpoints/final_checkpoint/``, where RapidFire AI keeps a
@@ -699,13 +644,7 @@ class Experiment:
         (transformers and TRL output, warnings, tracebacks of failed runs). Anything else is a
         ``ConfigError``.
         """
-        kind = "main" if log_type is None else str(log_type).lower()
-        if kind in ("main", "experiment"):
-            return self.store.events_path
-        if kind != "training":
-            raise ConfigError(f"get_log_file_path: log_type must be None, 'main', 'experiment' or "
-                              f"'training', got {log_type!r}")
-        return self.store.root / "logs" / "engine.log"
+        return log_file_path(self.store, log_type)
 
     def tensorboard(self):
         """Start (once) a TensorBoard on this experiment's logs and show it in the notebook."""
@@ -717,23 +656,12 @@ class Experiment:
         return self.engine is None and (self.read_only or self.resumed)
 
     def __repr__(self) -> str:
-        from rapidfire_nb.engine import ENDED_REASON, runs_by_id
-
         if self.engine is not None:
             runs = [(r.status, None) for r in self.engine.snapshot().values()]
         elif self._from_log:   # no engine yet: the runs as the event log tells them
-            runs = self._state().read(lambda t: [(r["status"], r["reason"]) for r in runs_by_id(t)])
+            runs = self._state().read(results.statuses)
         else:
             runs = []
-        counts: dict[str, int] = {}
-        for status, _reason in runs:
-            counts[status] = counts.get(status, 0) + 1
-        summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-        text = f"<Experiment {self.name!r}: {len(runs)} runs ({summary}) at {self.path}"
-        unfinished = sum(status in ("pending", "running") or (status == "stopped" and reason == ENDED_REASON)
-                         for status, reason in runs)
-        if self._from_log and not self.read_only and unfinished:
-            text += (f"; run_fit(...) with the same arguments continues the {unfinished} unfinished "
-                     f"run{'s' if unfinished != 1 else ''}")
-        return text + ">"
+        return results.summary_line(self.name, self.path, runs,
+                                    continues=self._from_log and not self.read_only)
 

@@ -2,7 +2,7 @@
 log opened) and, when a new experiment's first run_fit is refused, given back as it was.
 
 Plain values in (the parent folder, the name asked for, whether to resume), a ``Claim`` out;
-nothing here sees the Experiment.
+nothing here sees the Experiment. ``open_read_only`` opens one for reading alone.
 """
 
 from __future__ import annotations
@@ -76,6 +76,20 @@ def claim(parent: Path, name: str, resume: bool) -> Claim:
     if not resume:
         atomic_write_json(store.meta_path, {"name": name, "version": __version__})
     return Claim(name, path, store, lock, events, meta, made, resume)
+
+
+def open_read_only(root: Path) -> tuple[Path, Any, dict, Any]:
+    """(path, store, meta, log) of an experiment folder opened without writing anything: no
+    lock, a ``ReadOnlyLog``; a folder holding a symbolic link is refused."""
+    from rapidfire_nb.engine import ReadOnlyLog, refuse_links
+
+    if not (root / "experiment.json").exists() and not (root / "events.jsonl").exists():
+        raise ConfigError(f"mode='read' but there is no experiment at {root}")
+    refuse_links(root, writing=False)
+    path = root.resolve()
+    store = ExperimentStore(path)
+    meta = check_experiment_meta(read_json(store.meta_path, {}), store.meta_path)
+    return path, store, meta, ReadOnlyLog(store.events_path)
 
 
 def give_back(c: Claim) -> None:

@@ -10,7 +10,8 @@
   by the ``RfDb`` compat call (``compat/fit/db/rf_db.py``), as RapidFire's notebooks make it.
 
 Plain values in: the experiment folder, its event log and folded run table, and the export
-function that writes a run's adapter.
+function that writes a run's adapter (``export_weights``, which ``Experiment.export`` uses too).
+``log_file_path`` names the log files RapidFire's notebooks read.
 """
 
 from __future__ import annotations
@@ -22,6 +23,39 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rapidfire_nb.engine import COMPLETED, atomic_write_json
+
+
+def log_file_path(store, log_type: str | None) -> Path:
+    """``Experiment.get_log_file_path``: the event log (``None``, "main", "experiment") or the
+    training thread's log ("training")."""
+    from rapidfire_nb.errors import ConfigError
+
+    kind = "main" if log_type is None else str(log_type).lower()
+    if kind in ("main", "experiment"):
+        return store.events_path
+    if kind != "training":
+        raise ConfigError(f"get_log_file_path: log_type must be None, 'main', 'experiment' or "
+                          f"'training', got {log_type!r}")
+    return store.root / "logs" / "engine.log"
+
+
+def export_weights(engine, store, run, run_id: int, path: Path) -> Path:
+    """Write ``run``'s (a ``ProjectedRun``'s) weights at its last chunk boundary into the checked
+    folder ``path``: what ``Experiment.export`` and the final checkpoints both write."""
+    from rapidfire_nb import automl
+    from rapidfire_nb.engine import DELETED, export_run
+    from rapidfire_nb.errors import OpRefused
+
+    if run.status == DELETED:
+        raise OpRefused(f"run {run_id} is deleted; its weights are gone")
+    weights = engine.boundary_weights(run_id)
+    if weights is None:
+        if run.exists and run.record.chunks_done > 0:
+            raise OpRefused(f"run {run_id} ({run.status}) has trained but its checkpoint "
+                            f"{store.checkpoint_path(run_id)} is missing; nothing to export")
+        raise OpRefused(f"run {run_id} has not finished a chunk yet; nothing to export")
+    lora = automl.build_lora_config(run.spec) if run.spec.peft_config is not None else None
+    return export_run(engine, run.spec, run_id, weights, lora, path)
 
 
 def final_checkpoint_path(root: Path, run_id: int) -> Path:

@@ -112,6 +112,41 @@ def logged_pruning_note(table: dict, run_id: int) -> str | None:
     return None
 
 
+def pruning_notes(driver, meta: dict, from_log: bool, live) -> Callable[[int], str | None] | None:
+    """``runs_frame``'s ``pruning_of``: the AutoML driver's notes, or with no driver yet
+    (read-only, or reopened before run_fit) the notes as the log (``live``, a ``LiveTable``)
+    tells them; None when the experiment has no pruner."""
+    if driver is not None:
+        return driver.reason_for
+    pruning = meta.get("pruning") or {}
+    if from_log and (pruning.get("pruner") is not None or "budget" in pruning):
+        return lambda rid: live.read(lambda t: logged_pruning_note(t, rid))
+    return None
+
+
+def statuses(table: dict) -> list[tuple[str, str | None]]:
+    """(status, reason) of every run, in run order."""
+    return [(r["status"], r["reason"]) for r in runs_by_id(table)]
+
+
+def summary_line(name: str, path, runs: list[tuple[str, str | None]], continues: bool) -> str:
+    """An Experiment's repr: its runs counted by status; with ``continues`` (a folder reopened
+    to train, before run_fit) how many runs the same run_fit would continue."""
+    from rapidfire_nb.engine import ENDED_REASON
+
+    counts: dict[str, int] = {}
+    for status, _reason in runs:
+        counts[status] = counts.get(status, 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    text = f"<Experiment {name!r}: {len(runs)} runs ({summary}) at {path}"
+    unfinished = sum(status in ("pending", "running") or (status == "stopped" and reason == ENDED_REASON)
+                     for status, reason in runs)
+    if continues and unfinished:
+        text += (f"; run_fit(...) with the same arguments continues the {unfinished} unfinished "
+                 f"run{'s' if unfinished != 1 else ''}")
+    return text + ">"
+
+
 def results_frame(table: dict):
     import pandas as pd
 

@@ -71,6 +71,34 @@ def training_as(parent, name: str):
     return None
 
 
+def still_training(parent, name: str):
+    """A re-run cell (``exp = Experiment("x"); exp.run_fit(...)``) while "x" still trains in this
+    kernel: that Experiment, with one printed line, so that ``exp`` stays the one that trains
+    instead of an empty "x_2" whose run_fit the one-engine guard would refuse; else None."""
+    training = training_as(parent.resolve(), name)
+    if training is not None:
+        print(f"rapidfire: experiment {name!r} is still training in this kernel; "
+              "this is that one (its panel, results and ops work as before). To start a "
+              f"new one, end it first: {how_to_free(training.name)}")
+    return training
+
+
+def claim(parent, name: str, resume: bool):
+    """Take the folder (``rapidfire_nb.folder.claim``); a lock held by another Experiment of this
+    kernel is refused with the call that frees it."""
+    from rapidfire_nb.engine import ExperimentLocked
+    from rapidfire_nb.folder import claim as claim_folder
+
+    try:
+        return claim_folder(parent, name, resume)
+    except ExperimentLocked as exc:
+        holder = holder_of((parent / name).resolve())
+        if holder is None:
+            raise
+        raise ExperimentLocked(f"{exc}. It is experiment {holder.name!r} of this kernel: free it with "
+                               f"{how_to_free(holder.name)}") from None
+
+
 def how_to_free(name: str) -> str:
     """The calls that end experiment ``name`` of this kernel, as the messages name them."""
     return f"`%rapidfire end {name}` (or .end() on that Experiment)"

@@ -668,9 +668,11 @@ def test_real_experiment_driven_from_the_panel(tmp_path):
 
 
 def test_pruned_runs_are_flagged_on_the_wire_and_their_error_stays_in_python(wire, exp):
-    exp.events.append("run_status", run_id=1, status="stopped", error=None, reason="pruned at chunk 2 (median rule)")
-    exp.events.append("run_status", run_id=2, status="stopped", error="Pruned at chunk 1: below the median", reason=None)
-    exp.events.append("run_status", run_id=3, status="stopped", error=None, reason="stopped by user")
+    exp.events.append("run_status", run_id=1, status="stopped", error=None, reason="rank 3 of 4 at chunk 2",
+                      pruned=True)
+    exp.events.append("run_status", run_id=2, status="stopped", error="Pruned at chunk 1: below the median",
+                      reason=None, pruned=True)
+    exp.events.append("run_status", run_id=3, status="stopped", error=None, reason="pruned by hand", pruned=False)
     exp.events.append("run_status", run_id=3, status="pending", error=None, reason="pruned at chunk 1, resumed by user")
     statuses = [e for e in pull_all(wire) if e["type"] == "run_status"][-4:]
     assert [e.get("pruned", False) for e in statuses] == [True, True, False, False]

@@ -337,7 +337,7 @@ def test_workers_dying_at_start_up_are_replaced_a_bounded_number_of_times(ray_se
     """Replacements that cannot load create_model die while starting: they stop after
     MAX_FAILED_STARTS deaths in a row, and the runs are stopped with a reason naming the error; a
     resume tries once more, bounded."""
-    from rapidfire_nb.engine.workers.engine import MAX_FAILED_STARTS
+    from rapidfire_nb.engine.workers.pool import MAX_FAILED_STARTS
 
     train, evald = three_data
     marker = tmp_path / "no-more-loads"
@@ -802,7 +802,7 @@ def test_a_replacement_that_cannot_build_the_base_is_excluded_and_its_runs_go_to
     the end; no run fails. A long run keeps training (so a replacement is owed and starts) while
     the two short ones wait, stopped, for the replacement to come up: it then gets runs, however
     slowly it starts."""
-    from rapidfire_nb.engine.workers.engine import MAX_FAILED_STARTS
+    from rapidfire_nb.engine.workers.pool import MAX_FAILED_STARTS
 
     train, evald = three_data
     marker = tmp_path / "no-model-here"
@@ -853,7 +853,7 @@ def test_runs_stopped_by_workers_that_cannot_build_the_base_stay_resumable(
     """One worker, killed; every replacement's create_model raises: the cut-off counts them (they
     raise, they do not die), the runs are stopped, not failed; once the node is fixed, resuming
     them trains them to the kernel's result."""
-    from rapidfire_nb.engine.workers.engine import MAX_FAILED_STARTS
+    from rapidfire_nb.engine.workers.pool import MAX_FAILED_STARTS
 
     train, evald = three_data
     marker = tmp_path / "no-model-here"

@@ -189,6 +189,45 @@ def test_live_table_folds_only_new_events(name, sizes):
     assert as_json(live.read()) == as_json(S.fold(log.since(0)))
 
 
+def _stop(seq, run_id, reason, **extra):
+    return {"seq": seq, "time": 0.0, "type": "run_status", "run_id": run_id, "status": "stopped",
+            "error": None, "reason": reason, **extra}
+
+
+def test_pruned_is_the_stop_events_field_never_its_reason_text(tmp_path):
+    """A pruner's stop says so in its ``pruned`` field: its reason is free text (a user's stop
+    may say "pruned", a pruner's may not)."""
+    log = EventLog(tmp_path / "events.jsonl")
+    log.append("run_status", run_id=1, status="stopped", error=None, reason="rank 4 of 4 at the first rung",
+               pruned=True)
+    log.append("run_status", run_id=2, status="stopped", error=None, reason="pruned by hand: too slow",
+               pruned=False)
+    log.close()
+    for events in (log.since(0), read_events(tmp_path / "events.jsonl")):
+        table = S.fold(events)
+        assert (S.get_run(table, 1)["pruned"], S.get_run(table, 2)["pruned"]) == (True, False)
+    # resumed, a pruned run is an ordinary run again
+    table = S.fold([_stop(1, 1, "rank 4 of 4", pruned=True),
+                    {**_stop(2, 1, "resumed by user"), "status": "pending"}])
+    assert not S.get_run(table, 1)["pruned"]
+
+
+def test_stops_logged_before_the_pruned_field_are_read_from_their_text_on_load(tmp_path):
+    """Older engines said a pruner's stop only in its reason (or error) text: the log's loader
+    reads that once; the reducer itself never looks at the text."""
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in [
+        _stop(1, 1, "pruned at chunk 1 (rank 4 of 4)"),
+        {**_stop(2, 2, None), "error": "Pruned at chunk 1: below the median"},
+        _stop(3, 3, "stopped by user"),
+        _stop(4, 4, "pruned at chunk 1 (rank 3 of 4)", pruned=False)]))
+    events = read_events(path)
+    assert [e["pruned"] for e in events] == [True, True, False, False]
+    table = S.fold(events)
+    assert [S.get_run(table, r)["pruned"] for r in (1, 2, 3, 4)] == [True, True, False, False]
+    assert not S.get_run(S.fold([_stop(1, 1, "pruned at chunk 1 (rank 4 of 4)")]), 1)["pruned"]
+
+
 def test_status_errors_stick_until_the_run_trains_again():
     def ev(seq, status, error=None):
         return {"seq": seq, "time": 0.0, "type": "run_status", "run_id": 1, "status": status,

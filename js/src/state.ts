@@ -62,7 +62,7 @@ export interface RunState {
   chunk: number | null;
   hasError: boolean;
   reason: string | null;
-  /** Stopped by a pruner (the event's `pruned` field or "pruned" in its reason/error). */
+  /** Stopped by a pruner: the stop event's `pruned` field (its reason is free text). */
   pruned: boolean;
   /** pruner_mode="suggest": the pruner's reason for stopping this run, until the user answers. */
   suggestion: string | null;
@@ -455,8 +455,7 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       if (ev.has_error === true || (typeof ev.error === "string" && ev.error.length > 0)) run.hasError = true;
       else if (status === "pending" || status === "running") run.hasError = false;
       run.reason = str(ev.reason);
-      run.pruned = run.status === "stopped"
-        && (ev.pruned === true || isPrunedText(run.reason) || isPrunedText(str(ev.error)));
+      run.pruned = run.status === "stopped" && ev.pruned === true;
       break;
     }
     case "metric": {
@@ -653,10 +652,3 @@ export function viewTable(state: PanelState): Record<string, unknown> {
   };
 }
 
-/**
- * A pruned run: `stopped` by a pruner, which says so in the run's reason (or error) text, e.g.
- * "pruned at chunk 2", or with an explicit `pruned` field on the event.
- */
-export function isPrunedText(text: string | null | undefined): boolean {
-  return typeof text === "string" && /\bpruned\b/i.test(text);
-}

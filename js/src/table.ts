@@ -3,7 +3,7 @@
  * badge, the header counts, the "hide:" filters and the folded group, the sort and the order held
  * while the pointer is over the table. No DOM (./index.ts draws it), so vitest drives it.
  */
-import { has, lowerIsBetter, isPrunedText, STATUSES, type PanelState, type QueuedOp, type RunState, type RunStatus } from "./state";
+import { has, lowerIsBetter, STATUSES, type PanelState, type QueuedOp, type RunState, type RunStatus } from "./state";
 import { progressFraction } from "./format";
 
 export interface LegalOps {
@@ -130,7 +130,7 @@ export function statusCounts(state: PanelState): Record<RunStatus, number> {
 }
 
 export function isPruned(run: RunState): boolean {
-  return run.status === "stopped" && (run.pruned || isPrunedText(run.reason));
+  return run.status === "stopped" && run.pruned;
 }
 
 /** Runs the table folds into one group row: pruned and deleted ones. */

@@ -290,7 +290,7 @@ describe("series emphasis", () => {
     const state = runsWithEval(4);
     ingest(state, [
       ev({ type: "run_status", run_id: 2, status: "stopped", reason: "stopped by user" }),
-      ev({ type: "run_status", run_id: 3, status: "stopped", reason: "pruned at chunk 2" }),
+      ev({ type: "run_status", run_id: 3, status: "stopped", reason: "pruned at chunk 2", pruned: true }),
     ]);
     const styles = seriesStyles(state, [1, 2, 3, 4], "eval", new Set(), new Set([4]), { ...none, stopped: true });
     expect(styles.map((s) => s.shown)).toEqual([true, false, true, false]);

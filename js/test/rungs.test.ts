@@ -19,8 +19,8 @@ function log(): WireEvent[] {
   // Run 3's last point is not finite: its rung is the last point the chart can draw.
   raw.push({ type: "metric", run_id: 3, split: "eval", step: 6, samples_seen: 48, metrics: { eval_loss: "NaN" } });
   raw.push({ type: "run_status", run_id: 2, status: "stopped", reason: "stopped by user" });
-  raw.push({ type: "run_status", run_id: 3, status: "stopped", reason: "pruned at chunk 2 (rank 3 of 3)" });
-  raw.push({ type: "run_status", run_id: 1, status: "stopped", reason: "pruned at chunk 4 (rank 2 of 3)" });
+  raw.push({ type: "run_status", run_id: 3, status: "stopped", reason: "pruned at chunk 2 (rank 3 of 3)", pruned: true });
+  raw.push({ type: "run_status", run_id: 1, status: "stopped", reason: "pruned at chunk 4 (rank 2 of 3)", pruned: true });
   return raw.map((e, i) => ({ ...e, seq: i + 1 }) as WireEvent);
 }
 

@@ -241,20 +241,20 @@ describe("run table at scale", () => {
     raw.push({ type: "metric", run_id: 1, split: "eval", step: 2, samples_seen: 16, metrics: { eval_loss: 2.0, eval_accuracy: 0.5 } });
     raw.push({ type: "metric", run_id: 2, split: "eval", step: 2, samples_seen: 16, metrics: { eval_loss: 1.5, eval_accuracy: 0.7 } });
     raw.push({ type: "metric", run_id: 3, split: "eval", step: 2, samples_seen: 16, metrics: { eval_loss: 3.0, eval_accuracy: 0.9 } });
-    raw.push({ type: "run_status", run_id: 4, status: "stopped", reason: "pruned at chunk 1 (median rule)", has_error: false });
+    raw.push({ type: "run_status", run_id: 4, status: "stopped", reason: "pruned at chunk 1 (median rule)", pruned: true, has_error: false });
     raw.push({ type: "run_status", run_id: 5, status: "deleted", reason: null, has_error: false });
     ingest(state, raw.map((e, i) => ({ ...e, seq: i + 1 }) as WireEvent));
     return state;
   }
 
-  it("detects pruned runs from the reason text or an explicit field, and groups them with deleted ones", () => {
+  it("reads pruned from the stop event's field, never its reason text, and groups pruned runs with deleted ones", () => {
     const state = table();
     expect(isPruned(state.runs.get(4)!)).toBe(true);
     expect(isCollapsible(state.runs.get(5)!)).toBe(true);
     expect(isCollapsible(state.runs.get(1)!)).toBe(false);
-    ingest(state, [{ seq: 11, type: "run_status", run_id: 1, status: "stopped", reason: "stopped by the user", has_error: false }]);
+    ingest(state, [{ seq: 11, type: "run_status", run_id: 1, status: "stopped", reason: "pruned by hand", pruned: false, has_error: false }]);
     expect(isPruned(state.runs.get(1)!)).toBe(false);
-    ingest(state, [{ seq: 12, type: "run_status", run_id: 1, status: "stopped", reason: null, pruned: true, has_error: false }]);
+    ingest(state, [{ seq: 12, type: "run_status", run_id: 1, status: "stopped", reason: "rank 3 of 4", pruned: true, has_error: false }]);
     expect(isPruned(state.runs.get(1)!)).toBe(true);
     // A resumed pruned run is an ordinary run again.
     ingest(state, [{ seq: 13, type: "run_status", run_id: 4, status: "pending", reason: null, has_error: false }]);

@@ -486,7 +486,7 @@ describe("what a newcomer reads", () => {
   it("a pruned run's badge says pruned, as the header counts it", () => {
     const state = createState();
     ingest(state, numbered([...run(1, {}, "running"),
-      { type: "run_status", run_id: 1, status: "stopped", reason: "pruned at chunk 2 (median rule)" }]));
+      { type: "run_status", run_id: 1, status: "stopped", reason: "pruned at chunk 2 (median rule)", pruned: true }]));
     expect(statusBadge(state.runs.get(1)!, state).text).toBe("pruned");
     expect(headerCounts(state).map(([t]) => t)).toEqual(["1 pruned"]);
   });

@@ -12,9 +12,8 @@ from typing import Any
 from rapidfire_nb.automl import _backend as _be
 from rapidfire_nb.automl._space import Choice, Const, Node, Record, Span
 from rapidfire_nb.automl.axes import List, Range
-from rapidfire_nb.automl.edits import _check_generation_keys
 from rapidfire_nb.automl.policy import RapidFireConfigWarning, first_time
-from rapidfire_nb.engine import PROMPT_KEYS, callable_name, check_prompt_settings
+from rapidfire_nb.engine import PROMPT_KEYS, callable_name, check_generation_keys, check_prompt_settings
 from rapidfire_nb.errors import ConfigError
 
 # Validating every corner of a config with many axes at construction would be exponential; above
@@ -475,7 +474,7 @@ def _check_model_field(name: str, value: Any) -> Any:
             raise ConfigError(f"{where} keys must be strings, got {bad[0]!r}.")
         _node(value, name)  # refuses Lists hidden in plain lists
         if name == "generation_config":
-            _check_generation_keys(value)   # the keys clone_modify would refuse, refused here too
+            check_generation_keys(value)   # the keys clone_modify would refuse, refused here too
             # RapidFire's prompt settings, every value of a List (and both ends of a Range) too: a
             # search may draw a value only when it refills a slot, long after run_fit's checks
             for key in PROMPT_KEYS:

@@ -14,7 +14,6 @@ from rapidfire_nb.automl.axes import List, Range
 from rapidfire_nb.automl.policy import RapidFireConfigWarning, first_time
 from rapidfire_nb.automl.specs import _display
 from rapidfire_nb.engine import RunSpec
-from rapidfire_nb.engine import check_generation_keys as _check_generation_keys  # noqa: F401
 from rapidfire_nb.engine import check_generation_settings as _check_generation_config
 from rapidfire_nb.errors import ConfigError
 

@@ -44,7 +44,7 @@ _WHERE = {
     "MetricNamesError": "events", "MAX_METRICS_PER_EVENT": "events", "MAX_METRIC_NAMES": "events", "FolderLinkError": "events",
     "LiveTable": "state", "new_table": "state", "reduce": "state", "fold": "state",
     "get_run": "state", "runs_by_id": "state", "metric_x": "state", "lower_is_better": "state",
-    "is_pruned_text": "state", "config_fingerprint": "state", "check_automl_state": "state",
+    "config_fingerprint": "state", "check_automl_state": "state",
     "TIME_KEYS": "state", "TIMELINE_COLUMNS": "state",
     # the experiment folder
     "ExperimentStore": "store", "check_experiment_meta": "store", "read_json": "store",

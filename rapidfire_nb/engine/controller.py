@@ -67,6 +67,7 @@ class Op:
     new_run_id: int | None = None
     submitted: float = field(default_factory=time.time)
     reason: str | None = None     # why (a pruner's stop); default: the user asked
+    pruned: bool = False          # a pruner's stop: the run record says so, whatever the reason text
 
 
 @dataclass
@@ -383,7 +384,7 @@ class Engine:
 
     # -- status -------------------------------------------------------------------------------
     def _set_status(self, rec: RunRecord, status: str, error: str | None = None,
-                    reason: str | None = None, save: bool = True) -> None:
+                    reason: str | None = None, save: bool = True, pruned: bool = False) -> None:
         with self.lock:
             if rec.status == status:
                 return
@@ -391,7 +392,11 @@ class Engine:
             rec.set_status(status)
             if error is not None:
                 rec.error = error
-            self.events.append("run_status", run_id=rec.run_id, status=status, error=error, reason=reason)
+            # every stop says whether a pruner made it: a stop without the field is from a log
+            # written before it existed (engine/events.py reads those)
+            flags = {"pruned": pruned} if status == R.STOPPED else {}
+            self.events.append("run_status", run_id=rec.run_id, status=status, error=error, reason=reason,
+                               **flags)
             # pending -> running needs no write: a restart reads "running" as "pending" anyway
             if save and not (old == R.PENDING and status == R.RUNNING):
                 self.save_runs()
@@ -813,7 +818,7 @@ class Engine:
                     ok, reason = False, f"run {op.run_id} is {rec.status}"
                 elif op.kind == "stop":
                     self._set_status(rec, rules.leaves("stop", rec.status),
-                                     reason=op.reason or "stopped by user")
+                                     reason=op.reason or "stopped by user", pruned=op.pruned)
                 elif op.kind == "resume":
                     self._set_status(rec, rules.leaves("resume", rec.status), reason="resumed by user")
                 elif op.kind == "delete":

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -471,8 +472,21 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
         if problem is not None:
             raise EventLogError(f"{where} (seq {event['seq']}): {problem}; {left}")
         expected += 1
-        events.append(event)
+        events.append(_read_legacy(event))
     return events, len(data) - len(tail), tail
+
+
+_LEGACY_PRUNED = re.compile(r"\bpruned\b", re.IGNORECASE)
+
+
+def _read_legacy(event: dict) -> dict:
+    """An event as this version writes it. Engines before the run_status ``pruned`` field said a
+    pruner's stop only in its text ("pruned at chunk 2 ..."); their stops lack the field, which
+    every stop carries now, so the text is read here, once, as the log is loaded, and nowhere else."""
+    if event["type"] == "run_status" and event.get("status") == "stopped" and "pruned" not in event:
+        event["pruned"] = any(isinstance(t, str) and _LEGACY_PRUNED.search(t) is not None
+                              for t in (event.get("reason"), event.get("error")))
+    return event
 
 
 def _complete_tail(tail: bytes, expected: int) -> dict | None:
@@ -484,7 +498,7 @@ def _complete_tail(tail: bytes, expected: int) -> dict | None:
         return None
     if isinstance(event, dict) and isinstance(event.get("type"), str) and event.get("seq") == expected \
             and not isinstance(event.get("seq"), bool) and check_logged_event(event) is None:
-        return event
+        return _read_legacy(event)
     return None
 
 

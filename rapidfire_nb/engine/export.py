@@ -106,7 +106,7 @@ def export_adapter(base_model, lora_config, weights: dict, adapter: str, path: P
     return path
 
 
-# what an experiment folder holds besides exports (engine/store.py, tracking/, tuning.py)
+# what an experiment folder holds besides exports (engine/store.py, tracking/, tuning/)
 _FOLDER_OWN = frozenset({"checkpoints", "events.jsonl", "experiment.json", "runs.json", "automl.json",
                          "optuna", "logs", "outputs", "engine.log", "worker.log", "tensorboard", "runs",
                          "mlflow", "trackio", "tracking"})

@@ -48,7 +48,6 @@ class RunRecord:
     chunk: int = 0                # chunk index (within the epoch) of the next chunk
     chunks_done: int = 0
     error: str | None = None
-    stop_requested: bool = False
     last_metrics: dict = field(default_factory=dict)
 
     @property

@@ -69,7 +69,6 @@ TIMELINE_COLUMNS = ("run_id", "epoch", "chunk", "device", "start", "end", "train
                     "swap_s", "setup_s", "snapshot_s", "checkpoint_s", "other_s",
                     "completed_steps", "samples_seen", "worker", "moved", "hop_s",
                     "tokens", "tokens_per_s", "peak_mem_mb")
-_PRUNED = re.compile(r"\bpruned\b", re.IGNORECASE)
 _LOWER_IS_BETTER = re.compile(r"loss|perplexity|ppl|error|wer|cer|mse|mae|rmse")
 
 
@@ -88,11 +87,6 @@ def _num(v: Any) -> float | int | None:
 
 def _str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
-
-
-def is_pruned_text(text: Any) -> bool:
-    """A pruner stops a run with a reason such as "pruned at chunk 2"; plain words, no codes."""
-    return isinstance(text, str) and _PRUNED.search(text) is not None
 
 
 def lower_is_better(metric: str) -> bool:
@@ -281,8 +275,7 @@ def _status(run: dict, ev: dict, seq: Any) -> None:
     elif status in ("pending", "running"):
         run["error"], run["has_error"] = None, False
     run["reason"] = _str(ev.get("reason"))
-    run["pruned"] = run["status"] == "stopped" and (
-        ev.get("pruned") is True or is_pruned_text(run["reason"]) or is_pruned_text(error))
+    run["pruned"] = run["status"] == "stopped" and ev.get("pruned") is True
 
 
 def _metric(table: dict, run: dict, ev: dict) -> None:
@@ -445,7 +438,7 @@ _DECISION = {"run_id": "int", "rung": "int", "rank": "int", "of": "int", "reason
 
 
 def check_automl_state(data: Any, path: Any) -> dict | None:
-    """``automl.json`` (the pruning driver's state, rapidfire_nb/tuning.py) checked field by
+    """``automl.json`` (the pruning driver's state, tuning/driver.py) checked field by
     field: a ``MetadataError`` naming the file and the field, or the data (None: no file)."""
     from rapidfire_nb.errors import MetadataError
 

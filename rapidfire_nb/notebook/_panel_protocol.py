@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapidfire_nb.engine import MAX_RUN_ID, is_pruned_text
+from rapidfire_nb.engine import MAX_RUN_ID
 
 PROTOCOL_VERSION = 1
 
@@ -276,10 +276,6 @@ def wire_event(event: dict) -> dict:
     if out.get("type") == "run_status":
         error = out.pop("error", None)
         out["has_error"] = bool(error)
-        # The view groups pruned runs apart; the error text that may say so stays here.
-        if out.get("status") == "stopped" and (out.get("pruned") is True or is_pruned_text(out.get("reason"))
-                                               or is_pruned_text(error)):
-            out["pruned"] = True
     elif out.get("type") == "run_created":
         out.pop("config", None)
     return to_json(out)

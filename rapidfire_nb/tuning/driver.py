@@ -209,7 +209,7 @@ class ChunkAutoML:
             elif is_done(rec):
                 del self._restop[rid]       # nothing left to stop
             elif rec.chunks_done >= due:
-                yield Op("stop", rid, reason=self.pruned[rid].reason)
+                yield Op("stop", rid, reason=self.pruned[rid].reason, pruned=True)
                 del self._restop[rid]
         if self.objective_error is not None:
             return
@@ -228,7 +228,7 @@ class ChunkAutoML:
                 self.pruned[d.run_id] = d
                 if self.tuner is not None:
                     self.tuner.prune(d.run_id)
-                yield Op("stop", d.run_id, reason=d.reason)
+                yield Op("stop", d.run_id, reason=d.reason, pruned=True)
             elif d.run_id not in self.suggestions and d.run_id not in self.dismissed \
                     and d.run_id not in self.pruned:
                 # answered marks are in the log even when automl.json was lost: not asked twice;
@@ -405,7 +405,7 @@ class ChunkAutoML:
                 if status in ACTIVE and not is_done(runs[rid]):
                     self.pruned[rid] = d
                     act(_answer(CONFIRM, rid, True, d.reason))
-                    act(Op("stop", rid, reason=d.reason))
+                    act(Op("stop", rid, reason=d.reason, pruned=True))
                     done.append(rid)
                 else:
                     self.suggestions[rid] = d      # closed, but the pruner's judgement stays shown

@@ -301,10 +301,9 @@ class RunTrainer:
 
     # -- swaps -----------------------------------------------------------------------------------
     def activate_adapter(self) -> None:
-        if self.adapter_name is not None and self.model.active_adapter != self.adapter_name:
-            self.model.set_adapter(self.adapter_name)
-        elif self.adapter_name is not None:
-            # set_adapter is also what makes exactly this adapter trainable
+        # always, even when it is the active one already: set_adapter is also what makes exactly
+        # this adapter trainable (another run's activation froze it)
+        if self.adapter_name is not None:
             self.model.set_adapter(self.adapter_name)
 
     def swap_in(self) -> None:

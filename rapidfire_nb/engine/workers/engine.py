@@ -38,8 +38,7 @@ from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.scheduler import RunView
 from rapidfire_nb.engine.workers.policy import choose_for_worker
 from rapidfire_nb.engine.sharding import devices_of
-from rapidfire_nb.engine.workers.pool import (  # noqa: F401  (MAX_FAILED_STARTS: its old home)
-    MAX_FAILED_STARTS, Gang, RayWorkerPool, WorkerSlot, plain, root_line)
+from rapidfire_nb.engine.workers.pool import Gang, RayWorkerPool, WorkerSlot, plain, root_line
 from rapidfire_nb.engine.workers.worker import COUNTERS, pack_tensors, unpack_tensors
 from rapidfire_nb.errors import RapidFireError
 

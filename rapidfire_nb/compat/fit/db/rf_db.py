@@ -20,7 +20,7 @@ from rapidfire_nb.errors import ConfigError
 
 
 def _find(experiment_name: str) -> Path:
-    from rapidfire_nb.experiment import current_experiment
+    from rapidfire_nb.session import current_experiment
 
     from rapidfire_nb.engine import check_experiment_name
 
