@@ -20,7 +20,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray  # noqa: E402
 
 from rapidfire_nb import Experiment  # noqa: E402
-from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig  # noqa: E402
+from rapidfire_nb.automl import (List, RFGridSearch, RFGRPOConfig, RFLoraConfig, RFModelConfig,  # noqa: E402
+                                 RFSFTConfig)
 from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model  # noqa: E402
 from rapidfire_nb.engine.sharding import fsdp2_settings, refusals  # noqa: E402
 from rapidfire_nb.errors import ConfigError  # noqa: E402
@@ -74,6 +75,19 @@ REFUSED = [
      r"num_gpus=3 but the experiment has 2 Ray workers"),
     ("full fine-tuning", dict(config=lambda: sharded_config(k=2, peft=None), workers=2),
      r"full fine-tuning \(no peft_config\) is not sharded yet"),
+    ("num_gpus not a count", dict(config=lambda: sharded_config(k=0), workers=2),
+     r"num_gpus must be an integer >= 1, got 0"),
+    # (transformers accepts hybrid_shard only with FSDP1's version: deprecated, still valid)
+    ("hybrid sharding", dict(config=lambda: sharded_config(
+        fsdp="hybrid_shard auto_wrap", fsdp_config={**FSDP["fsdp_config"], "version": 1}), workers=2),
+     r"only full_shard and shard_grad_op are supported"),
+    ("GRPO", dict(config=lambda: RFModelConfig(
+        model_name="tiny", model_kwargs={"hidden_size": 32}, peft_config=lora(),
+        training_args=RFGRPOConfig(learning_rate=1e-3, per_device_train_batch_size=4,
+                                   num_generations=4, max_completion_length=4, **FSDP),
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], num_gpus=2),
+        workers=2, trainer="GRPO"),
+     r"GRPO runs are not sharded here"),
 ]
 
 
@@ -85,11 +99,49 @@ def test_refused_in_run_fit_before_anything_trains(case, tmp_path):
     before = folder_files(exp.path)
     ray_was = ray.is_initialized()
     with pytest.raises(ConfigError, match=message):
-        exp.run_fit(RFGridSearch(how["config"](), trainer_type="SFT"), tiny_create_model, train,
-                    evald, num_chunks=2, num_gpus=how.get("num_gpus", 1), block=True)
+        exp.run_fit(RFGridSearch(how["config"](), trainer_type=how.get("trainer", "SFT")),
+                    tiny_create_model, train, evald, num_chunks=2, num_gpus=how.get("num_gpus", 1),
+                    block=True)
     assert exp.engine is None
     assert folder_files(exp.path) == before
     assert ray.is_initialized() == ray_was   # refused before Ray or any worker started
+
+
+def test_every_refusal_of_sharding_is_among_the_cases_above():
+    """Each branch of ``refusals`` that refuses is reached by a case of REFUSED, so each one is
+    shown to refuse in run_fit before anything is written or started (a new refusal without a
+    case fails here)."""
+    import inspect
+
+    from rapidfire_nb.engine import sharding
+    from rapidfire_nb.launch.arguments import expand
+
+    lines, first = inspect.getsourcelines(sharding.refusals)
+    # an unknown fsdp option never reaches run_fit: TRL's config refuses it when RFSFTConfig(...)
+    # is built, naming the knob (the branch stays for configs that skip that check)
+    appends = {first + i for i, line in enumerate(lines)
+               if "out.append(" in line and "unknown option" not in line}
+    reached = set()
+
+    def trace(frame, event, arg):
+        if frame.f_code is not sharding.refusals.__code__:
+            return None
+
+        def line(frame, event, arg):
+            if event == "line":
+                reached.add(frame.f_lineno)
+            return line
+        return line
+
+    for _, how, _ in REFUSED:
+        specs = expand(RFGridSearch(how["config"](), trainer_type=how.get("trainer", "SFT")))
+        sharding.apply_num_gpus(specs, how.get("num_gpus", 1))
+        sys.settrace(trace)
+        try:
+            sharding.refusals(specs, workers=how["workers"])
+        finally:
+            sys.settrace(None)
+    assert len(appends) >= 8 and appends <= reached, sorted(appends - reached)
 
 
 def test_refusals_name_each_config_of_a_grid():
