@@ -58,13 +58,13 @@ def is_sharded(spec) -> bool:
     return devices_of(spec) > 1
 
 
-def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0,
-             worker_gpus: int | None = None) -> list[str]:
+def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0) -> list[str]:
     """Why each config cannot train sharded as asked ([] when every one can).
 
     ``num_gpus``: run_fit's (the default of configs without their own); ``workers``: the Ray
-    workers the experiment will have (0: the in-kernel engine, one device); ``worker_gpus``: GPUs
-    of the cluster when known (None: not known yet, or a CPU cluster)."""
+    workers the experiment will have (0: the in-kernel engine, one device). The cluster's GPUs
+    need no check here: the pool refuses more workers than GPUs (each worker owns one), and
+    ``k <= workers`` is checked below."""
     out = []
     for i, spec in enumerate(specs, start=1):
         where = f"config {i} (run {i})" if len(specs) > 1 else "the config (run 1)"
@@ -103,9 +103,6 @@ def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0,
             out.append(f"{where}: num_gpus={k} but the experiment has {workers} Ray worker"
                        f"{'s' if workers != 1 else ''}: use num_workers>={k} or num_gpus<={workers}")
             continue
-        if worker_gpus is not None and worker_gpus and k > worker_gpus:
-            out.append(f"{where}: num_gpus={k} but the Ray cluster has {worker_gpus} GPU(s)")
-            continue
         if spec.trainer_type == "GRPO":
             out.append(f"{where}: GRPO runs are not sharded here (generation inside a sharded "
                        "step is not supported): use num_gpus=1 for GRPO")
@@ -117,10 +114,9 @@ def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0,
     return out
 
 
-def check_sharding(specs: Sequence, *, num_gpus: int = 1, workers: int = 0,
-                   worker_gpus: int | None = None) -> None:
+def check_sharding(specs: Sequence, *, num_gpus: int = 1, workers: int = 0) -> None:
     """``refusals`` as one ConfigError (nothing has been written or started yet)."""
-    reasons = refusals(specs, num_gpus=num_gpus, workers=workers, worker_gpus=worker_gpus)
+    reasons = refusals(specs, num_gpus=num_gpus, workers=workers)
     if reasons:
         raise ConfigError("cannot shard as asked:\n  " + "\n  ".join(reasons))
 
