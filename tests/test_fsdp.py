@@ -503,6 +503,20 @@ def alone(ray_session, data, tmp_path_factory, mixed):
 
 
 @pytest.mark.slow
+def test_a_clone_that_would_not_shard_as_asked_is_refused_and_changes_nothing(alone):
+    exp, _, _ = alone
+    runs_before = len(exp.get_runs_info())
+    log_before = (exp.path / "events.jsonl").read_bytes()
+    # the clone keeps run 1's num_gpus=2: without fsdp it is refused as run_fit would refuse it
+    with pytest.raises(ConfigError, match=r"the clone of run 1: num_gpus=2 without FSDP settings"):
+        exp.clone_modify(1, {"training_args.fsdp": ""})
+    with pytest.raises(ConfigError, match=r"fsdp='no_shard'"):
+        exp.clone_modify(1, {"training_args.fsdp": "no_shard"})
+    assert len(exp.get_runs_info()) == runs_before
+    assert (exp.path / "events.jsonl").read_bytes() == log_before
+
+
+@pytest.mark.slow
 def test_a_sharded_run_alone_stopped_resumed_and_its_gang_lost_ends_bit_identical(alone, mixed):
     exp, stopped, killed = alone
     assert (stopped.status, stopped.chunks_done) == ("stopped", 1)

@@ -58,16 +58,17 @@ def is_sharded(spec) -> bool:
     return devices_of(spec) > 1
 
 
-def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0) -> list[str]:
+def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0, label: str | None = None) -> list[str]:
     """Why each config cannot train sharded as asked ([] when every one can).
 
     ``num_gpus``: run_fit's (the default of configs without their own); ``workers``: the Ray
     workers the experiment will have (0: the in-kernel engine, one device). The cluster's GPUs
     need no check here: the pool refuses more workers than GPUs (each worker owns one), and
-    ``k <= workers`` is checked below."""
+    ``k <= workers`` is checked below. ``label`` names a lone config otherwise than "the config
+    (run 1)" (a clone)."""
     out = []
     for i, spec in enumerate(specs, start=1):
-        where = f"config {i} (run {i})" if len(specs) > 1 else "the config (run 1)"
+        where = f"config {i} (run {i})" if len(specs) > 1 else (label or "the config (run 1)")
         k = (spec.extra or {}).get("num_gpus", num_gpus)
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             out.append(f"{where}: num_gpus must be an integer >= 1, got {k!r}")
@@ -114,9 +115,9 @@ def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0) -> list[st
     return out
 
 
-def check_sharding(specs: Sequence, *, num_gpus: int = 1, workers: int = 0) -> None:
+def check_sharding(specs: Sequence, *, num_gpus: int = 1, workers: int = 0, label: str | None = None) -> None:
     """``refusals`` as one ConfigError (nothing has been written or started yet)."""
-    reasons = refusals(specs, num_gpus=num_gpus, workers=workers)
+    reasons = refusals(specs, num_gpus=num_gpus, workers=workers, label=label)
     if reasons:
         raise ConfigError("cannot shard as asked:\n  " + "\n  ".join(reasons))
 
