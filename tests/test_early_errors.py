@@ -55,6 +55,31 @@ def test_a_row_that_cannot_be_tokenized(tmp_path):
     refused(tmp_path, group(), conv, None, r"train_dataset row 0, column 'messages': message 1 is dict")
 
 
+def test_rows_whose_prompt_fills_max_length_are_named_before_training(tmp_path):
+    """TRL's SFT preparation truncates to max_length and drops the rows left without a completion
+    token: a dataset of only such rows is refused with why, not failed later as "empty"."""
+    import warnings
+
+    from rapidfire_nb.errors import RapidFireConfigWarning
+
+    train, evald = make_demo_datasets(16, 4)
+    long = "word " * 100   # > max_length=64 tokens with the tiny tokenizer
+    rows = [dict(r, prompt=long + r["prompt"]) for r in train.to_list()[:8]]
+    refused(tmp_path, group(), Dataset.from_list(rows), evald,
+            r"run 1: train_dataset: TRL would drop every row \(8\): its prompt alone has at least "
+            r"max_length=64 tokens \(row \d: [\d,]+\).*Raise max_length")
+    # some rows only: trained, with the count named
+    some = Dataset.from_list(rows[:2] + train.to_list()[2:])
+    exp = Experiment("some-long", experiment_path=tmp_path, tracking=[])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        exp.run_fit(group(), tiny_create_model, some, evald, num_chunks=2, block=True)
+    said = [str(w.message) for w in seen if issubclass(w.category, RapidFireConfigWarning)]
+    assert any("TRL will drop 2 of the first 8 rows checked (of 16)" in m for m in said), said
+    assert set(exp.get_runs_info().status) == {"completed"}
+    exp.end()
+
+
 @pytest.mark.parametrize("bad_row", [0, 3])
 def test_a_formatting_func_that_breaks_on_a_row(tmp_path, bad_row):
     """A row mapper that raises on one row is refused before training, whether the row is the

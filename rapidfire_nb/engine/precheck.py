@@ -7,7 +7,10 @@ only once a run's trainer was built in the engine thread, as a failed run:
 - a dataset row that cannot be tokenized (checked on the first rows of each dataset, after the
   run's ``formatting_func``: a full pass would cost as much as the training's own preprocessing);
 - a ``generation_config`` that transformers refuses;
-- a base model returned by ``create_model`` without its weights (on the ``meta`` device).
+- a base model returned by ``create_model`` without its weights (on the ``meta`` device);
+- SFT prompt-completion rows whose prompt alone fills ``max_length``: TRL's preparation drops
+  them (truncation leaves no completion token to learn from), and a dataset of only such rows
+  used to fail as "the training dataset is empty".
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ def check_rows(spec, dataset, name: str, tokenizer, cache: dict | None = None) -
         if not uses_text_form(spec, cache, dataset):
             dataset, mapper = formatted(spec, dataset, cache, name), None
     n = min(len(dataset), ROWS_CHECKED)
+    rows: list[dict] = []
     for i in range(n):
         row = dict(dataset[i])
         if mapper is not None:
@@ -97,6 +101,55 @@ def check_rows(spec, dataset, name: str, tokenizer, cache: dict | None = None) -
         for col in _TEXT_COLUMNS:
             if col in row:
                 _check_text(row[col], f"{name} row {i}, column {col!r}", tokenizer)
+        rows.append(row)
+    _check_truncation(spec, rows, len(dataset), name, tokenizer)
+
+
+def _sft_drop_limit(spec) -> int | None:
+    """The prompt length (tokens) from which TRL's SFT preparation drops a prompt-completion row,
+    or None when it drops none: it truncates each row to ``max_length`` (keep_start) and then
+    drops the rows left without a completion token, unless packing or a full-sequence loss."""
+    if spec.trainer_type != "SFT":
+        return None
+    import dataclasses
+
+    from trl import SFTConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(SFTConfig)}
+    args = {k: spec.training_args.get(k, defaults.get(k)) for k in
+            ("max_length", "truncation_mode", "packing", "completion_only_loss")}
+    if (args["max_length"] is None or args["packing"] or args["completion_only_loss"] is False
+            or args["truncation_mode"] != "keep_start"):
+        return None
+    return int(args["max_length"])
+
+
+def _check_truncation(spec, rows: list[dict], n_rows: int, name: str, tokenizer) -> None:
+    limit = _sft_drop_limit(spec)
+    if limit is None:
+        return
+    long = []
+    for i, row in enumerate(rows):
+        prompt = row.get("prompt")
+        if isinstance(prompt, str) and "completion" in row:
+            n = len(tokenizer(prompt)["input_ids"])
+            if n >= limit:
+                long.append((i, n))
+    if not long:
+        return
+    i, n = max(long, key=lambda x: x[1])
+    why = (f"its prompt alone has at least max_length={limit} tokens (row {i}: {n:,}), so truncating "
+           "to max_length (truncation_mode='keep_start') leaves no completion token to learn from, "
+           "and TRL drops the row. Raise max_length, shorten the prompts, or use "
+           "truncation_mode='keep_end'")
+    if len(long) == len(rows) == n_rows:
+        raise ConfigError(f"{name}: TRL would drop every row ({n_rows}): {why}")
+    import warnings
+
+    from rapidfire_nb.errors import RapidFireConfigWarning
+
+    warnings.warn(f"{name}: TRL will drop {len(long)} of the first {len(rows)} rows checked "
+                  f"(of {n_rows}): {why}", RapidFireConfigWarning, stacklevel=3)
 
 
 def _check_text(value, where: str, tokenizer) -> None:

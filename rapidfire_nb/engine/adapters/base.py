@@ -215,6 +215,12 @@ class RunTrainer:
         self.trainer.autocast_smart_context_manager = lambda cache_enabled=True: run_autocast(args)
         self.train_data = self.trainer.train_dataset
         self.eval_data = self.trainer.eval_dataset
+        if len(self.train_data) == 0 and len(train_dataset) > 0:
+            # the pre-run check samples rows; past it, say what the trainer did, not "empty"
+            raise ConfigError(f"{type(self.trainer).__name__}'s preparation dropped all "
+                              f"{len(train_dataset)} training rows (rows left without a token to "
+                              "learn from after truncation to max_length are dropped): raise "
+                              "max_length or shorten the rows")
         self.raw_eval_dataset = eval_dataset  # prompts/references for generation-based metrics
         from rapidfire_nb.engine.sharding import devices_of
 
