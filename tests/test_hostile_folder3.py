@@ -508,3 +508,43 @@ def test_a_report_may_take_a_long_legal_file_name(tmp_path):
                           capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert out.is_file() and sorted(p.name for p in out.parent.iterdir()) == [out.name]
+
+
+@pytest.mark.parametrize("edited", ["experiment.json", "events.jsonl"])
+def test_a_crafted_fingerprint_is_refused_naming_the_file_and_field(tmp_path, edited):
+    """A resume refused because the recorded config differs says where it was recorded, so an
+    edited folder is told apart from a changed config group; nothing in the folder changes."""
+    import json
+
+    from rapidfire_nb.demo_data import tiny_create_model
+    from rapidfire_nb.errors import ConfigError
+
+    from helpers import customer_support_rows
+
+    _trained(tmp_path).end()
+    folder = tmp_path / "t"
+    if edited == "experiment.json":
+        meta = json.loads((folder / "experiment.json").read_text())
+        meta["runs"][0] = "0" * len(meta["runs"][0])
+        (folder / "experiment.json").write_text(json.dumps(meta))
+        match = r"experiment.json's runs\[0\] records fingerprint '000000000000\.\.\.'.*experiment.json was edited"
+    else:
+        lines = (folder / "events.jsonl").read_text().splitlines()
+        for i, line in enumerate(lines):
+            ev = json.loads(line)
+            if ev["type"] == "run_created" and ev["run_id"] == 1:
+                ev["config"]["training_args"]["learning_rate"] = 0.5
+                lines[i] = json.dumps(ev)
+        (folder / "events.jsonl").write_text("\n".join(lines) + "\n")
+        match = (r"run 1's config differs from the one logged in .*events.jsonl \(its run_created "
+                 r"event\): training_args.learning_rate is 0.5 there, 0.01 here.*that line of "
+                 r"events.jsonl was edited")
+    before = digest(folder)
+    again = Experiment("t", experiment_path=tmp_path, resume=True, tracking=[])
+    with pytest.raises(ConfigError, match=match):
+        again.run_fit(_tiny_group(), tiny_create_model, customer_support_rows(16),
+                      customer_support_rows(4, seed=1), num_chunks=2)
+    again.end()
+    after = digest(folder)
+    before.pop(".lock"), after.pop(".lock")   # the lock notes who holds it: rewritten by any opener
+    assert after == before

@@ -62,6 +62,31 @@ def refuse_lost_history(store) -> None:
         f"new experiment (resume=False); nothing was changed")
 
 
+def _flat(value, prefix: str = "") -> dict:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def _config_diff(logged, given: dict, limit: int = 3) -> str:
+    """The fields where a logged config and the one given now differ, as one phrase."""
+    a, b = _flat(logged if isinstance(logged, dict) else {}), _flat(given)
+    keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k, "<unset>") != b.get(k, "<unset>")]
+    if not keys:
+        return "the same fields, another fingerprint"
+    parts = [f"{k} is {a.get(k, '<unset>')!r:.60} there, {b.get(k, '<unset>')!r:.60} here" for k in keys[:limit]]
+    more = f" (and {len(keys) - limit} more)" if len(keys) > limit else ""
+    return "; ".join(parts) + more
+
+
+def _short(fingerprint) -> str:
+    text = str(fingerprint)
+    return repr(text[:12] + "..." if len(text) > 15 else text)
+
+
 def check_resume(meta: dict, name: str, plan) -> None:
     """Refuse a resume whose ``run_fit`` arguments (``plan``) differ from the original ones
     recorded in ``meta`` (experiment.json; pruning knobs included), before anything is changed."""
@@ -87,8 +112,11 @@ def check_resume(meta: dict, name: str, plan) -> None:
                               f"the original one had {len(stored_runs)}; pass the same config group")
         for i, (a, b) in enumerate(zip(stored_runs, given_runs)):
             if a != b:
-                raise ConfigError(f"resume=True but run {i + 1}'s config differs from the original "
-                                  f"one; pass the same config group (and callables of the same names)")
+                raise ConfigError(
+                    f"resume=True but run {i + 1}'s config differs from the original one: "
+                    f"experiment.json's runs[{i}] records fingerprint {_short(a)}, this config "
+                    f"group's run {i + 1} has {_short(b)}. Pass the same config group (and "
+                    "callables of the same names); if you did, experiment.json was edited")
 
 
 def restore_runs(restore: RestorePlan, engine, store, events, meta: dict | None = None) -> None:
@@ -191,8 +219,10 @@ def plan_restore(specs: list[RunSpec], store, events, engine, driver) -> Restore
             raise RapidFireError(f"cannot restore run {rid}: its parent run {parent_id} is missing "
                                  f"from {where}")
         if rid not in refused and info.get("fingerprint") and info["fingerprint"] != spec.fingerprint():
-            raise ConfigError(f"resume=True but run {rid}'s config differs from the original one; "
-                              f"pass the same config group")
+            raise ConfigError(
+                f"resume=True but run {rid}'s config differs from the one logged in {where} (its "
+                f"run_created event): {_config_diff(info.get('config'), spec.config_dict())}. Pass "
+                f"the same config group; if you did, that line of {where.name} was edited")
         if rid not in refused:
             _check_counters(rid, info, spec, engine, where)
         planned[rid] = spec
@@ -312,6 +342,7 @@ def _restore_info(run: dict, cached: dict | None) -> dict:
         "samples_seen": run["samples_seen"], "epoch": run["next_epoch"], "chunk": chunk,
         "chunks_done": run["chunks_done"], "error": run["error"],
         "fingerprint": config_fingerprint(run["config"]) if run["config"] else cached.get("fingerprint"),
+        "config": run["config"],
     }
 
 
