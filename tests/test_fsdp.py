@@ -146,6 +146,27 @@ def test_every_refusal_of_sharding_is_among_the_cases_above():
     assert len(appends) >= 8 and appends <= reached, sorted(appends - reached)
 
 
+@pytest.mark.slow
+def test_fsdp_config_without_fsdp_trains_on_one_device_and_says_so(tmp_path):
+    import warnings
+
+    from rapidfire_nb.errors import RapidFireConfigWarning
+
+    train, evald = make_demo_datasets(16, 4)
+    config = RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32}, peft_config=lora(),
+                           training_args=sft_args(4, fsdp_config=FSDP["fsdp_config"]))
+    exp = Experiment("unsharded", experiment_path=tmp_path, num_workers=0, tracking=[])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        exp.run_fit(RFGridSearch(config, trainer_type="SFT"), tiny_create_model, train, evald,
+                    num_chunks=2, block=True)
+    said = [str(w.message) for w in seen if issubclass(w.category, RapidFireConfigWarning)]
+    assert any("fsdp_config is set but fsdp is not, so the run trains on one device" in m
+               for m in said), said
+    assert list(exp.get_runs_info().status) == ["completed"]
+    exp.end()
+
+
 def test_refusals_name_each_config_of_a_grid():
     from rapidfire_nb.launch.arguments import expand as _expand
 

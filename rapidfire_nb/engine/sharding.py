@@ -115,6 +115,23 @@ def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0, label: str
     return out
 
 
+def warn_unused_fsdp_config(specs: Sequence) -> None:
+    """transformers takes ``fsdp_config`` without ``fsdp`` and ignores it: the run trains on one
+    device, unsharded, which is not what whoever wrote the settings meant. A warning, not a
+    refusal: RapidFire AI's code with such a config trains, and keeps training here."""
+    import warnings
+
+    from rapidfire_nb.errors import RapidFireConfigWarning
+
+    for i, spec in enumerate(specs, start=1):
+        if spec.training_args.get("fsdp_config") and not fsdp_options(spec.training_args):
+            where = f"config {i} (run {i})" if len(specs) > 1 else "the config (run 1)"
+            warnings.warn(f"{where}: fsdp_config is set but fsdp is not, so the run trains on one "
+                          "device, unsharded, and fsdp_config is ignored; to shard it add "
+                          "fsdp='full_shard auto_wrap' and num_gpus=k (k > 1), or drop fsdp_config",
+                          RapidFireConfigWarning, stacklevel=4)
+
+
 def check_sharding(specs: Sequence, *, num_gpus: int = 1, workers: int = 0, label: str | None = None) -> None:
     """``refusals`` as one ConfigError (nothing has been written or started yet)."""
     reasons = refusals(specs, num_gpus=num_gpus, workers=workers, label=label)

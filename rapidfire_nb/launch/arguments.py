@@ -70,12 +70,14 @@ def check_fit_arguments(config_group, create_model, train_dataset, eval_dataset,
     if eval_dataset is None and any(s.compute_metrics is not None for s in specs):
         raise ConfigError("compute_metrics needs an eval_dataset: pass eval_dataset= to run_fit")
     from rapidfire_nb.engine import apply_num_gpus, check_sharding, resolve_num_workers
+    from rapidfire_nb.engine.sharding import warn_unused_fsdp_config
 
     workers = resolve_num_workers(num_workers)
     # FSDP: num_gpus applied to the runs without their own RFModelConfig(num_gpus=...), then every
     # sharded run checked against the workers there will be (engine/sharding.py)
     apply_num_gpus(specs, num_gpus)
     check_sharding(specs, workers=workers)
+    warn_unused_fsdp_config(specs)
     return FitArguments(config_group, specs, create_model, train_dataset, eval_dataset, num_chunks,
                         seed, block, num_gpus, workers)
 
