@@ -66,6 +66,7 @@ class Experiment:
         if mode == "fit" and not resume and isinstance(experiment_name, str) and experiment_name:
             training = session.still_training(_parent(experiment_path), experiment_name)
             if training is not None:
+                training._rerun_cell = True   # the same cell's run_fit comes next
                 return training
         return super().__new__(cls)
 
@@ -113,6 +114,9 @@ class Experiment:
         c = self._folder = session.claim(parent, name, self.resumed)
         self.name, self.path, self.store, self.events, self.meta = c.name, c.path, c.store, c.events, c.meta
         self._folder_lock = c.lock
+        # a re-claim after a refused run_fit: what read the log given back reads this one
+        self._live_table = None
+        self._panel = None
         session.opened(self)
 
     def _unclaim(self) -> None:
@@ -222,6 +226,12 @@ class Experiment:
         Every error that can be found before training (configs, data columns, ``num_chunks``,
         ``create_model``'s return value) is raised here and nothing is started.
         """
+        if self.__dict__.pop("_rerun_cell", False) and self.engine is not None:
+            # the cell that started this experiment, run again while it trains: Experiment(...)
+            # handed back this one, and its run_fit leaves it as it is so the cell shows its panel
+            print(f"rapidfire: run_fit left experiment {self.name!r} training as it was (this "
+                  "call's arguments are not used)")
+            return self
         self._may_fit(allow_concurrent)
         try:
             fit = prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
@@ -254,7 +264,7 @@ class Experiment:
             self._claim(Path(self.asked_as[0]), self.asked_as[1])
         try:
             if not check_concurrency_flag(allow_concurrent):
-                session.refuse_while_another_trains(self.name)
+                session.refuse_while_another_trains(self)
         except BaseException:
             self._unclaim()   # a refused call leaves no folder, no lock, no renamed experiment
             raise
@@ -262,6 +272,9 @@ class Experiment:
 
     def _start(self, fit) -> None:
         """Every check has passed: log, commit the plan and start the engine."""
+        from rapidfire_nb.engine import refuse_links
+
+        refuse_links(self.path)   # again: a link planted since Experiment() must not be written through
         self._log_open()   # a resumed folder's first write
         self.engine, self.automl = fit.engine, fit.driver
         self.meta = commit(fit, self.name)

@@ -28,14 +28,16 @@ class Claim:
     meta: dict            # experiment.json as read (a resumed folder), else {}
     made: bool            # this claim made the folder
     resumed: bool
+    made_files: tuple = ()   # the files this claim created (give_back removes these only)
 
 
 def claim(parent: Path, name: str, resume: bool) -> Claim:
     """Take ``<parent>/<name>``: a new experiment whose folder holds one already moves to
     ``<name>_2``, ``_3``... (one printed line); its lock; its log. A new experiment's folder gets
     ``experiment.json``, the empty log and the lock, and nothing else until its run_fit has
-    checked everything (``give_back`` if it refuses). A resumed folder is not written at all
-    until then: a refused resume leaves every byte as it was. ``ExperimentLocked`` when another
+    checked everything (``give_back`` if it refuses). A resumed folder is not written until then
+    (its ``.lock`` aside, which notes who holds it): a refused resume leaves every other byte as
+    it was. ``ExperimentLocked`` when another
     Experiment holds the folder (nothing is left behind)."""
     from rapidfire_nb.engine import refuse_links
     from rapidfire_nb.launch.resume import refuse_lost_history
@@ -43,21 +45,23 @@ def claim(parent: Path, name: str, resume: bool) -> Claim:
     root = parent / name
     if resume and not (root / "experiment.json").exists():
         raise ConfigError(f"resume=True but there is no experiment at {root}")
-    if not resume and (root / "experiment.json").exists():
+    if not resume and _holds_experiment(root):
         # a re-executed cell must not mix two experiments in one folder
         n = 2
-        while (parent / f"{name}_{n}" / "experiment.json").exists():
+        while _holds_experiment(parent / _numbered(name, n)):
             n += 1
         # one short line in the cell (a re-run cell is normal), not a warning with a temp path
         print(f"rapidfire: experiment {name!r} exists; this one is "
-              f"'{name}_{n}' (resume=True continues {name!r})")
-        name, root = f"{name}_{n}", parent / f"{name}_{n}"
+              f"{_numbered(name, n)!r} (resume=True continues {name!r})")
+        name = _numbered(name, n)
+        root = parent / name
     # a link anywhere in the folder could make a read or a write land outside it
     refuse_links(root)
     made = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     path = root.resolve()
     store = ExperimentStore(path)
+    lock_was_there = (path / ".lock").exists()
     # the folder's owner from here to end(): nothing below may write before this
     try:
         lock = FolderLock(path).acquire()
@@ -65,6 +69,7 @@ def claim(parent: Path, name: str, resume: bool) -> Claim:
         if made:
             _remove_dir_if_empty(path)
         raise
+    log_was_there = store.events_path.exists()
     try:
         meta = check_experiment_meta(read_json(store.meta_path, {}), store.meta_path) if resume else {}
         if resume:
@@ -72,10 +77,33 @@ def claim(parent: Path, name: str, resume: bool) -> Claim:
         events = EventLog(store.events_path)
     except BaseException:
         lock.release()
+        if not lock_was_there:   # refused: no lock file left behind either
+            with contextlib.suppress(OSError):
+                lock.path.unlink()
+        if made:
+            _remove_dir_if_empty(path)
         raise
     if not resume:
         atomic_write_json(store.meta_path, {"name": name, "version": __version__})
-    return Claim(name, path, store, lock, events, meta, made, resume)
+    made_files = () if resume else tuple(
+        f for f, was in ((store.meta_path, False), (store.events_path, log_was_there)) if not was)
+    return Claim(name, path, store, lock, events, meta, made, resume, made_files)
+
+
+def _holds_experiment(root: Path) -> bool:
+    """What makes a folder an experiment's, for a new one to move aside: either of the two files
+    an experiment writes first (a folder holding only a log is one too: ``Experiment.open``
+    reads it)."""
+    return (root / "experiment.json").exists() or (root / "events.jsonl").exists()
+
+
+def _numbered(name: str, n: int) -> str:
+    """``<name>_<n>``, the name cut so that the result is still a valid experiment name (one the
+    library made must open and resume)."""
+    from rapidfire_nb.engine.store import MAX_NAME
+
+    suffix = f"_{n}"
+    return name[:MAX_NAME - len(suffix)] + suffix
 
 
 def open_read_only(root: Path) -> tuple[Path, Any, dict, Any]:
@@ -96,7 +124,7 @@ def give_back(c: Claim) -> None:
     """A new experiment's run_fit was refused before anything was logged: give back what
     ``claim`` took (the lock, ``experiment.json``, the empty log, the folder if it made it)."""
     c.events.close()
-    for path in (c.store.events_path, c.store.meta_path):
+    for path in c.made_files:
         with contextlib.suppress(OSError):
             path.unlink()
     c.lock.release()

@@ -151,9 +151,10 @@ def end_training(name: str | None = None) -> list[str]:
     return ended
 
 
-def refuse_while_another_trains(name: str) -> None:
-    """run_fit's guard: one engine per device unless asked (``allow_concurrent=True``)."""
-    training = [(n, exp) for n, _engine, exp in training_engines() if n != name]
+def refuse_while_another_trains(me) -> None:
+    """run_fit's guard: one engine per device unless asked (``allow_concurrent=True``). Any other
+    Experiment counts, one of the same name in another folder too."""
+    training = [(n, exp) for n, _engine, exp in training_engines() if exp is not me]
     busy = [n for n, _exp in training]
     if not busy:
         return

@@ -119,3 +119,75 @@ def test_a_reopened_experiment_shows_its_runs_before_run_fit(tmp_path, tiny_data
     again.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, block=True)
     assert set(again.get_runs_info().status) == {"completed"}
     again.end()
+
+
+def test_results_read_after_a_refusal_do_not_blind_the_fixed_run_fit(tmp_path, tiny_data):
+    """Reading results (or showing the panel) of a new experiment whose run_fit was refused, then
+    the fixed run_fit: the runs it trains are in its results and its final checkpoints."""
+    train, evald = tiny_data
+    exp = Experiment("read-between", experiment_path=tmp_path, tracking=[])
+    wrong = Dataset.from_dict({"question": ["a"] * 16, "answer": ["b"] * 16})
+    with pytest.raises(ConfigError):
+        exp.run_fit(group(), tiny_create_model, wrong, evald, num_chunks=2)
+    assert len(exp.get_results()) == 0 and len(exp.get_runs_info()) == 0
+    exp.panel().close()
+    exp.run_fit(group((1e-3,)), tiny_create_model, train, evald, num_chunks=2, block=True)
+    assert list(exp.get_runs_info().status) == ["completed"]
+    assert len(exp.get_results()) > 0
+    panel = exp.panel()
+    assert panel._statuses()[1] == {1: "completed"}
+    panel.close()
+    assert exp.final_checkpoint_path(1).exists()
+    exp.end()
+
+
+def test_a_folder_holding_only_a_log_is_an_experiment_a_new_one_moves_aside(tmp_path, tiny_data):
+    train, evald = tiny_data
+    old = tmp_path / "y"
+    old.mkdir()
+    log = b'{"seq": 1, "time": 1.0, "type": "experiment", "name": "y", "path": "y", "resumed": false}\n'
+    (old / "events.jsonl").write_bytes(log)
+    exp = Experiment("y", experiment_path=tmp_path, tracking=[])
+    assert exp.name == "y_2"
+    wrong = Dataset.from_dict({"question": ["a"] * 16, "answer": ["b"] * 16})
+    with pytest.raises(ConfigError):
+        exp.run_fit(group(), tiny_create_model, wrong, evald, num_chunks=2)
+    assert sorted(os.listdir(tmp_path)) == ["y"] and os.listdir(old) == ["events.jsonl"]
+    assert (old / "events.jsonl").read_bytes() == log
+
+
+def test_a_long_name_moved_aside_stays_a_name_that_opens_and_resumes(tmp_path):
+    name = "n" * 128
+    Experiment(name, experiment_path=tmp_path, tracking=[]).end()
+    (tmp_path / name / "events.jsonl").write_text(
+        '{"seq": 1, "time": 1.0, "type": "experiment", "name": "n", "path": "n", "resumed": false}\n')
+    second = Experiment(name, experiment_path=tmp_path, tracking=[])
+    assert second.name == "n" * 126 + "_2" and second.path.name == second.name
+    second.events.append("experiment", name=second.name, path=str(second.path), resumed=False)
+    second.end()
+    Experiment(second.name, experiment_path=tmp_path, resume=True, tracking=[]).end()
+    assert Experiment.open(tmp_path / second.name).name == second.name
+
+
+def test_a_refused_resume_leaves_no_lock_file_behind(tmp_path):
+    folder = tmp_path / "d"
+    Experiment("d", experiment_path=tmp_path, tracking=[]).end()
+    (folder / ".lock").unlink(missing_ok=True)
+    (folder / "runs.json").write_text('{"1": {"status": "completed"}}')   # runs but an empty log
+    before = sorted(os.listdir(folder))
+    with pytest.raises(Exception, match="events.jsonl is empty"):
+        Experiment("d", experiment_path=tmp_path, resume=True, tracking=[])
+    assert sorted(os.listdir(folder)) == before
+
+
+def test_a_link_planted_after_experiment_and_before_run_fit_is_refused(tmp_path, tiny_data):
+    from rapidfire_nb.engine import FolderLinkError
+
+    train, evald = tiny_data
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    exp = Experiment("planted", experiment_path=tmp_path, tracking=[])
+    (exp.path / "runs").symlink_to(outside)
+    with pytest.raises(FolderLinkError):
+        exp.run_fit(group((1e-3,)), tiny_create_model, train, evald, num_chunks=2, block=True)
+    assert exp.engine is None and os.listdir(outside) == []

@@ -704,3 +704,30 @@ def test_a_plain_script_gets_no_bitsandbytes_kernels_line(tmp_path):
     assert proc.stdout.strip().splitlines()[-1] == "['completed']"
     assert "gemm_4bit_forward" not in proc.stderr + proc.stdout
     assert "pip install kernels" not in proc.stderr + proc.stdout
+
+
+def test_a_refusal_shows_as_one_line_in_ipython_and_keeps_its_traceback_elsewhere(shell, capsys):
+    import traceback
+
+    from rapidfire_nb.errors import ConfigError, RapidFireError
+
+    capsys.readouterr()
+    result = shell.run_cell("from rapidfire_nb.errors import ConfigError\n"
+                            "def configure():\n    raise ConfigError('learnin_rate: did you mean learning_rate?')\n"
+                            "configure()", store_history=False)
+    assert isinstance(result.error_in_exec, ConfigError)
+    shown = capsys.readouterr()
+    text = shown.out + shown.err
+    assert "ConfigError\x1b[0m: learnin_rate: did you mean learning_rate?" in text
+    assert "Traceback" not in text and "configure()" not in text
+    # outside IPython (scripts, logs) the frames stay
+    try:
+        raise ConfigError("x")
+    except ConfigError:
+        assert "Traceback" in traceback.format_exc()
+    # an internal failure keeps IPython's whole traceback
+    capsys.readouterr()
+    shell.run_cell("from rapidfire_nb.errors import RapidFireError\nraise RapidFireError('internal')",
+                   store_history=False)
+    internal = capsys.readouterr()
+    assert "Traceback" in internal.out + internal.err and not hasattr(RapidFireError, "_render_traceback_")

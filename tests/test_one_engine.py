@@ -57,14 +57,23 @@ def test_a_second_run_fit_while_another_trains_is_refused_until_it_ends(tmp_path
     try:
         first.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, block=False)
         listing = sorted(os.listdir(tmp_path))
-        # the re-run cell: `exp` stays the experiment that trains, and its run_fit is refused
-        # with the call that ends it; no "x_2" folder, no lock, nothing logged
+        # the re-run cell: `exp` stays the experiment that trains, and that cell's run_fit leaves
+        # it as it is (one line; the cell's last line then shows its panel): no "x_2" folder, no
+        # lock, no run added
+        runs = len(first.get_runs_info())
+        capsys.readouterr()
         with first.engine.atomically():   # keeps the first one training while we look
             again = Experiment("x", experiment_path=tmp_path)
             assert again is first
+            assert again.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2,
+                                 block=False) is first
+            said = capsys.readouterr().out
+            assert "is still training in this kernel; this is that one" in said
+            assert "run_fit left experiment 'x' training as it was" in said
+            # a run_fit called again on it, not from a re-run cell, is refused as before
             with pytest.raises(RapidFireError, match=r"already called .*%rapidfire end x"):
-                again.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2, block=False)
-        assert sorted(os.listdir(tmp_path)) == listing
+                first.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2, block=False)
+        assert sorted(os.listdir(tmp_path)) == listing and len(first.get_runs_info()) == runs
         # another experiment's run_fit must not start a second engine on the same device unseen
         second = Experiment("y", experiment_path=tmp_path)
         with first.engine.atomically():   # keeps the first one training while we look
@@ -284,3 +293,18 @@ def test_kernel_interrupt_during_wait_says_the_runs_go_on(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_an_experiment_of_the_same_name_in_another_folder_is_refused_too(tmp_path, tiny_data):
+    train, evald = tiny_data
+    first = Experiment("x", experiment_path=tmp_path / "d1", tracking=[])
+    try:
+        first.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, block=False)
+        other = Experiment("x", experiment_path=tmp_path / "d2", tracking=[])
+        assert other is not first
+        with first.engine.atomically():   # keeps the first one training while we look
+            with pytest.raises(RapidFireError, match=r"'x' is still training in this kernel"):
+                other.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2, block=False)
+        assert other.engine is None and not (tmp_path / "d2" / "x").exists()
+    finally:
+        first.end(wait=False)

@@ -122,7 +122,8 @@ def check_experiment_meta(meta: Any, path: Path) -> dict:
 # An experiment's name is one folder name, never a path: no separator, no "..", no leading dot
 # (hidden, or "." itself), no control character. Every place that takes a name checks it here
 # (fullmatch, not match: "$" would let a trailing newline through into the folder name).
-EXPERIMENT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_NAME = 128
+EXPERIMENT_NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME - 1}}}")
 
 
 def check_experiment_name(name: Any, where: str = "experiment_name") -> str:
@@ -130,8 +131,8 @@ def check_experiment_name(name: Any, where: str = "experiment_name") -> str:
     from rapidfire_nb.errors import ConfigError
 
     if not isinstance(name, str) or not EXPERIMENT_NAME_RE.fullmatch(name):
-        raise ConfigError(f"{where} must be 1-128 letters, digits, '.', '_' or '-', starting with "
-                          f"a letter or digit: a name, not a path (got {name!r:.200})")
+        raise ConfigError(f"{where} must be 1-{MAX_NAME} ASCII letters, digits, '.', '_' or '-', "
+                          f"starting with a letter or digit: a name, not a path (got {name!r:.200})")
     return name
 
 

@@ -106,6 +106,12 @@ class RapidFireMagics(Magics):
         exp = _experiment()
         store = getattr(exp, "store", None)
         events_path = getattr(store, "events_path", None)
+        if getattr(exp, "engine", 0) is None and getattr(exp, "_folder", 0) is None \
+                and not getattr(exp, "read_only", True):
+            # a new experiment whose run_fit was refused gave its folder back: nothing was lost
+            print(f"experiment {exp.name!r} has no runs yet: its last run_fit was refused (and left "
+                  "no folder behind); fix the call and run it again")
+            return None
         if isinstance(events_path, Path) and not events_path.exists():
             # the folder (or its log) was removed under the live Experiment: what memory holds is stale
             where = getattr(exp, "path", events_path.parent)
@@ -201,6 +207,9 @@ class RapidFireMagics(Magics):
         training = training_experiments()
         if name is not None and name not in training:
             exp = open_experiment(name)
+            current = current_experiment()
+            if exp is None and current is not None and current.name == name:
+                exp = current   # e.g. a new experiment whose run_fit was refused (it holds no folder)
             if exp is not None:
                 exp.end(wait=False)
                 print(f"experiment {name!r}: closed (nothing was training)")
