@@ -69,11 +69,23 @@ assert view._publisher is None
 view
 """.replace("{name}", EXPERIMENT)
 
+# A cell busy in Python for 20 s, as user code would be, polling run 2: on ipykernel 6 (no
+# subshells) a Stop clicked meanwhile reaches Python only once the cell ends. The cell prints the
+# time it ended; the log's op event says when the click was taken.
+BUSY = """\
+import time
+print("BUSY START", flush=True)
+give_up = time.monotonic() + 20
+while time.monotonic() < give_up and exp.get_runs_info().set_index("run_id").loc[2, "status"] == "running":
+    time.sleep(0.2)
+print("BUSY END", time.time(), exp.get_runs_info().set_index("run_id").loc[2, "status"])
+"""
+
 # the runs left are stopped first (the clicks are done): TensorBoard then loads the logs on
 # cores the training thread no longer takes
 TENSORBOARD = """\
-for run_id in (2, 3, 4):
-    exp.stop(run_id)
+for run_id in exp.get_runs_info().query("status in ['pending', 'running']").run_id:
+    exp.stop(int(run_id))
 exp.wait()
 %load_ext rapidfire
 %rapidfire tensorboard"""
@@ -178,7 +190,8 @@ def _shot(page, name: str, locator=None) -> None:
 
 def test_pull_only_panel_and_tensorboard_in_classic_notebook_6(nb6, page):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(TENSORBOARD)]
+    nb.cells = [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(TENSORBOARD),
+                nbformat.v4.new_code_cell(BUSY)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, nb6.root / "colab_like.ipynb")
     forbidden: list[str] = []
@@ -260,6 +273,30 @@ def test_pull_only_panel_and_tensorboard_in_classic_notebook_6(nb6, page):
     assert created["parent_run_id"] == 2
     assert created["config"]["training_args"]["learning_rate"] == pytest.approx(NEW_LR)
     _wait(lambda: _points(page).get("run 4", 0) >= 1, 300, "the clone's curve, pulled", page)
+
+    # --- Stop clicked during a busy cell: ipykernel 6 takes it only once the cell ends ---------
+    import ipykernel
+
+    def busy_output() -> str:
+        return page.evaluate("() => Jupyter.notebook.get_cell(2).output_area.outputs"
+                             ".map(o => o.text || '').join('')")
+
+    _wait(lambda: _status(page, 2) == "running", 240, "run 2 to be running", page)
+    page.evaluate("() => Jupyter.notebook.execute_cells([2])")
+    _wait(lambda: "BUSY START" in busy_output(), 120, "the busy cell to start", page)
+    page.locator('[data-testid=rf-runs] tr[data-run-id="2"] button[data-op="stop"]').click()
+    clicked = time.time()
+    _wait(lambda: "BUSY END" in busy_output(), 120, "the busy cell to end", page)
+    ended, seen = busy_output().split("BUSY END", 1)[1].split()[:2]
+    _wait(lambda: any(e["type"] == "op" and e["op"] == "stop" and e["run_id"] == 2 and e.get("accepted")
+                      for e in _events(nb6.root)), 240, "run 2's Stop to be taken", page)
+    taken = next(e["time"] for e in _events(nb6.root)
+                 if e["type"] == "op" and e["op"] == "stop" and e["run_id"] == 2 and e.get("accepted"))
+    print(f"\nipykernel {ipykernel.__version__}: Stop clicked during a busy cell at {clicked:.1f}, cell "
+          f"ended at {float(ended):.1f} seeing run 2 {seen}, the click taken at {taken:.1f}")
+    if int(ipykernel.__version__.split(".")[0]) < 7:
+        # no subshell: the click waited for the cell (which never saw run 2 stop)
+        assert seen == "running" and taken >= float(ended), (clicked, ended, seen, taken)
 
     # --- TensorBoard under Notebook 6: TensorBoard itself, and saving still works ------------
     page.evaluate("() => Jupyter.notebook.execute_cells([1])")
