@@ -71,6 +71,10 @@ REFUSED = [
      r"num_gpus=2 without FSDP settings"),
     ("fsdp without k>1", dict(config=lambda: sharded_config(k=1), workers=2),
      r"fsdp='full_shard auto_wrap' shards a run over several devices, but it asks for num_gpus=1"),
+    # the package allows torch>=2.3; the gangs need FSDP2's public API (torch 2.6): the torch
+    # installed here is newer, so an older one is stood in for by its version string
+    ("torch without FSDP2", dict(config=lambda: sharded_config(k=2), workers=2, torch="2.5.1"),
+     r"sharding uses PyTorch's FSDP2 .*which torch 2.5.1 lacks: install torch>=2.6"),
     ("fsdp in the kernel engine", dict(config=lambda: sharded_config(k=2), workers=0),
      r"needs a gang of 2 Ray workers, and this experiment trains in the kernel on one device"),
     ("more devices than workers", dict(config=lambda: sharded_config(k=3), workers=2),
@@ -93,9 +97,17 @@ REFUSED = [
 ]
 
 
+def old_torch(monkeypatch, how) -> None:
+    if how.get("torch"):
+        from rapidfire_nb.engine import sharding
+
+        monkeypatch.setattr(sharding, "_torch_without_fsdp2", lambda: how["torch"])
+
+
 @pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
-def test_refused_in_run_fit_before_anything_trains(case, tmp_path):
+def test_refused_in_run_fit_before_anything_trains(case, tmp_path, monkeypatch):
     _, how, message = case
+    old_torch(monkeypatch, how)
     train, evald = make_demo_datasets(16, 4)
     before = folder_files(tmp_path)
     exp = Experiment("refused", experiment_path=tmp_path, num_workers=how["workers"])
@@ -109,7 +121,7 @@ def test_refused_in_run_fit_before_anything_trains(case, tmp_path):
     assert ray.is_initialized() == ray_was   # refused before Ray or any worker started
 
 
-def test_every_refusal_of_sharding_is_among_the_cases_above():
+def test_every_refusal_of_sharding_is_among_the_cases_above(monkeypatch):
     """Each branch of ``refusals`` that refuses is reached by a case of REFUSED, so each one is
     shown to refuse in run_fit before anything is written or started (a new refusal without a
     case fails here)."""
@@ -136,6 +148,8 @@ def test_every_refusal_of_sharding_is_among_the_cases_above():
         return line
 
     for _, how, _ in REFUSED:
+        monkeypatch.undo()
+        old_torch(monkeypatch, how)
         specs = expand(RFGridSearch(how["config"](), trainer_type=how.get("trainer", "SFT")))
         sharding.apply_num_gpus(specs, how.get("num_gpus", 1))
         sys.settrace(trace)

@@ -58,6 +58,16 @@ def is_sharded(spec) -> bool:
     return devices_of(spec) > 1
 
 
+def _torch_without_fsdp2() -> str | None:
+    """The installed torch's version when it predates the FSDP2 API the gangs use (public in
+    torch.distributed.fsdp from 2.6; the package itself allows torch>=2.3), else None."""
+    import torch
+    from packaging.version import Version
+
+    version = Version(torch.__version__.split("+")[0])
+    return None if version >= Version("2.6") else str(version)
+
+
 def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0, label: str | None = None) -> list[str]:
     """Why each config cannot train sharded as asked ([] when every one can).
 
@@ -94,6 +104,12 @@ def refusals(specs: Sequence, *, num_gpus: int = 1, workers: int = 0, label: str
         if "no_shard" in opts or "hybrid_shard" in opts or "hybrid_shard_zero2" in opts:
             out.append(f"{where}: fsdp={spec.training_args.get('fsdp')!r}: only full_shard and "
                        "shard_grad_op are supported (one gang of workers, one shard each)")
+            continue
+        old_torch = _torch_without_fsdp2()
+        if old_torch:
+            out.append(f"{where}: sharding uses PyTorch's FSDP2 (torch.distributed.fsdp.fully_shard "
+                       f"and CPUOffloadPolicy), which torch {old_torch} lacks: install torch>=2.6, "
+                       "or use num_gpus=1")
             continue
         if not workers:
             out.append(f"{where}: num_gpus={k} with FSDP needs a gang of {k} Ray workers, and this "
