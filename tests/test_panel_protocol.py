@@ -714,3 +714,22 @@ def test_history_is_sent_once_at_48_runs(exp):
         assert len(set(snapshot_sizes)) == 1, snapshot_sizes
     finally:
         panel.close()
+
+
+def test_run_created_carries_the_short_settings_of_its_config_not_the_config():
+    from rapidfire_nb.notebook._panel_protocol import MAX_SETTINGS, wire_event
+
+    config = {"model_name": "tiny", "training_args": {"num_train_epochs": 2, "learning_rate": 1e-3,
+                                                      "output_dir": "x" * 500},
+              "peft_config": {"r": 8, "target_modules": ["q_proj", "v_proj"]},
+              "formatting_func": None, "generation_config": {"max_new_tokens": 8}}
+    wired = wire_event({"seq": 1, "time": 1.0, "type": "run_created", "run_id": 1, "config": config,
+                        "knobs": {"training_args.learning_rate": 1e-3}})
+    assert "config" not in wired
+    assert wired["settings"] == {
+        "model_name": "tiny", "training_args.num_train_epochs": 2, "training_args.learning_rate": 1e-3,
+        "peft_config.r": 8, "peft_config.target_modules": ["q_proj", "v_proj"], "formatting_func": None,
+        "generation_config.max_new_tokens": 8}
+    huge = {"training_args": {f"k{i}": i for i in range(5 * MAX_SETTINGS)}}
+    assert len(wire_event({"seq": 2, "time": 1.0, "type": "run_created", "run_id": 2,
+                           "config": huge})["settings"]) == MAX_SETTINGS

@@ -9,7 +9,7 @@ import { h } from "./dom";
 import { fmtHover } from "./canvaschart";
 import { runName } from "./names";
 import { runColor } from "./palette";
-import { has, type PanelState, type RunState } from "./state";
+import { has, setKnobs, type PanelState, type RunState } from "./state";
 import { isPruned, knobColumns } from "./table";
 import { niceTicks } from "./ticks";
 
@@ -66,6 +66,8 @@ function markOf(run: RunState): Mark {
 
 function category(v: unknown): string {
   if (absent(v)) return DEFAULT_LABEL;
+  // a list (target_modules) reads as the table writes it, not as clipped JSON
+  if (Array.isArray(v)) return v.map((x) => (typeof x === "string" ? x : JSON.stringify(x))).join(", ");
   return typeof v === "string" ? v : JSON.stringify(v) ?? DEFAULT_LABEL;
 }
 
@@ -86,10 +88,13 @@ export function knobModel(state: PanelState, metric: string | null, which: Which
       missing.push(run.id);
       continue;
     }
-    points.push({ runId: run.id, name: runName(run), color: runColor(run.id), mark: markOf(run), value: v, knobs: run.knobs });
+    points.push({ runId: run.id, name: runName(run), color: runColor(run.id), mark: markOf(run), value: v, knobs: setKnobs(run) });
   }
   const axes: KnobAxis[] = keys.map((key) => {
-    const all = runs.map((r) => (has(r.knobs, key) ? r.knobs[key] : null));
+    const all = runs.map((r) => {
+      const set = setKnobs(r);
+      return has(set, key) ? set[key] : null;
+    });
     const vals = all.filter((v) => !absent(v));
     const defaults = vals.length < all.length;
     const nums = vals.filter((v): v is number => typeof v === "number" && Number.isFinite(v));
@@ -262,7 +267,7 @@ export function createKnobView(opts: {
     model = knobModel(s, metric, which);
     const m = model;
     summary.textContent = m.axes.length
-      ? `knobs → ${metric ?? "metric"} (${which}): ${m.axes.length} knob${m.axes.length === 1 ? "" : "s"} that vary, ${m.points.length} run${m.points.length === 1 ? "" : "s"}`
+      ? `knobs → ${metric ?? "metric"} (${which}): ${m.axes.length === 1 ? "1 knob that varies" : `${m.axes.length} knobs that vary`}, ${m.points.length} run${m.points.length === 1 ? "" : "s"}`
       : "knobs → metric (no knob varies between the runs)";
     note.textContent = (m.missing.length ? `no ${which} ${metric ?? "value"} yet: run${m.missing.length === 1 ? "" : "s"} ${m.missing.join(", ")} · ` : "")
       + "✕ pruned · ○ stopped · ■ failed";

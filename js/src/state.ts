@@ -50,6 +50,8 @@ export interface RunState {
   status: RunStatus;
   trainerType: string;
   knobs: Record<string, unknown>;
+  /** The short leaves of the run's config by knob name (the wire's `run_created.settings`). */
+  settings: Record<string, unknown>;
   parent: number | null;
   warmStart: boolean;
   totalSteps: number | null;
@@ -246,6 +248,15 @@ export function has(record: Record<string, unknown>, key: string): boolean {
   return Object.prototype.hasOwnProperty.call(record, key);
 }
 
+/**
+ * A run's knobs as set: those its group varies, over every short value its config sets. A knob
+ * only a later clone varies reads, for the runs before it, as what their config set (not as the
+ * trainer's default); absent only when the config leaves it to the trainer.
+ */
+export function setKnobs(run: RunState): Record<string, unknown> {
+  return Object.assign(dict<unknown>(), run.settings, run.knobs);
+}
+
 function newRun(id: number): RunState {
   return {
     id,
@@ -253,6 +264,7 @@ function newRun(id: number): RunState {
     status: "pending",
     trainerType: "",
     knobs: dict(),
+    settings: dict(),
     parent: null,
     warmStart: false,
     totalSteps: null,
@@ -427,6 +439,9 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       run.trainerType = str(ev.trainer_type) ?? run.trainerType;
       if (ev.knobs && typeof ev.knobs === "object" && !Array.isArray(ev.knobs)) {
         run.knobs = Object.assign(dict<unknown>(), ev.knobs as Record<string, unknown>);
+      }
+      if (ev.settings && typeof ev.settings === "object" && !Array.isArray(ev.settings)) {
+        run.settings = Object.assign(dict<unknown>(), ev.settings as Record<string, unknown>);
       }
       run.parent = isInt(ev.parent_run_id) ? ev.parent_run_id : null;
       run.warmStart = ev.warm_start === true;

@@ -20,7 +20,7 @@ import {
   stepText,
 } from "./format";
 import { runKey, STATUS_COLORS } from "./palette";
-import { has, lowerIsBetter, noteQueued, type PanelState, type RunState } from "./state";
+import { has, lowerIsBetter, noteQueued, setKnobs, type PanelState, type RunState } from "./state";
 import { suggestionOpen } from "./suggest";
 import {
   effectiveSort,
@@ -407,11 +407,12 @@ export function createRunTable(ctx: RunTableContext): RunTable {
     knobs.forEach((k, i) => {
       // A knob the run leaves at its default has no entry: show what the run does, not a blank.
       const epochs = k.endsWith("num_train_epochs") ? ownEpoch(run)?.epochs : undefined;
-      const set = has(run.knobs, k);
-      const text = set ? knobCellText(run.knobs[k]) : epochs !== undefined ? String(epochs) : "default";
+      const own = setKnobs(run);
+      const set = has(own, k);
+      const text = set ? knobCellText(own[k]) : epochs !== undefined ? String(epochs) : "default";
       row.knobCells[i].textContent = text;
       row.knobCells[i].classList.toggle("rf-default", !set);
-      row.knobCells[i].title = set ? `${k} = ${formatKnobValue(run.knobs[k])}` : `${k} not set: the trainer's default${epochs !== undefined ? ` (${epochs})` : ""}`;
+      row.knobCells[i].title = set ? `${k} = ${formatKnobValue(own[k])}` : `${k} not set: the trainer's default${epochs !== undefined ? ` (${epochs})` : ""}`;
     });
     row.progressBar.style.width = `${(progressFraction(run) * 100).toFixed(1)}%`;
     row.progressText.textContent = stepText(run);

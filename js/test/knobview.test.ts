@@ -84,4 +84,24 @@ describe("knobs -> metric", () => {
     const { cells } = knobLayout(m, 600);
     for (const c of cells) for (const p of m.points) expect(pointPx(m, c, p)).not.toBeNull();
   });
+
+  it("reads a knob only a later clone varies from the older runs' own settings, not as the default", () => {
+    const st = createState();
+    const settings = { "training_args.num_train_epochs": 2, "peft_config.target_modules": ["q_proj", "v_proj"] };
+    const ev: Omit<WireEvent, "seq">[] = [
+      { type: "run_created", run_id: 1, knobs: { "training_args.learning_rate": 1e-3 }, settings: { ...settings, "training_args.learning_rate": 1e-3 } },
+      { type: "run_created", run_id: 2, knobs: { "training_args.learning_rate": 1e-2 }, settings: { ...settings, "training_args.learning_rate": 1e-2 } },
+      // a clone of run 1 that changes the epochs and the modules
+      { type: "run_created", run_id: 3, parent_run_id: 1, knobs: { "training_args.learning_rate": 1e-3, "training_args.num_train_epochs": 3, "peft_config.target_modules": ["q_proj"] },
+        settings: { "training_args.learning_rate": 1e-3, "training_args.num_train_epochs": 3, "peft_config.target_modules": ["q_proj"] } },
+    ];
+    [1, 2, 3].forEach((id) => ev.push({ type: "metric", run_id: id, split: "eval", step: 2, samples_seen: 8, metrics: { eval_loss: id } }));
+    ingest(st, ev.map((e, i) => ({ ...e, seq: i + 1 }) as WireEvent));
+    const m = knobModel(st, "eval_loss", "best");
+    const epochs = m.axes.find((a) => a.key === "training_args.num_train_epochs")!;
+    expect(epochs.defaults).toBe(false);
+    expect(axisTicks(epochs).map(([, l]) => l)).toEqual(["2", "3"]);
+    const modules = m.axes.find((a) => a.key === "peft_config.target_modules")!;
+    expect(modules.categories).toEqual(["q_proj", "q_proj, v_proj"]);
+  });
 });

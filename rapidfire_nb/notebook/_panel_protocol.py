@@ -277,8 +277,39 @@ def wire_event(event: dict) -> dict:
         error = out.pop("error", None)
         out["has_error"] = bool(error)
     elif out.get("type") == "run_created":
-        out.pop("config", None)
+        out["settings"] = config_settings(out.pop("config", None))
     return to_json(out)
+
+
+MAX_SETTINGS = 200
+
+
+def config_settings(config) -> dict:
+    """A run's config as the view needs it: its short leaves under dotted knob names
+    (``training_args.num_train_epochs``), so that a knob one run varies (a clone's change) reads
+    as the value the others set, not as "default". Long strings, long lists and callables' reprs
+    stay in Python with the rest of the config."""
+    out: dict = {}
+
+    def walk(value, prefix: str) -> None:
+        if len(out) >= MAX_SETTINGS:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{prefix}{k}.")
+            return
+        key = prefix[:-1]
+        if value is None or isinstance(value, (bool, int, float)):
+            out[key] = value
+        elif isinstance(value, str) and len(value) <= 80:
+            out[key] = value
+        elif (isinstance(value, list) and len(value) <= 16
+              and all(isinstance(x, (str, int, float, bool)) and len(str(x)) <= 40 for x in value)):
+            out[key] = value
+
+    if isinstance(config, dict):
+        walk(config, "")
+    return out
 
 
 def batch_events(events: list[dict]) -> tuple[list[dict], bool]:
