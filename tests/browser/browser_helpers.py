@@ -34,6 +34,19 @@ def waiter(screenshot: str, interval: float = 0.5, full_page: bool = False):
                              interval=interval)
 
 
+def dismiss_dialogs(page, seen: list | None = None) -> None:
+    """A loaded machine sometimes gets a JupyterLab dialog over a freshly opened notebook (the
+    kernel picker while the kernel specs are still loading, "file changed on disk" after a slow
+    first save); it takes the clicks meant for the notebook. Accept it (keeping its text in
+    ``seen``) so the test goes on as a user would."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() and dialog.first.is_visible():
+        if seen is not None:
+            seen.append((dialog.first.text_content() or "")[:200])
+        dialog.first.locator(".jp-mod-accept").first.click()
+        dialog.first.wait_for(state="hidden", timeout=10_000)
+
+
 def write_notebook(root: Path, name: str, filename: str, code: str) -> Path:
     """A one-cell notebook ``root/filename`` running ``code`` with ``{name}`` as the experiment."""
     nb = nbformat.v4.new_notebook()

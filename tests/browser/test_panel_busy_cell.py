@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from browser_helpers import experiment_events, waiter
+from browser_helpers import dismiss_dialogs, experiment_events, waiter
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -76,6 +76,7 @@ def _run_cell(page, index: int) -> None:
     prompt = page.locator(".jp-Cell .jp-InputPrompt").nth(index)
     before = prompt.inner_text()
     for _ in range(3):
+        dismiss_dialogs(page)   # a keypress would go to a dialog instead of the cell
         page.locator(".jp-Cell").nth(index).locator(".cm-content").evaluate(
             "(el) => el.focus({ preventScroll: true })")
         page.keyboard.press("Control+Enter")

@@ -7,7 +7,7 @@ Screenshot: test-output/browser/clicks_double.png.
 
 from __future__ import annotations
 
-from browser_helpers import waiter
+from browser_helpers import dismiss_dialogs, waiter
 
 import time
 from pathlib import Path
@@ -52,6 +52,7 @@ def test_double_clicks_send_one_op(lab, browser):
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
         prompt = page.locator(".jp-Cell .jp-InputPrompt").first
         for _ in range(3):   # the first keypress can land before the editor takes focus
+            dismiss_dialogs(page)
             page.locator(".jp-Cell .cm-content").first.click()
             page.keyboard.press("Control+Enter")
             try:

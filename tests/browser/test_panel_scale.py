@@ -27,7 +27,7 @@ run, a second view's cleanup, and the keyboard (Tab, Escape, 0) and screen-reade
 
 from __future__ import annotations
 
-from browser_helpers import waiter
+from browser_helpers import dismiss_dialogs, waiter
 
 import json
 import re
@@ -113,7 +113,9 @@ class SyntheticRuns:
 
     def _set(self, r, status, reason):
         self.status[r] = status
-        self.events.append("run_status", run_id=r, status=status, error=None, reason=reason)
+        # as the engine logs a stop: whether a pruner made it is a field, never read from the reason
+        pruned = {"pruned": reason.startswith("pruned")} if status == "stopped" else {}
+        self.events.append("run_status", run_id=r, status=status, error=None, reason=reason, **pruned)
 
     def _op(self, op, r, allowed, status, reason):
         if self.status.get(r) not in allowed:
@@ -195,13 +197,7 @@ def _hit_is(tip, run_id: int) -> bool:
     return name in (f"run {run_id}", f"run {run_id} (pruned)") or name.startswith(f"{run_id} · ")
 
 def _dismiss_dialogs(page) -> None:
-    """A loaded machine sometimes gets a JupyterLab dialog (kernel picker, file changed) over the
-    notebook; accept it, and keep its text for the report."""
-    dialog = page.locator(".jp-Dialog")
-    if dialog.count() and dialog.first.is_visible():
-        DIALOGS.append((dialog.first.text_content() or "")[:200])
-        dialog.first.locator(".jp-mod-accept").first.click()
-        dialog.first.wait_for(state="hidden", timeout=10_000)
+    dismiss_dialogs(page, DIALOGS)   # their texts go to the report
 
 
 def _run_cell(page, index: int, timeout: float = 120) -> None:
