@@ -144,6 +144,14 @@ export interface StatusFilters {
   deleted: boolean;
 }
 
+/** What the table shares with the charts: the hovered and pinned runs, hidden swatches, filters. */
+export interface Focus {
+  hover: number | null;
+  pinned: Set<number>;
+  hiddenRuns: Set<number>;
+  hide: StatusFilters;
+}
+
 /** Whether a run's curves and row show under the "hide ..." filters. */
 export function runShown(run: RunState, hide: StatusFilters): boolean {
   if (run.status === "deleted") return !hide.deleted;

@@ -33,11 +33,14 @@ import {
   runShown,
   sortRuns,
   statusBadge,
+  type Focus,
   type SortColumn,
   type SortKey,
   type StatusFilters,
 } from "./table";
 import { hasWorkers, workerCell } from "./workers";
+
+export type { Focus };
 
 const OP_WORDS: Record<SimpleOp, string> = {
   stop: "stop", resume: "resume", delete: "delete",
@@ -48,14 +51,6 @@ const OP_SLOW_MS = 4000;
 /** A confirming second click on Delete sooner than this is one double click, not a confirmation. */
 const DELETE_CONFIRM_MIN_MS = 400;
 type SimpleOp = "stop" | "resume" | "delete" | "confirm_suggestion" | "ignore_suggestion";
-
-/** What the table shares with the charts: the hovered and pinned runs, hidden swatches, filters. */
-export interface Focus {
-  hover: number | null;
-  pinned: Set<number>;
-  hiddenRuns: Set<number>;
-  hide: StatusFilters;
-}
 
 export interface RunTableContext {
   state: PanelState;
