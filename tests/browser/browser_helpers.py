@@ -109,8 +109,8 @@ def run_first_cell(page) -> None:
 # The picture of the panel in the README and on the docs site is this test's own screenshot, so it
 # cannot drift from what the panel shows: RF_UPDATE_SCREENSHOT=1 writes it, and otherwise a
 # committed picture whose size is no longer the panel's (other rows, header lines, columns) fails.
-DOCS_SCREENSHOTS = (Path(__file__).resolve().parents[2] / ".github" / "panel.png",
-                    Path(__file__).resolve().parents[2] / "docs" / "pages" / "img" / "panel.png")
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "pages" / "img"
+DOCS_SCREENSHOTS = (Path(__file__).resolve().parents[2] / ".github" / "panel.png", DOCS_IMG / "panel.png")
 SCREENSHOT_TOLERANCE_PX = 24   # a curve's tick label or a number's width, not a layout change
 
 
@@ -122,18 +122,19 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
-def check_docs_screenshot(taken: Path) -> None:
-    """Write (RF_UPDATE_SCREENSHOT=1) or check the committed docs screenshots against ``taken``."""
+def check_docs_screenshot(taken: Path, targets: tuple[Path, ...] = DOCS_SCREENSHOTS) -> None:
+    """Write (RF_UPDATE_SCREENSHOT=1) or check the committed docs screenshots ``targets`` against
+    ``taken``."""
     import os
     import shutil
 
     if os.environ.get("RF_UPDATE_SCREENSHOT") == "1":
-        for path in DOCS_SCREENSHOTS:
+        for path in targets:
             shutil.copyfile(taken, path)
         return
-    first, second = (p.read_bytes() for p in DOCS_SCREENSHOTS)
-    assert first == second, f"{DOCS_SCREENSHOTS[0]} and {DOCS_SCREENSHOTS[1]} differ: both are this test's screenshot"
-    now, committed = png_size(taken), png_size(DOCS_SCREENSHOTS[0])
+    pictures = {p.read_bytes() for p in targets}
+    assert len(pictures) == 1, f"{', '.join(map(str, targets))} differ: all are this test's screenshot"
+    now, committed = png_size(taken), png_size(targets[0])
     assert all(abs(a - b) <= SCREENSHOT_TOLERANCE_PX for a, b in zip(now, committed)), (
         f"the panel now screenshots at {now[0]}x{now[1]} px, the README's picture is {committed[0]}x{committed[1]}: "
         f"run this test with RF_UPDATE_SCREENSHOT=1 to write the new one ({taken})")

@@ -9,7 +9,7 @@ is checked against the experiment's event log on disk. Screenshots go to test-ou
 
 from __future__ import annotations
 
-from browser_helpers import check_docs_screenshot, experiment_events, row_status, run_first_cell, trace_points, waiter, write_notebook
+from browser_helpers import DOCS_IMG, check_docs_screenshot, experiment_events, row_status, run_first_cell, trace_points, waiter, write_notebook
 
 from pathlib import Path
 
@@ -48,6 +48,14 @@ def _all_done(root: Path) -> bool:
 
 
 _wait = waiter("timeout.png", full_page=True)
+
+
+def panel_shot(page, panel, below, name: str) -> None:
+    """The docs' picture of the panel from its header down to ``below`` (the clone form)."""
+    panel.evaluate("(el) => el.scrollIntoView({ block: 'start' })")
+    box, end = panel.bounding_box(), below.bounding_box()
+    page.screenshot(path=str(OUTPUT / name), clip={
+        "x": box["x"], "y": box["y"], "width": box["width"], "height": end["y"] + end["height"] - box["y"] + 8})
 
 
 def test_panel_in_jupyterlab(lab, page):
@@ -104,6 +112,7 @@ def test_panel_in_jupyterlab(lab, page):
           and "learning_rate" in editor.locator("[data-testid=rf-clone-status]").inner_text(),
           60, "a validation error naming learning_rate", page)
     page.screenshot(path=str(OUTPUT / "03_clone_invalid.png"), full_page=True)
+    panel_shot(page, panel, editor, "panel_clone_form.png")
     assert {e["run_id"] for e in experiment_events(lab.root, EXPERIMENT) if e["type"] == "run_created"} == runs_before
 
     lr.fill(str(NEW_LR))
@@ -125,6 +134,8 @@ def test_panel_in_jupyterlab(lab, page):
     panel.evaluate("(el) => el.scrollIntoView({ block: 'start' })")
     box, split = panel.bounding_box(), panel.locator("[data-testid=rf-time-split]").bounding_box()
     page.screenshot(path=str(OUTPUT / "panel.png"), clip={
+        "x": box["x"], "y": box["y"], "width": box["width"], "height": split["y"] + split["height"] - box["y"] + 8})
+    page.screenshot(path=str(OUTPUT / "panel_clone_training.png"), clip={
         "x": box["x"], "y": box["y"], "width": box["width"], "height": split["y"] + split["height"] - box["y"] + 8})
 
     # --- a view rendered late, living on pulls alone (as in Colab) ------------------------------
@@ -163,6 +174,8 @@ def test_panel_in_jupyterlab(lab, page):
     errors = [line for line in page.console_log if line.startswith("pageerror")]
     assert errors == [], errors
     check_docs_screenshot(OUTPUT / "panel.png")
+    for name in ("panel_clone_form.png", "panel_clone_training.png"):
+        check_docs_screenshot(OUTPUT / name, (DOCS_IMG / name,))
 
 
 NB7_EXPERIMENT = "browser-panel-nb7"
