@@ -100,7 +100,7 @@ def _holds_experiment(root: Path) -> bool:
 def _numbered(name: str, n: int) -> str:
     """``<name>_<n>``, the name cut so that the result is still a valid experiment name (one the
     library made must open and resume)."""
-    from rapidfire_nb.engine.store import MAX_NAME
+    from rapidfire_nb.engine import MAX_NAME
 
     suffix = f"_{n}"
     return name[:MAX_NAME - len(suffix)] + suffix

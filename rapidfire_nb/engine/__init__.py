@@ -37,7 +37,7 @@ _WHERE = {
     "check_num_workers": "workers", "resolve_num_workers": "workers",
     "WorkerEngine": "workers.engine", "connect": "workers.pool", "init_local_ray": "workers.pool",
     # FSDP: run_fit's up-front checks of sharded runs
-    "apply_num_gpus": "sharding", "check_sharding": "sharding",
+    "apply_num_gpus": "sharding", "check_sharding": "sharding", "warn_unused_fsdp_config": "sharding",
     # the event log and the reducer's run table
     "EventLog": "events", "ReadOnlyLog": "events", "read_events": "events",
     "read_nofollow": "events", "EventLogError": "events", "MAX_RUN_ID": "events",
@@ -48,7 +48,7 @@ _WHERE = {
     "TIME_KEYS": "state", "TIMELINE_COLUMNS": "state",
     # the experiment folder
     "ExperimentStore": "store", "check_experiment_meta": "store", "read_json": "store",
-    "refuse_links": "store", "check_experiment_name": "store", "failed_by_the_disk": "store", "MetadataError": "store",
+    "refuse_links": "store", "check_experiment_name": "store", "MAX_NAME": "store", "failed_by_the_disk": "store", "MetadataError": "store",
     "CheckpointReadError": "store",
     "FolderLock": "lock", "ExperimentLocked": "lock",
     "atomic_write_json": "fsio", "atomic_write_text": "fsio", "atomic_write_bytes": "fsio",

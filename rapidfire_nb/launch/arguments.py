@@ -69,8 +69,7 @@ def check_fit_arguments(config_group, create_model, train_dataset, eval_dataset,
         warn_engine_owned_knobs(spec)
     if eval_dataset is None and any(s.compute_metrics is not None for s in specs):
         raise ConfigError("compute_metrics needs an eval_dataset: pass eval_dataset= to run_fit")
-    from rapidfire_nb.engine import apply_num_gpus, check_sharding, resolve_num_workers
-    from rapidfire_nb.engine.sharding import warn_unused_fsdp_config
+    from rapidfire_nb.engine import apply_num_gpus, check_sharding, resolve_num_workers, warn_unused_fsdp_config
 
     workers = resolve_num_workers(num_workers)
     # FSDP: num_gpus applied to the runs without their own RFModelConfig(num_gpus=...), then every
