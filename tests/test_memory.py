@@ -143,8 +143,11 @@ def test_memory_does_not_grow_with_finished_or_deleted_runs(tmp_path):
               f"alive {s['alive']}")
     print(f"  peak tensors while runs 1-10 finished {peak1 / 1e6:.2f} MB, runs 11-20 {peak2 / 1e6:.2f} MB")
 
-    # while runs come and go, memory follows the runs alive, not the runs that ever existed
-    assert peak2 <= peak1 + per_run, (peak1, peak2)
+    # while runs come and go, memory follows the runs alive, not the runs that ever existed: a
+    # bound from ALIVE, not from how high the first half's samples happened to catch it (a sample
+    # may land while a finished run's trainer is still being released: one run more)
+    bound = start["tensor_bytes"] + (ALIVE + 1) * per_run
+    assert peak1 <= bound and peak2 <= bound, (peak1, peak2, bound)
     assert max(s["run_trainers"] for s in samples) <= ALIVE
     # when everything has finished, what remains is the base model (+ at most PEFT's last adapter,
     # which it refuses to delete)
