@@ -98,8 +98,13 @@ def test_grid_with_sha_prunes_the_worse_half_at_each_rung_at_equal_samples(data,
 def test_user_stopped_runs_are_not_counted_as_pruned(data, tmp_path):
     train, evald = data
     exp = Experiment("user", experiment_path=tmp_path)
+
+    def stop_run_1(ev):   # as run 1 is created, before any chunk can train: the user's stop first
+        if ev["type"] == "run_created" and ev["run_id"] == 1:
+            exp.stop(1)
+
+    exp.events.subscribe(stop_run_1)
     exp.run_fit(pruning_grid(pruner="sha"), tiny_create_model, train, evald, num_chunks=4, block=False)
-    exp.stop(1)            # queued before any chunk: the user's stop comes first
     exp.wait()
     info = exp.get_runs_info().set_index("run_id")
     assert info.loc[1, "status"] == "stopped" and info.loc[1, "chunks_done"] == 0
