@@ -14,8 +14,9 @@ OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "browser"
 
 
 def wait_until(predicate, timeout: float, what: str, page=None, interval: float = 0.5, *,
-               screenshot: str = "timeout.png", full_page: bool = False):
-    """``predicate()``'s first truthy value, polled every ``interval`` s for ``timeout`` s."""
+               screenshot: str = "timeout.png", full_page: bool = False, lab=None):
+    """``predicate()``'s first truthy value, polled every ``interval`` s for ``timeout`` s. On a
+    timeout the error carries what the page shows (``page_state``), so a CI failure explains itself."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -25,7 +26,33 @@ def wait_until(predicate, timeout: float, what: str, page=None, interval: float 
     if page is not None:
         OUTPUT.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(OUTPUT / screenshot), full_page=full_page)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{page_state(page, lab)}")
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def page_state(page, lab=None) -> str:
+    """What a timed-out wait saw: open dialogs, the kernel's status, each cell's prompt and output,
+    the browser console's last lines and (given the ``lab`` fixture) the server log's tail."""
+    parts = []
+    try:
+        for text in page.locator(".jp-Dialog").all_inner_texts():
+            parts.append(f"dialog: {text[:300]!r}")
+        indicator = page.locator(".jp-Notebook-ExecutionIndicator")
+        if indicator.count():
+            parts.append(f"kernel: {indicator.first.get_attribute('data-status')}")
+        cells = page.locator(".jp-Cell")
+        for i in range(cells.count()):
+            prompt = cells.nth(i).locator(".jp-InputPrompt").inner_text()
+            output = cells.nth(i).locator(".jp-OutputArea").inner_text()
+            parts.append(f"cell {i} {prompt.strip()} output: {output[-1500:]!r}")
+    except Exception as exc:  # the page itself may be what broke
+        parts.append(f"(page unreadable: {exc})")
+    console = getattr(page, "console_log", [])
+    if console:
+        parts.append("console:\n  " + "\n  ".join(console[-15:]))
+    if lab is not None:
+        parts.append("server log:\n" + lab.log_tail(2000))
+    return "\n".join(parts)
 
 
 def waiter(screenshot: str, interval: float = 0.5, full_page: bool = False):
