@@ -105,6 +105,8 @@ def test_a_reopened_experiment_shows_its_runs_before_run_fit(tmp_path, tiny_data
     exp.end(wait=False)
     logged = Experiment.open(exp.path)
     expected = logged.get_runs_info()
+    # its panel says it is read-only, so the view turns its buttons off
+    assert logged.panel().snapshot["read_only"] is True and exp.panel().snapshot["read_only"] is False
     again = Experiment("reopen", experiment_path=tmp_path, resume=True, tracking=[])
     info = again.get_runs_info()
     assert list(info.run_id) == list(expected.run_id) == [1, 2]

@@ -50,8 +50,13 @@ export class HeaderView {
       live.textContent = "disconnected";
       return;
     }
-    live.textContent = `${state.ended ? "ended" : "live"} · seq ${state.lastSeq}${state.knownSeq > state.lastSeq ? ` / ${state.knownSeq}` : ""}`;
-    if (live.title === "") {
+    const mode = state.readOnly ? "read-only" : state.ended ? "ended" : "live";
+    live.textContent = `${mode} · seq ${state.lastSeq}${state.knownSeq > state.lastSeq ? ` / ${state.knownSeq}` : ""}`;
+    live.classList.toggle("rf-read-only", state.readOnly);
+    if (state.readOnly) {
+      live.title = "opened read-only (Experiment.open): its results, nothing to steer, so the buttons are off; "
+        + `${resumeCall(state.experiment, state.path)} reopens it to steer when no kernel trains it`;
+    } else if (live.title === "") {
       live.title = "seq: how many events of the experiment's log this panel has read";
     }
   }

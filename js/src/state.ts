@@ -137,6 +137,8 @@ export interface PanelState {
   path: string | null;
   resumed: boolean;
   ended: boolean;
+  /** Opened for its results only (Python's `Experiment.open`): nothing here can be steered. */
+  readOnly: boolean;
   runs: Map<number, RunState>;
   /** Events after a gap, waiting for the missing seqs. */
   pending: Map<number, WireEvent>;
@@ -188,6 +190,7 @@ export function createState(): PanelState {
     path: null,
     resumed: false,
     ended: false,
+    readOnly: false,
     runs: new Map(),
     pending: new Map(),
     trainMetrics: new Set(),
@@ -293,7 +296,7 @@ function newRun(id: number): RunState {
   };
 }
 
-/** The snapshot trait: `{protocol, experiment, path, last_seq, runs: {id: status}}`. */
+/** The snapshot trait: `{protocol, experiment, path, last_seq, runs: {id: status}, on_device, queued, read_only}`. */
 export function applySnapshot(state: PanelState, snapshot: unknown): void {
   if (!snapshot || typeof snapshot !== "object") return;
   const s = snapshot as Record<string, unknown>;
@@ -302,6 +305,7 @@ export function applySnapshot(state: PanelState, snapshot: unknown): void {
   if (isInt(s.last_seq) && s.last_seq > state.knownSeq) state.knownSeq = s.last_seq;
   if ("on_device" in s) noteOnDevice(state, s.on_device);
   if ("queued" in s) noteQueued(state, s.queued);
+  if (typeof s.read_only === "boolean") state.readOnly = s.read_only;
 }
 
 /** Python's word on the run on the device (snapshot, pull reply); true when it changed. */

@@ -426,7 +426,8 @@ export function createRunTable(ctx: RunTableContext): RunTable {
     }
     if (row.parent) row.parent.textContent = run.parent !== null ? `${run.parent}${run.warmStart ? " (warm)" : ""}` : "";
     const legal = legalOps(run.status, state.queued.get(run.id) ?? null);
-    const off = ctx.disconnected() !== null;
+    // disconnected, or a folder opened for its results only: nothing to steer
+    const off = ctx.disconnected() !== null || state.readOnly;
     const busy = busyRuns.has(run.id);
     row.buttons.stop.disabled = off || busy || !legal.stop;
     row.buttons.resume.disabled = off || busy || !legal.resume;

@@ -4,7 +4,7 @@
 // value adds a knob column, a deleted run takes one away).
 import { describe, expect, it, vi } from "vitest";
 import type { Client, Reply } from "../src/client";
-import { createState, ingest, type PanelState, type WireEvent } from "../src/state";
+import { applySnapshot, createState, ingest, type PanelState, type WireEvent } from "../src/state";
 import { createRunTable, type Focus, type RunTable } from "../src/tableview";
 
 interface Rig {
@@ -131,5 +131,19 @@ describe("a remembered sort by a knob column that is gone", () => {
     r.table.render();
     expect(evalHead.dataset.sorted).toBe("desc");
     expect([...document.querySelectorAll<HTMLElement>("tbody tr[data-run-id]")].map((t) => t.dataset.runId)).toEqual(["3", "1", "2"]);
+  });
+});
+
+describe("a panel over a folder opened read-only", () => {
+  it("has every op button off, and a click sends nothing", () => {
+    const r = rig();
+    expect(button(1, "stop").disabled).toBe(false);   // the premise: a live panel's pending run can be stopped
+    applySnapshot(r.state, { read_only: true });
+    r.table.render();
+    for (const id of [1, 2, 3]) {
+      for (const op of ["stop", "resume", "delete", "clone"]) expect(button(id, op).disabled).toBe(true);
+    }
+    button(1, "stop").click();
+    expect(r.sent).toEqual([]);
   });
 });

@@ -137,6 +137,8 @@ class Panel(anywidget.AnyWidget):
             "runs": {str(k): v for k, v in statuses.items()},
             "on_device": self._on_device(),
             "queued": self._queued(),
+            # opened for its results only (Experiment.open): the view turns its buttons off
+            "read_only": bool(getattr(self._exp, "read_only", False)),
         }
 
     def _queued(self) -> list[list] | None:
