@@ -26,6 +26,14 @@ def in_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+def cell_number() -> int | None:
+    """The IPython execution count of the cell running now (None in a script): a mark taken in a
+    cell lasts only as long as that cell runs."""
+    shell = _shell()
+    count = getattr(shell, "execution_count", None) if shell is not None else None
+    return count if isinstance(count, int) else None
+
+
 def frontend() -> str:
     """``colab``, ``vscode``, ``jupyter`` (a kernel, served by Jupyter) or ``terminal``."""
     if "google.colab" in sys.modules:

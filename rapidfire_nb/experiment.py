@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rapidfire_nb import _views, results, session
-from rapidfire_nb._environment import in_kernel
+from rapidfire_nb._environment import cell_number, in_kernel
 from rapidfire_nb.engine import Engine, Op, ProjectedRun, RunSpec, check_status_op, checked_run, interruptible
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
 from rapidfire_nb.folder import give_back, open_read_only
@@ -66,7 +66,8 @@ class Experiment:
         if mode == "fit" and not resume and isinstance(experiment_name, str) and experiment_name:
             training = session.still_training(_parent(experiment_path), experiment_name)
             if training is not None:
-                training._rerun_cell = True   # the same cell's run_fit comes next
+                # the same cell's run_fit comes next; a later cell's run_fit is a call of its own
+                training._rerun_cell = ("cell", cell_number())
                 return training
         return super().__new__(cls)
 
@@ -226,7 +227,7 @@ class Experiment:
         Every error that can be found before training (configs, data columns, ``num_chunks``,
         ``create_model``'s return value) is raised here and nothing is started.
         """
-        if self.__dict__.pop("_rerun_cell", False) and self.engine is not None:
+        if self.__dict__.pop("_rerun_cell", None) == ("cell", cell_number()) and self.engine is not None:
             # the cell that started this experiment, run again while it trains: Experiment(...)
             # handed back this one, and its run_fit leaves it as it is so the cell shows its panel
             print(f"rapidfire: run_fit left experiment {self.name!r} training as it was (this "

@@ -73,6 +73,14 @@ def test_a_second_run_fit_while_another_trains_is_refused_until_it_ends(tmp_path
             # a run_fit called again on it, not from a re-run cell, is refused as before
             with pytest.raises(RapidFireError, match=r"already called .*%rapidfire end x"):
                 first.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2, block=False)
+            # the hand-back lasts as long as its cell: a cell with no run_fit, then a later
+            # cell's run_fit is refused like any other
+            assert Experiment("x", experiment_path=tmp_path) is first
+            count = shell.execution_count
+            shell.run_cell("1", store_history=True)
+            assert shell.execution_count == count + 1   # the premise: another cell ran
+            with pytest.raises(RapidFireError, match=r"already called .*%rapidfire end x"):
+                first.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2, block=False)
         assert sorted(os.listdir(tmp_path)) == listing and len(first.get_runs_info()) == runs
         # another experiment's run_fit must not start a second engine on the same device unseen
         second = Experiment("y", experiment_path=tmp_path)
