@@ -476,7 +476,9 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
     return events, len(data) - len(tail), tail
 
 
-_LEGACY_PRUNED = re.compile(r"\bpruned\b", re.IGNORECASE)
+# how those engines' pruners began the text, and nothing else did: "pruned" elsewhere in a text
+# ("not pruned; stopped by user") is a user's word, not a pruner's stop
+_LEGACY_PRUNED = re.compile(r"pruned at (chunk|epoch) \d", re.IGNORECASE)
 
 
 def _read_legacy(event: dict) -> dict:
@@ -484,7 +486,7 @@ def _read_legacy(event: dict) -> dict:
     pruner's stop only in its text ("pruned at chunk 2 ..."); their stops lack the field, which
     every stop carries now, so the text is read here, once, as the log is loaded, and nowhere else."""
     if event["type"] == "run_status" and event.get("status") == "stopped" and "pruned" not in event:
-        event["pruned"] = any(isinstance(t, str) and _LEGACY_PRUNED.search(t) is not None
+        event["pruned"] = any(isinstance(t, str) and _LEGACY_PRUNED.match(t) is not None
                               for t in (event.get("reason"), event.get("error")))
     return event
 
