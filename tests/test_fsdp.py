@@ -255,7 +255,8 @@ def mixed(ray_session, data, tmp_path_factory):
     train, evald = data
     group = RFGridSearch(List([
         sharded_config(k=2, batch=4),
-        sharded_config(k=2, batch=4, learning_rate=1e-2),
+        # transformers' newer spelling of the same sharding: fsdp=True, the rest in fsdp_config
+        sharded_config(k=2, batch=4, learning_rate=1e-2, fsdp=True),
         RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32}, peft_config=lora(),
                       training_args=sft_args(8)),
     ]), trainer_type="SFT")

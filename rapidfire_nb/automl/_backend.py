@@ -281,8 +281,9 @@ _RANGES: dict[str, tuple] = {
     "lora_alpha": (0, False, None, False),
     "lora_dropout": (0, True, 1, False),
 }
-# Knobs typed int by PEFT/TRL that work with any real number (PEFT computes alpha / r).
-_TYPE_WIDENED = {"lora_alpha": float}
+# Knobs typed int by PEFT/TRL that work with any real number (PEFT computes alpha / r); and
+# transformers' fsdp, typed str but documented (and read) as also True or a list of options.
+_TYPE_WIDENED = {"lora_alpha": float, "fsdp": bool | str | list[str] | None}
 
 
 def check_value(target: Target, name: str, value: Any) -> str | None:
