@@ -556,3 +556,23 @@ def test_knob_views_show_each_varying_knob_against_the_metric():
         knobs_figure(table, value="mean")
     with pytest.raises(ReportError, match="kind must be one of"):
         plot_figure(table, kind="pie")
+
+
+def test_report_curves_switch_x_axis_between_samples_step_and_wall_time():
+    """The report's curves have the panel's three x axes as buttons; each button's data is that
+    axis's own drawing of the same curves."""
+    from rapidfire_nb.report.figures import X_AXES, curves_with_x_menu
+
+    table = fixture_table("stop_resume")
+    fig = curves_with_x_menu(table, "loss", "train")
+    (menu,) = fig.layout.updatemenus
+    assert [b.label for b in menu.buttons] == list(X_AXES.values())
+    for button, x in zip(menu.buttons, X_AXES):
+        drawn = curves_figure(table, "loss", "train", x=x)
+        assert button.args[0]["x"] == [list(t.x) for t in drawn.data]
+        assert button.args[1] == {"xaxis.title.text": X_AXES[x]}
+    time_xs = menu.buttons[2].args[0]["x"]
+    assert min(xs[0] for xs in time_xs if xs) == 0   # seconds from the first metric
+    assert menu.buttons[1].args[0]["x"] != menu.buttons[0].args[0]["x"]       # steps are not samples
+    html = report_html(table)
+    assert html.count('"label":"wall time (s)"') == len(table["train_metrics"]) + len(table["eval_metrics"])

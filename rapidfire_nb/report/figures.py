@@ -193,6 +193,26 @@ def curves_figure(table: dict, metric: str = "loss", split: str | None = None,
     return fig
 
 
+def curves_with_x_menu(table: dict, metric: str = "loss", split: str | None = None) -> go.Figure:
+    """``curves_figure`` against samples seen, with buttons that redraw it against the optimizer
+    step or wall time (each axis's own points: thinning and the points an axis lacks differ), so
+    the report offers the panel's three x axes without a kernel. Without the buttons when the
+    axes do not draw the same curves (a run with samples but no times)."""
+    figs = {x: curves_figure(table, metric, split, x=x) for x in X_AXES}
+    base = figs["samples"]
+    if not base.data or len({len(f.data) for f in figs.values()}) != 1:
+        return base
+    buttons = [dict(label=label, method="update",
+                    args=[{"x": [list(t.x) for t in figs[x].data], "y": [list(t.y) for t in figs[x].data]},
+                          {"xaxis.title.text": label}])
+               for x, label in X_AXES.items()]
+    base.update_layout(updatemenus=[dict(
+        type="buttons", direction="right", buttons=buttons, showactive=True, active=0,
+        x=1.0, xanchor="right", y=1.02, yanchor="bottom", pad=dict(r=0, t=0),
+        font=dict(size=11))])
+    return base
+
+
 KINDS = ("curves", "knobs", "parcoords", "resources")
 
 

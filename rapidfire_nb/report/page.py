@@ -152,7 +152,7 @@ def report_html(table: dict, meta: dict | None = None, source: str | None = None
     """The whole report as one HTML string (plotly.js included)."""
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
-    from rapidfire_nb.report.figures import (curves_figure, knobs_figure, resources_figure,
+    from rapidfire_nb.report.figures import (curves_with_x_menu, knobs_figure, resources_figure,
                                              time_split_figure, timeline_figure)
 
     meta = meta or {}
@@ -161,7 +161,7 @@ def report_html(table: dict, meta: dict | None = None, source: str | None = None
     for split in ("eval", "train"):
         names = list(table[f"{split}_metrics"])
         for i, metric in enumerate(names[:MAX_CURVES_PER_SPLIT]):
-            fig = curves_figure(table, metric, split)
+            fig = curves_with_x_menu(table, metric, split)
             figs.append(f'<div class="fig">{_figure_div(fig, f"curve-{split}-{i}")}</div>')
         figs.append(_left_out_note(names, split))
     facts = [f"{_e(status_counts(table))}", f"log: {_e(log_state(table))}",
