@@ -66,8 +66,10 @@ class Experiment:
         if mode == "fit" and not resume and isinstance(experiment_name, str) and experiment_name:
             training = session.still_training(_parent(experiment_path), experiment_name)
             if training is not None:
-                # the same cell's run_fit comes next; a later cell's run_fit is a call of its own
-                training._rerun_cell = ("cell", cell_number())
+                # the same cell's run_fit comes next; a later cell's run_fit is a call of its own,
+                # and a script has no cells to re-run
+                if cell_number() is not None:
+                    training._rerun_cell = ("cell", cell_number())
                 return training
         return super().__new__(cls)
 
@@ -227,7 +229,8 @@ class Experiment:
         Every error that can be found before training (configs, data columns, ``num_chunks``,
         ``create_model``'s return value) is raised here and nothing is started.
         """
-        if self.__dict__.pop("_rerun_cell", None) == ("cell", cell_number()) and self.engine is not None:
+        if self.__dict__.pop("_rerun_cell", None) == ("cell", cell_number()) \
+                and self.engine is not None and not self._ended:
             # the cell that started this experiment, run again while it trains: Experiment(...)
             # handed back this one, and its run_fit leaves it as it is so the cell shows its panel
             print(f"rapidfire: run_fit left experiment {self.name!r} training as it was (this "
@@ -256,11 +259,13 @@ class Experiment:
         self._check_open()
         self._check_writable("run_fit")
         if self.engine is not None:
-            busy = self.engine.busy(timeout=0.5)
-            raise RapidFireError(
-                "run_fit was already called on this Experiment; use clone_modify to add runs, or "
-                "create a new Experiment" + (f" (this one still trains: end it first with "
-                                             f"{session.how_to_free(self.name)})" if busy else ""))
+            if self.engine.busy(timeout=0.5):
+                raise OpRefused(
+                    f"run_fit was already called on experiment {self.name!r}, which still trains: add "
+                    f"runs with clone_modify, or end it with {session.how_to_free(self.name)} and "
+                    "then create a new Experiment")
+            raise OpRefused(f"run_fit was already called on experiment {self.name!r}: add runs with "
+                            "clone_modify, or create a new Experiment")
         if self._folder is None:     # a refused first run_fit gave its folder back
             self._claim(Path(self.asked_as[0]), self.asked_as[1])
         try:
@@ -394,7 +399,8 @@ class Experiment:
     def _check_writable(self, what: str) -> None:
         if self.read_only:
             raise OpRefused(f"{what}: experiment {self.name!r} was opened read-only "
-                            "(Experiment.open / mode='read'); open it with resume=True to train")
+                            "(Experiment.open / mode='read'); steer it with the Experiment that "
+                            "trains it, or, when nothing trains it, open it with resume=True")
 
     # -- interactive control ops --------------------------------------------------------------
     def _run(self, run_id) -> ProjectedRun:
@@ -473,6 +479,7 @@ class Experiment:
         A marked run that is no longer pending/running (completed, failed, deleted, stopped) is
         skipped: its answer is logged as refused and it is not in the returned list."""
         self._check_open()
+        self._check_writable("apply_suggestions")
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("apply_suggestions needs a config group with pruner_mode='suggest'")
         return self.automl.apply_suggestions(run_ids, self.engine.act_on)
@@ -486,6 +493,7 @@ class Experiment:
         end, e.g. "...; run completed" or "...; run deleted". A ``stopped`` run is not ended here
         (unlike for ``apply_suggestions``): it can be resumed, so its mark can still be ignored."""
         self._check_open()
+        self._check_writable("dismiss_suggestions")
         if self.automl is None or self.automl.options.mode != "suggest":
             raise OpRefused("dismiss_suggestions needs a config group with pruner_mode='suggest'")
         return self.automl.dismiss_suggestions(run_ids, self.engine.act_on)

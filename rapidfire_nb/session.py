@@ -77,9 +77,9 @@ def still_training(parent, name: str):
     instead of an empty "x_2" whose run_fit the one-engine guard would refuse; else None."""
     training = training_as(parent.resolve(), name)
     if training is not None:
-        print(f"rapidfire: experiment {name!r} is still training in this kernel; "
-              "this is that one (its panel, results and ops work as before). To start a "
-              f"new one, end it first: {how_to_free(training.name)}")
+        print(f"rapidfire: experiment {name!r} is still training in this kernel, so "
+              "Experiment(...) returned it (its panel, results and ops work as before). To start "
+              f"a new one, end it first: {how_to_free(training.name)}")
     return training
 
 
@@ -101,7 +101,10 @@ def claim(parent, name: str, resume: bool):
 
 def how_to_free(name: str) -> str:
     """The calls that end experiment ``name`` of this kernel, as the messages name them."""
-    return f"`%rapidfire end {name}` (or .end() on that Experiment)"
+    # end() alone would wait for every run to train to its last step: the call that frees the
+    # device now is end(wait=False)
+    return (f"`%rapidfire end {name}` (or .end(wait=False) on that Experiment: its runs stop at "
+            "their next chunk boundary, checkpoints kept)")
 
 
 def register_engine(engine, name: str, exp) -> None:

@@ -50,7 +50,7 @@ def test_a_refused_run_fit_leaves_the_folder_listing_and_exp_as_they_were(tmp_pa
 def test_a_locked_folder_names_the_call_that_frees_it(tmp_path):
     first = Experiment("same", experiment_path=tmp_path, tracking=[])
     with pytest.raises(ExperimentLocked, match=r"experiment 'same' of this kernel: free it with "
-                                               r"`%rapidfire end same` \(or \.end\(\)"):
+                                               r"`%rapidfire end same` \(or \.end\(wait=False\)"):
         Experiment("same", experiment_path=tmp_path, resume=True, tracking=[])
     assert open_experiment("same") is first      # what `%rapidfire end same` closes
     first.end()

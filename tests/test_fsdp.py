@@ -192,6 +192,20 @@ def test_refusals_name_each_config_of_a_grid():
     assert "trains in the kernel" in refusals(specs[:1], workers=0)[0]
 
 
+def test_a_blank_fsdp_string_is_refused_in_the_config_and_in_a_clone():
+    # transformers turns FSDP on for any non-empty string, so "   " would fail at the first chunk
+    with pytest.raises(ConfigError, match=r"knob 'fsdp' names no FSDP option .*got '   '"):
+        sft_args(fsdp="   ")
+    from rapidfire_nb.automl import apply_changes
+    from rapidfire_nb.launch.arguments import expand as _expand
+
+    (spec,) = _expand(RFGridSearch(RFModelConfig(model_name="tiny", peft_config=lora(),
+                                                 training_args=sft_args()), trainer_type="SFT"))
+    with pytest.raises(ConfigError, match="names no FSDP option"):
+        apply_changes(spec, {"training_args.fsdp": "\t"})
+    assert apply_changes(spec, {"training_args.fsdp": ""}).training_args["fsdp"] == ""
+
+
 def test_fsdp1_knobs_map_onto_fsdp2_and_the_rest_are_named():
     settings, ignored = fsdp2_settings({
         "fsdp": "shard_grad_op auto_wrap offload",

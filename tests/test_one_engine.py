@@ -50,6 +50,34 @@ def shell():
     InteractiveShell.clear_instance()
 
 
+def test_the_hand_back_belongs_to_a_notebook_cell_and_ends_with_its_experiment(tmp_path, tiny_data, capsys):
+    train, evald = tiny_data
+    # a script has no cells: Experiment(...) still returns the one that trains, but its run_fit
+    # is refused like any second call
+    InteractiveShell.clear_instance()
+    first = Experiment("s", experiment_path=tmp_path)
+    try:
+        first.run_fit(group(), tiny_create_model, train, evald, num_chunks=4, block=False)
+        with first.engine.atomically():
+            assert Experiment("s", experiment_path=tmp_path) is first
+            with pytest.raises(RapidFireError, match=r"already called .*%rapidfire end s"):
+                first.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2, block=False)
+        # in a cell: ended in the handing-back cell, its run_fit is refused as ended, not "left
+        # training"
+        shell = InteractiveShell.instance()
+        with first.engine.atomically():
+            assert Experiment("s", experiment_path=tmp_path) is first
+        first.end(wait=False)
+        capsys.readouterr()
+        with pytest.raises(RapidFireError, match="has ended"):
+            first.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2, block=False)
+        assert "training as it was" not in capsys.readouterr().out
+        assert shell.execution_count is not None
+    finally:
+        first.end(wait=False)
+        InteractiveShell.clear_instance()
+
+
 def test_a_second_run_fit_while_another_trains_is_refused_until_it_ends(tmp_path, tiny_data, shell, capsys):
     train, evald = tiny_data
     first = Experiment("x", experiment_path=tmp_path)
@@ -68,7 +96,7 @@ def test_a_second_run_fit_while_another_trains_is_refused_until_it_ends(tmp_path
             assert again.run_fit(group(1), tiny_create_model, train, evald, num_chunks=2,
                                  block=False) is first
             said = capsys.readouterr().out
-            assert "is still training in this kernel; this is that one" in said
+            assert "is still training in this kernel, so Experiment(...) returned it" in said
             assert "run_fit left experiment 'x' training as it was" in said
             # a run_fit called again on it, not from a re-run cell, is refused as before
             with pytest.raises(RapidFireError, match=r"already called .*%rapidfire end x"):

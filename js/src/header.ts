@@ -54,8 +54,10 @@ export class HeaderView {
     live.textContent = `${mode} · seq ${state.lastSeq}${state.knownSeq > state.lastSeq ? ` / ${state.knownSeq}` : ""}`;
     live.classList.toggle("rf-read-only", state.readOnly);
     if (state.readOnly) {
-      live.title = "opened read-only (Experiment.open): its results, nothing to steer, so the buttons are off; "
-        + `${resumeCall(state.experiment, state.path)} reopens it to steer when no kernel trains it`;
+      live.title = "opened read-only (Experiment.open): the runs as its log said when it was read "
+        + "(.refresh() on it reads what was logged since); nothing here steers them, so the buttons are off. "
+        + "Steer with the Experiment that trains it (its own panel), or, when nothing trains it, "
+        + `reopen it with ${resumeCall(state.experiment, state.path)}`;
     } else if (live.title === "") {
       live.title = "seq: how many events of the experiment's log this panel has read";
     }

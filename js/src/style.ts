@@ -25,6 +25,7 @@ export const CSS = `
 .rf-counts { display: flex; gap: 6px; flex-wrap: wrap; }
 .rf-count { padding: 0 6px; border-radius: 8px; color: #fff; font-size: 11px; }
 .rf-live { margin-left: auto; color: var(--rf-fg2); font-size: 11px; }
+.rf-live.rf-read-only { color: var(--rf-fg); font-weight: 600; border: 1px solid var(--rf-border); border-radius: 8px; padding: 0 6px; }
 .rf-charts { display: flex; gap: 8px; flex-wrap: wrap; }
 .rf-chart { flex: 1 1 360px; min-width: 300px; border: 1px solid var(--rf-border); border-radius: 4px; padding: 4px; }
 .rf-chart-head { display: flex; gap: 6px; align-items: center; font-size: 12px; color: var(--rf-fg2); }

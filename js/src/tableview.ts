@@ -436,6 +436,11 @@ export function createRunTable(ctx: RunTableContext): RunTable {
     row.buttons.delete.textContent = armed ? "Confirm?" : "Delete";
     row.buttons.delete.title = armed ? `click again within 4 s to delete run ${run.id}` : `Delete run ${run.id}`;
     row.buttons.clone.disabled = off || !legal.clone;
+    if (state.readOnly) {
+      for (const b of [row.buttons.stop, row.buttons.resume, row.buttons.delete, row.buttons.clone]) {
+        b.title = "opened read-only: nothing to steer here (see the header)";
+      }
+    }
     row.buttons.traceback.disabled = off;
     row.buttons.traceback.style.display = run.hasError ? "" : "none";
     const asked = suggestionOpen(run);

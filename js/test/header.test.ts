@@ -16,6 +16,8 @@ describe("the header's status word", () => {
     header.render(state, null);
     expect(live.textContent).toBe("read-only · seq 0 / 4");
     expect(live.title).toContain('Experiment("sft", experiment_path="/data/exps", resume=True)');
+    expect(live.title).toContain(".refresh()");
+    expect(live.classList.contains("rf-read-only")).toBe(true);
   });
 
   it("ignores a read_only that is not a boolean", () => {

@@ -143,6 +143,7 @@ describe("a panel over a folder opened read-only", () => {
     for (const id of [1, 2, 3]) {
       for (const op of ["stop", "resume", "delete", "clone"]) expect(button(id, op).disabled).toBe(true);
     }
+    expect(button(2, "delete").title).toContain("opened read-only");
     button(1, "stop").click();
     expect(r.sent).toEqual([]);
   });

@@ -294,6 +294,9 @@ def check_value(target: Target, name: str, value: Any) -> str | None:
         hint = None
     if hint is not None and not _conforms(value, hint):
         return f"expects {_describe(hint)}, got {type(value).__name__} {value!r}"
+    if name == "fsdp" and isinstance(value, str) and value and not value.strip():
+        # transformers turns FSDP on for any non-empty string; the options read from it are none
+        return f"names no FSDP option (give e.g. 'full_shard auto_wrap', or leave it unset); got {value!r}"
     if name == "max_steps" and isinstance(value, int) and not isinstance(value, bool):
         if value == 0 or value < -1:
             return f"must be a positive integer, or -1 for 'use num_train_epochs'; got {value!r}"

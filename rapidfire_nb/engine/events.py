@@ -478,7 +478,7 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
 
 # how those engines' pruners began the text, and nothing else did: "pruned" elsewhere in a text
 # ("not pruned; stopped by user") is a user's word, not a pruner's stop
-_LEGACY_PRUNED = re.compile(r"pruned at (chunk|epoch) \d", re.IGNORECASE)
+_LEGACY_PRUNED = re.compile(r"pruned at (chunk|epoch) \d", re.IGNORECASE | re.ASCII)
 
 
 def _read_legacy(event: dict) -> dict:

@@ -47,7 +47,8 @@ def wait_with_progress(engine, stream=None, every_s: float = 5.0) -> bool:
         if not engine.thread_alive() and not engine.ops_pending():
             return False    # nothing will move these runs; end() stops them
     active, done, total = _progress(engine)
-    print(f"end(): every run finished ({done}/{total} steps)", file=stream, flush=True)
+    what = "every run finished" if done >= total else "no run left training (the others were stopped)"
+    print(f"end(): {what} ({done}/{total} steps)", file=stream, flush=True)
     return True
 
 
