@@ -46,8 +46,15 @@ def _row(page, run_id: int):
     return page.locator(f'[data-testid=rf-runs] tr[data-run-id="{run_id}"]')
 
 
+def _row_ids(rows) -> list[int]:
+    """The run ids of the rows ``rows`` matches, read in one go in the page: reading them one by
+    one (``.all()`` then each row) races the table's re-render, and a row gone meanwhile (a
+    question just answered) would be waited for until the read times out."""
+    return [int(i) for i in rows.evaluate_all("(trs) => trs.map((tr) => tr.dataset.runId)")]
+
+
 def _open_questions(page) -> list[int]:
-    return sorted(int(tr.get_attribute("data-run-id")) for tr in page.locator("[data-testid=rf-runs] tr.rf-suggested").all())
+    return sorted(_row_ids(page.locator("[data-testid=rf-runs] tr.rf-suggested")))
 
 
 def test_confirm_and_ignore_suggestions_from_the_panel(lab, page):
@@ -135,7 +142,7 @@ def test_confirm_and_ignore_suggestions_from_the_panel(lab, page):
     assert not again.locator('[data-testid=rf-filters] input[data-filter="stopped"]').is_checked()
     assert again.locator('th[data-sort="id"]').get_attribute("data-sorted") == "asc"
     assert again.locator(f'tr[data-run-id="{confirm_id}"]').count() == 0      # hidden: pruned
-    ids = [int(t.get_attribute("data-run-id")) for t in again.locator("[data-testid=rf-runs] tr[data-run-id]").all()]
+    ids = _row_ids(again.locator("[data-testid=rf-runs] tr[data-run-id]"))
     assert ids == sorted(ids)
     again.scroll_into_view_if_needed()
     page.screenshot(path=str(OUTPUT / "suggest_03_rerendered.png"), full_page=True)
