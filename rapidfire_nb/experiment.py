@@ -184,7 +184,8 @@ class Experiment:
     def run_fit(self, config_group, create_model: Callable, train_dataset, eval_dataset=None,
                 num_chunks: int | None = None, seed: int = 42, block: bool | None = None, *,
                 num_shards: int | None = None, num_gpus: int = 1,
-                monte_carlo_simulations: int = 1000, allow_concurrent: bool = False) -> Experiment:
+                monte_carlo_simulations: int = 1000, allow_concurrent: bool = False,
+                sample_prompts: list | None = None) -> Experiment:
         """Expand and validate ``config_group``, then train every run, chunk by chunk.
 
         Args:
@@ -221,6 +222,12 @@ class Experiment:
                 (``%rapidfire end NAME``, or ``.end(wait=False)`` on it): two engines would share
                 the device (or the GPUs of Ray workers), each slowing the other, and a re-run cell
                 would leave the first one training unseen. ``True``: train both at once anyway.
+            sample_prompts: up to 8 prompts (strings or chat message lists) every run answers
+                after every chunk, shown side by side in the panel's "generations" view and the
+                report; greedy unless the run's ``generation_config`` samples, at most its
+                ``max_new_tokens`` (32 by default) each, and never touching training. ``None`` (the
+                default): runs with a ``generation_config`` answer the first 4 eval prompts;
+                ``[]``: no sample generations.
 
         With Ray workers (``num_workers``) the first ``run_fit`` also starts Ray and the workers
         (it prints a line saying so): 10-30 s the first time; it returns once every worker has
@@ -242,7 +249,8 @@ class Experiment:
                           block, num_shards, num_gpus, monte_carlo_simulations, store=self.store,
                           events=self.events, table=self._state(), name=self.name,
                           stored_meta=self.meta if self.resumed else None,
-                          num_workers=self.num_workers, offload=self.offload)
+                          num_workers=self.num_workers, offload=self.offload,
+                          sample_prompts=sample_prompts)
         except BaseException:
             self._unclaim()
             raise
@@ -570,7 +578,8 @@ class Experiment:
         * ``device``: where it trained (``cuda:0``, ``cpu``; ``w0:cpu`` on a Ray worker);
         * ``start``, ``end``: Unix times in seconds (``pd.to_datetime(tl.start, unit="s")``);
         * where the chunk's time went, in seconds: ``train_s`` (optimizer steps), ``eval_s`` (the
-          eval after the chunk), ``swap_s`` (making this run's adapter and state current on the
+          eval after the chunk), ``gen_s`` (answering the sample prompts, NaN when none were
+          asked), ``swap_s`` (making this run's adapter and state current on the
           device), ``setup_s`` (building or restoring the run's trainer before the chunk),
           ``snapshot_s`` (copying its state at the boundary), ``checkpoint_s`` (writing it to
           disk, in a writer thread: overlaps the next chunk), ``other_s`` (the rest of the
@@ -588,8 +597,15 @@ class Experiment:
         return self._state().read(results.timeline_frame)
 
     def time_split(self) -> dict:
-        """Seconds spent training, evaluating, swapping and on everything else (engine-measured)."""
+        """Seconds spent training, evaluating, answering the sample prompts (``generate``),
+        swapping and on everything else (engine-measured)."""
         return self._state().read(results.time_split)
+
+    def get_generations(self):
+        """Every run's answers to the sample prompts (``run_fit(sample_prompts=...)``), one row per
+        run, chunk and prompt: run_id, epoch, chunk (0-based), step, samples_seen, prompt,
+        reference (None where the prompt has none) and text (the new tokens, decoded)."""
+        return self._state().read(results.generations_frame)
 
     def export(self, run_id: int, path: str | Path, *, overwrite: bool = False) -> Path:
         """Save a run's weights at its last chunk boundary: a PEFT adapter directory (LoRA runs)

@@ -160,6 +160,17 @@ def results_frame(table: dict):
                                        "metric", "value", "deleted"])
 
 
+def generations_frame(table: dict):
+    import pandas as pd
+
+    rows = [{"run_id": run["run_id"], **{k: g[k] for k in ("epoch", "chunk", "step", "samples_seen")},
+             "prompt": prompt, "reference": ref, "text": text}
+            for run in runs_by_id(table) for g in run["generations"]
+            for prompt, ref, text in zip(g["prompts"], g["references"], g["texts"])]
+    return pd.DataFrame(rows, columns=["run_id", "epoch", "chunk", "step", "samples_seen", "prompt",
+                                       "reference", "text"])
+
+
 def timeline_frame(table: dict):
     import pandas as pd
 
@@ -167,7 +178,7 @@ def timeline_frame(table: dict):
     frame = pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
     # None (kernel engine, old logs) would make these object columns that cannot filter or sum
     frame["moved"] = frame["moved"].astype(bool)
-    for col in ("hop_s", "tokens_per_s", "peak_mem_mb"):
+    for col in ("hop_s", "gen_s", "tokens_per_s", "peak_mem_mb"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype(float)
     frame["tokens"] = pd.to_numeric(frame["tokens"], errors="coerce").astype("Int64")
     return frame

@@ -45,7 +45,7 @@ _WHERE = {
     "LiveTable": "state", "new_table": "state", "reduce": "state", "fold": "state",
     "get_run": "state", "runs_by_id": "state", "metric_x": "state", "lower_is_better": "state",
     "config_fingerprint": "state", "check_automl_state": "state",
-    "TIME_KEYS": "state", "TIMELINE_COLUMNS": "state",
+    "TIME_KEYS": "state", "TIMELINE_COLUMNS": "state", "time_field": "state",
     # the experiment folder
     "ExperimentStore": "store", "check_experiment_meta": "store", "read_json": "store",
     "refuse_links": "store", "check_experiment_name": "store", "MAX_NAME": "store", "failed_by_the_disk": "store", "MetadataError": "store",

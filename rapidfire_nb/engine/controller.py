@@ -137,6 +137,7 @@ class Engine:
             may_move=lambda rid: not self.persistence.writer.pending(rid),
             progress_of=lambda rid: self.runs[rid].progress)
         self.ops: queue.SimpleQueue[Op] = queue.SimpleQueue()
+        self.sample_prompts: list | None = None   # run_fit's, checked (generation.check_sample_prompts)
         self._queued: list[Op] = []      # submitted, not yet applied (under self.lock)
         self._held_ops: list[Op] = []    # taken from the queue, waiting for a chunk in flight
         self._last_booked: int | None = None
@@ -230,7 +231,7 @@ class Engine:
             rid = run_id if run_id is not None else self.next_run_id()
             rec = RunRecord(run_id=rid, spec=spec, parent_run_id=parent.run_id if parent else None,
                             warm_start=warm_start, changes=changes or {}, total_steps=total,
-                            steps_per_epoch=plan.steps_per_epoch)
+                            steps_per_epoch=plan.steps_per_epoch, samples=self.sample_prompts)
             if warm_start and parent is not None:
                 # RapidFire's warm start: the parent's weights, a fresh optimizer and the clone's
                 # own full schedule, reading the data from the chunk after the parent's last

@@ -18,6 +18,7 @@ from typing import Any
 
 from rapidfire_nb.engine.adapters.base import RunTrainer, merge_window
 from rapidfire_nb.engine.factory import TrainerFactory
+from rapidfire_nb.engine.generation import sample_generations
 from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.resources import MemoryMeter
@@ -321,6 +322,14 @@ class LocalChunkExecutor(ChunkExecutor):
             batch.append(("metric", dict(run_id=rec.run_id, split="eval", step=end,
                                          samples_seen=samples, epoch=epoch, chunk=chunk,
                                          metrics=eval_metrics)))
+        # the same sample prompts for every run, so the panel can set their answers side by side
+        t0 = time.perf_counter()
+        with HF_STATE_LOCK:
+            generated = sample_generations(rt, rec.samples)
+        gen_s = time.perf_counter() - t0 if generated is not None else 0.0
+        if generated is not None:
+            batch.append(("generation", dict(run_id=rec.run_id, epoch=epoch, chunk=chunk, step=end,
+                                             samples_seen=samples, **generated, gen_s=gen_s)))
         # advance the stream position
         next_epoch, next_chunk = (epoch, chunk + 1) if chunk + 1 < plan.num_chunks else (epoch + 1, 0)
         counters = dict(completed_steps=end, samples_seen=samples, epoch=next_epoch,
@@ -329,7 +338,7 @@ class LocalChunkExecutor(ChunkExecutor):
         t_end = time.time()
         chunk_event = dict(run_id=rec.run_id, epoch=epoch, chunk=chunk, device=self.device_name,
                            start=t_start, end=t_end, train_s=train_s, eval_s=eval_s,
-                           swap_s=swap_s, setup_s=t_built - t_start, other_s=0.0,
+                           swap_s=swap_s, setup_s=t_built - t_start, other_s=0.0, gen_s=gen_s,
                            completed_steps=end, total_steps=rec.total_steps, samples_seen=samples,
                            chunks_done=counters["chunks_done"], tokens=tokens,
                            tokens_per_s=tokens / train_s if train_s > 0 else None)
@@ -342,7 +351,7 @@ class LocalChunkExecutor(ChunkExecutor):
                  "chunk_event": dict(chunk_event)}
         chunk_event["snapshot_s"] = time.perf_counter() - t0
         chunk_event["end"] = time.time()
-        chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - swap_s)
+        chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - gen_s - swap_s)
         return ChunkResult(counters=counters, events=batch, chunk_event=chunk_event, state=state,
                            eval_metrics=eval_metrics, done=done, restored=restored)
 

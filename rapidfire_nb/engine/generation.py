@@ -270,3 +270,73 @@ def generation_metrics(rt) -> dict[str, float]:
     predictions = generate(rt.model, rt.tokenizer, prompts, generation_kwargs(spec), batch_size, rt.seed,
                            prompt_settings(spec))
     return run_compute_metrics(spec.compute_metrics, predictions, references)
+
+
+# -- sample generations: the same few prompts, every run, after every chunk ----------------------
+
+MAX_SAMPLE_PROMPTS = 8          # bounds the work: prompts x max_new_tokens per run per chunk
+DEFAULT_SAMPLE_PROMPTS = 4      # taken from the eval set when a run has a generation_config
+MAX_SAMPLE_PROMPT_CHARS = 2000  # what the panel carries of one text
+
+
+def check_sample_prompts(value) -> list | None:
+    """run_fit's ``sample_prompts``: None (the default: runs with a ``generation_config`` sample
+    the first eval prompts), ``[]`` (no sample generations), or up to 8 prompts, each a non-empty
+    string or a list of chat messages. Returns ``[(prompt, None), ...]`` or None."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"sample_prompts must be a list of prompts (strings or chat message lists), "
+                          f"got {type(value).__name__}")
+    if len(value) > MAX_SAMPLE_PROMPTS:
+        raise ConfigError(f"sample_prompts has {len(value)} prompts; at most {MAX_SAMPLE_PROMPTS} (every "
+                          "run generates for each of them after every chunk)")
+    for i, prompt in enumerate(value):
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ConfigError(f"sample_prompts[{i}] is blank")
+            if len(prompt) > MAX_SAMPLE_PROMPT_CHARS:
+                raise ConfigError(f"sample_prompts[{i}] has {len(prompt)} characters; at most "
+                                  f"{MAX_SAMPLE_PROMPT_CHARS}")
+        elif _is_messages(prompt):
+            bad = [m for m in prompt if not isinstance(m.get("content"), str)]
+            if bad:
+                raise ConfigError(f"sample_prompts[{i}]: every chat message needs a string 'content'")
+        else:
+            raise ConfigError(f"sample_prompts[{i}] must be a string or a list of chat messages "
+                              f"({{'role': ..., 'content': ...}}), got {type(prompt).__name__}")
+    return [(p, None) for p in value]
+
+
+def prompt_text(prompt) -> str:
+    """A prompt as the panel and the report show it (a conversation as ``role: content`` lines)."""
+    if _is_messages(prompt):
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in prompt)
+    return str(prompt)
+
+
+def sample_pairs(rt, explicit: list | None) -> list:
+    """The (prompt, reference) pairs run ``rt`` generates for after each chunk ([]: none)."""
+    if explicit is not None:
+        return list(explicit)
+    dataset = getattr(rt, "raw_eval_dataset", None)
+    if rt.spec.generation_config is None or dataset is None or len(dataset) == 0:
+        return []
+    return [split_example(dataset[i]) for i in range(min(DEFAULT_SAMPLE_PROMPTS, len(dataset)))]
+
+
+def sample_generations(rt, explicit: list | None) -> dict | None:
+    """The run's completions for its sample prompts (None when it has none), greedy unless its
+    ``generation_config`` samples, in ``rng_fork``: the run's training never sees them."""
+    from rapidfire_nb.engine.sharding import is_sharded
+
+    pairs = sample_pairs(rt, explicit)
+    if not pairs or is_sharded(rt.spec):
+        # a sharded model generates only with every rank in step; its samples are not drawn
+        return None
+    kwargs = generation_kwargs(rt.spec)
+    prompts = [p for p, _ in pairs]
+    texts = generate(rt.model, rt.tokenizer, prompts, kwargs, len(prompts), rt.seed, prompt_settings(rt.spec))
+    refs = [r if r is None or isinstance(r, str) else prompt_text(r) for _, r in pairs]
+    return {"prompts": [prompt_text(p) for p in prompts], "references": refs, "texts": texts,
+            "max_new_tokens": kwargs.get("max_new_tokens")}

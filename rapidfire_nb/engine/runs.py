@@ -49,6 +49,9 @@ class RunRecord:
     chunks_done: int = 0
     error: str | None = None
     last_metrics: dict = field(default_factory=dict)
+    # run_fit's sample_prompts as (prompt, None) pairs; None: the eval set's first prompts when the
+    # run has a generation_config; []: none. Not in runs.json: run_fit gives them again on resume
+    samples: list | None = None
 
     @property
     def progress(self) -> int:

@@ -64,9 +64,9 @@ from rapidfire_nb.engine.runs import STATUSES
 
 SCHEMA_PATH = Path(__file__).with_name("events_schema.json")
 
-TIME_KEYS = ("train", "eval", "swap", "other")
+TIME_KEYS = ("train", "eval", "generate", "swap", "other")
 TIMELINE_COLUMNS = ("run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s",
-                    "swap_s", "setup_s", "snapshot_s", "checkpoint_s", "other_s",
+                    "gen_s", "swap_s", "setup_s", "snapshot_s", "checkpoint_s", "other_s",
                     "completed_steps", "samples_seen", "worker", "moved", "hop_s",
                     "tokens", "tokens_per_s", "peak_mem_mb")
 _LOWER_IS_BETTER = re.compile(r"loss|perplexity|ppl|error|wer|cer|mse|mae|rmse")
@@ -133,12 +133,17 @@ class _Names(list):
         return (_Names, (list(self),))
 
 
+def time_field(key: str) -> str:
+    """The ``chunk_done`` field of a slice of the time split (``gen_s`` for ``generate``)."""
+    return "gen_s" if key == "generate" else f"{key}_s"
+
+
 def new_table() -> dict:
     return {
         "experiment": None, "path": None, "resumed": False, "ended": False, "last_seq": 0,
         "runs": {}, "train_metrics": _Names(), "eval_metrics": _Names(),
         "time": dict.fromkeys(TIME_KEYS, 0.0), "timeline": [], "points": [],
-        "workers": [], "lost_workers": [],
+        "workers": [], "lost_workers": [], "sample_prompts": None,
     }
 
 
@@ -154,7 +159,7 @@ def new_run(run_id: int) -> dict:
         "last_epoch": None, "last_chunk": None, "next_epoch": 0, "next_chunk": 0,
         "latest": {}, "best": {}, "series": {"train": {}, "eval": {}},
         "time": dict.fromkeys(TIME_KEYS, 0.0), "last_op": None, "device_seq": 0,
-        "suggestion": None, "worker": None, "note": None,
+        "suggestion": None, "worker": None, "note": None, "generations": [],
     }
 
 
@@ -218,6 +223,8 @@ def reduce(table: dict, event: dict) -> dict:
         text = _str(event.get("text"))
         if run is not None and text is not None:
             run["note"] = text or None
+    elif kind == "generation":
+        _generation(table, get_run(table, run_id), event)
     elif kind == "pruning_suggested":
         run = get_run(table, run_id)
         if run is not None:
@@ -335,13 +342,35 @@ def _chunk_done(table: dict, run: dict, ev: dict, seq: Any) -> None:
     if isinstance(ev.get("worker"), str):
         run["worker"] = ev["worker"]
     for key in TIME_KEYS:
-        v = _num(ev.get(f"{key}_s"))
+        v = _num(ev.get(time_field(key)))
         if v is not None and v > 0:
             run["time"][key] += v
             table["time"][key] += v
     row = {c: ev.get(c) for c in TIMELINE_COLUMNS}
     row["moved"] = moved
     table["timeline"].append(row)
+
+
+def _generation(table: dict, run: dict | None, ev: dict) -> None:
+    """A run's answers to the sample prompts after one chunk (a malformed event is skipped)."""
+    texts, prompts = ev.get("texts"), ev.get("prompts")
+    if run is None or not _strings(texts) or not _strings(prompts) or len(texts) != len(prompts):
+        return
+    refs = ev.get("references")
+    refs = [r if isinstance(r, str) else None for r in refs] if isinstance(refs, list) \
+        and len(refs) == len(prompts) else [None] * len(prompts)
+    last = table["sample_prompts"]
+    if last is None or last["prompts"] != prompts or last["references"] != refs:
+        last = table["sample_prompts"] = {"prompts": list(prompts), "references": refs}
+    # each answer keeps the prompts it answered (shared, not copied): a resume may ask others
+    run["generations"].append({k: ev[k] if _is_int(ev.get(k)) else None
+                               for k in ("epoch", "chunk", "step", "samples_seen")}
+                              | {"texts": list(texts), "prompts": last["prompts"],
+                                 "references": last["references"]})
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def _worker_row(table: dict, name: str) -> dict:

@@ -40,19 +40,21 @@ class Launch:
 
 def prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed, block,
             num_shards, num_gpus, monte_carlo_simulations, *, store, events, table, name: str,
-            stored_meta: dict | None, num_workers, offload: str) -> Launch:
+            stored_meta: dict | None, num_workers, offload: str, sample_prompts=None) -> Launch:
     """Everything run_fit checks before it writes: its arguments (``check_fit_arguments``), the data against every run, the engine and
     each run's plan, a resume against the folder, the AutoML objective, the base models (loaded
     here, in the caller's thread, so ``create_model``'s errors show in the cell) and, with Ray,
     the workers. ``stored_meta`` is the resumed folder's experiment.json (None: a new one)."""
     from rapidfire_nb import automl
     from rapidfire_nb.engine import Engine, check_before_training, check_run_data, trainer_class
+    from rapidfire_nb.engine.generation import check_sample_prompts
     from rapidfire_nb.errors import ConfigError
     from rapidfire_nb.launch.resume import check_resume, plan_restore
     from rapidfire_nb.tuning import check_objective_is_logged, driver_for, needs_driver, pruning_settings
 
     args = check_fit_arguments(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
                                block, num_shards, num_gpus, monte_carlo_simulations, num_workers)
+    samples = check_sample_prompts(sample_prompts)
     specs, group = args.specs, args.config_group
     train, evald = args.train_dataset, args.eval_dataset
     prep_cache: dict = {}   # formatting_func's mapped data, shared by the runs' trainers
@@ -69,6 +71,7 @@ def prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks,
     else:
         engine = Engine(store, events, args.create_model, train, evald, args.num_chunks, args.seed,
                         automl.build_training_args, automl.build_lora_config, **common)
+    engine.sample_prompts = samples
     for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
         engine.plan_run(spec)
     plan = make_plan(args, pruning_settings(group))

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import plotly.graph_objects as go
 
-from rapidfire_nb.engine import TIME_KEYS, lower_is_better, runs_by_id
+from rapidfire_nb.engine import TIME_KEYS, lower_is_better, runs_by_id, time_field
 from rapidfire_nb.report.model import (ReportError, add_point_axes, differing_knobs, knob_text,
                                        ranking_metric, resolve_metric, resolve_split, run_note)
 from rapidfire_nb.report.style import drawn_points, run_color, run_dash, trace_point_limit
@@ -24,7 +24,8 @@ X_AXES = {"samples": "samples seen", "step": "optimizer step", "time": "wall tim
 MAX_SMOOTHING = 0.99   # the panel's slider goes this far
 
 FADED_OPACITY = 0.35      # deleted and pruned runs, as the panel draws them: present but quiet
-TIME_COLORS = {"train": "#1a7f37", "eval": "#0b61a4", "swap": "#b58900", "other": "#8a8a8a"}
+TIME_COLORS = {"train": "#1a7f37", "eval": "#0b61a4", "generate": "#8250df", "swap": "#b58900",
+               "other": "#8a8a8a"}
 _LAYOUT = dict(template="plotly_white", hovermode="closest", height=420,
                margin=dict(l=60, r=20, t=50, b=50), legend=dict(title=dict(text="runs")))
 
@@ -236,7 +237,7 @@ def plot_figure(table: dict, metric: str = "loss", split: str | None = None,
 
 
 def time_split_figure(table: dict) -> go.Figure:
-    """Where each run's engine time went (train, eval, swap, other), stacked per run."""
+    """Where each run's engine time went (train, eval, generate, swap, other), stacked per run."""
     runs = [r for r in runs_by_id(table) if any(r["time"][k] for k in TIME_KEYS)]
     labels = [f"run {r['run_id']}" for r in runs]
     traces = [go.Bar(orientation="h", y=labels, x=[r["time"][k] for r in runs], name=k,
@@ -271,8 +272,8 @@ def timeline_figure(table: dict) -> go.Figure:
         d["x"].append(max(0.0, r["end"] - r["start"]))
         parts = [f"epoch {int(r['epoch']) + 1}" if isinstance(r.get("epoch"), int) else "",
                  f"chunk {int(r['chunk']) + 1}" if isinstance(r.get("chunk"), int) else ""]
-        times = ", ".join(f"{k} {r[f'{k}_s']:.2f} s" for k in TIME_KEYS
-                          if isinstance(r.get(f"{k}_s"), (int, float)))
+        times = ", ".join(f"{k} {r[time_field(k)]:.2f} s" for k in TIME_KEYS
+                          if isinstance(r.get(time_field(k)), (int, float)))
         d["text"].append(_esc(" ".join(p for p in parts if p) + (f" · {times}" if times else "")))
     traces = []
     for run_id in sorted(lanes):

@@ -140,6 +140,52 @@ def _left_out_note(names: list, split: str) -> str:
             "of them.</p>")
 
 
+MAX_GENERATION_POINTS = 24   # earlier answer tables kept in the report, newest first
+
+
+def generations_html(table: dict) -> str:
+    """Every run's answers to the sample prompts side by side: prompt x run at each point in
+    training (samples seen), the latest first and open, earlier ones folded. "" when none."""
+    from rapidfire_nb.tracking.naming import short_name
+
+    runs = [r for r in runs_by_id(table) if r["generations"]]
+    if not runs:
+        return ""
+    points = sorted({g["samples_seen"] for r in runs for g in r["generations"]
+                     if isinstance(g["samples_seen"], int)}, reverse=True)
+    cell = 'style="padding:3px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;white-space:pre-wrap;max-width:28em"'
+    out = [f'<p class="meta">{len(runs)} runs, the same prompts after every chunk; at each point '
+           "a run shows its latest answer up to it. ✓ marks an answer equal to the reference.</p>"]
+    for i, x in enumerate(points[:MAX_GENERATION_POINTS]):
+        latest = {}
+        for r in runs:
+            done = [g for g in r["generations"] if isinstance(g["samples_seen"], int) and g["samples_seen"] <= x]
+            if done:
+                latest[r["run_id"]] = done[-1]
+        shown = [r for r in runs if r["run_id"] in latest]
+        # the prompts of the newest answer at this point (a resume may have asked others)
+        ref_gen = max(latest.values(), key=lambda g: g["samples_seen"])
+        head = ["prompt", "reference"] + [short_name(r["run_id"], r["knobs"]) for r in shown]
+        rows = []
+        for j, (prompt, ref) in enumerate(zip(ref_gen["prompts"], ref_gen["references"])):
+            cells = [_e(prompt), _e(ref) if ref is not None else "—"]
+            for r in shown:
+                g = latest[r["run_id"]]
+                text = g["texts"][j] if g["prompts"] == ref_gen["prompts"] and j < len(g["texts"]) else None
+                mark = " ✓" if text is not None and ref is not None and text.strip() == ref.strip() else ""
+                cells.append("—" if text is None else _e(text) + mark)
+            rows.append("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in cells) + "</tr>")
+        body = ('<div style="overflow-x:auto;max-width:100%"><table style="border-collapse:collapse;font-size:13px">'
+                "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"
+                + "".join(rows) + "</tbody></table></div>")
+        summary = f"after {x} samples" + (" (latest)" if i == 0 else "")
+        out.append(f'<details data-samples="{x}"{" open" if i == 0 else ""}><summary>{_e(summary)}</summary>{body}</details>')
+    if len(points) > MAX_GENERATION_POINTS:
+        out.append(f'<p class="meta">{len(points) - MAX_GENERATION_POINTS} earlier points left out; '
+                   "exp.get_generations() has them all.</p>")
+    return "".join(out)
+
+
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 20px; margin-bottom: 4px; } h2 { font-size: 16px; margin-top: 28px; }
@@ -192,6 +238,7 @@ def report_html(table: dict, meta: dict | None = None, source: str | None = None
         *(["<h2>Knobs → metric</h2>",
             f'<div class="fig">{_figure_div(knobs_figure(table), "knobs-scatter")}</div>']
           if table["eval_metrics"] or table["train_metrics"] else []),
+        *(["<h2>Generations</h2>", gens] if (gens := generations_html(table)) else []),
         "<h2>Engine time</h2>",
         f'<div class="fig">{_figure_div(time_split_figure(table), "time-split")}</div>',
         "<h2>Resources</h2>",

@@ -1,0 +1,107 @@
+"""Sample generations: every run answers the same prompts after every chunk, for the panel's
+side-by-side view and the report, without changing what any run trains."""
+
+import pytest
+import torch
+
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.demo_data import tiny_create_model
+from rapidfire_nb.engine.generation import MAX_SAMPLE_PROMPTS
+from rapidfire_nb.errors import ConfigError
+
+PROMPTS = ["What color is the cat?", [{"role": "user", "content": "What color is the dog?"}]]
+
+
+def grid(**kw):
+    return RFGridSearch(RFModelConfig(
+        model_name="tiny", model_kwargs={"hidden_size": 32},
+        peft_config=RFLoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+        training_args=RFSFTConfig(learning_rate=List([3e-2, 1e-2]), per_device_train_batch_size=8,
+                                  num_train_epochs=1, max_length=64, bf16=False), **kw),
+        trainer_type="SFT")
+
+
+def fit(tmp_path, name, data, group=None, **kw):
+    exp = Experiment(name, experiment_path=tmp_path, tracking=[])
+    exp.run_fit(group or grid(), tiny_create_model, *data, num_chunks=2, seed=5, **kw)
+    return exp
+
+
+def test_sample_generations_leave_every_run_bit_identical_and_survive_reopening(tmp_path, tiny_data):
+    plain = fit(tmp_path, "plain", tiny_data)
+    sampled = fit(tmp_path, "sampled", tiny_data, sample_prompts=PROMPTS)
+    for rid in (1, 2):
+        a, b = plain.engine.run_weights(rid), sampled.engine.run_weights(rid)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), (rid, k)
+    ra, rb = plain.get_results(), sampled.get_results()
+    assert ra[["run_id", "split", "step", "metric", "value"]].equals(rb[["run_id", "split", "step", "metric", "value"]])
+
+    gens = sampled.get_generations()
+    # two runs x two chunks x two prompts, the chat prompt shown as "role: content"
+    assert len(gens) == 8
+    assert sorted(set(gens.prompt)) == ["What color is the cat?", "user: What color is the dog?"]
+    assert gens.reference.isna().all()
+    assert sorted(set(zip(gens.run_id, gens.chunk))) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert all(isinstance(t, str) for t in gens.text)
+    # logged at the chunk's eval point: the same samples_seen as that chunk's eval metric
+    evals = rb[(rb.split == "eval") & (rb.metric == "eval_loss")]
+    assert set(zip(gens.run_id, gens.samples_seen)) == set(zip(evals.run_id, evals.samples_seen))
+    # its time is its own slice, taken from "other"
+    assert sampled.time_split()["generate"] > 0 and plain.time_split()["generate"] == 0
+    assert plain.get_generations().empty
+    tl = sampled.get_timeline()
+    assert (tl.gen_s > 0).all() and (tl.other_s >= 0).all()
+    sampled.end()
+    plain.end()
+    again = Experiment.open(sampled.path)
+    assert again.get_generations().equals(gens)
+
+
+def test_a_generation_config_samples_the_first_eval_prompts_with_their_references(tmp_path, tiny_data):
+    train, evald = tiny_data
+    exp = fit(tmp_path, "gc", tiny_data, group=grid(generation_config={"max_new_tokens": 3}))
+    gens = exp.get_generations()
+    first = [evald[i] for i in range(4)]
+    assert list(gens[(gens.run_id == 1) & (gens.chunk == 0)].prompt) == [r["prompt"] for r in first]
+    assert list(gens[(gens.run_id == 1) & (gens.chunk == 0)].reference) == [r["completion"] for r in first]
+    exp.end()
+    off = fit(tmp_path, "off", tiny_data, group=grid(generation_config={"max_new_tokens": 3}), sample_prompts=[])
+    assert off.get_generations().empty and off.time_split()["generate"] == 0
+    off.end()
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("What color is the cat?", "must be a list"),
+    (["ok"] * (MAX_SAMPLE_PROMPTS + 1), f"at most {MAX_SAMPLE_PROMPTS}"),
+    (["  "], r"sample_prompts\[0\] is blank"),
+    (["ok", 3], r"sample_prompts\[1\] must be a string or a list of chat messages"),
+    ([[{"role": "user", "content": None}]], r"sample_prompts\[0\]: every chat message"),
+    (["x" * 2001], "at most 2000"),
+])
+def test_bad_sample_prompts_are_refused_before_anything_is_written(tmp_path, tiny_data, bad, says):
+    exp = Experiment("bad", experiment_path=tmp_path, tracking=[])
+    with pytest.raises(ConfigError, match=says):
+        exp.run_fit(grid(), tiny_create_model, *tiny_data, num_chunks=2, sample_prompts=bad)
+    assert exp.engine is None
+    assert not (tmp_path / "bad" / "events.jsonl").exists() or \
+        "run_created" not in (tmp_path / "bad" / "events.jsonl").read_text()
+    exp.end()
+
+
+def test_the_report_sets_the_answers_side_by_side_at_every_point(tmp_path, tiny_data):
+    import html
+
+    exp = fit(tmp_path, "rep", tiny_data, sample_prompts=["<b>cat</b>?"])
+    gens = exp.get_generations()
+    page = exp.report(tmp_path / "r.html").read_text()
+    exp.end()
+    assert "<h2>Generations</h2>" in page
+    # the prompt is text, never markup; the latest point open, the earlier folded
+    assert "&lt;b&gt;cat&lt;/b&gt;?" in page and "<b>cat</b>?" not in page
+    xs = sorted(set(gens.samples_seen), reverse=True)
+    assert f'<details data-samples="{xs[0]}" open>' in page and f'<details data-samples="{xs[1]}">' in page
+    for text in gens.text:
+        assert html.escape(text) in page
