@@ -4,7 +4,7 @@
  * bounds a chart's points, the default metric and the text of an empty chart, the pruning rungs,
  * and the engine time split's figure. No DOM, so vitest drives it.
  */
-import { has, type PanelState, type RunState, type Series, type TimeSplit } from "./state";
+import { has, TIME_FIELDS, type PanelState, type RunState, type Series, type TimeSplit } from "./state";
 import { runColor, runDash, type Dash } from "./palette";
 import { isCollapsible, isPruned } from "./table";
 import { runName, runTitle } from "./names";
@@ -424,29 +424,30 @@ export function planIsEmpty(plan: ChartPlan): boolean {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Engine time split (train / eval / swap / other), summed from chunk_done events.
+// Engine time split (train / eval / generate / swap / other), summed from chunk_done events.
 
 export interface TimeSplitFigure {
   categories: (keyof TimeSplit)[];
   rows: string[];
   values: Record<keyof TimeSplit, number[]>;
   total: number;
-  /** Share of engine time spent outside training and evaluation (swaps + other), 0..1. */
+  /**
+   * Share of engine time spent outside training, evaluation and generating the sample prompts
+   * (swaps + other), 0..1: the generations were asked for, so they are work, not overhead.
+   */
   overhead: number;
 }
 
 export function timeSplitFigure(state: PanelState): TimeSplitFigure {
-  const categories: (keyof TimeSplit)[] = ["train", "eval", "swap", "other"];
+  const categories = TIME_FIELDS.map(([key]) => key);
+  const sum = (t: TimeSplit) => categories.reduce((acc, c) => acc + t[c], 0);
   const runs = [...state.runs.values()]
-    .filter((r) => r.time.train + r.time.eval + r.time.swap + r.time.other > 0)
+    .filter((r) => sum(r.time) > 0)
     .sort((a, b) => a.id - b.id);
   const rows = ["all runs", ...runs.map((r) => `run ${r.id}`)];
-  const values = { train: [], eval: [], swap: [], other: [] } as Record<keyof TimeSplit, number[]>;
-  for (const c of categories) {
-    values[c].push(state.time[c]);
-    for (const r of runs) values[c].push(r.time[c]);
-  }
-  const total = state.time.train + state.time.eval + state.time.swap + state.time.other;
+  const values = Object.fromEntries(categories.map((c) => [c, [state.time[c], ...runs.map((r) => r.time[c])]])) as
+    Record<keyof TimeSplit, number[]>;
+  const total = sum(state.time);
   const overhead = total > 0 ? (state.time.swap + state.time.other) / total : 0;
   return { categories, rows, values, total, overhead };
 }

@@ -6,7 +6,8 @@
  * is kept current by ./sync.ts (pushes, pulls, the snapshot); every part of the panel is a view of
  * its own: the header (./header.ts), the charts (./chartview.ts) and their key (./legend.ts), the
  * run table (./tableview.ts), the boxes below it (./cloneview.ts, ./tracebackview.ts,
- * ./timesplit.ts, ./timeline.ts, ./knobview.ts) and the worker notices (./workers.ts). This file
+ * ./timesplit.ts, ./timeline.ts, ./knobview.ts, ./generationsview.ts) and the worker notices
+ * (./workers.ts). This file
  * builds them, wires them together, and redraws them in one animation frame (./frames.ts).
  */
 import type { RenderProps } from "@anywidget/types";
@@ -20,6 +21,7 @@ import { createRunTable } from "./tableview";
 import { createWorkerNotices } from "./workers";
 import { createTimelineView } from "./timeline";
 import { createKnobView } from "./knobview";
+import { createGenerationsView } from "./generationsview";
 import { createChartBook } from "./chartplan";
 import { ChartArea } from "./chartview";
 import { FrameScheduler, type Parts, type UpdateTiming } from "./frames";
@@ -29,7 +31,7 @@ import { MessageLine, type MessageKind } from "./messages";
 import { createSession } from "./session";
 import { applySnapshot } from "./state";
 import { Sync, type Model } from "./sync";
-import { knobColumns } from "./table";
+import { knobColumns, runShown } from "./table";
 import { loadPrefs, prefsKey, savePrefs } from "./viewprefs";
 
 function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }>): () => void {
@@ -78,7 +80,10 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     metric: () => charts.evalMetric(),
     disconnected: () => session.disconnected,
     scheduleRender,
-    emphasize: () => charts.emphasizeAll(),
+    emphasize: () => {
+      charts.emphasizeAll();
+      updateGenerations();
+    },
     hiddenChanged: () => {
       charts.updateSelects();
       charts.emphasizeAll();
@@ -126,6 +131,28 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     },
   });
   root.append(knobView.details);
+  // Generations side by side: a column per run the table shows (its "hide:" filters apply); a
+  // column header lights up and pins the run as the knob view's points do.
+  const generations = createGenerationsView({
+    onHover: (id) => {
+      focus.hover = id;
+      runTable.highlight(id);
+      charts.emphasizeAll();
+    },
+    onPick: (id) => {
+      if (focus.pinned.has(id)) focus.pinned.delete(id);
+      else focus.pinned.add(id);
+      const row = runTable.wrap.querySelector(`tr[data-run-id="${id}"]`);
+      row?.classList.toggle("rf-pinned", focus.pinned.has(id));
+      charts.emphasizeAll();
+      knobView.update(state, focus.pinned);
+      updateGenerations();
+    },
+  });
+  root.append(generations.details);
+  function updateGenerations(): void {
+    generations.update(state, [...state.runs.values()].filter((r) => runShown(r, focus.hide)), focus.pinned);
+  }
 
   // --- one animation frame redraws whatever changed since the last ------------------------------
   function draw(what: Parts): void {
@@ -136,6 +163,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
       knobView.update(state, focus.pinned);
     }
     if (what.table) runTable.render();
+    if (what.charts || what.table) updateGenerations();
     // In the same frame as the curves and the table: the bars are a few divs a run, rebuilt at
     // most every timeSplitInterval. (Deferring it to a frame without chart or table work, as
     // for Plotly, starved it while events streamed in.)
@@ -193,6 +221,7 @@ function render({ model, el }: RenderProps<{ snapshot: Record<string, unknown> }
     sync.dispose();
     timeline.dispose();
     knobView.dispose();
+    generations.dispose();
     runTable.dispose();
     charts.dispose();
     client.dispose();

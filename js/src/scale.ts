@@ -74,7 +74,9 @@ export function drawSeries(traces: readonly TraceSpec[], styles: readonly Series
   }));
 }
 
-export const TIME_COLORS: Record<keyof TimeSplit, string> = { train: "#1a7f37", eval: "#0b61a4", swap: "#b58900", other: "#8a8a8a" };
+export const TIME_COLORS: Record<keyof TimeSplit, string> = {
+  train: "#1a7f37", eval: "#0b61a4", generate: "#8250df", swap: "#b58900", other: "#8a8a8a",
+};
 
 /** One row of the time split's stacked bars: widths in % of the longest row, which fills the track. */
 export interface TimeBar {

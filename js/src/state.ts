@@ -39,8 +39,42 @@ export interface Series {
 export interface TimeSplit {
   train: number;
   eval: number;
+  /** Generating the sample prompts' completions (chunk_done's `gen_s`; absent in older logs). */
+  generate: number;
   swap: number;
   other: number;
+}
+
+/** The engine's TIME_KEYS, in its order, and the chunk_done field each one sums. */
+export const TIME_FIELDS: [keyof TimeSplit, string][] = [
+  ["train", "train_s"], ["eval", "eval_s"], ["generate", "gen_s"], ["swap", "swap_s"], ["other", "other_s"],
+];
+
+/**
+ * One `generation` event of a run, as Python's table keeps it (run["generations"]): what the run
+ * generated for the experiment's sample prompts after a chunk, one text per prompt.
+ */
+export interface Generation {
+  epoch: number | null;
+  chunk: number | null;
+  step: number | null;
+  /** Where the run was in the data (the x of the same chunk's eval point); null when not logged. */
+  samples_seen: number | null;
+  /** The run's completion of each prompt, aligned with `prompts`. */
+  texts: string[];
+  /**
+   * The prompts it answered and their references (shared with `PanelState.samplePrompts` while
+   * they are the same: a resumed experiment may ask other prompts).
+   */
+  prompts: string[];
+  references: (string | null)[];
+}
+
+/** The prompts every run generates for, as the latest generation event lists them. */
+export interface SamplePrompts {
+  prompts: string[];
+  /** The expected answer per prompt where the eval set has one. */
+  references: (string | null)[];
 }
 
 export interface RunState {
@@ -93,6 +127,8 @@ export interface RunState {
   stepsPerEpoch: number | null;
   /** The user's note on the run (exp.note or the panel), the latest one; null for none. */
   note: string | null;
+  /** Its completions of the sample prompts, one entry per generation event, in log order. */
+  generations: Generation[];
 }
 
 /** A Ray worker of the experiment (num_workers), as `workers`/`worker_lost` events describe it. */
@@ -108,7 +144,7 @@ export interface WorkerInfo {
  * (engine/state.py TIMELINE_COLUMNS, get_timeline): the panel's chunk timeline draws them.
  */
 export const TIMELINE_COLUMNS = [
-  "run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s", "swap_s", "setup_s",
+  "run_id", "epoch", "chunk", "device", "start", "end", "train_s", "eval_s", "gen_s", "swap_s", "setup_s",
   "snapshot_s", "checkpoint_s", "other_s", "completed_steps", "samples_seen", "worker", "moved", "hop_s",
   "tokens", "tokens_per_s", "peak_mem_mb",
 ] as const;
@@ -161,6 +197,10 @@ export interface PanelState {
    * Python's word from the snapshot, pull replies and op replies (its engine's op queue).
    */
   queued: Map<number, QueuedOp>;
+  /** The sample prompts of the latest generation event; null before any. */
+  samplePrompts: SamplePrompts | null;
+  /** Generation events applied (a view compares it to skip work). */
+  generationCount: number;
 }
 
 export type QueuedOp = "stop" | "resume" | "delete";
@@ -203,11 +243,13 @@ export function createState(): PanelState {
     timeline: [],
     t0: null,
     queued: new Map(),
+    samplePrompts: null,
+    generationCount: 0,
   };
 }
 
 function zeroTime(): TimeSplit {
-  return { train: 0, eval: 0, swap: 0, other: 0 };
+  return { train: 0, eval: 0, generate: 0, swap: 0, other: 0 };
 }
 
 function isInt(v: unknown): v is number {
@@ -293,6 +335,7 @@ function newRun(id: number): RunState {
     baseChunk: null,
     stepsPerEpoch: null,
     note: null,
+    generations: [],
   };
 }
 
@@ -529,8 +572,8 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       // The engine logs moved=true for a run's very first chunk too: that one started there.
       const moved = ev.moved === true && run.worker !== null;
       if (typeof ev.worker === "string") run.worker = ev.worker;
-      for (const key of ["train", "eval", "swap", "other"] as const) {
-        const v = num(ev[`${key}_s`]);
+      for (const [key, field] of TIME_FIELDS) {
+        const v = num(ev[field]);
         if (v !== null && v > 0) {
           run.time[key] += v;
           state.time[key] += v;
@@ -541,6 +584,27 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
       row.moved = moved;
       state.timeline.push(row);
       result.timeChanged = true;
+      break;
+    }
+    case "generation": {
+      if (runId === null) return;
+      // A generation of an unknown run invents no run; one whose texts do not answer its
+      // prompts one for one is skipped whole (engine/state.py's _generation).
+      const run = state.runs.get(runId);
+      const { texts, prompts } = ev;
+      if (!run || !strings(texts) || !strings(prompts) || texts.length !== prompts.length) return;
+      const refs = Array.isArray(ev.references) && ev.references.length === prompts.length
+        ? ev.references.map(str) : prompts.map(() => null);
+      let last = state.samplePrompts;
+      if (last === null || !sameList(last.prompts, prompts) || !sameList(last.references, refs)) {
+        last = state.samplePrompts = { prompts: [...prompts], references: refs };
+      }
+      result.changedRuns.add(runId);
+      run.generations.push({
+        epoch: int(ev.epoch), chunk: int(ev.chunk), step: int(ev.step), samples_seen: int(ev.samples_seen),
+        texts: [...texts], prompts: last.prompts, references: last.references,
+      });
+      state.generationCount++;
       break;
     }
     case "op": {
@@ -616,6 +680,14 @@ function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): voi
   }
 }
 
+function strings(v: unknown): v is string[] {
+  return Array.isArray(v) && v.every((x) => typeof x === "string");
+}
+
+function sameList<T>(a: readonly T[], b: readonly T[]): boolean {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
+}
+
 function workerRow(state: PanelState, name: string): WorkerInfo {
   let row = state.workers.find((w) => w.worker === name);
   if (!row) {
@@ -630,13 +702,13 @@ export const VIEW_RUN_FIELDS = [
   "run_id", "created", "status", "reason", "has_error", "pruned", "trainer_type", "knobs",
   "parent_run_id", "warm_start", "total_steps", "num_chunks", "completed_steps", "samples_seen",
   "chunks_done", "last_epoch", "last_chunk", "latest", "best", "series", "time", "last_op",
-  "device_seq", "suggestion", "worker", "note",
+  "device_seq", "suggestion", "worker", "note", "generations",
 ] as const;
 
 /** Table-level fields the view mirrors. */
 export const VIEW_TABLE_FIELDS = [
   "experiment", "path", "resumed", "ended", "last_seq", "train_metrics", "eval_metrics", "time",
-  "workers", "lost_workers", "timeline",
+  "workers", "lost_workers", "timeline", "sample_prompts",
 ] as const;
 
 /** Series as Python's table keeps them: x (samples seen) and y; step and time are the view's own. */
@@ -660,14 +732,14 @@ export function viewTable(state: PanelState): Record<string, unknown> {
       completed_steps: r.completedSteps, samples_seen: r.samplesSeen, chunks_done: r.chunksDone,
       last_epoch: r.epoch, last_chunk: r.chunk, latest: r.latest, best: r.best,
       series: { train: xy(r.train), eval: xy(r.eval) }, time: r.time, last_op: r.lastOp, device_seq: r.deviceSeq,
-      suggestion: r.suggestion, worker: r.worker, note: r.note,
+      suggestion: r.suggestion, worker: r.worker, note: r.note, generations: r.generations,
     };
   }
   return {
     experiment: state.experiment, path: state.path, resumed: state.resumed, ended: state.ended,
     last_seq: state.lastSeq, train_metrics: [...state.trainMetrics], eval_metrics: [...state.evalMetrics],
     time: state.time, workers: state.workers, lost_workers: state.lostWorkers,
-    timeline: state.timeline, runs,
+    timeline: state.timeline, sample_prompts: state.samplePrompts, runs,
   };
 }
 

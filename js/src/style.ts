@@ -63,6 +63,25 @@ export const CSS = `
 .rf-knob-canvas { display: block; cursor: pointer; }
 .rf-knob-note { color: var(--rf-fg2); font-size: 11px; }
 .rf-knob-tip { white-space: nowrap; }
+/* Generations side by side: cells wrap (a completion is a sentence, not a number) and stay short;
+   the prompt column stays at the left edge when the table scrolls sideways. */
+.rf-gen-wrap { overflow: auto; max-height: 420px; margin-top: 4px; }
+.rf-gen-table { width: auto; min-width: 100%; }
+.rf-gen-table th, .rf-gen-table td { white-space: normal; vertical-align: top; min-width: 12em; max-width: 28em; }
+.rf-gen-table th[data-run-id] { cursor: pointer; }
+.rf-gen-table td.rf-gen-prompt, .rf-gen-table th.rf-gen-prompt { position: sticky; left: 0; background: var(--rf-bg2); z-index: 1; }
+.rf-gen-table thead th.rf-gen-prompt { z-index: 2; }
+.rf-gen-text { white-space: pre-wrap; overflow-wrap: anywhere; max-height: 9em; overflow-y: auto; }
+.rf-gen-ref { color: var(--rf-fg2); font-size: 11px; white-space: pre-wrap; overflow-wrap: anywhere; margin-top: 2px; }
+.rf-gen-ref-key { font-style: italic; }
+.rf-gen-exact { color: #1a7f37; }
+.rf-gen-mark { font-weight: 700; }
+.rf-gen-extra { text-decoration: underline wavy #b58900; text-decoration-thickness: 1px; }
+.rf-gen-none { color: var(--rf-fg2); }
+.rf-gen-from { color: var(--rf-fg2); font-weight: 400; font-size: 10px; }
+.rf-gen-table .rf-gen-pinned { box-shadow: inset 2px 0 0 var(--rf-accent), inset -2px 0 0 var(--rf-accent); }
+.rf-gen-label { font-variant-numeric: tabular-nums; }
+.rf-curvebar input.rf-gen-slider { width: 220px; }
 .rf-chart-plot > canvas:focus { outline: none; }
 .rf-chart-plot > canvas:focus-visible { outline: 2px solid var(--rf-fg2); outline-offset: -2px; }
 .rf-zoombox { position: absolute; pointer-events: none; background: rgba(128,128,128,0.18); border: 1px dashed var(--rf-fg2); }

@@ -1,6 +1,6 @@
 /**
- * The engine time split under the table: where the engine's seconds went (train, eval, swap,
- * other), for all runs and a bar per run, drawn as plain DOM on one seconds scale.
+ * The engine time split under the table: where the engine's seconds went (train, eval, generate,
+ * swap, other), for all runs and a bar per run, drawn as plain DOM on one seconds scale.
  */
 import { timeSplitFigure } from "./chartplan";
 import { h } from "./dom";
@@ -105,14 +105,15 @@ export function createTimeSplitView(opts: {
       return;
     }
     const pct = (v: number) => `${((100 * v) / fig.total).toFixed(1)}%`;
-    summary.textContent =
-      `engine time ${fmtSeconds(fig.total)}: train ${pct(fig.values.train[0])} · eval ${pct(fig.values.eval[0])} · ` +
-      `swap ${pct(fig.values.swap[0])} · other ${pct(fig.values.other[0])} (overhead ${(fig.overhead * 100).toFixed(1)}%)`;
+    // Generating the sample prompts is optional: its slice is named only where some was spent.
+    const shown = fig.categories.filter((c) => c !== "generate" || fig.values.generate[0] > 0);
+    summary.textContent = `engine time ${fmtSeconds(fig.total)}: ${shown.map((c) => `${c} ${pct(fig.values[c][0])}`).join(" · ")}` +
+      ` (overhead ${(fig.overhead * 100).toFixed(1)}%)`;
     if (!details.open) return;
     opts.noteCall("time:render");
     // Stacked bars on one seconds scale: a bar row per run is a handful of divs, and each run's
     // label carries its chart colour and dash glyph, so it reads with the same key.
-    const legend = h("div", { class: "rf-time-legend" }, fig.categories.map((c) => {
+    const legend = h("div", { class: "rf-time-legend" }, shown.map((c) => {
       const key = h("span", { class: "rf-time-key" });
       key.style.background = TIME_COLORS[c];
       return h("span", {}, [key, c]);

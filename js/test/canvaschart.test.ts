@@ -329,13 +329,13 @@ describe("series emphasis", () => {
 });
 
 describe("time split bars", () => {
-  it("stacks train / eval / swap / other per run on one scale, the all-runs row longest", () => {
+  it("stacks train / eval / generate / swap / other per run on one scale, the all-runs row longest", () => {
     const state = createState();
     seq = 0;
     ingest(state, [
       ev({ type: "run_created", run_id: 1, trainer_type: "SFT", knobs: {}, total_steps: 10, num_chunks: 2 }),
       ev({ type: "run_created", run_id: 2, trainer_type: "SFT", knobs: {}, total_steps: 10, num_chunks: 2 }),
-      ev({ type: "chunk_done", run_id: 1, chunk: 0, chunks_done: 1, train_s: 3, eval_s: 1, swap_s: 0.5, other_s: 0.5 }),
+      ev({ type: "chunk_done", run_id: 1, chunk: 0, chunks_done: 1, train_s: 2.5, eval_s: 1, gen_s: 0.5, swap_s: 0.5, other_s: 0.5 }),
       ev({ type: "chunk_done", run_id: 2, chunk: 0, chunks_done: 1, train_s: 4, eval_s: 0, swap_s: 0.5, other_s: 0.5 }),
     ]);
     const fig = timeSplitFigure(state);
@@ -343,8 +343,9 @@ describe("time split bars", () => {
     expect(bars.map((b) => [b.label, b.runId, b.total])).toEqual([["all runs", null, 10], ["run 1", 1, 5], ["run 2", 2, 5]]);
     expect(bars.map((b) => b.widthPct)).toEqual([100, 50, 50]);
     expect(bars[1].segments.map((g) => [g.category, g.seconds, g.pct])).toEqual([
-      ["train", 3, 60], ["eval", 1, 20], ["swap", 0.5, 10], ["other", 0.5, 10],
+      ["train", 2.5, 50], ["eval", 1, 20], ["generate", 0.5, 10], ["swap", 0.5, 10], ["other", 0.5, 10],
     ]);
+    expect(bars[2].segments.find((g) => g.category === "generate")!.seconds).toBe(0);
     expect(bars[2].segments.find((g) => g.category === "eval")!.pct).toBe(0);
   });
 });

@@ -29,14 +29,15 @@ describe("panel module imports", () => {
   });
 
   it("the derived logic imports no view and no DOM helper", () => {
-    const views = ["index", "timeline", "canvaschart", "workers", "tableview", "cloneview", "tracebackview", "timesplit", "dom"];
-    for (const m of ["table", "chartplan", "format", "palette"]) {
+    const views = ["index", "timeline", "canvaschart", "workers", "tableview", "cloneview", "tracebackview", "timesplit",
+      "generationsview", "dom"];
+    for (const m of ["table", "chartplan", "format", "palette", "generations"]) {
       expect([m, graph.get(m)!.filter((d) => views.includes(d))]).toEqual([m, []]);
     }
   });
 
   it("only index.ts wires the views: no view imports index or another view factory", () => {
-    const factories = ["index", "tableview", "cloneview", "tracebackview", "timesplit", "timeline"];
+    const factories = ["index", "tableview", "cloneview", "tracebackview", "timesplit", "timeline", "generationsview"];
     for (const m of MODULES.filter((x) => x !== "index")) {
       expect([m, graph.get(m)!.filter((d) => factories.includes(d))]).toEqual([m, []]);
     }
