@@ -1,6 +1,7 @@
 """Comparing configurations in a real browser (JupyterLab + Chromium), one session for all checks:
 the curve tools (smoothing keeps the raw curve, log y ticks, the hover listing every run), the colour
-key, the knobs -> metric view focusing a run on click, and the report's new sections.
+key, the knobs -> metric view focusing a run on click, the runs' generations side by side, and the
+report's new sections.
 
 A grid of four tiny LoRA runs (two learning rates x two ranks) trains to the end first, so every
 check below reads a picture that no longer changes; each check waits on a condition, never on time.
@@ -39,8 +40,10 @@ config = RFModelConfig(
                               num_train_epochs=1, bf16=False, max_length=64, logging_steps=1),
 )
 exp = Experiment("{name}", experiment_path="experiments")
-exp.run_fit(RFGridSearch(config, trainer_type="SFT"), tiny_create_model, train, evals, num_chunks=3)
+exp.run_fit(RFGridSearch(config, trainer_type="SFT"), tiny_create_model, train, evals, num_chunks=3,
+            sample_prompts={prompts})
 """
+PROMPTS = ["What color is the cat?", "What color is the dog?"]
 
 INSPECT = "(sel) => { const d = document.querySelector(sel); return d && d.rfInspect ? d.rfInspect() : null; }"
 # Page coordinates of a data point on a chart, from what its canvas drew last.
@@ -68,7 +71,7 @@ def _done(root: Path) -> bool:
 def compare(lab, browser):
     """One JupyterLab page with the finished experiment's panel, shared by every check here."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    write_notebook(lab.root, EXPERIMENT, "compare.ipynb", NOTEBOOK_CODE)
+    write_notebook(lab.root, EXPERIMENT, "compare.ipynb", NOTEBOOK_CODE.replace("{prompts}", repr(PROMPTS)))
     context = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
     page = context.new_page()
     page.set_default_timeout(60_000)
@@ -253,6 +256,67 @@ def test_knob_view_focuses_a_run_on_click(compare):
     page.mouse.move(5, 5)   # and the pointer leaves: nothing hovered either
     _wait(lambda: not any(s["focused"] for s in page.evaluate(INSPECT, TRAIN)["series"]), 10, "run 3 unpinned", page)
     assert "tok/s" in (panel.locator("[data-testid=rf-time-res]").first.text_content() or "")
+
+
+# Each generation cell's text as set (textContent: the tiny model's answers hold control characters
+# that innerText would rewrite), by prompt row and run column.
+GEN_CELLS = """(el) => [...el.querySelectorAll('tbody tr')].map((tr) =>
+  Object.fromEntries([...tr.querySelectorAll('td[data-run-id]')].map((td) => [td.dataset.runId, td.textContent])))"""
+
+
+def test_generations_side_by_side(compare):
+    page, panel, lab = compare
+    gens = [e for e in experiment_events(lab.root, EXPERIMENT) if e["type"] == "generation"]
+    runs = sorted({e["run_id"] for e in gens})
+    assert runs == [1, 2, 3, 4] and all(e["prompts"] == PROMPTS for e in gens), gens
+    xs = sorted({e["samples_seen"] for e in gens})
+    assert len(xs) == 3, xs   # one point per chunk
+
+    def texts_at(x):
+        # each run's answers logged last at or before x, by prompt
+        out = {}
+        for e in gens:
+            if e["samples_seen"] <= x:
+                out[str(e["run_id"])] = e["texts"]
+        return [{rid: t[i] for rid, t in out.items()} for i in range(len(PROMPTS))]
+
+    view = panel.locator("[data-testid=rf-generations]")
+    table = view.locator("[data-testid=rf-generations-table]")
+    label = view.locator("[data-testid=rf-generations-label]")
+    slider = view.locator("[data-testid=rf-generations-slider]")
+    view.scroll_into_view_if_needed()
+    # a row per prompt, a column per run, each cell the run's last answer: the newest point
+    newest = texts_at(xs[-1])
+    _wait(lambda: view.is_visible() and table.count() == 1 and table.evaluate(GEN_CELLS) == newest, 60,
+          "the generations table at the newest point", page)
+    assert all(t.strip() for row in newest for t in row.values()), newest   # the tiny model's answers are not blank
+    prompts = [table.locator(f'tbody tr[data-prompt-index="{i}"] td.rf-gen-prompt').text_content() for i in range(2)]
+    assert prompts == PROMPTS
+    # the columns go by the names the charts use
+    names = [s["name"] for s in page.evaluate(INSPECT, TRAIN)["series"]]
+    heads = table.locator("thead th[data-run-id]")
+    assert heads.count() == 4
+    assert [heads.nth(i).text_content().endswith(names[i]) for i in range(4)] == [True] * 4, (names, heads.all_text_contents())
+    before = label.text_content()
+    assert before.startswith(f"after {xs[-1]} samples (chunk 3/3)") and before.endswith("newest"), before
+    assert slider.get_attribute("max") == "2" and slider.input_value() == "2"
+    view.screenshot(path=str(SHOTS / "compare_generations.png"))
+    # the slider to its first position (as a keyboard user would): the first chunk's answers
+    slider.focus()
+    slider.press("Home")
+    first = texts_at(xs[0])
+    _wait(lambda: label.text_content() != before and table.evaluate(GEN_CELLS) == first, 10,
+          "the first chunk's answers", page)
+    assert label.text_content() == f"after {xs[0]} samples (chunk 1/3)"
+    assert slider.input_value() == "0"
+    view.screenshot(path=str(SHOTS / "compare_generations_first.png"))
+    # back to the end: it follows the newest point again
+    slider.press("End")
+    _wait(lambda: (label.text_content() or "").endswith("newest") and table.evaluate(GEN_CELLS) == newest, 10,
+          "the newest answers again", page)
+    # generating has its own slice of the engine time split
+    _wait(lambda: "generate" in (panel.locator(".rf-time-legend").first.text_content() or ""), 30,
+          "the generate slice in the time split", page)
 
 
 def test_report_has_the_new_sections(compare, browser, tmp_path):
