@@ -46,8 +46,8 @@ def prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks,
     here, in the caller's thread, so ``create_model``'s errors show in the cell) and, with Ray,
     the workers. ``stored_meta`` is the resumed folder's experiment.json (None: a new one)."""
     from rapidfire_nb import automl
-    from rapidfire_nb.engine import Engine, check_before_training, check_run_data, trainer_class
-    from rapidfire_nb.engine.generation import check_sample_prompts
+    from rapidfire_nb.engine import (Engine, check_before_training, check_run_data, check_sample_prompts,
+                                     trainer_class)
     from rapidfire_nb.errors import ConfigError
     from rapidfire_nb.launch.resume import check_resume, plan_restore
     from rapidfire_nb.tuning import check_objective_is_logged, driver_for, needs_driver, pruning_settings

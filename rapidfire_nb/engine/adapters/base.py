@@ -79,6 +79,44 @@ def is_quantized(model) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
 
 
+def activate_peft_adapter(model, name: str) -> None:
+    """What ``PeftModel.set_adapter(name)`` does for a LoRA-style model, without walking every
+    module of the model twice per swap: the adapter layers and PEFT's auxiliary wrappers
+    (``modules_to_save``) are found once per set of adapters and kept on the model. Anything
+    else (prompt learning, a model PEFT did not wrap) goes through ``set_adapter`` itself."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    config = getattr(model, "peft_config", None)
+    base = getattr(model, "base_model", None)
+    if not isinstance(config, dict) or name not in config or config[name].is_prompt_learning \
+            or not hasattr(base, "active_adapter"):
+        model.set_adapter(name)
+        return
+    key = tuple(config)   # adding or deleting an adapter may add or drop layers: walk again
+    cached = getattr(model, "_rf_adapter_layers", None)
+    if cached is None or cached[0] != key:
+        layers, wrappers = [], []
+        for module in model.modules():
+            if isinstance(module, BaseTunerLayer):
+                layers.append(module)
+            elif isinstance(module, AuxiliaryTrainingWrapper):
+                wrappers.append(module)
+        cached = (key, layers, wrappers)
+        model._rf_adapter_layers = cached
+    _, layers, wrappers = cached
+    model.active_adapter = name
+    for module in wrappers:   # as peft.utils.other._set_adapter
+        target = module.check_set_adapter(name)
+        module.set_adapter(target if target in module._adapters else [])
+    for layer in layers:
+        if layer.merged:      # never merged here; PEFT's own path says why if it ever is
+            model.set_adapter(name)
+            return
+        layer.set_adapter(name)
+    base.active_adapter = name
+
+
 def prepare_quantized_base(model, name: str, full_finetuning: bool):
     """A quantized base as LoRA training needs it (PEFT's ``prepare_model_for_kbit_training``:
     frozen quantized weights, norms in fp32, input gradients on); full fine-tuning is refused."""
@@ -310,7 +348,7 @@ class RunTrainer:
         # always, even when it is the active one already: set_adapter is also what makes exactly
         # this adapter trainable (another run's activation froze it)
         if self.adapter_name is not None:
-            self.model.set_adapter(self.adapter_name)
+            activate_peft_adapter(self.model, self.adapter_name)
 
     def swap_in(self) -> None:
         self.activate_adapter()
