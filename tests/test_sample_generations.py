@@ -105,3 +105,27 @@ def test_the_report_sets_the_answers_side_by_side_at_every_point(tmp_path, tiny_
     assert f'<details data-samples="{xs[0]}" open>' in page and f'<details data-samples="{xs[1]}">' in page
     for text in gens.text:
         assert html.escape(text) in page
+
+
+@pytest.mark.parametrize("generation_config, says", [
+    ({"num_beams": 0}, "run 1: generation_config cannot generate for the sample prompts"),
+    ({"do_sample": True, "temperature": 0.0}, "run 1: generation_config cannot generate"),
+])
+def test_settings_that_cannot_generate_are_refused_by_run_fit(tmp_path, tiny_data, generation_config, says):
+    exp = Experiment("nogen", experiment_path=tmp_path, tracking=[])
+    with pytest.raises(ConfigError, match=says):
+        exp.run_fit(grid(generation_config=generation_config), tiny_create_model, *tiny_data, num_chunks=2)
+    assert exp.engine is None
+    exp.end()
+    # without sample prompts nothing generates: the same settings train as before
+    ok = fit(tmp_path, "nogen-off", tiny_data, group=grid(generation_config=generation_config), sample_prompts=[])
+    assert set(ok.get_runs_info().status) == {"completed"}
+    ok.end()
+
+
+def test_one_answer_per_prompt_whatever_the_generation_config_returns(tmp_path, tiny_data):
+    exp = fit(tmp_path, "beams", tiny_data, sample_prompts=["What color is the cat?"],
+              group=grid(generation_config={"num_beams": 2, "num_return_sequences": 2, "max_new_tokens": 3}))
+    gens = exp.get_generations()
+    assert len(gens) == 4 and set(exp.get_runs_info().status) == {"completed"}   # 2 runs x 2 chunks
+    exp.end()

@@ -21,7 +21,7 @@ _WHERE = {
     "model_identity": "runspec",
     "PROMPT_KEYS": "genconfig", "check_generation_keys": "genconfig",
     "check_generation_settings": "genconfig", "check_prompt_settings": "genconfig",
-    "check_sample_prompts": "generation",
+    "check_sample_prompts": "generation", "check_sample_generation": "precheck",
     # the engine, its ops and their rules
     "Engine": "controller", "Op": "controller", "Note": "controller", "weights_lost_reason": "controller",
     "refusal": "ops", "ProjectedRun": "ops", "known_ids": "ops", "project": "ops",

@@ -319,10 +319,25 @@ def sample_pairs(rt, explicit: list | None) -> list:
     """The (prompt, reference) pairs run ``rt`` generates for after each chunk ([]: none)."""
     if explicit is not None:
         return list(explicit)
-    dataset = getattr(rt, "raw_eval_dataset", None)
-    if rt.spec.generation_config is None or dataset is None or len(dataset) == 0:
+    return default_pairs(rt.spec, getattr(rt, "raw_eval_dataset", None))
+
+
+def default_pairs(spec, dataset, n: int = DEFAULT_SAMPLE_PROMPTS) -> list:
+    """A run with a ``generation_config`` answers the first eval prompts; none when it has no
+    ``generation_config``, no eval set, or eval rows that hold no prompt (nothing to ask)."""
+    if spec.generation_config is None or dataset is None or len(dataset) == 0:
         return []
-    return [split_example(dataset[i]) for i in range(min(DEFAULT_SAMPLE_PROMPTS, len(dataset)))]
+    try:
+        return [split_example(dataset[i]) for i in range(min(n, len(dataset)))]
+    except ConfigError:
+        return []
+
+
+def sample_kwargs(spec) -> dict:
+    """``generate``'s arguments for the sample prompts: the run's, one answer per prompt."""
+    kwargs = generation_kwargs(spec)
+    kwargs["num_return_sequences"] = 1
+    return kwargs
 
 
 def sample_generations(rt, explicit: list | None) -> dict | None:
@@ -334,7 +349,7 @@ def sample_generations(rt, explicit: list | None) -> dict | None:
     if not pairs or is_sharded(rt.spec):
         # a sharded model generates only with every rank in step; its samples are not drawn
         return None
-    kwargs = generation_kwargs(rt.spec)
+    kwargs = sample_kwargs(rt.spec)
     prompts = [p for p, _ in pairs]
     texts = generate(rt.model, rt.tokenizer, prompts, kwargs, len(prompts), rt.seed, prompt_settings(rt.spec))
     refs = [r if r is None or isinstance(r, str) else prompt_text(r) for _, r in pairs]

@@ -216,3 +216,46 @@ def check_before_training(specs, bases_for, train_dataset, eval_dataset, cache: 
                 check_rows(spec, eval_dataset, "eval_dataset", tokenizer, cache)
         except ConfigError as exc:
             raise ConfigError(f"run {i}: {exc}") from exc
+
+
+def check_sample_generation(specs, bases_for, explicit: list | None, eval_dataset, cache: dict) -> None:
+    """Before training: each distinct generation setting of the runs that will answer sample
+    prompts generates one token for the first prompt on the run's base model, so settings or
+    prompts that cannot run (a zero beam count, a chat prompt and no chat template) are refused
+    here, naming the run, instead of failing it after its first chunk."""
+    import json
+
+    from rapidfire_nb.engine.formatting import formatted
+    from rapidfire_nb.engine.generation import default_pairs, generate, prompt_settings, sample_kwargs
+    from rapidfire_nb.engine.sharding import is_sharded
+
+    tried: set = set()
+    for i, spec in enumerate(specs, start=1):
+        if is_sharded(spec):
+            continue
+        if explicit is not None:
+            pairs = explicit[:1]
+        elif spec.generation_config is not None and eval_dataset is not None:
+            # the rows as the run reads them (formatting_func's output beside the columns)
+            pairs = default_pairs(spec, formatted(spec, eval_dataset, cache, "eval_dataset"), 1)
+        else:
+            pairs = []
+        if not pairs:
+            continue
+        kwargs = {**sample_kwargs(spec), "max_new_tokens": 1}
+        kwargs.pop("max_length", None)
+        settings = prompt_settings(spec)
+        key = (spec.base_key(), json.dumps([kwargs, settings], sort_keys=True, default=repr))
+        if key in tried:
+            continue
+        tried.add(key)
+        model, tokenizer = bases_for(spec)
+        try:
+            generate(model, tokenizer, [pairs[0][0]], kwargs, 1, 0, settings)
+        except ConfigError as exc:
+            raise ConfigError(f"run {i}: sample prompts: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - whatever generate raises, said before training
+            what = "generation_config" if spec.generation_config else "the default generation settings"
+            raise ConfigError(f"run {i}: {what} cannot generate for the sample prompts "
+                              f"({type(exc).__name__}: {exc}); fix it, or pass sample_prompts=[] "
+                              "to run_fit to ask no sample prompts") from None

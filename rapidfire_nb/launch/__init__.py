@@ -46,8 +46,8 @@ def prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks,
     here, in the caller's thread, so ``create_model``'s errors show in the cell) and, with Ray,
     the workers. ``stored_meta`` is the resumed folder's experiment.json (None: a new one)."""
     from rapidfire_nb import automl
-    from rapidfire_nb.engine import (Engine, check_before_training, check_run_data, check_sample_prompts,
-                                     trainer_class)
+    from rapidfire_nb.engine import (Engine, check_before_training, check_run_data, check_sample_generation,
+                                     check_sample_prompts, trainer_class)
     from rapidfire_nb.errors import ConfigError
     from rapidfire_nb.launch.resume import check_resume, plan_restore
     from rapidfire_nb.tuning import check_objective_is_logged, driver_for, needs_driver, pruning_settings
@@ -97,6 +97,7 @@ def prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks,
         engine.load_base(spec, need_pristine[spec.base_key()])
     # what needs the base or the data: LoRA targets, the first rows, generation_config
     check_before_training(specs, engine.model_and_tokenizer, train, evald, prep_cache)
+    check_sample_generation(specs, engine.model_and_tokenizer, samples, evald, prep_cache)
     if workers:
         # seconds of silence otherwise: Ray's start, then each worker imports torch and loads
         # the model(s) and what the runs need (start_workers checks it before any run exists)
