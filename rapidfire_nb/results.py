@@ -163,12 +163,13 @@ def results_frame(table: dict):
 def generations_frame(table: dict):
     import pandas as pd
 
-    rows = [{"run_id": run["run_id"], **{k: g[k] for k in ("epoch", "chunk", "step", "samples_seen")},
+    rows = [{"run_id": run["run_id"], "name": short_name(run["run_id"], run["knobs"]),
+             **{k: g[k] for k in ("epoch", "chunk", "step", "samples_seen")},
              "prompt": prompt, "reference": ref, "text": text}
             for run in runs_by_id(table) for g in run["generations"]
             for prompt, ref, text in zip(g["prompts"], g["references"], g["texts"])]
-    return pd.DataFrame(rows, columns=["run_id", "epoch", "chunk", "step", "samples_seen", "prompt",
-                                       "reference", "text"])
+    return pd.DataFrame(rows, columns=["run_id", "name", "epoch", "chunk", "step", "samples_seen",
+                                       "prompt", "reference", "text"])
 
 
 def timeline_frame(table: dict):

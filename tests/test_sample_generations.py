@@ -1,6 +1,8 @@
 """Sample generations: every run answers the same prompts after every chunk, for the panel's
 side-by-side view and the report, without changing what any run trains."""
 
+import re
+
 import pytest
 import torch
 
@@ -104,7 +106,36 @@ def test_the_report_sets_the_answers_side_by_side_at_every_point(tmp_path, tiny_
     xs = sorted(set(gens.samples_seen), reverse=True)
     assert f'<details data-samples="{xs[0]}" open>' in page and f'<details data-samples="{xs[1]}">' in page
     for text in gens.text:
-        assert html.escape(text) in page
+        shown = "".join(c if c in "\n\t" or ord(c) >= 32 and ord(c) != 127 else "\ufffd" for c in text)
+        assert (html.escape(shown) if text.strip() else "(empty answer)") in page
+    assert "reference</th>" not in page     # no prompt has a reference: no reference column
+
+
+def test_the_report_says_empty_answers_marks_matches_and_shows_no_control_characters():
+    from rapidfire_nb.engine.state import fold
+    from rapidfire_nb.report.page import generations_html
+
+    def ev(seq, type_, **kw):
+        return {"seq": seq, "time": float(seq), "type": type_, **kw}
+
+    created = [ev(i, "run_created", run_id=i, trainer_type="SFT", config={}, knobs={"lr": 0.1 * i},
+                  parent_run_id=None, warm_start=False, total_steps=4, steps_per_epoch=2, num_chunks=2)
+               for i in (1, 2)]
+    gen = [ev(3, "generation", run_id=1, epoch=0, chunk=0, step=1, samples_seen=8, prompts=["p?", "q?"],
+              references=["orange", None], texts=["orange ", "\x02\ufffdok"]),
+           ev(4, "generation", run_id=2, epoch=0, chunk=0, step=1, samples_seen=8, prompts=["p?", "q?"],
+              references=["orange", None], texts=["", "x"]),
+           ev(5, "generation", run_id=1, epoch=1, chunk=1, step=4, samples_seen=32, prompts=["p?", "q?"],
+              references=["orange", None], texts=["red", "y"])]
+    page = generations_html(fold(created + gen))
+    assert re.search(r">orange\s+✓<", page)         # equal to the reference once trimmed
+    assert "(empty answer)" in page and "\x02" not in page and "\ufffd\ufffdok" in page
+    assert "reference</th>" in page
+    # points named by epoch and chunk; the run that has not reached the latest shows its last answer
+    assert "after 32 samples (epoch 2, chunk 2/2) · latest" in page
+    assert "after 8 samples (epoch 1, chunk 1/2)" in page
+    latest = page.split("after 8 samples")[0]
+    assert "red" in latest and "(empty answer)" in latest
 
 
 @pytest.mark.parametrize("generation_config, says", [

@@ -143,6 +143,14 @@ def _left_out_note(names: list, split: str) -> str:
 MAX_GENERATION_POINTS = 24   # earlier answer tables kept in the report, newest first
 
 
+def _shown_text(text: str) -> str:
+    """An answer as the page shows it: control characters (other than line breaks and tabs) as
+    U+FFFD, an empty answer said in words rather than left as a blank cell."""
+    if not text.strip():
+        return '<i style="color:#888" title="the run generated no text (its first new token ended the answer)">(empty answer)</i>'
+    return _e("".join(c if c in "\n\t" or ord(c) >= 32 and ord(c) != 127 else "\ufffd" for c in text))
+
+
 def generations_html(table: dict) -> str:
     """Every run's answers to the sample prompts side by side: prompt x run at each point in
     training (samples seen), the latest first and open, earlier ones folded. "" when none."""
@@ -153,32 +161,43 @@ def generations_html(table: dict) -> str:
         return ""
     points = sorted({g["samples_seen"] for r in runs for g in r["generations"]
                      if isinstance(g["samples_seen"], int)}, reverse=True)
+    many_epochs = any((g["epoch"] or 0) > 0 for r in runs for g in r["generations"])
     cell = 'style="padding:3px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;white-space:pre-wrap;max-width:28em"'
-    out = [f'<p class="meta">{len(runs)} runs, the same prompts after every chunk; at each point '
-           "a run shows its latest answer up to it. ✓ marks an answer equal to the reference.</p>"]
+    out = [f'<p class="meta">{len(runs)} runs answer the same prompts after every chunk; at each point '
+           "a run shows its latest answer up to it"
+           + (" (✓: the answer equals the reference)" if any(ref is not None for r in runs for g in r["generations"]
+                                                              for ref in g["references"]) else "") + ".</p>"]
     for i, x in enumerate(points[:MAX_GENERATION_POINTS]):
         latest = {}
         for r in runs:
             done = [g for g in r["generations"] if isinstance(g["samples_seen"], int) and g["samples_seen"] <= x]
             if done:
-                latest[r["run_id"]] = done[-1]
-        shown = [r for r in runs if r["run_id"] in latest]
-        # the prompts of the newest answer at this point (a resume may have asked others)
-        ref_gen = max(latest.values(), key=lambda g: g["samples_seen"])
-        head = ["prompt", "reference"] + [short_name(r["run_id"], r["knobs"]) for r in shown]
+                latest[r["run_id"]] = (r, done[-1])
+        # the newest answer at this point names the chunk and holds the prompts asked then (a
+        # resume may have asked others)
+        newest_run, newest = max(latest.values(), key=lambda rg: rg[1]["samples_seen"])
+        has_refs = any(ref is not None for ref in newest["references"])
+        head = [_e("prompt")] + ([_e("reference")] if has_refs else []) + [
+            f'<span style="color:{run_color(r["run_id"])}">&#9632;</span> {_e(short_name(r["run_id"], r["knobs"]))}'
+            for r, _ in latest.values()]
         rows = []
-        for j, (prompt, ref) in enumerate(zip(ref_gen["prompts"], ref_gen["references"])):
-            cells = [_e(prompt), _e(ref) if ref is not None else "—"]
-            for r in shown:
-                g = latest[r["run_id"]]
-                text = g["texts"][j] if g["prompts"] == ref_gen["prompts"] and j < len(g["texts"]) else None
+        for j, (prompt, ref) in enumerate(zip(newest["prompts"], newest["references"])):
+            cells = [_e(prompt)] + ([_e(ref) if ref is not None else "—"] if has_refs else [])
+            for _, g in latest.values():
+                text = g["texts"][j] if g["prompts"] == newest["prompts"] and j < len(g["texts"]) else None
                 mark = " ✓" if text is not None and ref is not None and text.strip() == ref.strip() else ""
-                cells.append("—" if text is None else _e(text) + mark)
+                cells.append("—" if text is None else _shown_text(text) + mark)
             rows.append("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in cells) + "</tr>")
         body = ('<div style="overflow-x:auto;max-width:100%"><table style="border-collapse:collapse;font-size:13px">'
-                "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"
+                "<thead><tr>" + "".join(f"<th {cell}>{h}</th>" for h in head) + "</tr></thead><tbody>"
                 + "".join(rows) + "</tbody></table></div>")
-        summary = f"after {x} samples" + (" (latest)" if i == 0 else "")
+        where = []
+        if many_epochs and isinstance(newest["epoch"], int):
+            where.append(f"epoch {newest['epoch'] + 1}")
+        if isinstance(newest["chunk"], int):
+            total = newest_run["num_chunks"]
+            where.append(f"chunk {newest['chunk'] + 1}" + (f"/{total}" if isinstance(total, int) else ""))
+        summary = f"after {x} samples" + (f" ({', '.join(where)})" if where else "") + (" · latest" if i == 0 else "")
         out.append(f'<details data-samples="{x}"{" open" if i == 0 else ""}><summary>{_e(summary)}</summary>{body}</details>')
     if len(points) > MAX_GENERATION_POINTS:
         out.append(f'<p class="meta">{len(points) - MAX_GENERATION_POINTS} earlier points left out; '
