@@ -60,6 +60,21 @@ export function pointLabel(p: GenPoint, multiEpoch: boolean): string {
   return `after ${p.x} sample${p.x === 1 ? "" : "s"}${parts.length ? ` (${parts.join(", ")})` : ""}`;
 }
 
+/**
+ * A generation's text as a cell shows it. A tiny or undertrained model emits raw control bytes,
+ * which browsers draw as nothing or as boxes that vary by font: each becomes U+FFFD, the mark a
+ * decoder leaves for bytes it could not read, so the reader sees that something unreadable was
+ * there. Line breaks and tabs are kept (a CRLF counts as one line break).
+ */
+export function visibleText(text: string): string {
+  return text.replace(/\r\n/g, "\n").replace(/[^\P{Cc}\n\t]/gu, "\ufffd");
+}
+
+/** The run generated no text, or only whitespace (it ended its answer at once). */
+export function emptyAnswer(text: string): boolean {
+  return text.trim() === "";
+}
+
 /** The generation equals the reference, whitespace at either end aside. */
 export function exactMatch(text: string, reference: string): boolean {
   return text.trim() === reference.trim();
@@ -72,9 +87,15 @@ export function normWord(word: string): string {
 
 export interface DiffPart {
   text: string;
-  /** A word the reference does not have (whitespace and bare punctuation never are). */
+  /**
+   * A word the reference does not have. Whitespace and bare punctuation never are; unreadable
+   * characters (U+FFFD, control characters) always are, unless the reference has the same token:
+   * otherwise an answer of nothing but them would look like a match.
+   */
   extra: boolean;
 }
+
+const UNREADABLE = /[\ufffd\p{Cc}]/u;
 
 /**
  * The generation cut into words and the whitespace between them (joined, they give the text
@@ -82,9 +103,13 @@ export interface DiffPart {
  * to read at a glance, not an alignment.
  */
 export function wordDiff(text: string, reference: string): DiffPart[] {
-  const known = new Set(reference.split(/\s+/).map(normWord).filter((w) => w !== ""));
+  const tokens = reference.split(/\s+/).filter((t) => t !== "");
+  const known = new Set(tokens.map(normWord).filter((w) => w !== ""));
+  const literal = new Set(tokens);
   return text.split(/(\s+)/).filter((t) => t !== "").map((t) => {
-    const w = /^\s+$/.test(t) ? "" : normWord(t);
+    if (/^\s+$/.test(t)) return { text: t, extra: false };
+    if (UNREADABLE.test(t)) return { text: t, extra: !literal.has(t) };
+    const w = normWord(t);
     return { text: t, extra: w !== "" && !known.has(w) };
   });
 }

@@ -8,7 +8,7 @@
  * as text nodes, never parsed as HTML.
  */
 import { h } from "./dom";
-import { exactMatch, genModel, wordDiff, type GenModel } from "./generations";
+import { emptyAnswer, exactMatch, genModel, visibleText, wordDiff, type GenModel } from "./generations";
 import { runTitle } from "./names";
 import { runColor, runKey } from "./palette";
 import type { PanelState, RunState } from "./state";
@@ -23,21 +23,35 @@ export interface GenerationsView {
 /** How the view says "nothing yet" in a cell. */
 export const NONE = "—";
 
+/** How the view shows an answer with no text (a blank cell would look like a broken view). */
+export const EMPTY = "(empty answer)";
+
+/** The legend under the table when some prompt has a reference. */
+export const LEGEND = ["✓ the answer equals the reference · ", "underlined", ": words the reference does not have"];
+
 /** A generation's text in a cell, marked against the reference where there is one. */
 export function genCell(text: string, reference: string | null): HTMLElement {
   const cell = h("div", { class: "rf-gen-text" });
+  if (emptyAnswer(text)) {
+    cell.classList.add("rf-gen-empty");
+    cell.setAttribute("data-testid", "rf-gen-empty");
+    cell.title = "the run generated no text, or only whitespace (for example, it produced the end-of-text token first)";
+    cell.textContent = EMPTY;
+    return cell;
+  }
+  const shown = visibleText(text);
   if (reference === null) {
-    cell.textContent = text;
+    cell.textContent = shown;
     return cell;
   }
   if (exactMatch(text, reference)) {
     cell.classList.add("rf-gen-exact");
     cell.title = "the same as the reference (whitespace at the ends aside)";
-    cell.append(h("span", { class: "rf-gen-mark", "data-testid": "rf-gen-exact", text: "✓ " }), text);
+    cell.append(h("span", { class: "rf-gen-mark", "data-testid": "rf-gen-exact", text: "✓ " }), shown);
     return cell;
   }
   cell.title = "underlined: words the reference does not have";
-  for (const part of wordDiff(text, reference)) {
+  for (const part of wordDiff(shown, visibleText(reference))) {
     cell.append(part.extra ? h("span", { class: "rf-gen-extra", text: part.text }) : part.text);
   }
   return cell;
@@ -55,7 +69,10 @@ export function createGenerationsView(opts: {
   const note = h("span", { class: "rf-knob-note", "data-testid": "rf-generations-note" });
   const bar = h("div", { class: "rf-curvebar" }, [h("label", {}, ["point in training ", slider]), label, note]);
   const wrap = h("div", { class: "rf-gen-wrap" });
-  const details = h("details", { open: "", "data-testid": "rf-generations" }, [summary, bar, wrap]);
+  const legend = h("div", { class: "rf-gen-legend", "data-testid": "rf-generations-legend" },
+    [LEGEND[0], h("span", { class: "rf-gen-extra", text: LEGEND[1] }), LEGEND[2]]);
+  legend.style.display = "none";
+  const details = h("details", { open: "", "data-testid": "rf-generations" }, [summary, bar, wrap, legend]);
   details.style.display = "none";
   /** The point the user picked (samples seen); null: follow the newest. */
   let chosen: number | null = null;
@@ -73,7 +90,23 @@ export function createGenerationsView(opts: {
     chosen = i === model.points.length - 1 ? null : model.points[i].x;
     redraw();
   };
+  // Arrow keys step the slider by one point. The browser would do it, but inside JupyterLab the
+  // notebook's command-mode shortcuts take the arrows (moving between cells) and cancel the
+  // slider's own move; Home/End/PageUp/PageDown have no such binding and are left to the browser.
+  const STEP: Record<string, number> = { ArrowLeft: -1, ArrowDown: -1, ArrowRight: 1, ArrowUp: 1 };
+  const onKey = (ev: KeyboardEvent) => {
+    const step = STEP[ev.key];
+    if (step === undefined || ev.altKey || ev.ctrlKey || ev.metaKey) return;
+    ev.preventDefault();
+    ev.stopPropagation();
+    if (slider.disabled || model === null || model.points.length === 0) return;
+    const i = Math.max(0, Math.min(model.points.length - 1, slider.valueAsNumber + step));
+    if (i === slider.valueAsNumber) return;
+    slider.value = String(i);
+    onInput();
+  };
   slider.addEventListener("input", onInput);
+  slider.addEventListener("keydown", onKey);
   details.addEventListener("toggle", redraw);
 
   function update(state: PanelState, shown: readonly RunState[], pinned: ReadonlySet<number>, force = false): void {
@@ -97,6 +130,7 @@ export function createGenerationsView(opts: {
     label.textContent = m.label + (chosen === null ? " · newest" : "");
     note.textContent = m.waiting.length
       ? `no generations yet: run${m.waiting.length === 1 ? "" : "s"} ${m.waiting.join(", ")}` : "";
+    legend.style.display = m.references.some((r) => r !== null) ? "" : "none";
     if (!details.open) return;
     const x = m.index >= 0 ? m.points[m.index].x : null;
     const head = h("tr", {}, [h("th", { class: "rf-gen-prompt", text: "prompt" })]);
@@ -166,6 +200,7 @@ export function createGenerationsView(opts: {
     update: (s, shown, pinned) => update(s, shown, pinned),
     dispose: () => {
       slider.removeEventListener("input", onInput);
+      slider.removeEventListener("keydown", onKey);
       wrap.removeEventListener("mouseover", onMove);
       wrap.removeEventListener("mouseleave", onLeave);
       wrap.removeEventListener("click", onClick);

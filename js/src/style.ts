@@ -67,7 +67,10 @@ export const CSS = `
    the prompt column stays at the left edge when the table scrolls sideways. */
 .rf-gen-wrap { overflow: auto; max-height: 420px; margin-top: 4px; }
 .rf-gen-table { width: auto; min-width: 100%; }
-.rf-gen-table th, .rf-gen-table td { white-space: normal; vertical-align: top; min-width: 12em; max-width: 28em; }
+.rf-gen-table th, .rf-gen-table td { white-space: normal; min-width: 12em; max-width: 28em; }
+/* Top, not the bottom the run table's headers sit at: a column without a "from N samples" line
+   would put its run's name level with the other columns' "from" lines, reading as one more of them. */
+.rf-table.rf-gen-table th, .rf-table.rf-gen-table td { vertical-align: top; }
 .rf-gen-table th[data-run-id] { cursor: pointer; }
 .rf-gen-table td.rf-gen-prompt, .rf-gen-table th.rf-gen-prompt { position: sticky; left: 0; background: var(--rf-bg2); z-index: 1; }
 .rf-gen-table thead th.rf-gen-prompt { z-index: 2; }
@@ -78,6 +81,8 @@ export const CSS = `
 .rf-gen-mark { font-weight: 700; }
 .rf-gen-extra { text-decoration: underline wavy #b58900; text-decoration-thickness: 1px; }
 .rf-gen-none { color: var(--rf-fg2); }
+.rf-gen-empty { color: var(--rf-fg2); font-style: italic; }
+.rf-gen-legend { color: var(--rf-fg2); font-size: 11px; margin-top: 4px; }
 .rf-gen-from { color: var(--rf-fg2); font-weight: 400; font-size: 10px; }
 .rf-gen-table .rf-gen-pinned { box-shadow: inset 2px 0 0 var(--rf-accent), inset -2px 0 0 var(--rf-accent); }
 .rf-gen-label { font-variant-numeric: tabular-nums; }

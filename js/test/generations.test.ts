@@ -4,8 +4,8 @@
 // point, runs without generations, escaping).
 // @vitest-environment happy-dom
 import { describe, expect, it, vi } from "vitest";
-import { exactMatch, genAt, genModel, genPoints, pointLabel, wordDiff } from "../src/generations";
-import { createGenerationsView, NONE } from "../src/generationsview";
+import { emptyAnswer, exactMatch, genAt, genModel, genPoints, pointLabel, visibleText, wordDiff } from "../src/generations";
+import { createGenerationsView, EMPTY, genCell, NONE } from "../src/generationsview";
 import { timeSplitFigure } from "../src/chartplan";
 import { createTimeSplitView } from "../src/timesplit";
 import { createState, ingest, type PanelState, type WireEvent } from "../src/state";
@@ -177,6 +177,30 @@ describe("generations at a point in training", () => {
     // case and punctuation at a word's ends do not count; whitespace and bare punctuation never differ
     expect(wordDiff("BLACK, - it is", "it is black").filter((p) => p.extra)).toEqual([]);
   });
+
+  it("counts unreadable characters as differing, never as bare punctuation", () => {
+    // nothing but a control byte and replacement marks: not a match, and underlined whole
+    expect(exactMatch("\u0002\ufffd\ufffd", "orange")).toBe(false);
+    expect(wordDiff("\u0002\ufffd\ufffd", "orange")).toEqual([{ text: "\u0002\ufffd\ufffd", extra: true }]);
+    expect(wordDiff(visibleText("\u0002\ufffd\ufffd"), "orange")).toEqual([{ text: "\ufffd\ufffd\ufffd", extra: true }]);
+    // a known word with a replacement mark stuck to it is not that word
+    expect(wordDiff("orange\ufffd is", "orange is").filter((p) => p.extra).map((p) => p.text)).toEqual(["orange\ufffd"]);
+    // unless the reference has that very token
+    expect(wordDiff("a \ufffd b", "a \ufffd b").filter((p) => p.extra)).toEqual([]);
+  });
+
+  it("shows control characters as U+FFFD, keeping line breaks and tabs", () => {
+    expect(visibleText("a\u0002b\u0000\u007f\u009b c")).toBe("a\ufffdb\ufffd\ufffd\ufffd c");
+    expect(visibleText("line\n\tindented\r\nnext\rx")).toBe("line\n\tindented\nnext\ufffdx");
+    expect(visibleText("plain ünïcode 猫 ✓")).toBe("plain ünïcode 猫 ✓");
+  });
+
+  it("tells an empty answer (nothing, or only whitespace) from one of unreadable bytes", () => {
+    expect(emptyAnswer("")).toBe(true);
+    expect(emptyAnswer(" \n\t ")).toBe(true);
+    expect(emptyAnswer("\u0002")).toBe(false);
+    expect(emptyAnswer(" x ")).toBe(false);
+  });
 });
 
 describe("the generations view", () => {
@@ -317,6 +341,129 @@ describe("the generations view", () => {
     expect(rows[0].querySelector("td.rf-gen-prompt .rf-gen-ref")!.textContent).toBe("reference: <i>ref</i>");
     expect(rows[0].querySelector("td[data-run-id]")!.textContent).toBe(evil);
     expect(rows[1].querySelector("td[data-run-id]")!.textContent).toBe("<script>x</script>");
+  });
+
+  it("shows an empty answer as a muted marker that says why, with or without a reference", () => {
+    for (const ref of [null, "black"]) {
+      for (const text of ["", "  \n "]) {
+        const cell = genCell(text, ref);
+        expect(cell.textContent).toBe(EMPTY);
+        expect(cell.classList.contains("rf-gen-empty")).toBe(true);
+        expect(cell.title).toMatch(/generated no text/);
+        expect(cell.querySelectorAll(".rf-gen-extra, [data-testid=rf-gen-exact]").length).toBe(0);
+      }
+    }
+    // in the table: a distinct class from a missing answer's dash
+    const { state, view } = setup();
+    ingest(state, [gen(2, 2, 48, ["", "\u0002\ufffd\ufffd"])]);
+    view.update(state, shownRuns(state), new Set());
+    const td = (p: number, id: number) => view.details.querySelector(`tr[data-prompt-index="${p}"] td[data-run-id="${id}"]`)!;
+    expect(td(0, 2).textContent).toBe(EMPTY);
+    expect(td(0, 2).querySelector(".rf-gen-empty")).not.toBeNull();
+    expect(td(0, 2).classList.contains("rf-gen-none")).toBe(false);
+    // bytes that are not text show as replacement marks, not as an empty cell
+    expect(td(1, 2).textContent).toBe("\ufffd\ufffd\ufffd");
+    expect(td(1, 2).querySelector(".rf-gen-empty")).toBeNull();
+  });
+
+  it("underlines a cell of unreadable characters against the reference", () => {
+    const cell = genCell("\u0002\ufffd\ufffd", "orange");
+    expect(cell.textContent).toBe("\ufffd\ufffd\ufffd");
+    expect(cell.querySelector("[data-testid=rf-gen-exact]")).toBeNull();
+    expect([...cell.querySelectorAll(".rf-gen-extra")].map((s) => s.textContent)).toEqual(["\ufffd\ufffd\ufffd"]);
+    // garbage glued to a word: the word is not the reference's, and the byte shows as a mark
+    const glued = genCell("zebra\u0002Z# orange", "orange");
+    expect([...glued.querySelectorAll(".rf-gen-extra")].map((s) => s.textContent)).toEqual(["zebra\ufffdZ#"]);
+  });
+
+  it("explains the marks in a legend under the table when some prompt has a reference", () => {
+    const { state, view } = setup();
+    view.update(state, shownRuns(state), new Set());
+    const legend = view.details.querySelector<HTMLElement>("[data-testid=rf-generations-legend]")!;
+    expect(legend.style.display).toBe("");
+    expect(legend.textContent).toBe("✓ the answer equals the reference · underlined: words the reference does not have");
+    expect(legend.querySelector(".rf-gen-extra")!.textContent).toBe("underlined");
+    // it comes after the table
+    const wrap = view.details.querySelector(".rf-gen-wrap")!;
+    expect(wrap.compareDocumentPosition(legend) & Node.DOCUMENT_POSITION_FOLLOWING).toBeTruthy();
+    // prompts without references: no legend
+    ingest(state, [gen(2, 2, 48, ["x", "y"], { references: [null, null] })]);
+    view.update(state, shownRuns(state), new Set());
+    expect(legend.style.display).toBe("none");
+  });
+
+  it("steps the slider with the arrow keys itself, keeping them from the notebook", () => {
+    const { state, view, slider, label, cells } = setup();
+    view.update(state, shownRuns(state), new Set());
+    const outside = vi.fn();
+    document.body.addEventListener("keydown", outside);
+    const press = (key: string, extra: KeyboardEventInit = {}) => {
+      const e = new KeyboardEvent("keydown", { key, bubbles: true, cancelable: true, ...extra });
+      slider.dispatchEvent(e);
+      return e;
+    };
+    // one point back from the newest: live-follow ends
+    const e = press("ArrowLeft");
+    expect(e.defaultPrevented).toBe(true);
+    expect(outside).not.toHaveBeenCalled();
+    expect(slider.value).toBe("1");
+    expect(label()).toBe("after 32 samples (chunk 2/3)");
+    expect(cells(0)).toEqual(["The cat is black.", "✓ black"]);
+    press("ArrowDown");
+    expect(slider.value).toBe("0");
+    expect(label()).toBe("after 16 samples (chunk 1/3)");
+    // at the first point: stays there
+    press("ArrowLeft");
+    expect(slider.value).toBe("0");
+    // a new chunk does not move it
+    ingest(state, [gen(2, 2, 48, ["x", "y"])]);
+    view.update(state, shownRuns(state), new Set());
+    expect(slider.value).toBe("0");
+    press("ArrowRight");
+    expect(label()).toBe("after 32 samples (chunk 2/3)");
+    // forward to the last point: it follows the newest again
+    press("ArrowUp");
+    expect(slider.value).toBe("2");
+    expect(label()).toBe("after 48 samples (chunk 3/3) · newest");
+    ingest(state, [gen(1, 0, 64, ["x", "y"], { epoch: 1 })]);
+    view.update(state, shownRuns(state), new Set());
+    expect(slider.value).toBe("3");
+    expect(label()).toBe("after 64 samples (epoch 2, chunk 1/3) · newest");
+    // other keys, and arrows with a modifier, are left alone
+    for (const [key, extra] of [["Home", {}], ["a", {}], ["ArrowLeft", { ctrlKey: true }]] as const) {
+      expect(press(key, extra).defaultPrevented).toBe(false);
+    }
+    expect(outside).toHaveBeenCalledTimes(3);
+    expect(slider.value).toBe("3");
+    document.body.removeEventListener("keydown", outside);
+  });
+
+  it("says under each header where a run behind the point has its answers from, as runs report one after another", () => {
+    // four runs at the first point, then each reaching the second one by one while following the
+    // newest: a column gets "from" exactly while its run is behind, and shows its own latest answers
+    seq = 0;
+    const state = createState();
+    const view = createGenerationsView({ onHover: () => {}, onPick: () => {} });
+    document.body.append(view.details);
+    const froms = () => [1, 2, 3, 4].map((id) =>
+      view.details.querySelector(`thead th[data-run-id="${id}"] .rf-gen-from`)?.textContent ?? null);
+    const cell = (id: number) => view.details.querySelector(`tr[data-prompt-index="0"] td[data-run-id="${id}"]`)!.textContent;
+    const label = () => view.details.querySelector("[data-testid=rf-generations-label]")!.textContent;
+    const feed = (events: WireEvent[]) => {
+      ingest(state, events);
+      view.update(state, shownRuns(state), new Set());
+    };
+    feed([1, 2, 3, 4].map((id) => ev({ type: "run_created", run_id: id, knobs: {}, num_chunks: 3 })));
+    for (const id of [1, 2, 3, 4]) feed([gen(id, 0, 32, [`r${id} at 32`, "-"])]);
+    expect(froms()).toEqual([null, null, null, null]);
+    const order = [4, 1, 2, 3];
+    for (const [k, id] of order.entries()) {
+      feed([gen(id, 1, 64, [`r${id} at 64`, "-"])]);
+      expect(label()).toBe("after 64 samples (chunk 2/3) · newest");
+      const arrived = order.slice(0, k + 1);
+      expect(froms()).toEqual([1, 2, 3, 4].map((r) => (arrived.includes(r) ? null : "from 32 samples")));
+      expect([1, 2, 3, 4].map(cell)).toEqual([1, 2, 3, 4].map((r) => `r${r} at ${arrived.includes(r) ? 64 : 32}`));
+    }
   });
 
   it("hovers and pins a run from its column header", () => {

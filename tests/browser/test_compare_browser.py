@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -264,6 +265,18 @@ GEN_CELLS = """(el) => [...el.querySelectorAll('tbody tr')].map((tr) =>
   Object.fromEntries([...tr.querySelectorAll('td[data-run-id]')].map((td) => [td.dataset.runId, td.textContent])))"""
 
 
+# What a cell shows for an answer, as src/generations.ts's visibleText and emptyAnswer decide:
+# an answer that is empty or only whitespace (JavaScript's trim) gets a marker, control
+# characters other than line breaks and tabs become U+FFFD.
+JS_SPACE = " \t\n\v\f\r\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+
+
+def _shown(text: str) -> str:
+    if not text.strip(JS_SPACE):
+        return "(empty answer)"
+    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", "\ufffd", text.replace("\r\n", "\n"))
+
+
 def test_generations_side_by_side(compare):
     page, panel, lab = compare
     gens = [e for e in experiment_events(lab.root, EXPERIMENT) if e["type"] == "generation"]
@@ -278,7 +291,7 @@ def test_generations_side_by_side(compare):
         for e in gens:
             if e["samples_seen"] <= x:
                 out[str(e["run_id"])] = e["texts"]
-        return [{rid: t[i] for rid, t in out.items()} for i in range(len(PROMPTS))]
+        return [{rid: _shown(t[i]) for rid, t in out.items()} for i in range(len(PROMPTS))]
 
     view = panel.locator("[data-testid=rf-generations]")
     table = view.locator("[data-testid=rf-generations-table]")
@@ -289,7 +302,6 @@ def test_generations_side_by_side(compare):
     newest = texts_at(xs[-1])
     _wait(lambda: view.is_visible() and table.count() == 1 and table.evaluate(GEN_CELLS) == newest, 60,
           "the generations table at the newest point", page)
-    assert all(t.strip() for row in newest for t in row.values()), newest   # the tiny model's answers are not blank
     prompts = [table.locator(f'tbody tr[data-prompt-index="{i}"] td.rf-gen-prompt').text_content() for i in range(2)]
     assert prompts == PROMPTS
     # the columns go by the names the charts use
@@ -297,6 +309,11 @@ def test_generations_side_by_side(compare):
     heads = table.locator("thead th[data-run-id]")
     assert heads.count() == 4
     assert [heads.nth(i).text_content().endswith(names[i]) for i in range(4)] == [True] * 4, (names, heads.all_text_contents())
+    # the names sit at the top of their headers, so a column whose run is not behind (no "from N
+    # samples" line) never has its name level with the other columns' "from" lines
+    assert {heads.nth(i).evaluate("(el) => getComputedStyle(el).verticalAlign") for i in range(4)} == {"top"}
+    # the prompts have no references: no legend for the reference marks
+    assert view.locator("[data-testid=rf-generations-legend]").is_hidden()
     before = label.text_content()
     assert before.startswith(f"after {xs[-1]} samples (chunk 3/3)") and before.endswith("newest"), before
     assert slider.get_attribute("max") == "2" and slider.input_value() == "2"
@@ -314,6 +331,16 @@ def test_generations_side_by_side(compare):
     slider.press("End")
     _wait(lambda: (label.text_content() or "").endswith("newest") and table.evaluate(GEN_CELLS) == newest, 10,
           "the newest answers again", page)
+    # the arrow keys step one point (JupyterLab's notebook shortcuts would otherwise take them)
+    slider.press("ArrowLeft")
+    middle = texts_at(xs[1])
+    _wait(lambda: label.text_content() == f"after {xs[1]} samples (chunk 2/3)" and table.evaluate(GEN_CELLS) == middle, 10,
+          "one point back after ArrowLeft", page)
+    assert slider.input_value() == "1"
+    slider.press("ArrowRight")
+    _wait(lambda: (label.text_content() or "").endswith("newest") and table.evaluate(GEN_CELLS) == newest, 10,
+          "the newest answers after ArrowRight", page)
+    assert slider.input_value() == "2"
     # generating has its own slice of the engine time split
     _wait(lambda: "generate" in (panel.locator(".rf-time-legend").first.text_content() or ""), 30,
           "the generate slice in the time split", page)
