@@ -247,7 +247,7 @@ def time_split_figure(table: dict) -> go.Figure:
     total = sum(table["time"].values())
     parts = ", ".join(f"{k} {table['time'][k]:.1f} s" for k in TIME_KEYS)
     share = (f" · {100 * (table['time']['swap'] + table['time']['other']) / total:.1f} % outside "
-             "train and eval" if total > 0 else "")
+             "train, eval and generation" if total > 0 else "")
     fig = go.Figure(data=traces)
     fig.update_layout(barmode="stack", title=dict(text=f"engine time: {parts}{share}"),
                       xaxis=dict(title=dict(text="seconds")),
