@@ -225,7 +225,7 @@ class Experiment:
             sample_prompts: up to 8 prompts (strings or chat message lists) every run answers
                 after every chunk, shown side by side in the panel's "generations" view and the
                 report; greedy unless the run's ``generation_config`` samples, at most its
-                ``max_new_tokens`` (32 by default) each, and never touching training. ``None`` (the
+                ``max_new_tokens`` (32 by default, at most 256) each, and never touching training. ``None`` (the
                 default): runs with a ``generation_config`` answer the first 4 eval prompts;
                 ``[]``: no sample generations.
 

@@ -82,6 +82,10 @@ def test_a_generation_config_samples_the_first_eval_prompts_with_their_reference
     (["ok", 3], r"sample_prompts\[1\] must be a string or a list of chat messages"),
     ([[{"role": "user", "content": None}]], r"sample_prompts\[0\]: every chat message"),
     (["x" * 2001], "at most 2000"),
+    ([[{"role": "user", "content": "x" * 2001}]], "at most 2000"),
+    ([[{"role": None, "content": "hi"}]], r"sample_prompts\[0\]: every chat message needs a string 'role'"),
+    ([[{"role": "user", "content": "  "}]], r"sample_prompts\[0\] is blank"),
+    (["fine", "a lone surrogate \ud800"], r"run 1: cannot generate for sample_prompts\[1\]"),
 ])
 def test_bad_sample_prompts_are_refused_before_anything_is_written(tmp_path, tiny_data, bad, says):
     exp = Experiment("bad", experiment_path=tmp_path, tracking=[])
@@ -139,8 +143,8 @@ def test_the_report_says_empty_answers_marks_matches_and_shows_no_control_charac
 
 
 @pytest.mark.parametrize("generation_config, says", [
-    ({"num_beams": 0}, "run 1: generation_config cannot generate for the sample prompts"),
-    ({"do_sample": True, "temperature": 0.0}, "run 1: generation_config cannot generate"),
+    ({"num_beams": 0}, r"run 1: cannot generate for eval prompt 1 \('Reverse the word: .*'\) with its generation_config"),
+    ({"do_sample": True, "temperature": 0.0}, "run 1: cannot generate for eval prompt 1 .* with its generation_config"),
 ])
 def test_settings_that_cannot_generate_are_refused_by_run_fit(tmp_path, tiny_data, generation_config, says):
     exp = Experiment("nogen", experiment_path=tmp_path, tracking=[])
@@ -160,3 +164,35 @@ def test_one_answer_per_prompt_whatever_the_generation_config_returns(tmp_path, 
     gens = exp.get_generations()
     assert len(gens) == 4 and set(exp.get_runs_info().status) == {"completed"}   # 2 runs x 2 chunks
     exp.end()
+
+
+def test_answers_are_bounded_and_odd_settings_still_make_a_readable_log(tmp_path, tiny_data):
+    # a float max_new_tokens (transformers takes it) and a budget far past the bound: the log
+    # holds the integer bound, and the folder opens again
+    exp = fit(tmp_path, "bound", tiny_data, sample_prompts=["What color is the cat?"],
+              group=grid(generation_config={"max_new_tokens": List([3.0, 2000]), "stop_strings": ["zzz"]}))
+    logged = [e for e in exp.events.since(0) if e["type"] == "generation"]
+    assert {e["max_new_tokens"] for e in logged} == {3, 256} and len(logged) == 8
+    assert all(type(e["max_new_tokens"]) is int for e in logged)
+    assert set(exp.get_runs_info().status) == {"completed"}
+    gens = exp.get_generations()
+    exp.end()
+    assert Experiment.open(exp.path).get_generations().equals(gens)
+
+
+def test_the_report_lists_the_prompts_of_every_answer_after_a_resume_asked_others():
+    from rapidfire_nb.engine.state import fold
+    from rapidfire_nb.report.page import generations_html
+
+    def ev(seq, type_, **kw):
+        return {"seq": seq, "time": float(seq), "type": type_, **kw}
+
+    created = [ev(i, "run_created", run_id=i, trainer_type="SFT", config={}, knobs={"lr": 0.1 * i},
+                  parent_run_id=None, warm_start=False, total_steps=4, steps_per_epoch=2, num_chunks=2)
+               for i in (1, 2)]
+    gen = [ev(3, "generation", run_id=1, epoch=0, chunk=0, step=1, samples_seen=8, prompts=["old?"],
+              references=[None], texts=["first"]),
+           ev(4, "generation", run_id=2, epoch=0, chunk=1, step=2, samples_seen=16, prompts=["new?"],
+              references=[None], texts=["second"])]
+    latest = generations_html(fold(created + gen)).split("after 8 samples")[0]
+    assert "old?" in latest and "new?" in latest and "first" in latest and "second" in latest

@@ -206,6 +206,8 @@ def generate(model, tokenizer, prompts: list, kwargs: dict, batch_size: int, see
     kwargs = {"pad_token_id": pad_id, **kwargs}
     if "eos_token_id" not in kwargs and tokenizer.eos_token_id is not None:
         kwargs["eos_token_id"] = tokenizer.eos_token_id
+    if kwargs.get("stop_strings"):
+        kwargs["tokenizer"] = tokenizer   # transformers matches stop strings through it
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -277,6 +279,7 @@ def generation_metrics(rt) -> dict[str, float]:
 MAX_SAMPLE_PROMPTS = 8          # bounds the work: prompts x max_new_tokens per run per chunk
 DEFAULT_SAMPLE_PROMPTS = 4      # taken from the eval set when a run has a generation_config
 MAX_SAMPLE_PROMPT_CHARS = 2000  # what the panel carries of one text
+MAX_SAMPLE_NEW_TOKENS = 256     # per answer, whatever the run's generation_config allows
 
 
 def check_sample_prompts(value) -> list | None:
@@ -299,9 +302,16 @@ def check_sample_prompts(value) -> list | None:
                 raise ConfigError(f"sample_prompts[{i}] has {len(prompt)} characters; at most "
                                   f"{MAX_SAMPLE_PROMPT_CHARS}")
         elif _is_messages(prompt):
-            bad = [m for m in prompt if not isinstance(m.get("content"), str)]
+            bad = [m for m in prompt if not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str)]
             if bad:
-                raise ConfigError(f"sample_prompts[{i}]: every chat message needs a string 'content'")
+                raise ConfigError(f"sample_prompts[{i}]: every chat message needs a string 'role' and "
+                                  "a string 'content'")
+            if not any(m["content"].strip() for m in prompt):
+                raise ConfigError(f"sample_prompts[{i}] is blank (no message has any content)")
+            size = len(prompt_text(prompt))
+            if size > MAX_SAMPLE_PROMPT_CHARS:
+                raise ConfigError(f"sample_prompts[{i}] has {size} characters in its messages; at most "
+                                  f"{MAX_SAMPLE_PROMPT_CHARS}")
         else:
             raise ConfigError(f"sample_prompts[{i}] must be a string or a list of chat messages "
                               f"({{'role': ..., 'content': ...}}), got {type(prompt).__name__}")
@@ -337,6 +347,15 @@ def sample_kwargs(spec) -> dict:
     """``generate``'s arguments for the sample prompts: the run's, one answer per prompt."""
     kwargs = generation_kwargs(spec)
     kwargs["num_return_sequences"] = 1
+    # bounded: a generation_config made for long evaluation answers (or a max_length far past
+    # the model's context) must not make every chunk of every run wait on its samples
+    wanted = kwargs.pop("max_length", None) if "max_new_tokens" not in kwargs else kwargs["max_new_tokens"]
+    try:
+        wanted = int(wanted) if wanted is not None else DEFAULT_GENERATION["max_new_tokens"]
+    except (TypeError, ValueError):
+        wanted = DEFAULT_GENERATION["max_new_tokens"]
+    kwargs.pop("max_length", None)
+    kwargs["max_new_tokens"] = max(1, min(wanted, MAX_SAMPLE_NEW_TOKENS))
     return kwargs
 
 
@@ -354,4 +373,4 @@ def sample_generations(rt, explicit: list | None) -> dict | None:
     texts = generate(rt.model, rt.tokenizer, prompts, kwargs, len(prompts), rt.seed, prompt_settings(rt.spec))
     refs = [r if r is None or isinstance(r, str) else prompt_text(r) for _, r in pairs]
     return {"prompts": [prompt_text(p) for p in prompts], "references": refs, "texts": texts,
-            "max_new_tokens": kwargs.get("max_new_tokens")}
+            "max_new_tokens": int(kwargs["max_new_tokens"])}

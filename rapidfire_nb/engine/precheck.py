@@ -219,14 +219,16 @@ def check_before_training(specs, bases_for, train_dataset, eval_dataset, cache: 
 
 
 def check_sample_generation(specs, bases_for, explicit: list | None, eval_dataset, cache: dict) -> None:
-    """Before training: each distinct generation setting of the runs that will answer sample
-    prompts generates one token for the first prompt on the run's base model, so settings or
-    prompts that cannot run (a zero beam count, a chat prompt and no chat template) are refused
-    here, naming the run, instead of failing it after its first chunk."""
+    """Before training: for each distinct generation setting of the runs that will answer sample
+    prompts, every prompt generates one token on the run's base model, so settings or prompts
+    that cannot run (a zero beam count, a malformed chat message, text the tokenizer refuses)
+    are refused here, naming the run and the prompt, instead of failing the run after its first
+    chunk."""
     import json
 
     from rapidfire_nb.engine.formatting import formatted
-    from rapidfire_nb.engine.generation import default_pairs, generate, prompt_settings, sample_kwargs
+    from rapidfire_nb.engine.generation import (default_pairs, generate, prompt_settings, prompt_text,
+                                                sample_kwargs)
     from rapidfire_nb.engine.sharding import is_sharded
 
     tried: set = set()
@@ -234,28 +236,30 @@ def check_sample_generation(specs, bases_for, explicit: list | None, eval_datase
         if is_sharded(spec):
             continue
         if explicit is not None:
-            pairs = explicit[:1]
+            pairs, where = explicit, "sample_prompts"
         elif spec.generation_config is not None and eval_dataset is not None:
             # the rows as the run reads them (formatting_func's output beside the columns)
-            pairs = default_pairs(spec, formatted(spec, eval_dataset, cache, "eval_dataset"), 1)
+            pairs, where = default_pairs(spec, formatted(spec, eval_dataset, cache, "eval_dataset")), "eval prompt"
         else:
             pairs = []
         if not pairs:
             continue
         kwargs = {**sample_kwargs(spec), "max_new_tokens": 1}
-        kwargs.pop("max_length", None)
         settings = prompt_settings(spec)
         key = (spec.base_key(), json.dumps([kwargs, settings], sort_keys=True, default=repr))
         if key in tried:
             continue
         tried.add(key)
         model, tokenizer = bases_for(spec)
-        try:
-            generate(model, tokenizer, [pairs[0][0]], kwargs, 1, 0, settings)
-        except ConfigError as exc:
-            raise ConfigError(f"run {i}: sample prompts: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - whatever generate raises, said before training
-            what = "generation_config" if spec.generation_config else "the default generation settings"
-            raise ConfigError(f"run {i}: {what} cannot generate for the sample prompts "
-                              f"({type(exc).__name__}: {exc}); fix it, or pass sample_prompts=[] "
-                              "to run_fit to ask no sample prompts") from None
+        what = "its generation_config" if spec.generation_config else "the default generation settings"
+        for j, (prompt, _) in enumerate(pairs):
+            try:
+                generate(model, tokenizer, [prompt], kwargs, 1, 0, settings)
+            except Exception as exc:  # noqa: BLE001 - whatever generate raises, said before training
+                shown = prompt_text(prompt)
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                name = f"{where}[{j}]" if where == "sample_prompts" else f"{where} {j + 1}"
+                raise ConfigError(
+                    f"run {i}: cannot generate for {name} ({shown!r}) with {what}: "
+                    f"{type(exc).__name__}: {exc}. Fix it, or pass sample_prompts=[] to run_fit to "
+                    "ask no sample prompts") from None

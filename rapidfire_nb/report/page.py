@@ -173,18 +173,24 @@ def generations_html(table: dict) -> str:
             done = [g for g in r["generations"] if isinstance(g["samples_seen"], int) and g["samples_seen"] <= x]
             if done:
                 latest[r["run_id"]] = (r, done[-1])
-        # the newest answer at this point names the chunk and holds the prompts asked then (a
-        # resume may have asked others)
+        # the newest answer at this point names the chunk
         newest_run, newest = max(latest.values(), key=lambda rg: rg[1]["samples_seen"])
-        has_refs = any(ref is not None for ref in newest["references"])
+        # one row per prompt any shown answer answered, the newest answer's first (after a resume
+        # that asked other prompts, runs answered different ones)
+        asked: dict = {}
+        for _, g in sorted(latest.values(), key=lambda rg: rg[1] is not newest):
+            for prompt, ref in zip(g["prompts"], g["references"]):
+                asked.setdefault(prompt, ref)
+        has_refs = any(ref is not None for ref in asked.values())
         head = [_e("prompt")] + ([_e("reference")] if has_refs else []) + [
             f'<span style="color:{run_color(r["run_id"])}">&#9632;</span> {_e(short_name(r["run_id"], r["knobs"]))}'
             for r, _ in latest.values()]
         rows = []
-        for j, (prompt, ref) in enumerate(zip(newest["prompts"], newest["references"])):
+        for prompt, ref in asked.items():
             cells = [_e(prompt)] + ([_e(ref) if ref is not None else "—"] if has_refs else [])
             for _, g in latest.values():
-                text = g["texts"][j] if g["prompts"] == newest["prompts"] and j < len(g["texts"]) else None
+                j = g["prompts"].index(prompt) if prompt in g["prompts"] else None
+                text = g["texts"][j] if j is not None and j < len(g["texts"]) else None
                 mark = " ✓" if text is not None and ref is not None and text.strip() == ref.strip() else ""
                 cells.append("—" if text is None else _shown_text(text) + mark)
             rows.append("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in cells) + "</tr>")
