@@ -196,3 +196,22 @@ def test_the_report_lists_the_prompts_of_every_answer_after_a_resume_asked_other
               references=[None], texts=["second"])]
     latest = generations_html(fold(created + gen)).split("after 8 samples")[0]
     assert "old?" in latest and "new?" in latest and "first" in latest and "second" in latest
+
+
+def test_a_clone_whose_settings_cannot_generate_is_refused_when_applied(tmp_path, tiny_data):
+    from helpers import events_of, on_chunk_done
+
+    exp = Experiment("clonegen", experiment_path=tmp_path, tracking=[])
+    ids = []
+    fired = on_chunk_done(exp, 1, 0, lambda: ids.append(
+        exp.clone_modify(1, {"generation_config": {"num_beams": 0}})))
+    exp.run_fit(grid(), tiny_create_model, *tiny_data, num_chunks=2, seed=5, sample_prompts=["What color is the cat?"])
+    assert fired == [True] and ids == [3], fired
+    answers = [e for e in events_of(exp, "op", op="clone") if "reason" in e and not e.get("accepted")]
+    assert answers and re.search(r"run 3: cannot generate for sample_prompts\[0\] .* with its generation_config",
+                                 answers[-1]["reason"]), events_of(exp, "op")
+    # nothing of the refused clone exists; the others trained and answered as before
+    assert 3 not in set(exp.get_runs_info().run_id)
+    assert set(exp.get_runs_info().status) == {"completed"}
+    assert set(exp.get_generations().run_id) == {1, 2}
+    exp.end()

@@ -36,6 +36,7 @@ from rapidfire_nb.engine.executor import ChunkExecutor, LocalChunkExecutor
 from rapidfire_nb.engine.factory import TrainerFactory
 from rapidfire_nb.engine.ops import EngineView
 from rapidfire_nb.engine.persistence import Persistence
+from rapidfire_nb.engine.precheck import check_sample_generation
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.routing import LIBRARY_LOGGERS, routed_to
 from rapidfire_nb.engine.runs import RunRecord
@@ -866,9 +867,13 @@ class Engine:
                 if weights_lost(parent):
                     # a silent cold start labelled warm would be a wrong result nobody can see
                     raise OpRefused(weights_lost_reason(parent, self.store))
-            else:
-                # on disk before the run exists: a crash in between leaves only an orphan file
-                self.store.save_warm_start(op.new_run_id, weights, op.spec.fingerprint())
+        # the run_fit check of the sample prompts, for the clone's generation settings: refused
+        # now, with the prompt named, rather than failing the clone after its first chunk
+        check_sample_generation([op.spec], self.model_and_tokenizer, self.sample_prompts,
+                                self.factory.eval_dataset, self.factory.prep_cache, run_ids=[op.new_run_id])
+        if weights is not None:
+            # on disk before the run exists: a crash in between leaves only an orphan file
+            self.store.save_warm_start(op.new_run_id, weights, op.spec.fingerprint())
         rec = self.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
                            changes=op.changes)
         if weights is not None:

@@ -218,12 +218,13 @@ def check_before_training(specs, bases_for, train_dataset, eval_dataset, cache: 
             raise ConfigError(f"run {i}: {exc}") from exc
 
 
-def check_sample_generation(specs, bases_for, explicit: list | None, eval_dataset, cache: dict) -> None:
+def check_sample_generation(specs, bases_for, explicit: list | None, eval_dataset, cache: dict,
+                            run_ids: list | None = None) -> None:
     """Before training: for each distinct generation setting of the runs that will answer sample
     prompts, every prompt generates one token on the run's base model, so settings or prompts
     that cannot run (a zero beam count, a malformed chat message, text the tokenizer refuses)
     are refused here, naming the run and the prompt, instead of failing the run after its first
-    chunk."""
+    chunk. ``run_ids``: the runs' ids when they are not 1..n (a clone)."""
     import json
 
     from rapidfire_nb.engine.formatting import formatted
@@ -232,7 +233,7 @@ def check_sample_generation(specs, bases_for, explicit: list | None, eval_datase
     from rapidfire_nb.engine.sharding import is_sharded
 
     tried: set = set()
-    for i, spec in enumerate(specs, start=1):
+    for i, spec in zip(run_ids or range(1, len(specs) + 1), specs):
         if is_sharded(spec):
             continue
         if explicit is not None:
@@ -250,7 +251,10 @@ def check_sample_generation(specs, bases_for, explicit: list | None, eval_datase
         if key in tried:
             continue
         tried.add(key)
-        model, tokenizer = bases_for(spec)
+        loaded = bases_for(spec)
+        if loaded is None:
+            continue    # a base not loaded here (its runs train on workers): they check it there
+        model, tokenizer = loaded
         what = "its generation_config" if spec.generation_config else "the default generation settings"
         for j, (prompt, _) in enumerate(pairs):
             try:
