@@ -118,19 +118,63 @@ def row_status(page, run_id: int) -> str | None:
     return loc.get_attribute("data-status") if loc.count() else None
 
 
-def run_first_cell(page) -> None:
-    """Shift+Enter in the first cell; a keypress that lands before the editor has focus is lost,
-    so check that execution started (the prompt shows [*] or a count) and try again if not."""
-    prompt = page.locator(".jp-Cell .jp-InputPrompt").first
-    for _ in range(3):
-        page.locator(".jp-Cell .jp-InputArea-editor").first.click()
-        page.keyboard.press("Shift+Enter")
+def _settled(page, quiet: float = 3.0, timeout: float = 120.0) -> None:
+    """Wait until no dialog is open and the kernel has been idle for ``quiet`` s on end. Accepting
+    JupyterLab's kernel picker changes the kernel: a cell run before the new one is up is sent to
+    the old one, shut down moments later, and its prompt goes back to blank with nothing run."""
+    deadline = time.monotonic() + timeout
+    idle_since = None
+    while time.monotonic() < deadline:
+        dialog = page.locator(".jp-Dialog")
+        indicator = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        if (dialog.count() and dialog.first.is_visible()) or not indicator.count():
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= quiet:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the notebook did not settle (no dialog, kernel idle) within {timeout:.0f} s\n{page_state(page)}")
+
+
+def run_cell(page, index: int = 0, key: str = "Control+Enter", seen: list | None = None) -> None:
+    """Run cell ``index`` from the keyboard, its editor focused without scrolling the notebook.
+
+    A keypress that lands before the editor has focus, or while a dialog is up, is lost; and a
+    dialog that appears late (the kernel picker while the kernel specs load) changes the kernel
+    once accepted. So: accept any dialog, wait for the kernel to settle after one, press, and
+    check that execution started and was not dropped (the prompt back to blank) a moment later."""
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    prompt = cell.locator(".jp-InputPrompt")
+    before = prompt.inner_text()
+
+    def started() -> bool:
+        now = prompt.inner_text()
+        return now != before and ("[*]" in now or any(ch.isdigit() for ch in now))
+
+    for _ in range(4):
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count() and dialog.first.is_visible():
+            dismiss_dialogs(page, seen)
+            _settled(page)
+        cell.locator(".cm-content").evaluate("(el) => el.focus({ preventScroll: true })")
+        page.keyboard.press(key)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if "[*]" in prompt.inner_text() or any(ch.isdigit() for ch in prompt.inner_text()):
-                return
-            time.sleep(0.25)
-    raise AssertionError("the notebook cell did not start executing")
+        while time.monotonic() < deadline and not started():
+            time.sleep(0.2)
+        if not started():
+            continue
+        # a late dialog or a kernel change in the next moments drops the request: look once more
+        time.sleep(2.0)
+        if started() and not (dialog.count() and dialog.first.is_visible()):
+            return
+        before = prompt.inner_text()
+    raise AssertionError(f"cell {index} did not start executing\n{page_state(page)}")
+
+
+def run_first_cell(page) -> None:
+    """Shift+Enter in the first cell (run and select the next), checked as ``run_cell`` does."""
+    run_cell(page, 0, key="Shift+Enter")
 
 
 # The picture of the panel in the README and on the docs site is this test's own screenshot, so it

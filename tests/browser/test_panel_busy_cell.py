@@ -19,12 +19,11 @@ condition, and the test stops both runs itself.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from browser_helpers import dismiss_dialogs, experiment_events, waiter
+from browser_helpers import experiment_events, run_cell, waiter
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -72,24 +71,6 @@ print("WAIT RETURNED", done, "run 2", status(2), "at", time.time())
 _wait = waiter("busy_timeout.png", full_page=True)
 
 
-def _run_cell(page, index: int) -> None:
-    """Ctrl+Enter in cell ``index``, its editor focused without scrolling the notebook."""
-    prompt = page.locator(".jp-Cell .jp-InputPrompt").nth(index)
-    before = prompt.inner_text()
-    for _ in range(3):
-        dismiss_dialogs(page)   # a keypress would go to a dialog instead of the cell
-        page.locator(".jp-Cell").nth(index).locator(".cm-content").evaluate(
-            "(el) => el.focus({ preventScroll: true })")
-        page.keyboard.press("Control+Enter")
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            now = prompt.inner_text()
-            if now != before and ("[*]" in now or any(ch.isdigit() for ch in now)):
-                return
-            time.sleep(0.2)
-    raise AssertionError(f"cell {index} did not start executing")
-
-
 def _output(page, index: int) -> str:
     return page.locator(".jp-Cell").nth(index).locator(".jp-OutputArea").inner_text()
 
@@ -111,7 +92,7 @@ def test_stop_clicked_during_a_busy_cell_and_during_wait(lab, page):
     nbformat.write(nb, lab.root / "busy.ipynb")
     page.goto(f"{lab.url}/lab/tree/busy.ipynb?token={lab.token}")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-    _run_cell(page, 0)
+    run_cell(page, 0)
     stop1 = page.locator('[data-testid=rf-runs] tr[data-run-id="1"] button[data-op="stop"]')
     stop2 = page.locator('[data-testid=rf-runs] tr[data-run-id="2"] button[data-op="stop"]')
     _wait(lambda: stop1.count() and stop1.is_visible(), 300, "run 1's row in the panel", page, lab=lab)
@@ -120,7 +101,7 @@ def test_stop_clicked_during_a_busy_cell_and_during_wait(lab, page):
     kernel = _output(page, 0).split("ipykernel", 1)[1].split()[0]
     subshells = int(ipykernel.__version__.split(".")[0]) >= 7
 
-    _run_cell(page, 1)
+    run_cell(page, 1)
     prompt1 = page.locator(".jp-Cell .jp-InputPrompt").nth(1)
     _wait(lambda: "[*]" in prompt1.inner_text(), 60, "the busy cell to run", page, lab=lab)
     _wait(lambda: stop1.is_enabled(), 60, "run 1's Stop", page, lab=lab)
@@ -130,7 +111,7 @@ def test_stop_clicked_during_a_busy_cell_and_during_wait(lab, page):
     _wait(lambda: _accepted_stop(lab.root, 1) is not None, 600, "run 1's Stop to be taken", page, lab=lab)
     during1 = _accepted_stop(lab.root, 1) < ended1
 
-    _run_cell(page, 2)
+    run_cell(page, 2)
     prompt2 = page.locator(".jp-Cell .jp-InputPrompt").nth(2)
     _wait(lambda: "[*]" in prompt2.inner_text(), 60, "exp.wait() to run", page, lab=lab)
     _wait(lambda: stop2.is_enabled(), 60, "run 2's Stop", page, lab=lab)

@@ -7,7 +7,7 @@ Screenshot: test-output/browser/clicks_double.png.
 
 from __future__ import annotations
 
-from browser_helpers import dismiss_dialogs, waiter
+from browser_helpers import run_cell, waiter
 
 import time
 from pathlib import Path
@@ -50,17 +50,7 @@ def test_double_clicks_send_one_op(lab, browser):
     try:
         page.goto(f"{lab.url}/lab/tree/clicks.ipynb?token={lab.token}")
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-        prompt = page.locator(".jp-Cell .jp-InputPrompt").first
-        for _ in range(3):   # the first keypress can land before the editor takes focus
-            dismiss_dialogs(page)
-            page.locator(".jp-Cell .cm-content").first.click()
-            page.keyboard.press("Control+Enter")
-            try:
-                _wait(lambda: "[*]" in prompt.inner_text() or any(c.isdigit() for c in prompt.inner_text()),
-                      15, "the cell to start", page)
-                break
-            except AssertionError:
-                continue
+        run_cell(page, 0)
         panel = page.locator("[data-testid=rf-panel]")
         panel.wait_for(timeout=180_000)
         rows = page.locator("[data-testid=rf-runs] tbody tr[data-run-id]")

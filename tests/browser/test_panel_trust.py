@@ -17,7 +17,7 @@ Screenshots: test-output/browser/trust_*.png (copied to /work/notes/shots/ by ha
 
 from __future__ import annotations
 
-from browser_helpers import waiter
+from browser_helpers import run_cell, waiter
 
 import json
 import time
@@ -92,24 +92,6 @@ def _row(page, run_id: str):
     return page.locator(f'[data-testid=rf-runs] tbody tr[data-run-id="{run_id}"]')
 
 
-def _run_cell(page, index: int) -> None:
-    """Run cell ``index`` from the keyboard (Ctrl+Enter: run in place), its editor focused
-    without moving the pointer or scrolling the notebook."""
-    prompt = page.locator(".jp-Cell .jp-InputPrompt").nth(index)
-    before = prompt.inner_text()
-    for _ in range(3):
-        page.locator(".jp-Cell").nth(index).locator(".cm-content").evaluate(
-            "(el) => el.focus({ preventScroll: true })")
-        page.keyboard.press("Control+Enter")
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            now = prompt.inner_text()
-            if now != before and ("[*]" in now or any(ch.isdigit() for ch in now)):
-                return
-            time.sleep(0.2)
-    raise AssertionError(f"cell {index} did not start executing")
-
-
 def test_panel_trust_at_1280(lab, browser):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(RUN_FIT.replace("{name}", EXPERIMENT))]
@@ -129,7 +111,7 @@ def test_panel_trust_at_1280(lab, browser):
             page.locator('.jp-SideBar [data-id="filebrowser"]').click()
         page.locator("#filebrowser").wait_for(state="visible")
         assert page.locator("#filebrowser").bounding_box()["width"] > 150
-        _run_cell(page, 0)
+        run_cell(page, 0)
         panel = page.locator("[data-testid=rf-panel]")
         panel.wait_for(timeout=180_000)
         rows = page.locator("[data-testid=rf-runs] tbody tr[data-run-id]")
