@@ -79,18 +79,30 @@ def is_quantized(model) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
 
 
+class _Modules:
+    """A stand-in whose ``modules()`` lists the given modules only (for PEFT's wrapper walk)."""
+
+    def __init__(self, modules: list):
+        self._modules_list = modules
+
+    def modules(self):
+        return iter(self._modules_list)
+
+
 def activate_peft_adapter(model, name: str) -> None:
     """What ``PeftModel.set_adapter(name)`` does for a LoRA-style model, without walking every
     module of the model twice per swap: the adapter layers and PEFT's auxiliary wrappers
     (``modules_to_save``) are found once per set of adapters and kept on the model. Anything
     else (prompt learning, a model PEFT did not wrap) goes through ``set_adapter`` itself."""
     from peft.tuners.tuners_utils import BaseTunerLayer
-    from peft.utils.other import AuxiliaryTrainingWrapper
+    from peft.utils import other as peft_other
 
+    wrapper_cls = getattr(peft_other, "AuxiliaryTrainingWrapper", None)
+    set_wrappers = getattr(peft_other, "_set_adapter", None)
     config = getattr(model, "peft_config", None)
     base = getattr(model, "base_model", None)
     if not isinstance(config, dict) or name not in config or config[name].is_prompt_learning \
-            or not hasattr(base, "active_adapter"):
+            or not hasattr(base, "active_adapter") or wrapper_cls is None or set_wrappers is None:
         model.set_adapter(name)
         return
     key = tuple(config)   # adding or deleting an adapter may add or drop layers: walk again
@@ -100,15 +112,16 @@ def activate_peft_adapter(model, name: str) -> None:
         for module in model.modules():
             if isinstance(module, BaseTunerLayer):
                 layers.append(module)
-            elif isinstance(module, AuxiliaryTrainingWrapper):
+            if isinstance(module, wrapper_cls):
                 wrappers.append(module)
         cached = (key, layers, wrappers)
         model._rf_adapter_layers = cached
     _, layers, wrappers = cached
     model.active_adapter = name
-    for module in wrappers:   # as peft.utils.other._set_adapter
-        target = module.check_set_adapter(name)
-        module.set_adapter(target if target in module._adapters else [])
+    if wrappers:
+        # PEFT's own step for its wrappers (what it does there differs between releases: some
+        # also switch the wrapper on or off), given only the wrappers instead of every module
+        set_wrappers(_Modules(wrappers), name)
     for layer in layers:
         if layer.merged:      # never merged here; PEFT's own path says why if it ever is
             model.set_adapter(name)
