@@ -137,13 +137,15 @@ def _settled(page, quiet: float = 3.0, timeout: float = 120.0) -> None:
     raise AssertionError(f"the notebook did not settle (no dialog, kernel idle) within {timeout:.0f} s\n{page_state(page)}")
 
 
-def run_cell(page, index: int = 0, key: str = "Control+Enter", seen: list | None = None) -> None:
+def run_cell(page, index: int = 0, key: str = "Control+Enter", seen: list | None = None,
+             click: bool = False) -> None:
     """Run cell ``index`` from the keyboard, its editor focused without scrolling the notebook.
 
     A keypress that lands before the editor has focus, or while a dialog is up, is lost; and a
     dialog that appears late (the kernel picker while the kernel specs load) changes the kernel
     once accepted. So: accept any dialog, wait for the kernel to settle after one, press, and
-    check that execution started and was not dropped (the prompt back to blank) a moment later."""
+    check that execution started and was not dropped (the prompt back to blank) a moment later.
+    ``click``: click the editor (which scrolls the cell into view) instead of focusing it in place."""
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
     prompt = cell.locator(".jp-InputPrompt")
     before = prompt.inner_text()
@@ -157,7 +159,10 @@ def run_cell(page, index: int = 0, key: str = "Control+Enter", seen: list | None
         if dialog.count() and dialog.first.is_visible():
             dismiss_dialogs(page, seen)
             _settled(page)
-        cell.locator(".cm-content").evaluate("(el) => el.focus({ preventScroll: true })")
+        if click:
+            cell.locator(".jp-InputArea-editor").click()
+        else:
+            cell.locator(".cm-content").evaluate("(el) => el.focus({ preventScroll: true })")
         page.keyboard.press(key)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and not started():

@@ -12,7 +12,7 @@ Measured widths go to test-output/browser/fit_1280.json, screenshots beside it.
 
 from __future__ import annotations
 
-from browser_helpers import waiter
+from browser_helpers import run_cell, waiter
 
 import json
 from pathlib import Path
@@ -107,15 +107,7 @@ def test_run_table_fits_at_1280_with_file_browser(lab, browser):
         if not page.locator("#filebrowser").is_visible():
             page.locator('.jp-SideBar [data-id="filebrowser"]').click()
         page.locator("#filebrowser").wait_for(state="visible")
-        prompt = page.locator(".jp-Cell .jp-InputPrompt").first
-        for _ in range(3):
-            page.locator(".jp-Cell .jp-InputArea-editor").first.click()
-            page.keyboard.press("Shift+Enter")
-            try:
-                _wait(lambda: "[*]" in prompt.inner_text() or any(c.isdigit() for c in prompt.inner_text()), 15, "exec")
-                break
-            except AssertionError:
-                continue
+        run_cell(page, 0, key="Shift+Enter", click=True)
         panel = page.locator("[data-testid=rf-panel]")
         panel.wait_for(timeout=180_000)
         _wait(lambda: page.locator("[data-testid=rf-runs] tr[data-run-id]").count() == 4, 180, "four rows", page)

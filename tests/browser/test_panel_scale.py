@@ -27,7 +27,7 @@ run, a second view's cleanup, and the keyboard (Tab, Escape, 0) and screen-reade
 
 from __future__ import annotations
 
-from browser_helpers import dismiss_dialogs, waiter
+from browser_helpers import run_cell, waiter
 
 import json
 import re
@@ -196,23 +196,10 @@ def _hit_is(tip, run_id: int) -> bool:
     name = (hit.text_content() or "") if hit.count() == 1 else ""
     return name in (f"run {run_id}", f"run {run_id} (pruned)") or name.startswith(f"{run_id} · ")
 
-def _dismiss_dialogs(page) -> None:
-    dismiss_dialogs(page, DIALOGS)   # their texts go to the report
-
 
 def _run_cell(page, index: int, timeout: float = 120) -> None:
-    _dismiss_dialogs(page)
-    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
-    prompt = cell.locator(".jp-InputPrompt")
-    before = (prompt.text_content() or "")
-    for _ in range(3):
-        cell.locator(".jp-InputArea-editor").click()
-        page.keyboard.press("Shift+Enter")
-        try:
-            _wait(lambda: (prompt.text_content() or "") != before, 15, f"cell {index} to start")
-            break
-        except AssertionError:
-            continue
+    run_cell(page, index, key="Shift+Enter", seen=DIALOGS, click=True)   # dialogs' texts go to the report
+    prompt = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputPrompt")
     _wait(lambda: re.search(r"\[\d+\]", (prompt.text_content() or "")) is not None, timeout, f"cell {index} to finish", page)
 
 
