@@ -253,7 +253,9 @@ def check_sample_generation(specs, bases_for, explicit: list | None, eval_datase
         tried.add(key)
         loaded = bases_for(spec)
         if loaded is None:
-            continue    # a base not loaded here (its runs train on workers): they check it there
+            # a base not loaded in this process: nothing to try the settings on; one that cannot
+            # generate then fails its run at the run's first chunk, as without this check
+            continue
         model, tokenizer = loaded
         what = "its generation_config" if spec.generation_config else "the default generation settings"
         for j, (prompt, _) in enumerate(pairs):
