@@ -32,7 +32,7 @@ config = RFModelConfig(
     model_name="tiny-llama",
     peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     training_args=RFSFTConfig(learning_rate=List([3e-2, 3e-3, 1e-4, 1e-5]), per_device_train_batch_size=8,
-                              num_train_epochs=3, bf16=False, max_length=64),
+                              num_train_epochs=8, bf16=False, max_length=64),
 )
 exp = Experiment("{name}", experiment_path="experiments")
 exp.run_fit(RFGridSearch(config, trainer_type="SFT", pruner="sha", pruner_mode="suggest"),
@@ -94,6 +94,8 @@ def test_confirm_and_ignore_suggestions_from_the_panel(lab, page):
     _wait(lambda: page.locator("[data-testid=rf-group]").count() and "1 pruned" in page.locator("[data-testid=rf-group]").inner_text(),
           180, f"run {confirm_id} to stop as pruned", page)
     assert confirm_id not in _open_questions(page)
+    # a suggestion is answerable only while its run trains (a finished run's box hides): the
+    # runs are long enough (8 epochs) that the marked ones still train when the clicks land
     _row(page, ignore_id).locator('button[data-op="ignore_suggestion"]').click()
     _wait(lambda: ignore_id not in _open_questions(page), 120, f"run {ignore_id}'s question to close", page)
     page.screenshot(path=str(OUTPUT / "suggest_02_answered.png"), full_page=True)
