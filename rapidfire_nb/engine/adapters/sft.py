@@ -72,10 +72,89 @@ def _shared_prep_sft_class():
             # the entry holds the source dataset, so its id cannot be reused while cached
             if hit is not None and hit[0] is dataset:
                 return hit[1]
-            out = super()._prepare_dataset(dataset, processing_class, args, packing,
-                                           formatting_func, dataset_name)
+            out = None
+            if _one_pass_applies(dataset, args, packing):
+                out = prepare_in_one_pass(super()._prepare_dataset, dataset, processing_class,
+                                          args, packing, formatting_func, dataset_name)
+            if out is None:
+                out = super()._prepare_dataset(dataset, processing_class, args, packing,
+                                               formatting_func, dataset_name)
             self._rf_prep_cache[key] = (dataset, out)
             return out
 
     _SHARED_PREP_CLS = SharedPrepSFTTrainer
     return _SHARED_PREP_CLS
+
+
+# below this many rows the one pass saves nothing worth a second code path: TRL's maps run as they are
+ONE_PASS_MIN_ROWS = 128
+_WRITE_ROWS = 4096
+
+
+def _one_pass_applies(dataset, args, packing) -> bool:
+    """The cases where TRL's preparation of an ``IterableDataset`` is the same per-row pipeline
+    as its preparation of a ``Dataset``: no packing and no shuffling (both go differently on an
+    iterable: packing in windows, shuffling in a buffer), a plain ``Dataset`` without a transform
+    or a format, not yet tokenized, prepared in this process."""
+    import datasets
+
+    if type(dataset) is not datasets.Dataset or packing or getattr(args, "shuffle_dataset", False):
+        return False
+    if getattr(args, "dataset_num_proc", None) not in (None, 1):
+        return False
+    if dataset.format.get("type") is not None or dataset.format.get("format_kwargs"):
+        return False
+    return len(dataset) >= ONE_PASS_MIN_ROWS and "input_ids" not in dataset.column_names
+
+
+def prepare_in_one_pass(prepare, dataset, processing_class, args, packing, formatting_func,
+                        dataset_name):
+    """TRL's own preparation (``prepare``: SFTTrainer._prepare_dataset) in one pass over the rows.
+
+    On a ``Dataset`` TRL runs each step (EOS, tokenizing, labels, truncation, the fully-masked
+    filter) as a ``map`` that reads, formats and writes every row; over the dataset's
+    ``IterableDataset`` form the same steps chain per row, and the rows are written once. The
+    types are those ``map`` gives: the source's for the columns carried through, inferred the way
+    ``map`` infers them (datasets' optimised integer types) for the new ones. Anything unexpected
+    (rows with different columns, a value that does not fit the first rows' types, an error from
+    TRL) returns None and the caller prepares the usual way, where TRL raises what it raises.
+    ``tests/test_sft_prep.py`` checks rows, types and column order equal to TRL's for text,
+    conversations, prompt-completion and truncation that drops rows."""
+    import datasets
+
+    try:
+        rows = prepare(dataset.to_iterable_dataset(), processing_class, args, packing,
+                       formatting_func, dataset_name)
+        parts: list = []
+        features = None
+        batch: list = []
+
+        def write():
+            nonlocal features
+            if features is None:
+                first = datasets.Dataset.from_list(batch)
+                features = first.features.copy()
+                for col in features:
+                    if col in dataset.features:
+                        features[col] = dataset.features[col]
+                parts.append(first if features == first.features else first.cast(features))
+            else:
+                parts.append(datasets.Dataset.from_list(batch, features=features))
+
+        keys = None
+        for row in rows:
+            if keys is None:
+                keys = row.keys()
+            elif row.keys() != keys:
+                return None
+            batch.append(row)
+            if len(batch) == _WRITE_ROWS:
+                write()
+                batch = []
+        if batch:
+            write()
+    except Exception:   # whatever TRL's iterable path or the types refuse: TRL's usual path
+        return None
+    if not parts:
+        return None   # every row dropped: TRL's path says so in its own terms
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
