@@ -12,7 +12,7 @@ from rapidfire_nb.demo_data import make_sft_dataset, make_tokenizer, make_tiny_m
 from rapidfire_nb.engine.adapters import sft as sft_adapter
 from rapidfire_nb.engine.adapters.sft import _one_pass_applies, prepare_in_one_pass
 
-N = 160   # above ONE_PASS_MIN_ROWS, and more than one write batch below
+N = 160
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
@@ -96,7 +96,7 @@ def test_cases_that_take_trls_usual_path(tok, tmp_path):
     data = make_sft_dataset(N)
     _, args = trainer(tok, tmp_path)
     assert not _one_pass_applies(data, args, True)                           # packing
-    assert not _one_pass_applies(make_sft_dataset(8), args, False)           # too few rows
+    assert not _one_pass_applies(data.select([]), args, False)               # no rows
     assert not _one_pass_applies(data.with_format("torch"), args, False)     # a format
     assert not _one_pass_applies(data.to_iterable_dataset(), args, False)    # already iterable
     tokenized = data.map(lambda r: {"input_ids": tok(r["prompt"])["input_ids"]})

@@ -124,8 +124,10 @@ def commit(fit: Launch, name: str) -> dict:
             meta = plan.meta(name)
         restore_runs(fit.restore, engine, fit.store, fit.events, meta=meta if missing else None)
     else:
-        for spec in plan.specs:
-            engine.add_run(spec)
+        with engine.runs_writes_deferred():   # runs.json once, holding every run
+            for spec in plan.specs:
+                engine.add_run(spec)
+        engine.save_runs()
         meta = plan.meta(name)
         atomic_write_json(fit.store.meta_path, meta)
     driver = fit.driver
