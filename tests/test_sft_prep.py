@@ -111,3 +111,28 @@ def test_an_error_in_trls_preparation_falls_back_to_trls_own_error(tok, tmp_path
     data = datasets.Dataset.from_list([{"question": f"q{i}"} for i in range(N)])
     tr, args = trainer(tok, tmp_path)
     assert prepare_in_one_pass(tr._prepare_dataset, data, tok, args, False, None, "train") is None
+
+
+def test_a_batch_whose_types_differ_from_the_first_goes_trls_way(tok, tmp_path):
+    # an extra column empty in the first 1,000 rows (datasets' writer batch) and filled after: the
+    # one pass infers another type for the second batch, and never coerces it into the first's
+    rows = [{"prompt": f"p{i}", "completion": f"c{i}", "note": None if i < 1000 else "late"}
+            for i in range(1100)]
+    data = datasets.Dataset.from_list(rows)
+    tr, args = trainer(tok, tmp_path)
+    assert _one_pass_applies(data, args, False)
+    assert prepare_in_one_pass(tr._prepare_dataset, data, tok, args, False, None, "train") is None
+
+
+def test_columns_that_a_python_round_trip_would_change_go_trls_way(tok, tmp_path):
+    # nanoseconds: a timestamp read as Python's datetime has microseconds only; map carries the
+    # column from the source table untouched, a pass over Python rows could not
+    import pyarrow as pa
+
+    base = make_sft_dataset(8)
+    stamps = pa.array([1_577_836_800_000_000_001 + i for i in range(8)], pa.int64()).cast(pa.timestamp("ns"))
+    data = datasets.Dataset(datasets.table.InMemoryTable(base.data.table.append_column("at", stamps)))
+    _, args = trainer(tok, tmp_path)
+    assert not _one_pass_applies(data, args, False)
+    nested = base.add_column("meta", [{"at": None, "n": i} for i in range(8)])
+    assert _one_pass_applies(nested, args, False)   # structs of plain values are fine
