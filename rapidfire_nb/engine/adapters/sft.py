@@ -73,7 +73,7 @@ def _shared_prep_sft_class():
             if hit is not None and hit[0] is dataset:
                 return hit[1]
             out = None
-            if _one_pass_applies(dataset, args, packing):
+            if _one_pass_applies(dataset, args, packing, formatting_func):
                 out = prepare_in_one_pass(super()._prepare_dataset, dataset, processing_class,
                                           args, packing, formatting_func, dataset_name)
             if out is None:
@@ -113,15 +113,19 @@ def _lossless(feature) -> bool:
     return False
 
 
-def _one_pass_applies(dataset, args, packing) -> bool:
+def _one_pass_applies(dataset, args, packing, formatting_func=None) -> bool:
     """The cases where TRL's preparation of an ``IterableDataset`` is the same per-row pipeline
     as its preparation of a ``Dataset``: no packing and no shuffling (both go differently on an
-    iterable: packing in windows, shuffling in a buffer), a plain ``Dataset`` without a transform
+    iterable: packing in windows, shuffling in a buffer), only TRL's own functions (a user's
+    ``formatting_func`` may change the row it is given, keep state or return other types, and
+    ``map`` and the iterable path treat those differently), a plain ``Dataset`` without a transform
     or a format, not empty and not yet tokenized, whose columns all survive a Python round trip,
     prepared in this process."""
     import datasets
 
     if type(dataset) is not datasets.Dataset or packing or getattr(args, "shuffle_dataset", False):
+        return False
+    if formatting_func is not None:
         return False
     if getattr(args, "dataset_num_proc", None) not in (None, 1):
         return False
@@ -139,8 +143,9 @@ def prepare_in_one_pass(prepare, dataset, processing_class, args, packing, forma
     On a ``Dataset`` TRL runs each step (EOS, tokenizing, labels, truncation, the fully-masked
     filter) as a ``map`` that reads, formats and writes every row; over the dataset's
     ``IterableDataset`` form the same steps chain per row, and the rows are written once. The
-    types are those ``map`` gives: the source's for the columns carried through, and for the new
-    ones the types inferred from each batch of 1,000 rows, as ``map`` infers them. Anything
+    types are those ``map`` gives: the source's for the columns carried through (where the values
+    fit it unchanged), and for the new ones the types inferred from each batch of 1,000 rows, as
+    ``map`` infers them. Anything
     unexpected returns None and the caller prepares the usual way, where TRL does what it does:
     rows with different columns, a batch whose inferred types differ from the first batch's (no
     value is ever coerced into another batch's types), an error from TRL's iterable path.
@@ -167,7 +172,15 @@ def prepare_in_one_pass(prepare, dataset, processing_class, args, packing, forma
                         features[col] = dataset.features[col]
             elif part.features != inferred:
                 return False
-            parts.append(part if features == part.features else part.cast(features))
+            recast = [c for c in features if features[c] != part.features[c]]
+            if recast:
+                # map keeps a carried column's source type only where its values fit it as they
+                # are: a cast that changes a value (7 -> "7") is not what map would have written
+                cast = part.cast(features)
+                if cast.select_columns(recast).to_dict() != part.select_columns(recast).to_dict():
+                    return False
+                part = cast
+            parts.append(part)
             return True
 
         keys = None
