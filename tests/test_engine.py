@@ -143,6 +143,8 @@ def test_multi_epoch_and_max_steps(tiny_data, tmp_path):
     assert info.loc[2, "total_steps"] == 11 and info.loc[2, "completed_steps"] == 11
     tl = e.get_timeline()
     assert sorted(tl[tl.run_id == 1].epoch.tolist()) == [0, 0, 1, 1]
+    # each round in run-id order: the run just trained never goes again while the other could
+    assert tl.run_id.tolist()[:4] == [1, 2, 1, 2]
     # the LR schedule spans the whole run: the warm-up is at the start only, then a linear decay to 0
     res = e.get_results()
     lrs = res[(res.run_id == 1) & (res.metric == "learning_rate")].sort_values("step").value.tolist()

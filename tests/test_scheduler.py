@@ -50,6 +50,25 @@ def test_fair_and_terminates(num_runs, num_chunks, epochs, stops):
             halted.add(run)
 
 
+@settings(max_examples=200, deadline=None)
+@given(num_runs=st.integers(1, 8), num_chunks=st.integers(1, 5))
+def test_every_round_trains_the_runs_in_id_order(num_runs, num_chunks):
+    """So the run just trained never goes again while another could: it would first wait for its
+    own checkpoint write, which overlaps the next chunk when another run trains it."""
+    order, *_ = simulate(num_runs, num_chunks, [1] * 12, set())
+    assert [run for run, _ in order] == list(range(1, num_runs + 1)) * num_chunks
+
+
+def test_the_run_trained_last_goes_after_those_it_ties_with():
+    sched = FairScheduler(["cpu"])
+    views = [RunView(r, 3, True) for r in (1, 2, 3)]
+    assert sched.choose(views, "cpu", last=1) == 2
+    assert sched.choose(views, "cpu", last=3) == 1
+    assert sched.choose(views[:1], "cpu", last=1) == 1   # alone, it goes on
+    # a run behind the others still goes first, whichever ran last
+    assert sched.choose([RunView(1, 3, True), RunView(2, 2, True)], "cpu", last=2) == 2
+
+
 def test_devices_required():
     with pytest.raises(ValueError):
         FairScheduler([])
@@ -89,7 +108,7 @@ def test_parking_order_is_the_schedulers_order_reversed(progress):
     sched = FairScheduler(["cuda:0"])
     order, left = [], list(views)
     while left:   # one chunk each, in the order the scheduler picks them (nothing on the device)
-        rid = sched.choose(left, "cuda:0", on_device=None)
+        rid = sched.choose(left, "cuda:0", last=None)
         order.append(rid)
         left = [v for v in left if v.run_id != rid]
     assert parking_order(views) == order[::-1]

@@ -752,7 +752,8 @@ class Engine:
     def fair_choice(self, last: int | None = None) -> int | None:
         """Under the lock: the run the fair policy trains next on this device, whatever the
         checkpoint writer is doing (a finished run whose last write is pending is not a choice).
-        ``last``: the run trained last, for the tie-break (default: the one on the device)."""
+        ``last``: the run trained last, which goes after the runs it ties with (default: the one
+        on the device)."""
         views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE
                          and not (0 < r.total_steps <= r.completed_steps))
                  for r in self.runs.values()]
