@@ -246,14 +246,16 @@ class Engine:
                 rec.samples_seen = parent.samples_seen
             self.runs[rid] = rec
             if emit:
-                self.events.append(
-                    "run_created", run_id=rid, trainer_type=spec.trainer_type,
-                    config=spec.config_dict(), knobs=spec.knobs, parent_run_id=rec.parent_run_id,
-                    warm_start=warm_start, total_steps=rec.total_steps, steps_per_epoch=plan.steps_per_epoch,
-                    num_chunks=self.num_chunks, base_samples_seen=rec.samples_seen,
-                    base_step=rec.completed_steps, base_chunk=rec.chunk, changes=rec.changes,
-                    **_devices(spec))
-                self.events.append("run_status", run_id=rid, status=rec.status, error=None, reason=None)
+                # one write and fsync for both: a run is never logged without its status
+                self.events.extend([
+                    ("run_created", dict(
+                        run_id=rid, trainer_type=spec.trainer_type, config=spec.config_dict(),
+                        knobs=spec.knobs, parent_run_id=rec.parent_run_id, warm_start=warm_start,
+                        total_steps=rec.total_steps, steps_per_epoch=plan.steps_per_epoch,
+                        num_chunks=self.num_chunks, base_samples_seen=rec.samples_seen,
+                        base_step=rec.completed_steps, base_chunk=rec.chunk, changes=rec.changes,
+                        **_devices(spec))),
+                    ("run_status", dict(run_id=rid, status=rec.status, error=None, reason=None))])
             self.save_runs()
         return rec
 
