@@ -52,7 +52,7 @@ def test_fair_and_terminates(num_runs, num_chunks, epochs, stops):
 
 @settings(max_examples=200, deadline=None)
 @given(num_runs=st.integers(1, 8), num_chunks=st.integers(1, 5))
-def test_every_round_trains_the_runs_in_id_order(num_runs, num_chunks):
+def test_runs_that_start_together_go_round_in_id_order(num_runs, num_chunks):
     """So the run just trained never goes again while another could: it would first wait for its
     own checkpoint write, which overlaps the next chunk when another run trains it."""
     order, *_ = simulate(num_runs, num_chunks, [1] * 12, set())
@@ -67,6 +67,22 @@ def test_the_run_trained_last_goes_after_those_it_ties_with():
     assert sched.choose(views[:1], "cpu", last=1) == 1   # alone, it goes on
     # a run behind the others still goes first, whichever ran last
     assert sched.choose([RunView(1, 3, True), RunView(2, 2, True)], "cpu", last=2) == 2
+
+
+def test_a_resumed_run_never_trains_twice_in_a_row_while_another_could():
+    """Run 1 stopped after its first chunk and resumed later: it catches up alone, then the two
+    alternate (not in id order any more: 2, 1 each round), never one run twice in a row."""
+    sched = FairScheduler(["cpu"])
+    progress, order, last = {1: 1, 2: 4}, [], 2
+    while min(progress.values()) < 8:
+        rid = sched.choose([RunView(r, p, p < 8) for r, p in progress.items()], "cpu", last=last)
+        order.append(rid)
+        progress[rid] += 1
+        last = rid
+    assert order[:3] == [1, 1, 1]                      # alone behind: no one else could go
+    rest = order[3:]
+    assert sorted(rest) == [1] * 4 + [2] * 4
+    assert all(a != b for a, b in zip(rest, rest[1:]))
 
 
 def test_devices_required():

@@ -246,7 +246,7 @@ class Engine:
                 rec.samples_seen = parent.samples_seen
             self.runs[rid] = rec
             if emit:
-                # one write and fsync for both: a run is never logged without its status
+                # both in one write and fsync
                 self.events.extend([
                     ("run_created", dict(
                         run_id=rid, trainer_type=spec.trainer_type, config=spec.config_dict(),

@@ -4,10 +4,11 @@ Like Ray Tune's TrialScheduler, this module only decides; the engine does the wo
 Fairness: on one device, no run starts chunk k+1 while another schedulable run has not finished
 chunk k. The rule that guarantees it: always pick the schedulable run with the least progress
 (the epoch and chunk it trains next, compared in that order); ties go to the lowest run id, but
-the run trained last goes after the others it ties with. So every round trains the runs in id
-order, and no run trains two chunks back to back while another could go: the run just trained
-would wait for its own checkpoint write (a few ms on a CPU, more for a large adapter on a GPU),
-which overlaps the next chunk when another run trains it, and costs more than the swap it saves.
+the run trained last goes after the others it ties with. So runs that train from the start
+together go round in id order, and no run trains two chunks back to back while another could go:
+the run just trained would wait for its own checkpoint write (a few ms on a CPU, more for a large
+adapter on a GPU), which overlaps the next chunk when another run trains it, and costs more than
+the swap it saves.
 """
 
 from __future__ import annotations

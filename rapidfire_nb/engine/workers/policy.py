@@ -4,8 +4,10 @@ Runs stay on the worker that holds their trainer (a swap there is as cheap as in
 moving one costs a trainer build on the new worker and shipping its checkpoint, so it happens
 only to keep the runs level:
 
-- Per worker, the in-kernel rule (scheduler.py): of the runs it holds, least progress first; ties
-  go to the run it trained last (nothing to swap), then to the lowest id.
+- Per worker, of the runs it holds, least progress first; ties go to the run it trained last
+  (nothing to swap), then to the lowest id. A run whose checkpoint the kernel is still writing
+  counts as busy, so the worker takes another one rather than wait for the write (the kernel's
+  rule in scheduler.py gets the same by putting the run trained last after those it ties with).
 - New runs (and runs whose worker died) are shared out: a worker takes one while it holds fewer
   than its share, ``ceil(schedulable runs / live workers)``.
 - Across workers, progress may differ by at most ``LAG`` chunks: a worker whose own runs are further
