@@ -120,10 +120,50 @@ def make_tiny_model_and_tokenizer(**model_kwargs):
     return make_tiny_model(tokenizer, **model_kwargs), tokenizer
 
 
+# ``from_pretrained`` arguments that only say how to load or place a checkpoint. The tiny model is
+# built in memory and the engine puts it on its device, so they have nothing to act on here; they
+# are accepted so that a config written for a hub model runs unchanged on this stand-in.
+_LOADING_ONLY = frozenset({
+    "device_map", "max_memory", "offload_folder", "offload_state_dict", "low_cpu_mem_usage",
+    "trust_remote_code", "revision", "cache_dir", "token", "use_auth_token", "local_files_only",
+    "force_download", "attn_implementation", "quantization_config", "load_in_4bit", "load_in_8bit",
+    "use_safetensors", "variant", "subfolder",
+})
+
+
+def _dtype(value):
+    """A ``torch_dtype`` / ``dtype`` as ``from_pretrained`` reads it: ``"auto"`` keeps the
+    checkpoint's own dtype, which for this in-memory model is float32."""
+    import torch
+
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, str):
+        found = getattr(torch, value.removeprefix("torch."), None)
+        if not isinstance(found, torch.dtype):
+            raise TypeError(f"tiny_create_model: torch_dtype={value!r} is not a torch dtype")
+        return found
+    return value
+
+
 def tiny_create_model(model_config: dict):
-    """A ``create_model`` for ``run_fit``: builds the tiny model offline from ``model_kwargs``."""
+    """A ``create_model`` for ``run_fit``: builds the tiny model offline from ``model_kwargs``.
+
+    Besides ``make_tiny_model``'s own arguments (``hidden_size``, ``num_layers``, ``output_scale``,
+    ...) it takes what a hub model's ``model_kwargs`` usually say, as ``from_pretrained`` would:
+    ``torch_dtype`` / ``dtype`` (``"auto"`` is float32 here), ``use_cache``; and it accepts the
+    loading-only ones (``device_map``, ``attn_implementation``, ``quantization_config``, ...),
+    which have nothing to act on for a model built in memory (the engine places it)."""
     kwargs = dict(model_config.get("model_kwargs") or {})
-    return make_tiny_model_and_tokenizer(**kwargs)
+    for key in _LOADING_ONLY:
+        kwargs.pop(key, None)
+    if "torch_dtype" in kwargs or "dtype" in kwargs:
+        kwargs["dtype"] = _dtype(kwargs.pop("dtype", kwargs.pop("torch_dtype", None)))
+    use_cache = kwargs.pop("use_cache", None)
+    model, tokenizer = make_tiny_model_and_tokenizer(**kwargs)
+    if use_cache is not None:
+        model.config.use_cache = bool(use_cache)
+    return model, tokenizer
 
 
 # The "colors" task: one fixed colour per animal, a dozen facts a tiny model learns in a few
