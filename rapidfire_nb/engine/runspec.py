@@ -135,7 +135,7 @@ def model_identity(spec: RunSpec) -> dict:
     """What ``create_model`` loads for a run, and how: model and reference model names, types
     and kwargs (``trust_remote_code`` lives there) and the tokenizer's kwargs; and every
     path-valued knob (``PATH_KNOBS``: what the trainers load from a path). On resume this
-    comes from ``run_fit``'s arguments only, never from a folder (``recovery.plan_restore``)."""
+    comes from ``run_fit``'s arguments only, never from a folder (``launch.resume.plan_restore``)."""
     return {"model_name": spec.model_name, "model_type": spec.model_type,
             "model_kwargs": _jsonable(spec.model_kwargs),
             "tokenizer_kwargs": _jsonable(spec.tokenizer_kwargs),
