@@ -14,6 +14,7 @@ kernel's experiments in ``session.py``; this class holds the folder and delegate
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 from rapidfire_nb import _views, results, session
 from rapidfire_nb._environment import cell_number, in_kernel
 from rapidfire_nb.engine import Engine, Op, ProjectedRun, RunSpec, check_status_op, checked_run, interruptible
-from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireError
+from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireConfigWarning, RapidFireError
 from rapidfire_nb.folder import give_back, open_read_only
 from rapidfire_nb.launch import commit, prepare
 from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
@@ -33,6 +34,87 @@ def _parent(experiment_path: str | Path | None) -> Path:
     return Path(experiment_path) if experiment_path is not None else Path("rapidfire_experiments")
 
 
+_MODES = ("fit", "read", "evals")
+
+
+def _looks_like_path(value) -> bool:
+    return isinstance(value, os.PathLike) or (isinstance(value, str) and ("/" in value or os.sep in value))
+
+
+def _positional(args: tuple, mode, experiment_path, num_cpus, num_gpus):
+    """RapidFire AI 0.16.2's positional order, ``(experiment_name, mode, experiment_path,
+    num_cpus, num_gpus)``, onto the keywords. Before it, ours was ``(experiment_name,
+    experiment_path)``: a second positional that is a path (a ``Path``, or a string with a
+    separator) is still read as ``experiment_path``, a mode name as ``mode``, anything else
+    refused, so a bare folder name can never become a mode nor a mode a folder."""
+    if len(args) > 4:
+        raise TypeError(f"Experiment() takes at most 5 positional arguments (experiment_name, mode, "
+                        f"experiment_path, num_cpus, num_gpus), {len(args) + 1} were given")
+    args = list(args)
+    if args and _looks_like_path(args[0]) and len(args) == 1:
+        if experiment_path is not None:
+            raise TypeError("Experiment(): experiment_path given twice (the second positional "
+                            f"argument {args[0]!r} and experiment_path=)")
+        return mode or "fit", args[0], num_cpus, num_gpus
+    names = ("mode", "experiment_path", "num_cpus", "num_gpus")
+    given = dict(zip(names, args))
+    if "mode" in given and given["mode"] not in _MODES:
+        raise ConfigError(
+            f"Experiment(name, {given['mode']!r}): the second positional argument is the mode, as in "
+            "RapidFire AI 0.16.2 ('fit', or 'read' to open a folder read-only); for a parent folder "
+            f"write experiment_path={given['mode']!r}")
+    keywords = {"mode": mode, "experiment_path": experiment_path, "num_cpus": num_cpus,
+                "num_gpus": num_gpus}
+    for name, value in given.items():
+        if keywords[name] is not None:
+            raise TypeError(f"Experiment(): {name} given twice (positionally and as {name}=)")
+        keywords[name] = value
+    return (keywords["mode"] or "fit", keywords["experiment_path"], keywords["num_cpus"],
+            keywords["num_gpus"])
+
+
+def _check_num_cpus(num_cpus):
+    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)
+                                 or num_cpus <= 0):
+        raise ConfigError(f"num_cpus={num_cpus!r}: give a positive integer, or leave it out")
+    return num_cpus
+
+
+def _workers_for_gpus(num_gpus, num_workers):
+    """RapidFire AI 0.16.2's ``Experiment(num_gpus=k)`` (the devices the experiment may use) as
+    our ``num_workers``: at most one device trains in this kernel; more are Ray workers, one per
+    GPU, capped at the GPUs there are."""
+    if num_gpus is None:
+        return num_workers
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0:
+        raise ConfigError(f"num_gpus={num_gpus!r}: give the number of GPUs the experiment may use "
+                          "(0 or more), or leave it out")
+    if num_workers != "auto":
+        raise ConfigError(f"Experiment(num_gpus={num_gpus}, num_workers={num_workers!r}): give one of "
+                          "them (num_gpus is RapidFire AI's name for the devices to use; num_workers "
+                          "the number of Ray workers)")
+    if num_gpus <= 1:
+        return 0
+    from rapidfire_nb.engine.workers import ray_available
+
+    try:
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        visible = 0
+    if visible < 2 or not ray_available():
+        why = (f"{visible} GPU(s) are visible" if visible < 2
+               else "Ray is not installed (pip install 'ray>=2.60')")
+        warnings.warn(f"Experiment(num_gpus={num_gpus}): {why}, so training runs in this kernel, "
+                      "on one device", RapidFireConfigWarning, stacklevel=4)
+        return 0
+    if num_gpus > visible:
+        warnings.warn(f"Experiment(num_gpus={num_gpus}): only {visible} GPUs are visible; training "
+                      f"uses {visible} (one Ray worker each)", RapidFireConfigWarning, stacklevel=4)
+    return min(num_gpus, visible)
+
+
 class Experiment:
     """A named experiment: a folder, an event log, and the runs trained in it.
 
@@ -41,12 +123,23 @@ class Experiment:
             folder already holds one starts a new folder ``<name>_2``, ``_3``, ... (one printed
             line; ``exp.path`` says where); ``resume=True`` continues the old one instead. Opening
             a folder that a live Experiment holds is refused.
-        experiment_path: parent folder (default ``./rapidfire_experiments``).
+        mode: ``"fit"`` (default: train), or ``"read"`` (open a folder read-only, as
+            ``Experiment.open``). The second positional argument is ``mode``, as in RapidFire AI
+            0.16.2 (``Experiment("name", "fit")``); a path given there (a ``Path``, or a string
+            with a ``/``) is still taken as ``experiment_path``, and anything else is refused.
+        experiment_path: parent folder (default ``./rapidfire_experiments``); the third
+            positional argument.
+        num_cpus: accepted for RapidFire AI 0.16.2 code (a positive integer); training here uses
+            the threads torch is given.
+        num_gpus: RapidFire AI 0.16.2's devices the experiment may use, mapped onto
+            ``num_workers``: ``0`` or ``1``, train in this kernel (on its GPU if it has one);
+            ``k >= 2``, one Ray worker per GPU for up to ``k`` of the visible GPUs (in this
+            kernel, with a warning, when fewer than two GPUs are visible or Ray is missing).
+            Give ``num_gpus`` or ``num_workers``, not both.
         resume: continue an existing experiment folder after a dead kernel; call ``run_fit`` with
             the same arguments again (datasets and callables cannot be stored).
         tracking: trackers to feed (``["tensorboard", "mlflow", "trackio"]``); default from the
             ``RF_*_ENABLED`` environment switches (TensorBoard on).
-        mode: accepted for RapidFire AI compatibility (``"fit"``).
         offload: where runs that are not training keep their own state (adapter or full model
             copy, and optimizer state). ``"auto"`` (default): on the GPU, moving the least recently
             trained runs to pinned host memory only while the GPU is short of memory; ``"never"``:
@@ -60,8 +153,9 @@ class Experiment:
             "More than one GPU" in the README.
     """
 
-    def __new__(cls, experiment_name: str = "", experiment_path: str | Path | None = None, *,
-                mode: str = "fit", resume: bool = False, **_kwargs):
+    def __new__(cls, experiment_name: str = "", *args, mode: str | None = None,
+                experiment_path: str | Path | None = None, resume: bool = False, **_kwargs):
+        mode, experiment_path, _, _ = _positional(args, mode, experiment_path, None, None)
         # a re-run cell while its experiment still trains gets that one (session.still_training)
         if mode == "fit" and not resume and isinstance(experiment_name, str) and experiment_name:
             training = session.still_training(_parent(experiment_path), experiment_name)
@@ -73,17 +167,25 @@ class Experiment:
                 return training
         return super().__new__(cls)
 
-    def __init__(self, experiment_name: str, experiment_path: str | Path | None = None, *,
-                 mode: str = "fit", resume: bool = False, tracking: list[str] | None = None,
-                 offload: str = "auto", num_workers: int | str = "auto"):
+    def __init__(self, experiment_name: str, *args, mode: str | None = None,
+                 experiment_path: str | Path | None = None, num_cpus: int | None = None,
+                 num_gpus: int | None = None, resume: bool = False,
+                 tracking: list[str] | None = None, offload: str = "auto",
+                 num_workers: int | str = "auto"):
         if self.__dict__.get("asked_as") is not None:
             return   # __new__ handed back the experiment that trains: nothing to open
         from rapidfire_nb.engine import check_experiment_name
 
+        mode, experiment_path, num_cpus, num_gpus = _positional(args, mode, experiment_path,
+                                                                 num_cpus, num_gpus)
         check_experiment_name(experiment_name)
         if mode not in ("fit", "read"):
             raise ConfigError(f"mode={mode!r} is not supported: 'fit' (train, or continue with "
-                              "resume=True) or 'read' (open a folder read-only for its results)")
+                              "resume=True) or 'read' (open a folder read-only for its results)"
+                              + ("; RapidFire's evals/RAG mode has no equivalent here"
+                                 if mode == "evals" else ""))
+        self.num_cpus = _check_num_cpus(num_cpus)
+        num_workers = _workers_for_gpus(num_gpus, num_workers)
         if offload not in ("auto", "always", "never"):
             raise ConfigError(f"offload={offload!r}: use 'auto' (park runs in host memory only when "
                               "the GPU is short of memory), 'always' or 'never'")
@@ -135,18 +237,24 @@ class Experiment:
         self.path = Path(self.asked_as[0]) / self.name
 
     @classmethod
-    def open(cls, folder: str | Path) -> Experiment:
+    def open(cls, folder: str | Path, experiment_path: str | Path | None = None) -> Experiment:
         """Open an experiment folder read-only, for its results, plots and reports.
 
         ``folder`` is the experiment's own folder (``exp.path``, e.g.
-        ``rapidfire_experiments/sft-demo``). Nothing is written and no lock is taken, so this
-        works on a read-only copy, on a downloaded folder and beside a live Experiment that is
-        still training in it (``refresh()`` reads what it logged since). ``get_runs_info``,
-        ``get_results``, ``get_timeline``, ``time_split`` and ``table()`` work as on the live
+        ``rapidfire_experiments/sft-demo``), or its name as ``Experiment(name, experiment_path,
+        resume=True)`` takes it: a bare name that is not a folder here is looked up under
+        ``experiment_path`` (default ``./rapidfire_experiments``). Nothing is written and no lock
+        is taken, so this works on a read-only copy, on a downloaded folder and beside a live
+        Experiment that is still training in it (``refresh()`` reads what it logged since).
+        ``get_runs_info``, ``get_results``, ``get_timeline``, ``time_split`` and ``table()`` work as on the live
         object; training, ops and ``export`` are refused. The same as
         ``Experiment(name, path, mode="read")``. A damaged log or a folder holding a symbolic
         link is refused with the file, line and field."""
         folder = Path(folder)
+        # a bare name (or any name given with experiment_path) means what the constructor means
+        # by it, the folder under experiment_path; an experiment's own folder is taken as written
+        if experiment_path is not None or (len(folder.parts) == 1 and not (folder / "events.jsonl").is_file()):
+            folder = _parent(experiment_path) / folder
         return cls(folder.name, folder.parent, mode="read")
 
     def _open_read_only(self, name: str, root: Path) -> None:
@@ -695,6 +803,11 @@ class Experiment:
         return self.engine is None and (self.read_only or self.resumed)
 
     def __repr__(self) -> str:
+        if self.engine is None and not self.read_only and self._folder is None:
+            # a refused first run_fit gave its folder back: ``path`` is only the name asked for,
+            # whose folder may well hold another experiment's runs, so count none of them
+            return (f"<Experiment {self.name!r}: no runs, no folder yet (its next run_fit claims "
+                    f"{self.path} or, if that holds an experiment, the next free name)>")
         if self.engine is not None:
             runs = [(r.status, None) for r in self.engine.snapshot().values()]
         elif self._from_log:   # no engine yet: the runs as the event log tells them
