@@ -255,7 +255,7 @@ class Experiment:
         # by it, the folder under experiment_path; an experiment's own folder is taken as written
         if experiment_path is not None or (len(folder.parts) == 1 and not (folder / "events.jsonl").is_file()):
             folder = _parent(experiment_path) / folder
-        return cls(folder.name, folder.parent, mode="read")
+        return cls(folder.name, experiment_path=folder.parent, mode="read")
 
     def _open_read_only(self, name: str, root: Path) -> None:
         self.name, self.resumed, self.offload, self.num_workers = name, False, "never", 0
