@@ -229,6 +229,7 @@ class Experiment:
         lock and its name go back as they were, and the next run_fit claims afresh."""
         if self.resumed or self._logged_open or self._folder is None:
             return
+        session.tensorboard_unlink(self._folder.path)
         give_back(self._folder)
         session.closed(self)
         self._folder = None
@@ -561,6 +562,36 @@ class Experiment:
         Queued like ``stop``: applied at the next chunk boundary, so the run is listed with its
         old status until then (a second ``delete`` of it is refused at once)."""
         self._queue("delete", run_id)
+
+    def cancel_current(self) -> list[int]:
+        """Stop every run of the current ``run_fit`` at its next chunk boundary (RapidFire AI's
+        ``cancel_current``); returns the ids stopped.
+
+        Each pending or running run becomes ``stopped`` with its checkpoint kept, as ``stop`` does
+        (``resume(run_id)`` continues one); a search group adds no more trials afterwards. The
+        experiment stays open: ``clone_modify`` and ``resume`` still work, ``end()`` closes it.
+        With nothing training it prints that there is nothing to cancel and changes nothing."""
+        self._check_open()
+        self._check_writable("cancel_current")
+        stopped: list[int] = []
+        if self.engine is not None:
+            from rapidfire_nb.engine.ops import known_ids, project
+
+            with self.engine.atomically():   # no run changes status between the check and the op
+                if self.automl is not None:
+                    self.automl.cancelled = True   # the search's refills would start new trials
+                for run_id in known_ids(self.engine):
+                    view = project(self.engine, run_id)
+                    if view is not None and view.status in ("pending", "running"):
+                        self.engine.submit(Op("stop", run_id, reason="cancelled (cancel_current)"))
+                        stopped.append(run_id)
+        if stopped:
+            print(f"rapidfire: cancelled run_fit of {self.name!r}: run{'s' if len(stopped) > 1 else ''} "
+                  f"{', '.join(map(str, stopped))} stop at the next chunk boundary (checkpoints kept: "
+                  "exp.resume(run_id) continues one)")
+        else:
+            print(f"rapidfire: nothing to cancel: no run of {self.name!r} is pending or running")
+        return stopped
 
     def validate_clone(self, run_id: int, changes: dict | None = None, warm_start: bool = False) -> RunSpec:
         """Check a clone_modify without creating anything; returns the new run's spec."""

@@ -8,8 +8,12 @@ with their experiment's name.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import warnings
 import weakref
+from pathlib import Path
 from typing import Any
 
 from rapidfire_nb.errors import RapidFireError
@@ -90,13 +94,56 @@ def claim(parent, name: str, resume: bool):
     from rapidfire_nb.folder import claim as claim_folder
 
     try:
-        return claim_folder(parent, name, resume)
+        c = claim_folder(parent, name, resume)
     except ExperimentLocked as exc:
         holder = holder_of((parent / name).resolve())
         if holder is None:
             raise
         raise ExperimentLocked(f"{exc}. It is experiment {holder.name!r} of this kernel: free it with "
                                f"{how_to_free(holder.name)}") from None
+    tensorboard_link(c.path)
+    return c
+
+
+def tensorboard_link(exp_path) -> Path:
+    """``<experiments path>/tensorboard_logs/<name>``, RapidFire AI's TensorBoard folder of an
+    experiment, as a link to ours (``<experiments path>/<name>/tensorboard``, where the
+    TensorBoard tracker writes ``run <id>/``), made if missing; so code written for RapidFire finds
+    the event files where it looks for them, from the moment the experiment exists."""
+    exp_path = Path(exp_path)
+    target = exp_path / "tensorboard"
+    link = exp_path.parent / "tensorboard_logs" / exp_path.name
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        target.mkdir(parents=True, exist_ok=True)
+        return link
+    if link.exists() or link.is_symlink():
+        if link.resolve() != target.resolve():
+            warnings.warn(f"{link} exists and is not this experiment's TensorBoard folder ({target}); "
+                          "it was left as it is", stacklevel=3)
+        return link
+    target.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        link.symlink_to(target, target_is_directory=True)
+    except OSError as exc:   # e.g. Windows without the symlink privilege
+        warnings.warn(f"could not link {link} to {target} ({exc}); point TensorBoard at {target}",
+                      stacklevel=3)
+    return link
+
+
+def tensorboard_unlink(exp_path) -> None:
+    """Undo ``tensorboard_link`` for a folder given back before anything was logged: the link, and
+    the TensorBoard folder while it is empty (the claim removes the experiment folder it made
+    only when nothing is left in it)."""
+    exp_path = Path(exp_path)
+    target = exp_path / "tensorboard"
+    link = exp_path.parent / "tensorboard_logs" / exp_path.name
+    with contextlib.suppress(OSError):
+        if link.is_symlink() and Path(os.readlink(link)) == target:
+            link.unlink()
+    for folder in (target, link.parent):
+        with contextlib.suppress(OSError):
+            folder.rmdir()   # only when empty
 
 
 def how_to_free(name: str) -> str:

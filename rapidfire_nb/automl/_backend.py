@@ -140,7 +140,7 @@ def port_knob(target: Target, name: str, value: Any, knobs: dict) -> tuple[dict,
     entry = removed_knob(target, name)
     assert entry is not None
     where = f"{entry.library} {library_version(entry.library)}"
-    if entry.mapping is not None and entry.replaces in knobs:
+    if entry.mapping is not None and entry.replaces in knobs and not entry.merges:
         return {}, (f"{target.label}: '{name}' was removed in {where} ({entry.note}); dropped "
                     f"because '{entry.replaces}' is set too.")
     if entry.mapping is not None:

@@ -107,15 +107,21 @@ class _RFConfig:
         return list(_be.knob_fields(cls._target()))
 
     # -- accepting knobs ---------------------------------------------------------------------
-    def _accept_all(self, kwargs: dict, notes: list) -> dict:
+    def _accept_all(self, kwargs: dict, notes: list, current: dict | None = None) -> dict:
+        """``current``: the knobs already set (on assignment), which a merging port adds to."""
         target = self._target()
         knobs: dict = {}
+        merged: set[str] = set()   # knobs a merging port set from the user's own value too
+        seen = {**(current or {}), **kwargs}
         for name, value in kwargs.items():
             if name in _be.knob_fields(target):
-                knobs[name] = self._check_knob(name, value)
-            elif _be.removed_knob(target, name) is not None:
-                for new_name, new_value in self._port(name, value, kwargs, notes).items():
+                if name not in merged:
+                    knobs[name] = self._check_knob(name, value)
+            elif (entry := _be.removed_knob(target, name)) is not None:
+                for new_name, new_value in self._port(name, value, seen, notes).items():
                     knobs[new_name] = self._check_knob(new_name, new_value)
+                    if entry.merges:
+                        merged.add(new_name)
             else:
                 raise _be.unknown_knob_error(target, name)
         return knobs
@@ -194,7 +200,7 @@ class _RFConfig:
             return
         notes: list[str] = []
         updated = dict(self._knobs)
-        accepted = self._accept_all({name: value}, notes)
+        accepted = self._accept_all({name: value}, notes, current=self._knobs)
         if name in updated and name in accepted:
             updated[name] = accepted[name]       # keep its place in the axis order
         else:

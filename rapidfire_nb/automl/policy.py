@@ -34,6 +34,7 @@ class Removed:
     note: str
     mapping: Callable[[Any, dict], dict] | None = None
     replaces: str | None = None      # the knob the mapping sets (a user-set one wins)
+    merges: bool = False             # the mapping adds to a user-set ``replaces`` instead
 
 
 def _warmup_ratio(value, knobs):
@@ -42,6 +43,26 @@ def _warmup_ratio(value, knobs):
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1:
         value = 1 - 1e-9
     return {"warmup_steps": value}
+
+
+def _fsdp_wrap(value, knobs):
+    # transformers 4 appended this class name to fsdp_config["transformer_layer_cls_to_wrap"];
+    # transformers 5 reads only the dict entry, so the name joins whatever the user put there.
+    from rapidfire_nb.errors import ConfigError
+
+    given = knobs.get("fsdp_config")
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        raise ConfigError(
+            f"fsdp_transformer_layer_cls_to_wrap={value!r} goes into fsdp_config, which is "
+            f"{type(given).__name__} {given!r} here: give one dict, with "
+            "fsdp_config={'transformer_layer_cls_to_wrap': [...]} instead of both knobs")
+    wrap = given.get("transformer_layer_cls_to_wrap") or []
+    wrap = [wrap] if isinstance(wrap, str) else list(wrap)
+    names = [value] if isinstance(value, str) else list(value)
+    return {"fsdp_config": {**given, "transformer_layer_cls_to_wrap":
+                            wrap + [n for n in names if n not in wrap]}}
 
 
 def _include_inputs(value, knobs):
@@ -62,6 +83,9 @@ _TA_REMOVED = {
                                        "per_device_eval_batch_size"),
     "include_inputs_for_metrics": Removed("transformers", "now include_for_metrics=['inputs']",
                                           _include_inputs, "include_for_metrics"),
+    "fsdp_transformer_layer_cls_to_wrap": Removed(
+        "transformers", "now fsdp_config['transformer_layer_cls_to_wrap']", _fsdp_wrap, "fsdp_config",
+        merges=True),
     "logging_dir": Removed("transformers", "rapidfire_nb writes TensorBoard logs to the experiment folder"),
     "overwrite_output_dir": Removed("transformers", "output folders are managed by rapidfire_nb"),
     "save_safetensors": Removed("transformers", "checkpoints are always safetensors now"),
@@ -156,9 +180,15 @@ def first_time(note: str) -> bool:
     return True
 
 
+# save_strategy values that mean "a checkpoint at every chunk boundary" (RapidFire 0.16.1, 0.16.2)
+CHUNK_SAVE_STRATEGIES = ("chunk", "shard")
+
+
 def normalize_for_machine(kwargs: dict, machine: Machine, label: str) -> tuple[dict, list[str]]:
     """TRL config kwargs as the engine will run them here, plus notes on what changed.
 
+    - ``save_strategy="chunk"`` (or ``"shard"``): the engine's own chunk-boundary checkpoints,
+      so TRL is given ``"no"``.
     - No accelerator: add ``use_cpu=True`` unless the user set ``use_cpu`` (TRL's default
       ``bf16=True`` raises at construction otherwise).
     - On CPU, fp32 unless the user chose a precision: TRL's default ``bf16=True`` becomes CPU
@@ -175,6 +205,10 @@ def normalize_for_machine(kwargs: dict, machine: Machine, label: str) -> tuple[d
     """
     kw = dict(kwargs)
     notes: list[str] = []
+    if kw.get("save_strategy") in CHUNK_SAVE_STRATEGIES:
+        # RapidFire's checkpoint at every chunk ("chunk" in 0.16.1, "shard" in 0.16.2): the engine
+        # writes one at every chunk boundary anyway, so the trainer itself saves nothing
+        kw["save_strategy"] = "no"
     if machine.accelerator is None and "use_cpu" not in kw:
         kw["use_cpu"] = True
     on_cpu = machine.accelerator is None or kw.get("use_cpu") is True

@@ -6,6 +6,7 @@
     from rapidfire_nb.compat.fit.db.rf_db import RfDb                            # paths
     from rapidfire_nb.compat.fit.utils.interactive_controller import InteractiveController
     from rapidfire_nb.compat.utils.metric_rfmetric_manager import RFMetricLogger
+    from rapidfire_nb.compat.utils.notebook_ui import NotebookUI, end_experiment_button
 
 Each face is small and points at our own feature (see its docstring and the README's "Porting
 RapidFire AI code" table). A RapidFire module with no equivalent here (its evals/RAG mode, its
@@ -33,7 +34,6 @@ NO_EQUIVALENT = {
     "fit.db.db_interface": "there is no database: the experiment folder holds events.jsonl and "
                            "runs.json; read runs with Experiment.get_runs_info()",
     "utils.colab": "nothing to set up on Colab: %load_ext rapidfire and Experiment(...) work there",
-    "utils.notebook_ui": "the panel is Experiment's notebook display (or exp.panel())",
     "frontend": "there is no web dashboard to start: the panel lives in the notebook",
     "cli": "there are no services to start; the `rapidfire` command offers demo, bench and report",
 }
@@ -63,7 +63,8 @@ class _NoEquivalentFinder(importlib.abc.MetaPathFinder):
             "the README's 'Porting RapidFire AI code' table (Experiment, experiment, automl and its "
             "datatypes/grid_search/random_search/optuna_search/model_config, fit.db.rf_db.RfDb, "
             "fit.utils.interactive_controller.InteractiveController, "
-            "utils.metric_rfmetric_manager.RFMetricLogger)", name=fullname)
+            "utils.metric_rfmetric_manager.RFMetricLogger, utils.notebook_ui.NotebookUI and "
+            "end_experiment_button)", name=fullname)
 
 
 if not any(isinstance(f, _NoEquivalentFinder) for f in sys.meta_path):

@@ -82,6 +82,8 @@ class ChunkAutoML:
         # set once the first eval showed that an objective metric is not logged: the runs were
         # stopped with this reason, and the driver does nothing more (no ranking, no refills)
         self.objective_error: str | None = None
+        # Experiment.cancel_current stopped every run: no refills start new trials after it
+        self.cancelled = False
         self.initial_ids = list(range(1, len(specs) + 1))
         if self.is_optuna:
             self.tuner = _OptunaTuner(folder, group, specs)
@@ -211,7 +213,7 @@ class ChunkAutoML:
             elif rec.chunks_done >= due:
                 yield Op("stop", rid, reason=self.pruned[rid].reason, pruned=True)
                 del self._restop[rid]
-        if self.objective_error is not None:
+        if self.objective_error is not None or self.cancelled:
             return
         if (yield from self._objective_absent(runs)):
             self.save()

@@ -5,15 +5,14 @@ folders, with RapidFire's meaning: the *parent* folder of the experiment (``expe
 default ``./rapidfire_experiments``). So the paths those notebooks build from it exist:
 
 - ``<experiments path>/tensorboard_logs/<name>/``: a link to the experiment's TensorBoard folder
-  (``<experiments path>/<name>/tensorboard/``), made by this call;
+  (``<experiments path>/<name>/tensorboard/``), made when the experiment is created (and by this
+  call for a folder made before that was so);
 - ``<experiments path>/<name>/runs/<id>/checkpoints/final_checkpoint/``: written by
   ``Experiment.end()`` for every completed run.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from pathlib import Path
 
 from rapidfire_nb.errors import ConfigError
@@ -39,33 +38,13 @@ def _find(experiment_name: str) -> Path:
                       f"Experiment(experiment_name={experiment_name!r}) first")
 
 
-def tensorboard_link(exp_path: Path) -> Path:
-    """``<parent>/tensorboard_logs/<name>`` pointing at ``<exp_path>/tensorboard`` (made if missing)."""
-    exp_path = Path(exp_path)
-    target = exp_path / "tensorboard"
-    link = exp_path.parent / "tensorboard_logs" / exp_path.name
-    if link.is_symlink() and Path(os.readlink(link)) == target:
-        return link
-    if link.exists() or link.is_symlink():
-        if link.resolve() != target.resolve():
-            warnings.warn(f"{link} exists and is not this experiment's TensorBoard folder ({target}); "
-                          "it was left as it is", stacklevel=3)
-        return link
-    target.mkdir(parents=True, exist_ok=True)
-    link.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        link.symlink_to(target, target_is_directory=True)
-    except OSError as exc:   # e.g. Windows without the symlink privilege
-        warnings.warn(f"could not link {link} to {target} ({exc}); point TensorBoard at {target}",
-                      stacklevel=3)
-    return link
-
-
 class RfDb:
     """RapidFire's database handle, reduced to ``get_experiments_path`` (no database here)."""
 
     def get_experiments_path(self, experiment_name: str) -> Path:
         """The folder that holds experiment ``experiment_name`` (RapidFire's experiments path)."""
+        from rapidfire_nb.session import tensorboard_link
+
         exp_path = _find(experiment_name)
         tensorboard_link(exp_path)
         return exp_path.parent
