@@ -160,11 +160,18 @@ def results_frame(table: dict):
                                        "metric", "value", "deleted"])
 
 
+def _from_one(value):
+    return value + 1 if isinstance(value, int) else value
+
+
 def generations_frame(table: dict):
+    """One row per answer. ``epoch`` and ``chunk`` count from 1, as the panel and the report
+    name each point ("epoch 1, chunk 2/2"): the answers are read beside those views."""
     import pandas as pd
 
     rows = [{"run_id": run["run_id"], "name": short_name(run["run_id"], run["knobs"]),
-             **{k: g[k] for k in ("epoch", "chunk", "step", "samples_seen")},
+             "epoch": _from_one(g["epoch"]), "chunk": _from_one(g["chunk"]),
+             **{k: g[k] for k in ("step", "samples_seen")},
              "prompt": prompt, "reference": ref, "text": text}
             for run in runs_by_id(table) for g in run["generations"]
             for prompt, ref, text in zip(g["prompts"], g["references"], g["texts"])]

@@ -314,3 +314,83 @@ def test_sft_runs_log_compute_metrics_on_conversational_data(tmp_path):
     assert sorted(res[res.metric == "eval_exact_match"].chunk) == [0, 1]
     assert calls[0][1] == ["elppa", "revir", "enots"]
     exp.end()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sample prompts: the defaults taken from the eval set, and references for the user's
+
+
+def sample_grid(**kw):
+    return RFGridSearch(RFModelConfig(
+        model_name="tiny", peft_config=RFLoraConfig(**LORA),
+        training_args=RFSFTConfig(learning_rate=1e-2, per_device_train_batch_size=8, num_train_epochs=1,
+                                  max_length=64, bf16=False), **kw), trainer_type="SFT")
+
+
+def test_default_sample_prompts_skip_rows_that_cannot_be_asked_and_cut_long_ones(tmp_path, tiny_data):
+    """A run with a generation_config and no sample_prompts: an empty eval prompt (the tiny
+    tokenizer adds no BOS, so it encodes to no token and generate refuses it) is skipped with a
+    warning, never a refusal, and a prompt or reference past run_fit's 2,000-character limit
+    is logged cut, saying so."""
+    train, evald = tiny_data
+    rows = [dict(evald[i]) for i in range(6)]
+    rows[1]["prompt"] = ""
+    rows[2]["prompt"] = "Reverse the word: " + "a" * 5000 + "\nAnswer:"
+    rows[3]["completion"] = " " + "z" * 3000
+    evald = Dataset.from_list(rows)
+    exp = Experiment("skip", experiment_path=tmp_path, tracking=[])
+    with pytest.warns(UserWarning, match=r"run 1: sample prompts: eval row 2 skipped: its prompt is empty") as seen:
+        exp.run_fit(sample_grid(generation_config={"max_new_tokens": 2}), tiny_create_model, train, evald,
+                    num_chunks=2, seed=3)
+    said = " ".join(str(w.message) for w in seen)
+    assert "sample 2's prompt has 5,026 characters" in said and "sample 3's reference has 3,001" in said
+    assert set(exp.get_runs_info().status) == {"completed"}
+    gens = exp.get_generations()
+    first = gens[gens.chunk == gens.chunk.min()]
+    picked = [rows[i] for i in (0, 2, 3, 4)]
+    assert list(first.prompt)[0] == picked[0]["prompt"] and list(first.prompt)[2:] == [r["prompt"] for r in picked[2:]]
+    assert list(first.reference)[:1] + list(first.reference)[3:] == [picked[0]["completion"], picked[3]["completion"]]
+    cut_prompt, cut_ref = list(first.prompt)[1], list(first.reference)[2]
+    assert cut_prompt.startswith(picked[1]["prompt"][:1900]) and "more characters not shown" in cut_prompt
+    assert cut_ref.startswith(picked[2]["completion"][:1900]) and "more characters not shown" in cut_ref
+    for e in (e for e in exp.events.since(0) if e["type"] == "generation"):
+        assert len(e["prompts"]) == 4
+        assert all(len(t) <= G.MAX_SAMPLE_PROMPT_CHARS for t in e["prompts"] + e["references"])
+    exp.end()
+
+
+def test_no_askable_eval_row_means_no_samples_not_a_refusal(tmp_path, tiny_data):
+    train, _ = tiny_data
+    evald = Dataset.from_list([{"prompt": p, "completion": " x"} for p in ("", "   ", "")])
+    exp = Experiment("none", experiment_path=tmp_path, tracking=[])
+    with pytest.warns(UserWarning, match="no eval row can be asked"):
+        exp.run_fit(sample_grid(generation_config={"max_new_tokens": 2}), tiny_create_model, train, evald,
+                    num_chunks=2, seed=3)
+    assert set(exp.get_runs_info().status) == {"completed"} and exp.get_generations().empty
+    exp.end()
+
+
+def test_a_sample_prompt_equal_to_an_eval_prompt_gets_its_reference(tmp_path, tiny_data):
+    train, evald = tiny_data
+    asked = [evald[5]["prompt"], "What color is the cat?"]
+    exp = Experiment("refs", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(sample_grid(), tiny_create_model, train, evald, num_chunks=2, seed=3, sample_prompts=asked)
+    gens = exp.get_generations()
+    assert len(gens) == 4
+    for _, g in gens.iterrows():
+        if g.prompt == asked[0]:
+            assert g.reference == evald[5]["completion"]
+        else:
+            assert g.reference is None or g.reference != g.reference   # None, or NaN in the frame
+    exp.end()
+
+
+def test_get_generations_counts_epochs_and_chunks_from_one_as_the_panel_does(tmp_path, tiny_data):
+    exp = Experiment("count", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(sample_grid(), tiny_create_model, *tiny_data, num_chunks=2, seed=3, sample_prompts=["Hi?"])
+    gens = exp.get_generations()
+    assert sorted(zip(gens.epoch, gens.chunk)) == [(1, 1), (1, 2)]
+    # the same points as the eval metrics (0-based there, as get_results and get_timeline count)
+    res = exp.get_results()
+    assert set(gens.samples_seen) == set(res[res.metric == "eval_loss"].samples_seen)
+    exp.end()

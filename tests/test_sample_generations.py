@@ -46,7 +46,7 @@ def test_sample_generations_leave_every_run_bit_identical_and_survive_reopening(
     assert len(gens) == 8
     assert sorted(set(gens.prompt)) == ["What color is the cat?", "user: What color is the dog?"]
     assert gens.reference.isna().all()
-    assert sorted(set(zip(gens.run_id, gens.chunk))) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert sorted(set(zip(gens.run_id, gens.chunk))) == [(1, 1), (1, 2), (2, 1), (2, 2)]   # from 1, as the panel
     assert all(isinstance(t, str) for t in gens.text)
     # logged at the chunk's eval point: the same samples_seen as that chunk's eval metric
     evals = rb[(rb.split == "eval") & (rb.metric == "eval_loss")]
@@ -67,8 +67,8 @@ def test_a_generation_config_samples_the_first_eval_prompts_with_their_reference
     exp = fit(tmp_path, "gc", tiny_data, group=grid(generation_config={"max_new_tokens": 3}))
     gens = exp.get_generations()
     first = [evald[i] for i in range(4)]
-    assert list(gens[(gens.run_id == 1) & (gens.chunk == 0)].prompt) == [r["prompt"] for r in first]
-    assert list(gens[(gens.run_id == 1) & (gens.chunk == 0)].reference) == [r["completion"] for r in first]
+    assert list(gens[(gens.run_id == 1) & (gens.chunk == 1)].prompt) == [r["prompt"] for r in first]
+    assert list(gens[(gens.run_id == 1) & (gens.chunk == 1)].reference) == [r["completion"] for r in first]
     exp.end()
     off = fit(tmp_path, "off", tiny_data, group=grid(generation_config={"max_new_tokens": 3}), sample_prompts=[])
     assert off.get_generations().empty and off.time_split()["generate"] == 0

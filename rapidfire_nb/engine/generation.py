@@ -325,22 +325,135 @@ def prompt_text(prompt) -> str:
     return str(prompt)
 
 
+DEFAULT_SCAN_ROWS = 32          # eval rows looked at for the default prompts (a row may be skipped)
+_CUT = "\u2026 [{n:,} more characters not shown]"
+
+
+def shown(text: str | None, limit: int = MAX_SAMPLE_PROMPT_CHARS) -> str | None:
+    """``text`` as logged beside the answers: whole up to ``limit`` characters, else cut to
+    ``limit`` with the cut said in the text itself (what the log reader and the panel accept)."""
+    if text is None or len(text) <= limit:
+        return text
+    for width in range(limit, 0, -1):
+        tail = _CUT.format(n=len(text) - width)
+        if width + len(tail) <= limit:
+            return text[:width] + tail
+    return text[:limit]
+
+
+def _message_key(prompt):
+    if _is_messages(prompt):
+        return ("messages", tuple((str(m.get("role")), str(m.get("content"))) for m in prompt))
+    return ("text", prompt) if isinstance(prompt, str) else None
+
+
 def sample_pairs(rt, explicit: list | None) -> list:
-    """The (prompt, reference) pairs run ``rt`` generates for after each chunk ([]: none)."""
-    if explicit is not None:
+    """The (prompt, reference) pairs run ``rt`` generates for after each chunk ([]: none). A
+    prompt of run_fit's ``sample_prompts`` that equals an eval prompt gets that row's reference
+    (looked up once per run, not at every chunk)."""
+    dataset = getattr(rt, "raw_eval_dataset", None)
+    if explicit is None:
+        return default_pairs(rt.spec, dataset, tokenizer=getattr(rt, "tokenizer", None))
+    cached = getattr(rt, "_rf_sample_pairs", None)
+    if cached is not None and cached[0] is explicit:
+        return cached[1]
+    pairs = with_references(explicit, dataset)
+    try:
+        rt._rf_sample_pairs = (explicit, pairs)
+    except AttributeError:   # an object without a __dict__: looked up again next time
+        pass
+    return pairs
+
+
+def with_references(explicit: list, dataset) -> list:
+    """``explicit`` (run_fit's ``[(prompt, None), ...]``) with the reference of the first eval
+    row whose prompt is the same (a string equal to the string, or the same chat messages)."""
+    if dataset is None or len(dataset) == 0 or not explicit:
         return list(explicit)
-    return default_pairs(rt.spec, getattr(rt, "raw_eval_dataset", None))
+    wanted = {_message_key(p): i for i, (p, _) in enumerate(explicit) if _message_key(p) is not None}
+    refs: dict = {}
+    for i in range(len(dataset)):
+        if len(refs) == len(wanted):
+            break
+        try:
+            prompt, ref = split_example(dataset[i])
+        except ConfigError:
+            return list(explicit)   # rows of another form: no prompt to match
+        key = _message_key(prompt)
+        if key in wanted and key not in refs:
+            refs[key] = ref
+    return [(p, refs.get(_message_key(p), r) if r is None else r) for p, r in explicit]
 
 
-def default_pairs(spec, dataset, n: int = DEFAULT_SAMPLE_PROMPTS) -> list:
-    """A run with a ``generation_config`` answers the first eval prompts; none when it has no
-    ``generation_config``, no eval set, or eval rows that hold no prompt (nothing to ask)."""
+def _unaskable(prompt, tokenizer, settings: dict | None) -> str | None:
+    """Why an eval prompt cannot be asked (None when it can): a blank prompt, a malformed
+    conversation, or one that encodes to no token (generate needs at least one)."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            return "its prompt is empty" if not prompt else "its prompt is blank"
+    elif _is_messages(prompt):
+        if any(not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str) for m in prompt):
+            return "a chat message lacks a string 'role' or 'content'"
+        if not any(m["content"].strip() for m in prompt):
+            return "no message of its prompt has any content"
+    else:
+        return f"its prompt is {type(prompt).__name__}, not text or chat messages"
+    if tokenizer is None:
+        return None
+    settings = split_prompt_settings(settings or {})[1]
+    try:
+        ids = _encode(tokenizer, prompt, settings["add_generation_prompt"])
+    except Exception as exc:  # noqa: BLE001 - whatever the tokenizer refuses, the row is skipped
+        return f"its prompt cannot be tokenized ({type(exc).__name__}: {str(exc)[:80]})"
+    if not ids:
+        return "its prompt encodes to no token"
+    return None
+
+
+def default_pairs(spec, dataset, n: int = DEFAULT_SAMPLE_PROMPTS, tokenizer=None,
+                  notes: list | None = None) -> list:
+    """A run with a ``generation_config`` answers the first ``n`` eval rows that can be asked
+    (of the first ``DEFAULT_SCAN_ROWS``); none when it has no ``generation_config`` or no eval
+    set. A row that cannot be asked (no prompt in it, an empty prompt, one that encodes to no
+    token with ``tokenizer``) is skipped, and ``notes`` gets a line saying which and why: a
+    default must never stop a ``run_fit`` that did not ask for it."""
     if spec.generation_config is None or dataset is None or len(dataset) == 0:
         return []
-    try:
-        return [split_example(dataset[i]) for i in range(min(n, len(dataset)))]
-    except ConfigError:
-        return []
+    settings = prompt_settings(spec)
+    pairs: list = []
+    for i in range(min(len(dataset), DEFAULT_SCAN_ROWS)):
+        if len(pairs) >= n:
+            break
+        try:
+            prompt, ref = split_example(dataset[i])
+        except ConfigError as exc:
+            if notes is not None:
+                notes.append(f"eval row {i + 1} skipped: {exc}")
+            continue
+        why = _unaskable(prompt, tokenizer, settings)
+        if why is not None:
+            if notes is not None:
+                notes.append(f"eval row {i + 1} skipped: {why}")
+            continue
+        pairs.append((prompt, ref))
+    return pairs
+
+
+def shown_pairs(pairs: list) -> tuple[list, list, list]:
+    """(prompts, references, notes) as logged: text, each at most ``MAX_SAMPLE_PROMPT_CHARS``
+    characters (run_fit's limit on a sample prompt), and a note for each one cut."""
+    prompts, refs, notes = [], [], []
+    for j, (p, r) in enumerate(pairs):
+        text = prompt_text(p)
+        ref = r if r is None or isinstance(r, str) else prompt_text(r) if _is_messages(r) else str(r)
+        prompts.append(shown(text))
+        refs.append(shown(ref))
+        for what, full in (("prompt", text), ("reference", ref)):
+            if full is not None and len(full) > MAX_SAMPLE_PROMPT_CHARS:
+                notes.append(f"sample {j + 1}'s {what} has {len(full):,} characters; the log, the panel "
+                             f"and the report show its first {MAX_SAMPLE_PROMPT_CHARS:,} (the model is "
+                             "asked the whole prompt)")
+    return prompts, refs, notes
 
 
 def sample_kwargs(spec) -> dict:
@@ -371,6 +484,6 @@ def sample_generations(rt, explicit: list | None) -> dict | None:
     kwargs = sample_kwargs(rt.spec)
     prompts = [p for p, _ in pairs]
     texts = generate(rt.model, rt.tokenizer, prompts, kwargs, len(prompts), rt.seed, prompt_settings(rt.spec))
-    refs = [r if r is None or isinstance(r, str) else prompt_text(r) for _, r in pairs]
-    return {"prompts": [prompt_text(p) for p in prompts], "references": refs, "texts": texts,
+    shown_prompts, refs, _ = shown_pairs(pairs)
+    return {"prompts": shown_prompts, "references": refs, "texts": texts,
             "max_new_tokens": int(kwargs["max_new_tokens"])}

@@ -224,34 +224,55 @@ def check_sample_generation(specs, bases_for, explicit: list | None, eval_datase
     prompts, every prompt generates one token on the run's base model, so settings or prompts
     that cannot run (a zero beam count, a malformed chat message, text the tokenizer refuses)
     are refused here, naming the run and the prompt, instead of failing the run after its first
-    chunk. ``run_ids``: the runs' ids when they are not 1..n (a clone)."""
+    chunk. The default prompts (the first eval rows of a run with a ``generation_config``) are
+    not the user's choice: a row that cannot be asked is skipped, and a warning says which and
+    why, as it does for a prompt or reference cut to what the log shows; only settings that
+    cannot generate at all are refused. ``run_ids``: the runs' ids when they are not 1..n (a
+    clone)."""
     import json
 
     from rapidfire_nb.engine.formatting import formatted
     from rapidfire_nb.engine.generation import (default_pairs, generate, prompt_settings, prompt_text,
-                                                sample_kwargs)
+                                                sample_kwargs, shown_pairs, with_references)
     from rapidfire_nb.engine.sharding import is_sharded
 
     tried: set = set()
+    said: set = set()
     for i, spec in zip(run_ids or range(1, len(specs) + 1), specs):
         if is_sharded(spec):
             continue
+        if explicit is None and (spec.generation_config is None or eval_dataset is None):
+            continue
+        loaded = bases_for(spec)
+        tokenizer = loaded[1] if loaded is not None else None
+        notes: list = []
+        # the rows as the run reads them (formatting_func's output beside the columns)
+        rows = formatted(spec, eval_dataset, cache, "eval_dataset") if eval_dataset is not None else None
         if explicit is not None:
-            pairs, where = explicit, "sample_prompts"
-        elif spec.generation_config is not None and eval_dataset is not None:
-            # the rows as the run reads them (formatting_func's output beside the columns)
-            pairs, where = default_pairs(spec, formatted(spec, eval_dataset, cache, "eval_dataset")), "eval prompt"
+            pairs, where = with_references(explicit, rows), "sample_prompts"
         else:
-            pairs = []
+            pairs, where = default_pairs(spec, rows, tokenizer=tokenizer, notes=notes), "eval prompt"
+        notes += shown_pairs(pairs)[2]
+        if explicit is None and not pairs:
+            notes.append("no eval row can be asked: this run answers no sample prompt")
+        key = (spec.base_key(), json.dumps([sample_kwargs(spec), prompt_settings(spec)], sort_keys=True,
+                                           default=repr), id(spec.formatting_func))
+        if notes and key not in said:
+            said.add(key)
+            import warnings
+
+            from rapidfire_nb.errors import RapidFireConfigWarning
+
+            warnings.warn(RapidFireConfigWarning(
+                f"run {i}: sample prompts: " + "; ".join(notes[:6])
+                + (f"; and {len(notes) - 6} more" if len(notes) > 6 else "")), stacklevel=3)
         if not pairs:
             continue
         kwargs = {**sample_kwargs(spec), "max_new_tokens": 1}
         settings = prompt_settings(spec)
-        key = (spec.base_key(), json.dumps([kwargs, settings], sort_keys=True, default=repr))
         if key in tried:
             continue
         tried.add(key)
-        loaded = bases_for(spec)
         if loaded is None:
             # a base not loaded in this process: nothing to try the settings on; one that cannot
             # generate then fails its run at the run's first chunk, as without this check
