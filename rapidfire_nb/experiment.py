@@ -176,6 +176,7 @@ class Experiment:
             return   # __new__ handed back the experiment that trains: nothing to open
         from rapidfire_nb.engine import check_experiment_name
 
+        mode_given = mode if mode is not None else (args[0] if args and args[0] in _MODES else None)
         mode, experiment_path, num_cpus, num_gpus = _positional(args, mode, experiment_path,
                                                                  num_cpus, num_gpus)
         check_experiment_name(experiment_name)
@@ -185,6 +186,9 @@ class Experiment:
                               + ("; RapidFire's evals/RAG mode has no equivalent here"
                                  if mode == "evals" else ""))
         self.num_cpus = _check_num_cpus(num_cpus)
+        # RapidFire code must write mode="fit" (its default is "evals"); its notebooks' cells after
+        # run_fit expect the runs done (session.follow_fit)
+        self._rapidfire_cells = mode_given == "fit"
         num_workers = _workers_for_gpus(num_gpus, num_workers)
         if offload not in ("auto", "always", "never"):
             raise ConfigError(f"offload={offload!r}: use 'auto' (park runs in host memory only when "
@@ -366,6 +370,8 @@ class Experiment:
         self._start(fit)
         if fit.args.block if fit.args.block is not None else not in_kernel():
             self.wait()
+        elif self.__dict__.get("_rapidfire_cells") and fit.args.block is None:
+            session.follow_fit(self)
         return self
 
     def _may_fit(self, allow_concurrent) -> None:

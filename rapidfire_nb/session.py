@@ -221,3 +221,68 @@ def refuse_while_another_trains(me) -> None:
         "on it: runs stop at their next chunk boundary, resumable), then run this cell again; or "
         "pass run_fit(..., allow_concurrent=True) to train both at once. Until then %rapidfire "
         f"status and %rapidfire panel show {busy[-1]!r}.")
+
+
+# -- cells queued behind a RapidFire-style run_fit ---------------------------------------------
+# RapidFire AI's run_fit blocks until every run is done, so the cells its notebooks put after it
+# read final results and files. Ours returns at once in a kernel (the panel's clicks reach the
+# kernel only between cells), so for an experiment written as RapidFire code writes it
+# (``mode="fit"`` given: RapidFire's default mode is "evals"), a cell that was already queued
+# behind the run_fit cell -- Run All, or a cell started while run_fit's still ran -- starts once the
+# runs are done, as it would there. A cell run by hand after run_fit returned starts at once.
+
+# Queued cells follow one another with no wait (the kernel takes the next request at once; a
+# client that sends one cell at a time, as nbclient and Colab do, needs a round trip), where a
+# person runs the next cell after reading the output: at least a second.
+QUEUED_GAP_S = 1.0
+
+
+class _Cells:
+    installed: weakref.ref | None = None   # the shell whose events are watched
+    fit_cell: weakref.ref | None = None    # the experiment whose run_fit ran in this cell
+    chain: weakref.ref | None = None       # the experiment the queued cells follow
+    last_end: float | None = None          # when the last cell ended (time.monotonic)
+
+
+def follow_fit(exp) -> None:
+    """``exp.run_fit`` returned in the cell running now: cells queued behind this cell wait for
+    its runs (see above). Only in an IPython kernel; elsewhere nothing is queued."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or getattr(shell, "events", None) is None:
+        return
+    if _Cells.installed is None or _Cells.installed() is not shell:
+        shell.events.register("pre_run_cell", _pre_run_cell)
+        shell.events.register("post_run_cell", _post_run_cell)
+        _Cells.installed = weakref.ref(shell)
+    _Cells.fit_cell = weakref.ref(exp)
+
+
+def _post_run_cell(result=None) -> None:
+    import time
+
+    if _Cells.fit_cell is not None:
+        _Cells.chain, _Cells.fit_cell = _Cells.fit_cell, None
+    _Cells.last_end = time.monotonic()
+
+
+def _pre_run_cell(info=None) -> None:
+    import time
+
+    chain, _Cells.chain = _Cells.chain, None   # a cell that was not queued ends the chain
+    if chain is None or _Cells.last_end is None or time.monotonic() - _Cells.last_end > QUEUED_GAP_S:
+        return
+    exp = chain()
+    if exp is None or exp.ended or exp.engine is None:
+        return
+    _Cells.chain = chain   # this cell was queued: so is the next one, if it follows at once
+    if not exp.engine.busy(timeout=1.0):
+        return
+    print(f"rapidfire: this cell was queued behind run_fit (Run All), so it starts once the runs "
+          f"of {exp.name!r} are done, as after RapidFire's run_fit. Kernel > Interrupt starts it "
+          "now: the runs go on training and the panel steers them.", flush=True)
+    if not exp.wait():
+        _Cells.chain = None   # interrupted: this cell and those queued after it run now
