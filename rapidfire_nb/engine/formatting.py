@@ -10,9 +10,16 @@ for the first row of the training data:
   original columns stay beside the returned ones, as RapidFire's ``map`` keeps them), before any
   validation and before generation-based metrics read the eval prompts; the mapped data is shared
   by every run with the same function and the same data (it is mapped once);
-- a string (SFT only): the function is handed to TRL's ``SFTTrainer`` as it is.
+- a string (SFT only): TRL's form. The function is called exactly as ``SFTTrainer`` calls it:
+  once per training row in order, then once per eval row, and never more. The probe's output is
+  the first row's text; the other rows are mapped as TRL maps them (``{"text": fn(row)}`` added
+  beside the columns) before training, where every output is checked to be a string, and
+  ``SFTTrainer`` prepares those texts (``adapters/sft.py``) instead of calling the function again.
+  A function that keeps state (numbering rows, drawing a template) so trains on the same text as
+  in plain TRL.
 
-Anything else is refused before training, naming the function and what it returned.
+The row mapper is likewise called once per row: the probe's output is row 0's. Anything else is
+refused before training, naming the function and what it returned.
 """
 
 from __future__ import annotations
@@ -27,11 +34,6 @@ ROWS, TEXT = "rows", "text"
 
 def _name(fn) -> str:
     return callable_name(fn) or repr(fn)
-
-
-def formatting_kind(spec, dataset, name: str = "train_dataset") -> str | None:
-    """``"rows"`` (RapidFire row mapper), ``"text"`` (TRL string form) or None (no function)."""
-    return _probe(spec, dataset, name)[0]
 
 
 def _probe(spec, dataset, name: str):
@@ -67,33 +69,52 @@ def _what(out) -> str:
     return f"{type(out).__name__} {text[:80] + '...' if len(text) > 80 else text}"
 
 
-def _check_text_rows(fn, dataset, name: str) -> None:
-    """TRL's string form is called by SFTTrainer row by row while it tokenizes: one bad row would
-    fail the run there with a raw traceback. One pass here names the row instead."""
-    for i, row in enumerate(dataset):
-        try:
-            out = fn(dict(row))
-        except Exception as exc:
-            raise ConfigError(f"formatting_func {_name(fn)!r} raised on {name} row {i}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+_NO_FIRST = object()   # no probe output for this dataset: its row 0 is called like the others
+
+
+def _text_map(fn, dataset, first, name: str):
+    """``dataset`` with ``{"text": fn(row)}`` added, as ``SFTTrainer``'s own formatting ``map``
+    adds it (row 0's text is ``first``, the probe's output, when given), each output checked to
+    be a string: one bad row is named here, not a raw traceback from inside TRL's preparation."""
+    import datasets
+
+    def text_of(row, i):
+        out = first if i == 0 and first is not _NO_FIRST else fn(row)
         if not isinstance(out, str):
             raise ConfigError(
                 f"formatting_func {_name(fn)!r} returned a string for the first row of {name} "
                 f"(TRL's form: the training text) but {_what(out)} for row {i}; it must return a "
                 f"string for every row")
+        return {"text": out}
+
+    fp = hashlib.sha256(f"{_name(fn)}|{dataset._fingerprint}|text".encode()).hexdigest()[:32]
+    was = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.utils.logging.disable_progress_bar()
+    try:
+        return dataset.map(text_of, with_indices=True, batched=False, new_fingerprint=fp,
+                           load_from_cache_file=False, desc=None)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"formatting_func {_name(fn)!r} raised while formatting {name}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        if was:
+            datasets.utils.logging.enable_progress_bar()
 
 
-def _map(fn, dataset, first: dict, keep_unreturned: bool, name: str):
+def _map(fn, dataset, first, keep_unreturned: bool, name: str):
     import datasets
 
-    drop = [] if keep_unreturned else [c for c in dataset.column_names if c not in first]
+    drop = [] if keep_unreturned or first is _NO_FIRST else [c for c in dataset.column_names if c not in first]
     # a content-derived fingerprint: datasets would otherwise hash the function with dill (and
     # warn, with a random hash, for most notebook-defined functions)
     fp = hashlib.sha256(f"{_name(fn)}|{dataset._fingerprint}|{keep_unreturned}".encode()).hexdigest()[:32]
     was = datasets.utils.logging.is_progress_bar_enabled()
     datasets.utils.logging.disable_progress_bar()
     try:
-        return dataset.map(lambda row, i: _row_dict(fn, row, i, name), with_indices=True,
+        return dataset.map(lambda row, i: first if i == 0 and first is not _NO_FIRST else _row_dict(fn, row, i, name),
+                           with_indices=True,
                            remove_columns=drop, new_fingerprint=fp, load_from_cache_file=False,
                            desc=None)
     except ConfigError:
@@ -117,10 +138,19 @@ def _row_dict(fn, row, i: int, name: str) -> dict:
 
 def formatted(spec, dataset, cache: dict, name: str):
     """``dataset`` as ``spec``'s trainer reads it: mapped through a row-mapper ``formatting_func``
-    (once per function and dataset, shared through ``cache``), else unchanged."""
+    (once per function and dataset, shared through ``cache``), else unchanged. For TRL's string
+    form the texts are made here too (``texts_of``), for ``SFTTrainer`` to prepare."""
     fn = spec.formatting_func
     if fn is None or dataset is None:
         return dataset
+    return _entry(spec, dataset, cache, name)[2]
+
+
+def _entry(spec, dataset, cache: dict, name: str) -> tuple:
+    """(fn, dataset, what the trainer reads, kind, texts or None), made once per function and
+    dataset. The function's kind is probed once, on the first dataset it meets (the training
+    data): later datasets (the eval data) are called row by row as TRL or RapidFire call them."""
+    fn = spec.formatting_func
     # as RapidFire's dataset.map(formatting_func): the source columns stay beside the new ones
     # (references for metrics, reward functions and the user's own code read them)
     keep = True
@@ -128,24 +158,55 @@ def formatted(spec, dataset, cache: dict, name: str):
     hit = cache.get(key)
     # the entry holds the function and the source: their ids cannot be reused while cached
     if hit is not None and hit[0] is fn and hit[1] is dataset:
-        return hit[2]
-    kind, first = _probe(spec, dataset, name)
+        return hit
+    kind, first = _known_kind(fn, cache), _NO_FIRST
+    if kind is None:
+        kind, first = _probe(spec, dataset, name)
+        if first is None:      # an empty dataset: nothing was called
+            first = _NO_FIRST
+    texts = None
     if kind == TEXT:
-        _check_text_rows(fn, dataset, name)
-    out = dataset if kind == TEXT or first is None else _map(fn, dataset, first, keep, name)
-    cache[key] = (fn, dataset, out, kind)
-    return out
+        out = dataset
+        if len(dataset) and "input_ids" not in dataset.column_names:   # TRL ignores it on tokenized data
+            texts = _text_map(fn, dataset, first, name)
+    else:
+        out = dataset if len(dataset) == 0 else _map(fn, dataset, first, keep, name)
+    entry = (fn, dataset, out, kind, texts)
+    cache[key] = entry
+    return entry
+
+
+def _known_kind(fn, cache: dict) -> str | None:
+    for key, hit in cache.items():
+        if isinstance(key, tuple) and key[:1] == ("formatted",) and hit[0] is fn:
+            return hit[3]
+    return None
+
+
+def texts_of(spec, dataset, cache: dict, name: str = "train_dataset"):
+    """TRL's string form: ``dataset`` with the ``text`` column ``SFTTrainer`` would have added by
+    calling the function, made once (None when the function is not of that form)."""
+    if spec.formatting_func is None or dataset is None:
+        return None
+    entry = _entry(spec, dataset, cache, name)
+    return entry[4] if entry[3] == TEXT else None
+
+
+def cached_texts(fn, dataset, cache: dict):
+    """The texts ``texts_of`` made for ``fn`` and ``dataset``, or None: never calls ``fn``."""
+    hit = cache.get(("formatted", id(fn), id(dataset), True))
+    if hit is not None and hit[0] is fn and hit[1] is dataset and hit[3] == TEXT:
+        return hit[4]
+    return None
 
 
 def uses_text_form(spec, cache: dict, dataset) -> bool:
     """True when ``spec``'s formatting_func is TRL's string form (to be handed to SFTTrainer)."""
-    fn = spec.formatting_func
-    if fn is None:
+    if spec.formatting_func is None:
         return False
-    for key, hit in cache.items():
-        if isinstance(key, tuple) and key[:1] == ("formatted",) and hit[0] is fn and hit[1] is dataset:
-            return hit[3] == TEXT
-    return formatting_kind(spec, dataset) == TEXT
+    if dataset is None:
+        return _known_kind(spec.formatting_func, cache) == TEXT
+    return _entry(spec, dataset, cache, "train_dataset")[3] == TEXT
 
 
 def check_run_data(spec, cls, train_dataset, eval_dataset, cache: dict) -> None:

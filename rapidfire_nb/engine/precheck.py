@@ -69,16 +69,21 @@ def _leaf_names(model, limit: int = 12) -> list[str]:
 
 def check_rows(spec, dataset, name: str, tokenizer, cache: dict | None = None) -> None:
     """Tokenize the text columns of the first rows as the run reads them: after a row-mapper
-    ``formatting_func`` (taken from ``cache``, where run_fit keeps the mapped data, so the user's
-    function is not called again), or with TRL's string form applied here."""
+    ``formatting_func``, or the texts of TRL's string form (both taken from ``cache``, where
+    run_fit keeps what the function returned, so it is never called again: a function that keeps
+    state must see the calls TRL makes, no others)."""
     if dataset is None:
         return
     mapper = spec.formatting_func
     if mapper is not None and cache is not None:
-        from rapidfire_nb.engine.formatting import formatted, uses_text_form
+        from rapidfire_nb.engine.formatting import formatted, texts_of
 
-        if not uses_text_form(spec, cache, dataset):
-            dataset, mapper = formatted(spec, dataset, cache, name), None
+        texts = texts_of(spec, dataset, cache, name)
+        if texts is not None:
+            dataset = texts.select_columns(["text"])
+        else:
+            dataset = formatted(spec, dataset, cache, name)
+        mapper = None
     n = min(len(dataset), ROWS_CHECKED)
     rows: list[dict] = []
     for i in range(n):

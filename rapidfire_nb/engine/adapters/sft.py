@@ -72,6 +72,17 @@ def _shared_prep_sft_class():
             # the entry holds the source dataset, so its id cannot be reused while cached
             if hit is not None and hit[0] is dataset:
                 return hit[1]
+            source = dataset
+            if formatting_func is not None:
+                from rapidfire_nb.engine.formatting import cached_texts
+
+                # TRL's string form: run_fit already called the function once per row, as TRL's
+                # own formatting map does, and checked what it returned; those texts are what TRL
+                # prepares (its steps after that map are the same), so the function sees the
+                # calls of one SFTTrainer and no more (a stateful one trains on the same text)
+                texts = cached_texts(formatting_func, dataset, self._rf_prep_cache)
+                if texts is not None:
+                    dataset, formatting_func = texts, None
             out = None
             if _one_pass_applies(dataset, args, packing, formatting_func):
                 out = prepare_in_one_pass(super()._prepare_dataset, dataset, processing_class,
@@ -79,7 +90,7 @@ def _shared_prep_sft_class():
             if out is None:
                 out = super()._prepare_dataset(dataset, processing_class, args, packing,
                                                formatting_func, dataset_name)
-            self._rf_prep_cache[key] = (dataset, out)
+            self._rf_prep_cache[key] = (source, out)
             return out
 
     _SHARED_PREP_CLS = SharedPrepSFTTrainer
