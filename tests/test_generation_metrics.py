@@ -394,3 +394,61 @@ def test_get_generations_counts_epochs_and_chunks_from_one_as_the_panel_does(tmp
     res = exp.get_results()
     assert set(gens.samples_seen) == set(res[res.metric == "eval_loss"].samples_seen)
     exp.end()
+
+
+# ---------------------------------------------------------------------------------------------
+# The Trainer's compute_metrics (SFT without generation_config): logits without TRL's deprecated path
+
+
+def token_accuracy(eval_pred):
+    logits, labels = eval_pred.predictions, eval_pred.label_ids
+    pred = np.argmax(logits[:, :-1], axis=-1)
+    gold = labels[:, 1:]
+    mask = gold != -100
+    return {"next_token_accuracy": float((pred[mask] == gold[mask]).mean()), "logit_sum": float(logits.sum())}
+
+
+@pytest.mark.filterwarnings("error:`return_outputs=True`:FutureWarning")
+def test_logits_for_compute_metrics_without_trls_deprecated_return_outputs(tmp_path, tiny_data):
+    """TRL 1.16 deprecates compute_loss(..., return_outputs=True) and the logits it hands to
+    compute_metrics (gone in TRL 2): turned into an error here, a run that still used it would
+    fail; every run completes with its metric logged after every chunk."""
+    cfg = RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), compute_metrics=token_accuracy,
+                        training_args=RFSFTConfig(learning_rate=List([1e-2, 3e-2]), per_device_train_batch_size=8,
+                                                  per_device_eval_batch_size=4, num_train_epochs=1, max_length=64,
+                                                  bf16=False))
+    exp = Experiment("logits", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(RFGridSearch(cfg, trainer_type="SFT"), tiny_create_model, *tiny_data, num_chunks=2, seed=2)
+    info = exp.get_runs_info()
+    assert set(info.status) == {"completed"}, list(info.error)
+    res = exp.get_results()
+    acc = res[res.metric == "eval_next_token_accuracy"]
+    assert sorted(zip(acc.run_id, acc.chunk)) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert all(0 <= v <= 1 for v in acc.value)
+    exp.end()
+
+
+def test_the_eval_logits_are_those_trls_deprecated_path_returns(tiny_data):
+    """The forward the engine makes for the logits gives, bit for bit, what
+    compute_loss(..., return_outputs=True) returns in TRL 1.16, and the same loss: the metrics
+    computed from them stay what they were."""
+    from trl import SFTConfig, SFTTrainer
+
+    from rapidfire_nb.engine.adapters.base import _eval_logits
+
+    model, tok = make_tiny_model_and_tokenizer()
+    _, evald = tiny_data
+    trainer = SFTTrainer(model=model, processing_class=tok, train_dataset=evald, eval_dataset=evald,
+                         args=SFTConfig(output_dir="/tmp/rf-unused", max_length=64, bf16=False, use_cpu=True,
+                                        report_to="none"))
+    model.eval()
+    batch = trainer.data_collator([trainer.eval_dataset[i] for i in range(4)])
+    with torch.no_grad():
+        inputs = trainer._prepare_inputs(dict(batch))
+        with pytest.warns(FutureWarning, match="return_outputs=True"):
+            old_loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+        inputs = trainer._prepare_inputs(dict(batch))
+        loss = trainer.compute_loss(model, inputs)
+        logits = _eval_logits(model, inputs).logits
+    assert torch.equal(loss, old_loss)
+    assert torch.equal(logits, outputs.logits)

@@ -565,11 +565,13 @@ class RunTrainer:
             for size, batch in self._eval_batches:
                 inputs = t._prepare_inputs(batch)
                 with t.compute_loss_context_manager():
+                    loss = t.compute_loss(model, inputs)
                     if keep:
-                        loss, outputs = t.compute_loss(model, inputs, return_outputs=True)
-                        logits, labels = _gather(logits, labels, outputs, inputs)
-                    else:
-                        loss = t.compute_loss(model, inputs)
+                        # the logits of the eval forward, made here: TRL 1.16 deprecates asking
+                        # compute_loss for them (return_outputs=True, gone in TRL 2), whose fused
+                        # LM head never builds them; this is the forward TRL makes then (the
+                        # inputs compute_loss prepared, without the labels), so the same logits
+                        logits, labels = _gather(logits, labels, _eval_logits(model, inputs), inputs)
                 total += float(loss) * size
                 count += size
         if was_training:
@@ -646,6 +648,13 @@ class RunTrainer:
             acc._schedulers, acc._optimizers, acc._models, acc._dataloaders = [], [], [], []
         self.trainer = self.optimizer = self.scheduler = self.model = None
         self.train_data = self.eval_data = None
+        self.snapshot_buffers = None
+        self._park_buffer = None
+
+
+def _eval_logits(model, inputs):
+    """The model's logits for one eval batch: a forward without the labels (no loss computed)."""
+    return model(**{k: v for k, v in inputs.items() if k != "labels"})
 
 
 def _gather(logits, labels, outputs, inputs):
