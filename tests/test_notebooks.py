@@ -313,7 +313,10 @@ def test_a_rerun_cell_says_its_new_folder_in_one_line(tmp_path, capsys):
 
 def test_quickstart_steers_after_the_first_chunk():
     """Read cell by cell, the quickstart waits for the first chunk's results, then stops, resumes
-    and warm-clones while runs train (full mode: 128 steps per run, minutes on a CPU)."""
+    and warm-clones while runs train. Full mode is sized by time, not steps (a fast GPU gets
+    through in seconds what a laptop CPU trains in minutes): far more epochs than any machine
+    finishes, trained until MINUTES after run_fit, when the results cell stops what still trains.
+    So the steering cells always find runs to steer. And every run answers sample prompts."""
     nb = nbformat.read(str(NB_DIR / "quickstart.ipynb"), as_version=4)
     code = [_source(c) for c in nb.cells if c.cell_type == "code"]
 
@@ -325,12 +328,22 @@ def test_quickstart_steers_after_the_first_chunk():
     fit, wait = first(r"\.run_fit\("), first(r"(?m)^info = wait_for_chunk\(exp, 1\)")
     stop, clone, resume = first(r"exp\.stop\("), first(r"warm_start=True"), first(r"exp\.resume\(")
     final = first(r"(?m)^exp\.wait\(\)")
-    assert fit < wait < stop <= clone < resume < final
+    generations = first(r"exp\.get_generations\(\)")
+    assert fit < wait < stop <= clone < resume < final < generations
+    everything = "\n".join(code)
     sizes = re.search(r"TRAIN_SIZE, EVAL_SIZE, EPOCHS, BATCH = \(.*\) if SMOKE else \((\d+), \d+, (\d+), (\d+)\)",
-                      "\n".join(code))
-    assert sizes, "quickstart: the full-mode sizes line"
+                      everything)
+    minutes = re.search(r"(?m)^MINUTES = 0 if SMOKE else (\d+)$", everything)
+    assert sizes and minutes, "quickstart: the full-mode sizes and MINUTES lines"
     train, epochs, batch = map(int, sizes.groups())
-    assert train * epochs // batch >= 128, "full mode must train long enough to steer the runs"
+    # 4 runs at 2 ms a step, eval and checkpoints free, would still not finish in the time given
+    assert 4 * train * epochs // batch * 0.002 > 60 * int(minutes.group(1)) >= 120, \
+        "full mode must train for minutes, on any machine"
+    assert re.search(r"TIME_UP = time\.time\(\) \+ 60 \* MINUTES", code[fit])
+    assert "exp.wait(timeout=" in code[final] and "TIME_UP" in code[final] and "exp.stop(" in code[final]
+    assert "sample_prompts=SAMPLE_PROMPTS" in code[fit]
+    assert re.search(r"(?m)^SAMPLE_PROMPTS = .*evald\[\"prompt\"\]", everything), \
+        "the sample prompts are eval prompts, so the generations view shows their references"
 
 
 # What the panel's buttons send, delivered through ipywidgets' comm-message path of the panel that
