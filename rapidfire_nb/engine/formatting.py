@@ -79,7 +79,14 @@ def _text_map(fn, dataset, first, name: str):
     import datasets
 
     def text_of(row, i):
-        out = first if i == 0 and first is not _NO_FIRST else fn(row)
+        if i == 0 and first is not _NO_FIRST:
+            out = first
+        else:
+            try:
+                out = fn(row)
+            except Exception as exc:
+                raise ConfigError(f"formatting_func {_name(fn)!r} raised on {name} row {i}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
         if not isinstance(out, str):
             raise ConfigError(
                 f"formatting_func {_name(fn)!r} returned a string for the first row of {name} "
