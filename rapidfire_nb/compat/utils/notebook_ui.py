@@ -88,6 +88,7 @@ class EndButton:
         self.widget = widgets.HBox([self.button, self.label])
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self._shown = False
         self.button.on_click(self._clicked)
         if experiment.ended:
             self._show_ended()
@@ -132,8 +133,12 @@ class EndButton:
         """What clicking the button does (for scripts and tests)."""
         self.button.click()
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        return self.widget._repr_mimebundle_(include=include, exclude=exclude)
+    def _ipython_display_(self):
+        # end_experiment_button showed the widget already; as a cell's last line (the way the
+        # tutorials call it) it would show a second copy
+        if not self._shown:
+            self._shown = True
+            _display(self.widget)
 
 
 def end_experiment_button(experiment: Any = None) -> EndButton:
@@ -147,7 +152,7 @@ def end_experiment_button(experiment: Any = None) -> EndButton:
     from rapidfire_nb._environment import in_kernel
 
     if in_kernel():
-        _display(button.widget)
+        button._ipython_display_()
     else:
         print(f"rapidfire: end_experiment_button shows a button in a notebook; here, call "
               f"{exp.name!r}'s .end() when you are done (or .click() on the returned button)")
