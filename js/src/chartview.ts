@@ -70,6 +70,22 @@ export interface ChartAreaContext {
   onHover: (runId: number | null) => void;
 }
 
+/**
+ * The notes under the curve tools, for what a setting does that the charts alone do not say:
+ * on the wall-time axis the runs take turns on the device, so each curve rises in steps (it
+ * moves during the run's own chunks, and its line crosses the others' turns); smoothing leaves
+ * the eval chart as logged.
+ */
+export function curveNotes(view: { smoothing: number; xAxis: XAxis }): string[] {
+  const out: string[] = [];
+  if (view.xAxis === "time") {
+    out.push("wall time: the runs take turns on the device, so each curve advances only during its own chunks " +
+      "(the steps) and its line crosses the time the other runs trained");
+  }
+  if (view.smoothing > 0) out.push("smoothing applies to the train chart; eval curves (a point per chunk) are drawn as logged");
+  return out;
+}
+
 export class ChartArea {
   /** The smoothing, log y and x axis controls. */
   readonly curveBar: HTMLDivElement;
@@ -81,22 +97,26 @@ export class ChartArea {
   private readonly smoothText = h("span", { class: "rf-smoothing-value", text: "0" });
   private readonly logInput = h("input", { type: "checkbox", "data-testid": "rf-logy" });
   private readonly xSelect = h("select", { "data-testid": "rf-xaxis" });
+  /** What the chosen curve settings do that the charts cannot show by themselves. */
+  private readonly curveNote = h("span", { class: "rf-curve-note", "data-testid": "rf-curve-note" });
   private readonly charts: Chart[];
   private readonly resizeObserver: ResizeObserver | null;
 
   /** `specs`: the charts, in their order on the page; the train chart first, then the eval chart. */
   constructor(private readonly ctx: ChartAreaContext, specs: ChartSpec[]) {
-    const { smoothText, logInput, xSelect, curveView } = this;
+    const { smoothText, logInput, xSelect, curveView, curveNote } = this;
     const smoothInput = h("input", {
       type: "range", min: "0", max: String(MAX_SMOOTHING), step: "0.01", value: "0", "data-testid": "rf-smoothing",
-      title: "smoothing: an exponential moving average as TensorBoard draws it (0: off); the raw curve stays, faint",
+      title: "smoothing of the train curves: an exponential moving average as TensorBoard draws it (0: off); the raw curve " +
+        "stays, faint. Eval curves are drawn as logged: one point per chunk, which an average would misplace",
     });
     this.smoothInput = smoothInput;
     xSelect.replaceChildren(...X_AXES.map((a) => h("option", { value: a, text: X_LABELS[a] })));
     this.curveBar = h("div", { class: "rf-curvebar", "data-testid": "rf-curvebar" }, [
-      h("label", {}, ["smoothing ", smoothInput, smoothText]),
+      h("label", {}, ["smoothing (train) ", smoothInput, smoothText]),
       h("label", {}, [logInput, " log y"]),
       h("label", {}, ["x ", xSelect]),
+      curveNote,
     ]);
     smoothInput.addEventListener("input", () => {
       const w = Number(smoothInput.value);
@@ -185,6 +205,9 @@ export class ChartArea {
     this.smoothText.textContent = curveView.smoothing.toFixed(2);
     this.logInput.checked = curveView.logY;
     this.xSelect.value = curveView.xAxis;
+    const note = curveNotes(curveView);
+    this.curveNote.textContent = note.join(" · ");
+    this.curveNote.style.display = note.length ? "" : "none";
     for (const c of this.charts) {
       c.plot.setCurveView(curveView);
       if (c.book.xAxis !== curveView.xAxis) {

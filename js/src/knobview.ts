@@ -38,6 +38,12 @@ export interface KnobAxis {
    * in their own slot, labelled DEFAULT_LABEL, at the axis's left end, apart from the values.
    */
   defaults: boolean;
+  /**
+   * Other knobs that vary together with this one: each of their values goes with one value of
+   * it, run for run (the two LoRA configs of a grid set r, lora_alpha and target_modules at once).
+   * Their plots would be the same points over other labels, so they share this one.
+   */
+  linked: string[];
 }
 
 /** How a run that does not set a knob reads: it trains with the library's default, not with "null". */
@@ -90,7 +96,7 @@ export function knobModel(state: PanelState, metric: string | null, which: Which
     }
     points.push({ runId: run.id, name: runName(run), color: runColor(run.id), mark: markOf(run), value: v, knobs: setKnobs(run) });
   }
-  const axes: KnobAxis[] = keys.map((key) => {
+  const allAxes: KnobAxis[] = keys.map((key) => {
     const all = runs.map((r) => {
       const set = setKnobs(r);
       return has(set, key) ? set[key] : null;
@@ -102,11 +108,12 @@ export function knobModel(state: PanelState, metric: string | null, which: Which
       const min = Math.min(...nums);
       const max = Math.max(...nums);
       const log = min > 0 && max / min >= 20;
-      return { key, kind: log ? "log" : "linear", categories: [], min: log ? Math.log10(min) : min, max: log ? Math.log10(max) : max, defaults };
+      return { key, kind: log ? "log" : "linear", categories: [], min: log ? Math.log10(min) : min, max: log ? Math.log10(max) : max, defaults, linked: [] };
     }
     const categories = [...(defaults ? [DEFAULT_LABEL] : []), ...[...new Set(vals.map(category))].sort()];
-    return { key, kind: "category", categories, min: 0, max: Math.max(0, categories.length - 1), defaults };
+    return { key, kind: "category", categories, min: 0, max: Math.max(0, categories.length - 1), defaults, linked: [] };
   });
+  const axes = linkAxes(allAxes, runs);
   let lo = Infinity;
   let hi = -Infinity;
   for (const p of points) {
@@ -116,6 +123,48 @@ export function knobModel(state: PanelState, metric: string | null, which: Which
   const pad = hi > lo ? (hi - lo) * 0.08 : Math.abs(lo) * 0.1 || 1;
   const y: [number, number] = points.length ? [lo - pad, hi + pad] : [0, 1];
   return { metric, which, axes, points, missing, y };
+}
+
+/** A short knob name: the last part of its key ("peft_config.r" -> "r"). */
+export const shortKey = (key: string): string => key.split(".").pop() ?? key;
+
+/**
+ * Knobs whose values go together run for run (one value of each with one value of the other,
+ * both ways) make one plot: the same points over other labels. Its axis is the group's number
+ * knob with the shortest name (r before lora_alpha), or its shortest-labelled one; the others
+ * are named as linked.
+ */
+export function linkAxes(axes: KnobAxis[], runs: RunState[]): KnobAxis[] {
+  const column = (key: string) => runs.map((r) => {
+    const set = setKnobs(r);
+    return has(set, key) && !absent(set[key]) ? JSON.stringify(set[key]) : "\u0000";
+  });
+  const together = (a: string[], b: string[]) => {
+    const ab = new Map<string, string>();
+    const ba = new Map<string, string>();
+    for (let i = 0; i < a.length; i++) {
+      if ((ab.get(a[i]) ?? b[i]) !== b[i] || (ba.get(b[i]) ?? a[i]) !== a[i]) return false;
+      ab.set(a[i], b[i]);
+      ba.set(b[i], a[i]);
+    }
+    return true;
+  };
+  const cols = new Map(axes.map((a) => [a.key, column(a.key)]));
+  const labelLen = (a: KnobAxis) => Math.max(0, ...axisTicks(a).map(([, l]) => l.length));
+  const rank = (a: KnobAxis): [number, number] => a.kind === "category" ? [1, labelLen(a)] : [0, shortKey(a.key).length];
+  const taken = new Set<string>();
+  const out: KnobAxis[] = [];
+  for (const axis of axes) {
+    if (taken.has(axis.key)) continue;
+    const group = axes.filter((b) => !taken.has(b.key) && together(cols.get(axis.key)!, cols.get(b.key)!));
+    for (const b of group) taken.add(b.key);
+    const lead = [...group].sort((x, y) => {
+      const [rx, ry] = [rank(x), rank(y)];
+      return rx[0] - ry[0] || rx[1] - ry[1] || (x.key < y.key ? -1 : 1);
+    })[0];
+    out.push({ ...lead, linked: group.filter((b) => b !== lead).map((b) => b.key) });
+  }
+  return out;
 }
 
 /** Where a knob value sits on its axis, 0..1 (categories evenly spaced, a lone value centred). */
@@ -151,23 +200,90 @@ export interface Cell {
   top: number;
   width: number;
   height: number;
+  /** The x tick labels, each cut into lines that fit its slot, centred at x (pixels). */
+  ticks: { x: number; lines: string[] }[];
+  /** The title under them: the knob's name, and the knobs linked to it. */
+  title: string[];
 }
 
 export const CELL_W = 200;
 export const CELL_H = 150;
 const PAD = { left: 44, right: 10, top: 18, bottom: 30 };
+/** The plot area's height in every cell; below it, as many label lines as the cell needs. */
+const PLOT_H = CELL_H - PAD.top - PAD.bottom;
+export const LINE_H = 12;
 /** Points keep off the frame: the axis ends sit this share of the width inside it. */
 const INSET = 0.08;
 const inset = (t: number) => INSET + t * (1 - 2 * INSET);
+/** At most this many lines for a tick label (a long target_modules list); the last ends in "…". */
+const MAX_LINES = 3;
 
-/** One cell per knob, as many per row as fit in `width`. */
-export function knobLayout(model: KnobModel, width: number): { cells: Cell[]; height: number } {
+/** Text width in pixels at the view's 11 px font; the draw passes the canvas's own measure. */
+export type Measure = (text: string) => number;
+export const roughMeasure: Measure = (text) => text.length * 6.2;
+
+/**
+ * `text` in lines no wider than `width`: broken after ", " or spaces, a word too long for a line
+ * cut with "…", and at most `maxLines` lines (the last ending in "…" when text is left over).
+ */
+export function wrapLabel(text: string, width: number, measure: Measure = roughMeasure, maxLines = MAX_LINES): string[] {
+  const ellipsize = (t: string) => {
+    let cut = t;
+    while (cut.length > 1 && measure(`${cut}…`) > width) cut = cut.slice(0, -1);
+    return `${cut}…`;
+  };
+  const fit = (t: string) => (measure(t) <= width ? t : ellipsize(t));
+  const lines: string[] = [];
+  let line = "";
+  for (const w of text.split(/ +/)) {
+    const next = line ? `${line} ${w}` : w;
+    if (!line || measure(next) <= width) line = next;
+    else {
+      lines.push(line);
+      line = w;
+    }
+  }
+  if (line) lines.push(line);
+  const out = lines.slice(0, maxLines).map(fit);
+  if (lines.length > maxLines) out[maxLines - 1] = ellipsize(lines[maxLines - 1]);
+  return out;
+}
+
+/** A cell's tick labels and title, fitted to its width; and the height they need below the plot. */
+function cellLabels(axis: KnobAxis, left: number, width: number, measure: Measure): Pick<Cell, "ticks" | "title" | "height"> {
+  const x0 = left + PAD.left;
+  const x1 = left + width - PAD.right;
+  const ticks = axisTicks(axis);
+  const at = ticks.map(([t]) => x0 + inset(t) * (x1 - x0));
+  const fitted = ticks.map(([, label], i) => {
+    // half the gap to each neighbour, and never past the cell's edges
+    const lo = i > 0 ? (at[i] - at[i - 1]) / 2 : at[i] - left;
+    const hi = i < at.length - 1 ? (at[i + 1] - at[i]) / 2 : left + width - at[i];
+    return { x: at[i], lines: wrapLabel(label, Math.max(12, 2 * Math.min(lo, hi) - 4), measure) };
+  });
+  const name = `${shortKey(axis.key)}${axis.kind === "log" ? " (log)" : ""}`;
+  const title = wrapLabel([name, ...axis.linked.map(shortKey)].join(" · "), width - 8, measure, 2);
+  const lines = Math.max(1, ...fitted.map((f) => f.lines.length)) + title.length;
+  return { ticks: fitted, title, height: PAD.top + PLOT_H + 6 + lines * LINE_H };
+}
+
+/** One cell per knob (knobs that vary together share one), as many per row as fit in `width`. */
+export function knobLayout(model: KnobModel, width: number, measure: Measure = roughMeasure): { cells: Cell[]; height: number } {
   const perRow = Math.max(1, Math.floor(width / CELL_W));
   const w = Math.max(CELL_W, Math.floor(width / Math.min(perRow, Math.max(1, model.axes.length))));
-  const cells = model.axes.map((axis, i) => ({
-    axis, left: (i % perRow) * w, top: Math.floor(i / perRow) * CELL_H, width: w, height: CELL_H,
-  }));
-  return { cells, height: Math.ceil(model.axes.length / perRow) * CELL_H };
+  const cells: Cell[] = model.axes.map((axis, i) => ({ axis, left: (i % perRow) * w, top: 0, width: w, ...cellLabels(axis, (i % perRow) * w, w, measure) }));
+  // a row is as tall as its tallest cell's labels
+  let top = 0;
+  for (let r = 0; r * perRow < cells.length; r++) {
+    const row = cells.slice(r * perRow, (r + 1) * perRow);
+    const h = Math.max(...row.map((c) => c.height));
+    for (const c of row) {
+      c.top = top;
+      c.height = h;
+    }
+    top += h;
+  }
+  return { cells, height: top };
 }
 
 /** A point's pixel position in a cell. */
@@ -176,7 +292,7 @@ export function pointPx(model: KnobModel, cell: Cell, p: KnobPoint): [number, nu
   if (t === null) return null;
   const x = cell.left + PAD.left + inset(t) * (cell.width - PAD.left - PAD.right);
   const [lo, hi] = model.y;
-  const y = cell.top + PAD.top + (1 - (p.value - lo) / (hi - lo)) * (cell.height - PAD.top - PAD.bottom);
+  const y = cell.top + PAD.top + (1 - (p.value - lo) / (hi - lo)) * PLOT_H;
   return [x, y];
 }
 
@@ -235,6 +351,7 @@ export function createKnobView(opts: {
   let hover: number | null = null;
   let drawKey = "";
   let draws = 0;
+  let measure: Measure = roughMeasure;
 
   const redraw = () => {
     if (state) update(state, focus, true);
@@ -266,13 +383,18 @@ export function createKnobView(opts: {
     drawKey = key;
     model = knobModel(s, metric, which);
     const m = model;
+    const knobs = m.axes.reduce((n, a) => n + 1 + a.linked.length, 0);
     summary.textContent = m.axes.length
-      ? `knobs → ${metric ?? "metric"} (${which}): ${m.axes.length === 1 ? "1 knob that varies" : `${m.axes.length} knobs that vary`}, ${m.points.length} run${m.points.length === 1 ? "" : "s"}`
+      ? `knobs → ${metric ?? "metric"} (${which}): ${knobs === 1 ? "1 knob that varies" : `${knobs} knobs that vary`}, ${m.points.length} run${m.points.length === 1 ? "" : "s"}`
       : "knobs → metric (no knob varies between the runs)";
+    const together = m.axes.filter((a) => a.linked.length).map((a) => `${[a.key, ...a.linked].map(shortKey).join(", ")} vary together (one plot)`);
     note.textContent = (m.missing.length ? `no ${which} ${metric ?? "value"} yet: run${m.missing.length === 1 ? "" : "s"} ${m.missing.join(", ")} · ` : "")
-      + "✕ pruned · ○ stopped · ■ failed";
+      + together.map((t) => `${t} · `).join("") + "✕ pruned · ○ stopped · ■ failed";
     const width = Math.max(CELL_W, details.clientWidth - 8);
-    const lay = knobLayout(m, width);
+    const probe = canvas.getContext("2d");
+    if (probe !== null) probe.font = "11px sans-serif";
+    measure = probe === null ? roughMeasure : (t) => probe.measureText(t).width;
+    const lay = knobLayout(m, width, measure);
     cells = lay.cells;
     const dpr = window.devicePixelRatio || 1;
     canvas.width = Math.round(width * dpr);
@@ -288,20 +410,24 @@ export function createKnobView(opts: {
     ctx.font = "11px sans-serif";
     const anyFocus = m.points.some((p) => f.has(p.runId));
     for (const cell of cells) {
-      const { axis } = cell;
       const x0 = cell.left + PAD.left;
       const x1 = cell.left + cell.width - PAD.right;
       const y0 = cell.top + PAD.top;
-      const y1 = cell.top + cell.height - PAD.bottom;
+      const y1 = y0 + PLOT_H;
       ctx.strokeStyle = "rgba(128,128,128,0.35)";
       ctx.lineWidth = 1;
       ctx.strokeRect(x0 + 0.5, y0 + 0.5, x1 - x0, y1 - y0);
       ctx.fillStyle = fg;
       ctx.textAlign = "center";
       ctx.textBaseline = "top";
-      ctx.fillText(`${axis.key.split(".").pop()}${axis.kind === "log" ? " (log)" : ""}`, (x0 + x1) / 2, y1 + 15);
-      // x ticks: the categories, or the two ends and a middle value
-      for (const [t, label] of axisTicks(axis)) ctx.fillText(label.slice(0, 12), x0 + inset(t) * (x1 - x0), y1 + 3);
+      // x ticks: the categories, or the values' ends, each in the lines that fit its slot
+      let below = 0;
+      for (const tick of cell.ticks) {
+        tick.lines.forEach((line, i) => ctx.fillText(line, tick.x, y1 + 3 + i * LINE_H));
+        below = Math.max(below, tick.lines.length);
+      }
+      // the knob's name (and the knobs linked to it) under the tick labels
+      cell.title.forEach((line, i) => ctx.fillText(line, (x0 + x1) / 2, y1 + 6 + (below + i) * LINE_H));
       // y ticks on each cell's left
       const yt = niceTicks(m.y[0], m.y[1], 3);
       ctx.textAlign = "right";
@@ -357,7 +483,7 @@ export function createKnobView(opts: {
     const p = knobHit(model, cells, x, y);
     const id = p ? p.runId : null;
     if (p) {
-      const knobs = model.axes.map((a) => `${a.key.split(".").pop()} ${fmtKnob(has(p.knobs, a.key) ? p.knobs[a.key] : null)}`);
+      const knobs = model.axes.flatMap((a) => [a.key, ...a.linked]).map((k) => `${shortKey(k)} ${fmtKnob(has(p.knobs, k) ? p.knobs[k] : null)}`);
       tip.replaceChildren(h("b", { text: p.name }), h("br"), `${model.metric} (${model.which}) ${fmtHover(p.value)}`,
         h("br"), knobs.join(" · "), ...(p.mark !== "run" ? [h("br"), p.mark] : []));
       tip.style.borderColor = p.color;
@@ -394,6 +520,15 @@ export function createKnobView(opts: {
     metric: model?.metric ?? null,
     which: model?.which ?? null,
     axes: model?.axes.map((a) => a.key) ?? [],
+    linked: Object.fromEntries(model?.axes.map((a) => [a.key, a.linked]) ?? []),
+    width: canvas.clientWidth,
+    // every label drawn under a plot, with its extent: x0..x1 (pixels) and its line's top
+    labels: cells.flatMap((c) => [
+      ...c.ticks.flatMap((t) => t.lines.map((text, i) => ({ knob: c.axis.key, kind: "tick", text, cell: [c.left, c.left + c.width],
+        x0: t.x - measure(text) / 2, x1: t.x + measure(text) / 2, line: i, top: c.top }))),
+      ...c.title.map((text, i) => ({ knob: c.axis.key, kind: "title", text, cell: [c.left, c.left + c.width],
+        x0: c.left + (PAD.left + c.width - PAD.right) / 2 - measure(text) / 2, x1: c.left + (PAD.left + c.width - PAD.right) / 2 + measure(text) / 2, line: i, top: c.top })),
+    ]),
     missing: model?.missing ?? [],
     points: model === null ? [] : model.points.flatMap((p) => cells.map((c) => {
       const at = pointPx(model!, c, p);

@@ -51,6 +51,7 @@ export const CSS = `
 .rf-curvebar { display: flex; gap: 12px; align-items: center; flex-wrap: wrap; font-size: 12px; color: var(--rf-fg2); margin: 2px 0 4px; }
 .rf-curvebar label { display: inline-flex; gap: 4px; align-items: center; }
 .rf-curvebar input[type=range] { width: 110px; }
+.rf-curve-note { flex-basis: 100%; font-size: 11px; }
 .rf-legend { display: flex; flex-wrap: wrap; gap: 2px 12px; font-size: 11px; margin: 4px 0; max-height: 66px; overflow-y: auto; }
 .rf-legend-item { display: inline-flex; gap: 4px; align-items: center; cursor: pointer; white-space: nowrap; }
 .rf-legend-item.rf-legend-hidden { opacity: 0.4; text-decoration: line-through; }

@@ -75,12 +75,16 @@ export const IDLE_MIN_S = 60;
 export const BREAK_SHARE = 0.03;
 
 
-/** "peak 812 MB · 1.9k tok/s": what the chunk used, when the engine logged it. */
+/**
+ * "peak 812 MB · 1.9k tok/s": what the chunk used, when the engine logged it. Off CUDA the figure
+ * is the process's resident set, shared by every run, and says so.
+ */
 export function resourceText(row: TimelineRow): string {
   const mem = finite(row.peak_mem_mb);
   const tps = finite(row.tokens_per_s);
   const out: string[] = [];
-  if (mem !== null) out.push(`peak ${mem >= 1024 ? `${(mem / 1024).toFixed(2)} GB` : `${mem.toFixed(0)} MB`}`);
+  const own = typeof row.device === "string" && row.device.startsWith("cuda");
+  if (mem !== null) out.push(`${own ? "peak" : "process peak"} ${mem >= 1024 ? `${(mem / 1024).toFixed(2)} GB` : `${mem.toFixed(0)} MB`}`);
   if (tps !== null) out.push(`${tps >= 1000 ? `${(tps / 1000).toFixed(1)}k` : tps.toFixed(0)} tok/s`);
   return out.join(" · ");
 }

@@ -19,27 +19,43 @@ export interface TimeSplitView {
 
 interface Use {
   peakMb: number | null;
+  /**
+   * On a CPU the engine reads the process's resident set, not what a run holds: the same figure
+   * for every run. It is kept apart, for the all-runs row, and no run row claims it.
+   */
+  processMb: number | null;
   tokens: number;
   trainS: number;
 }
 
-/** Per run (and all runs): the highest chunk peak memory, and tokens over train seconds. */
+/** A chunk trained on a CUDA device: its peak memory is the run's own (max allocated). */
+function perRunMemory(device: unknown): boolean {
+  return typeof device === "string" && device.startsWith("cuda");
+}
+
+/**
+ * Per run (and all runs): the highest chunk peak memory where it is the run's own (CUDA), the
+ * process's resident set where it is not (CPU), and tokens over train seconds.
+ */
 export function runResources(state: PanelState): { all: Use; runs: Map<number, Use> } {
-  const all: Use = { peakMb: null, tokens: 0, trainS: 0 };
+  const all: Use = { peakMb: null, processMb: null, tokens: 0, trainS: 0 };
   const runs = new Map<number, Use>();
   for (const row of state.timeline) {
     const id = intOf(row.run_id);
     if (id === null) continue;
     let u = runs.get(id);
     if (!u) {
-      u = { peakMb: null, tokens: 0, trainS: 0 };
+      u = { peakMb: null, processMb: null, tokens: 0, trainS: 0 };
       runs.set(id, u);
     }
     const mem = finiteNumber(row.peak_mem_mb);
     const tok = finiteNumber(row.tokens);
     const tr = finiteNumber(row.train_s);
+    if (mem !== null) {
+      if (perRunMemory(row.device)) for (const x of [u, all]) x.peakMb = Math.max(x.peakMb ?? 0, mem);
+      else all.processMb = Math.max(all.processMb ?? 0, mem);
+    }
     for (const x of [u, all]) {
-      if (mem !== null) x.peakMb = Math.max(x.peakMb ?? 0, mem);
       if (tok !== null && tr !== null && tr > 0) {
         x.tokens += tok;
         x.trainS += tr;
@@ -49,16 +65,32 @@ export function runResources(state: PanelState): { all: Use; runs: Map<number, U
   return { all, runs };
 }
 
-/** "812 MB · 1.9k tok/s" (what is known of it). */
+function fmtMb(mb: number): string {
+  return mb >= 1024 ? `${(mb / 1024).toFixed(2)} GB` : `${mb.toFixed(0)} MB`;
+}
+
+/** "812 MB · 1.9k tok/s", or "process 620 MB · 1.9k tok/s" on a CPU (what is known of it). */
 export function resourceWords(u: Use | undefined): string {
   if (!u) return "";
   const out: string[] = [];
-  if (u.peakMb !== null) out.push(u.peakMb >= 1024 ? `${(u.peakMb / 1024).toFixed(2)} GB` : `${u.peakMb.toFixed(0)} MB`);
+  if (u.peakMb !== null) out.push(fmtMb(u.peakMb));
+  else if (u.processMb !== null) out.push(`process ${fmtMb(u.processMb)}`);
   if (u.trainS > 0) {
     const tps = u.tokens / u.trainS;
     out.push(`${tps >= 1000 ? `${(tps / 1000).toFixed(1)}k` : tps.toFixed(0)} tok/s`);
   }
   return out.join(" · ");
+}
+
+/** What the figures of a row mean, for its tooltip. */
+export function resourceTitle(u: Use | undefined, allRuns: boolean): string {
+  const tokens = "tokens trained per second of train time";
+  if (u?.peakMb != null) return `peak memory of its chunks (CUDA max allocated) · ${tokens}`;
+  if (allRuns && u?.processMb != null) {
+    return "the kernel process's peak resident memory while training on the CPU: there the runs share one process, " +
+      `so no run's own memory is known and the run rows show none · ${tokens}`;
+  }
+  return allRuns ? tokens : `${tokens} (on a CPU no run's own memory is known: see the all-runs row)`;
 }
 
 export function createTimeSplitView(opts: {
@@ -123,6 +155,7 @@ export function createTimeSplitView(opts: {
     const rowPx = Math.max(12, Math.min(22, 500 / fig.rows.length));
     const res = runResources(state);
     const rows = timeBars(fig).map((bar) => {
+      const use = bar.runId === null ? res.all : res.runs.get(bar.runId);
       const label = h("span", { class: "rf-time-label" });
       if (bar.runId !== null) {
         const glyph = h("span", { text: runKey(bar.runId).glyph });
@@ -142,8 +175,8 @@ export function createTimeSplitView(opts: {
         class: "rf-time-row",
         title: `${bar.label}: ${bar.segments.map((g) => `${g.category} ${g.seconds.toFixed(2)} s`).join(" · ")}`,
       }, [label, h("span", { class: "rf-time-track" }, [fill]), h("span", { class: "rf-time-total", text: fmtSeconds(bar.total) }),
-        h("span", { class: "rf-time-res", "data-testid": "rf-time-res", text: resourceWords(bar.runId === null ? res.all : res.runs.get(bar.runId)),
-          title: "peak memory of its chunks (CUDA max allocated, or the process's resident set on a CPU) · tokens trained per second of train time" })]);
+        h("span", { class: "rf-time-res", "data-testid": "rf-time-res", text: resourceWords(use),
+          title: resourceTitle(use, bar.runId === null) })]);
       row.style.height = `${rowPx}px`;
       row.style.fontSize = `${Math.min(11, rowPx - 2)}px`;
       return row;

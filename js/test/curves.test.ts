@@ -190,9 +190,51 @@ describe("resources", () => {
     ingest(state, [chunk(1, 1, { tokens: 1000, tokens_per_s: 500, peak_mem_mb: 800 }), chunk(2, 1, { tokens: 3000, tokens_per_s: 1500, peak_mem_mb: 1200 }),
       chunk(3, 2, {})]);
     const r = runResources(state);
-    expect(resourceWords(r.runs.get(1))).toBe("1.17 GB · 1.0k tok/s");
+    // on a CPU the figure is the process's, the same for every run: only the all-runs row has it
+    expect(resourceWords(r.runs.get(1))).toBe("1.0k tok/s");
+    expect(resourceWords(r.all)).toBe("process 1.17 GB · 1.0k tok/s");
     expect(resourceWords(r.runs.get(2))).toBe("");
-    expect(resourceText(state.timeline[0])).toBe("peak 800 MB · 500 tok/s");
+    expect(resourceText(state.timeline[0])).toBe("process peak 800 MB · 500 tok/s");
     expect(resourceText(state.timeline[2])).toBe("");
+  });
+
+  it("shows a run's own peak memory where it is its own (CUDA max allocated)", async () => {
+    const { runResources, resourceWords, resourceTitle } = await import("../src/timesplit");
+    const { resourceText } = await import("../src/timeline");
+    const state = createState();
+    const chunk = (seq: number, run: number, extra: Record<string, unknown>) => ({
+      seq, type: "chunk_done", run_id: run, epoch: 0, chunk: seq, device: "cuda:0", start: seq, end: seq + 1,
+      train_s: 2, eval_s: 0, swap_s: 0, other_s: 0, completed_steps: seq, total_steps: 9, samples_seen: seq, chunks_done: seq, ...extra,
+    });
+    ingest(state, [chunk(1, 1, { tokens: 1000, peak_mem_mb: 800 }), chunk(2, 2, { tokens: 1000, peak_mem_mb: 300 })]);
+    const r = runResources(state);
+    expect(resourceWords(r.runs.get(1))).toBe("800 MB · 500 tok/s");
+    expect(resourceWords(r.runs.get(2))).toBe("300 MB · 500 tok/s");
+    expect(resourceWords(r.all)).toBe("800 MB · 500 tok/s");
+    expect(resourceTitle(r.runs.get(1), false)).toContain("CUDA max allocated");
+    expect(resourceText(state.timeline[1])).toBe("peak 300 MB");
+  });
+
+  it("says on the CPU why no run row has a memory figure", async () => {
+    const { runResources, resourceTitle } = await import("../src/timesplit");
+    const state = createState();
+    ingest(state, [{ seq: 1, type: "chunk_done", run_id: 1, epoch: 0, chunk: 0, device: "cpu", start: 0, end: 1, train_s: 1,
+      eval_s: 0, swap_s: 0, other_s: 0, completed_steps: 1, total_steps: 2, samples_seen: 1, chunks_done: 1, tokens: 10, peak_mem_mb: 620 }]);
+    const r = runResources(state);
+    expect(resourceTitle(r.all, true)).toMatch(/process.*no run's own memory/);
+    expect(resourceTitle(r.runs.get(1), false)).toMatch(/no run's own memory is known/);
+  });
+});
+
+describe("curve notes", () => {
+  it("say why wall-time curves rise in steps, and that smoothing leaves the eval chart alone", async () => {
+    const { curveNotes } = await import("../src/chartview");
+    expect(curveNotes({ smoothing: 0, xAxis: "samples" })).toEqual([]);
+    expect(curveNotes({ smoothing: 0, xAxis: "step" })).toEqual([]);
+    const wall = curveNotes({ smoothing: 0, xAxis: "time" });
+    expect(wall.length).toBe(1);
+    expect(wall[0]).toMatch(/take turns on the device/);
+    const both = curveNotes({ smoothing: 0.6, xAxis: "time" });
+    expect(both[1]).toMatch(/smoothing applies to the train chart.*eval curves/);
   });
 });

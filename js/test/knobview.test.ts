@@ -1,7 +1,7 @@
 // Knobs -> metric: which knobs show (only those that vary), each run's best or latest value,
 // the marks of pruned, stopped and failed runs, runs with a NaN or missing metric, and the hit test.
 import { describe, expect, it } from "vitest";
-import { axisPos, axisTicks, DEFAULT_LABEL, fmtKnob, knobHit, knobLayout, knobModel, pointPx } from "../src/knobview";
+import { axisPos, axisTicks, DEFAULT_LABEL, fmtKnob, knobHit, knobLayout, knobModel, pointPx, roughMeasure, wrapLabel } from "../src/knobview";
 import { createState, ingest, type WireEvent } from "../src/state";
 
 function log(): WireEvent[] {
@@ -101,7 +101,84 @@ describe("knobs -> metric", () => {
     const epochs = m.axes.find((a) => a.key === "training_args.num_train_epochs")!;
     expect(epochs.defaults).toBe(false);
     expect(axisTicks(epochs).map(([, l]) => l)).toEqual(["2", "3"]);
-    const modules = m.axes.find((a) => a.key === "peft_config.target_modules")!;
-    expect(modules.categories).toEqual(["q_proj", "q_proj, v_proj"]);
+    // the clone changed both at once: one plot, on the number knob, naming the other
+    expect(epochs.linked).toEqual(["peft_config.target_modules"]);
+    expect(m.axes.map((a) => a.key).sort()).toEqual(["training_args.learning_rate", "training_args.num_train_epochs"]);
+  });
+});
+
+// The quickstart's grid: two LoRA configs (r, lora_alpha and target_modules set together) x two
+// learning rates, then a clone of run 1 at half its learning rate.
+function quickstartLog(): WireEvent[] {
+  const small = { "peft_config.r": 8, "peft_config.lora_alpha": 16, "peft_config.target_modules": ["q_proj", "v_proj"] };
+  const big = { "peft_config.r": 32, "peft_config.lora_alpha": 64,
+    "peft_config.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] };
+  const ev: Omit<WireEvent, "seq">[] = [];
+  [[small, 2e-2], [big, 2e-2], [small, 5e-3], [big, 5e-3], [small, 1e-2]].forEach(([lora, lr], i) =>
+    ev.push({ type: "run_created", run_id: i + 1, ...(i === 4 ? { parent_run_id: 1 } : {}),
+      knobs: { ...(lora as object), "training_args.learning_rate": lr } }));
+  [0.6, 0.5, 2.4, 0.45, 0.4].forEach((v, i) => ev.push({ type: "metric", run_id: i + 1, split: "eval", step: 2, samples_seen: 8, metrics: { eval_loss: v } }));
+  return ev.map((e, i) => ({ ...e, seq: i + 1 }) as WireEvent);
+}
+
+describe("knobs that vary together", () => {
+  const state = createState();
+  ingest(state, quickstartLog());
+  const m = knobModel(state, "eval_loss", "best");
+
+  it("share one plot, on r, naming lora_alpha and target_modules", () => {
+    expect(m.axes.map((a) => a.key)).toEqual(["peft_config.r", "training_args.learning_rate"]);
+    expect(m.axes[0].linked).toEqual(["peft_config.lora_alpha", "peft_config.target_modules"]);
+    expect(m.axes[1].linked).toEqual([]);
+    const { cells } = knobLayout(m, 640);
+    expect(cells.length).toBe(2);
+    expect(cells[0].title.join(" ")).toBe("r · lora_alpha · target_modules");
+  });
+
+  it("keeps apart knobs a grid crosses, even with as many values each", () => {
+    const st = createState();
+    const ev: Omit<WireEvent, "seq">[] = [];
+    [[8, 1e-3], [8, 1e-2], [16, 1e-3], [16, 1e-2]].forEach(([r, lr], i) =>
+      ev.push({ type: "run_created", run_id: i + 1, knobs: { "peft_config.r": r, "training_args.learning_rate": lr } }));
+    ingest(st, ev.map((e, i) => ({ ...e, seq: i + 1 }) as WireEvent));
+    expect(knobModel(st, "eval_loss", "best").axes.map((a) => a.linked.length)).toEqual([0, 0]);
+  });
+
+  it("draws every label inside its cell, none over another", () => {
+    // a lone target_modules knob, whose lists are the longest labels
+    const st = createState();
+    const lists = [["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], ["q_proj"]];
+    const ev: Omit<WireEvent, "seq">[] = lists.map((l, i) => ({ type: "run_created", run_id: i + 1,
+      knobs: { "peft_config.target_modules": l, "training_args.learning_rate": [1e-3, 1e-3, 1e-2][i], "peft_config.r": [8, 16, 16][i] } }));
+    ingest(st, ev.map((e, i) => ({ ...e, seq: i + 1 }) as WireEvent));
+    for (const model of [m, knobModel(st, "eval_loss", "best")]) {
+      for (const width of [200, 420, 640, 1200]) {
+        const { cells, height } = knobLayout(model, width);
+        for (const c of cells) {
+          expect(c.top + c.height).toBeLessThanOrEqual(height);
+          const spans = c.ticks.map((t) => {
+            const w = Math.max(...t.lines.map((l) => roughMeasure(l)));
+            return [t.x - w / 2, t.x + w / 2];
+          });
+          for (const [a, b] of spans) {
+            expect(a).toBeGreaterThanOrEqual(c.left);
+            expect(b).toBeLessThanOrEqual(c.left + c.width);
+          }
+          for (let i = 1; i < spans.length; i++) expect(spans[i][0]).toBeGreaterThan(spans[i - 1][1]);
+          for (const line of c.title) expect(roughMeasure(line)).toBeLessThanOrEqual(c.width - 8);
+        }
+      }
+    }
+  });
+
+  it("wraps a long label at its commas and cuts only what no line can hold", () => {
+    const long = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
+    const lines = wrapLabel(long, 100);
+    expect(lines.length).toBe(3);
+    for (const l of lines) expect(roughMeasure(l)).toBeLessThanOrEqual(100);
+    expect(lines[0]).toBe("q_proj, k_proj,");
+    expect(lines[2].endsWith("…")).toBe(true);
+    expect(wrapLabel("q_proj, v_proj", 200)).toEqual(["q_proj, v_proj"]);
+    expect(wrapLabel("0.0005", 200)).toEqual(["0.0005"]);
   });
 });
