@@ -528,6 +528,76 @@ def test_plot_takes_the_split_that_logs_the_metric():
         curves_figure(table, "loss", runs=[])
 
 
+SMALL = {"peft_config.r": 8, "peft_config.lora_alpha": 16, "peft_config.target_modules": ["q_proj", "v_proj"]}
+BIG = {"peft_config.r": 32, "peft_config.lora_alpha": 64,
+       "peft_config.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def knob_table(knobs: list[dict]) -> dict:
+    """The pruned fixture's table with its first runs given ``knobs`` (the others deleted)."""
+    table = fixture_table("pruned")
+    ids = sorted(table["runs"])
+    for rid, k in zip(ids, knobs):
+        table["runs"][rid]["knobs"] = k
+    for rid in ids[len(knobs):]:
+        table["runs"][rid]["status"] = "deleted"
+    return table
+
+
+def test_knobs_that_vary_together_share_one_plot_and_long_labels_wrap():
+    """The quickstart's grid: two LoRA configs (r, lora_alpha and target_modules set at once) x two
+    learning rates. Three identical plots would repeat the same points; one plot on r names the
+    other two. A lone target_modules knob gets its lists as words wrapped to the plot's width."""
+    from rapidfire_nb.report.figures import KNOB_COLUMNS, knobs_figure, linked_knobs, wrap_label
+
+    grid = [{**lora, "training_args.learning_rate": lr} for lr in (2e-2, 5e-3) for lora in (SMALL, BIG)]
+    fig = knobs_figure(knob_table(grid))
+    assert [t.name for t in fig.data] == ["r", "learning_rate"]
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles[:2] == ["r · lora_alpha · target_modules", "learning_rate"], titles
+    assert "target_modules q_proj, k_proj, v_proj" in fig.data[0].text[1]   # the hover has the linked knobs
+    runs = list(knob_table(grid)["runs"].values())[:4]
+    assert linked_knobs(runs, ["peft_config.lora_alpha", "peft_config.r", "peft_config.target_modules",
+                               "training_args.learning_rate"]) == [
+        ("peft_config.r", ["peft_config.lora_alpha", "peft_config.target_modules"]),
+        ("training_args.learning_rate", [])]
+
+    # target_modules alone varies against r: its own plot, labels as lists of words, wrapped
+    alone = [SMALL, {**BIG, "peft_config.lora_alpha": 16, "peft_config.r": 8},
+             {**SMALL, "peft_config.r": 32, "peft_config.target_modules": ["q_proj"]}, {**SMALL, "peft_config.r": 32}]
+    fig = knobs_figure(knob_table(alone))
+    assert [t.name for t in fig.data] == ["r", "target_modules"]
+    axis = fig.layout.xaxis2
+    assert axis.type == "category" and axis.tickangle == 0
+    assert list(axis.tickvals) == ["q_proj", "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj", "q_proj, v_proj"]
+    chars = int(1100 / 2 / 3 / 7) - 1
+    for text in axis.ticktext:
+        assert all(len(line) <= chars for line in text.split("<br>")), axis.ticktext
+        assert "[" not in text and '"' not in text
+    assert wrap_label("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj", 16) == \
+        "q_proj, k_proj,<br>v_proj, o_proj,<br>gate_proj…"
+
+    # many knobs: rows of at most KNOB_COLUMNS plots
+    # six knobs over four runs, no two splitting the runs alike
+    columns = [[0, 0, 1, 1], [0, 1, 0, 1], [0, 1, 1, 0], [0, 0, 0, 1], [0, 1, 1, 1], [0, 1, 0, 0]]
+    many = [{f"training_args.k{j}": col[i] for j, col in enumerate(columns)} for i in range(4)]
+    fig = knobs_figure(knob_table(many))
+    assert len(fig.data) == 6 and {t.xaxis for t in fig.data} == {"x", "x2", "x3", "x4", "x5", "x6"}
+    assert fig.layout.xaxis5.domain == fig.layout.xaxis.domain   # the fifth starts the second row
+    assert KNOB_COLUMNS == 4
+
+
+def test_resources_say_the_memory_on_a_cpu_is_the_process_s():
+    from rapidfire_nb.report.figures import resources_figure
+
+    table = fixture_table("pruned")
+    assert all(not str(r.get("device")).startswith("cuda") for r in table["timeline"])
+    assert "process peak memory" in resources_figure(table).layout.annotations[0].text
+    for r in table["timeline"]:
+        r["device"] = "cuda:0"
+    assert resources_figure(table).layout.annotations[0].text == "peak memory (MB)"
+
+
 def test_knob_views_show_each_varying_knob_against_the_metric():
     from rapidfire_nb.report.figures import knobs_figure, plot_figure
 
@@ -576,3 +646,37 @@ def test_report_curves_switch_x_axis_between_samples_step_and_wall_time():
     assert menu.buttons[1].args[0]["x"] != menu.buttons[0].args[0]["x"]       # steps are not samples
     html = report_html(table)
     assert html.count('"label":"wall time (s)"') == len(table["train_metrics"]) + len(table["eval_metrics"])
+
+
+def test_the_report_cuts_long_texts_as_the_panel_does_and_says_so(tmp_path):
+    """An answer may be 100,000 characters in the log; the report shows its first 2,000, as the
+    panel does, and how many it left out; a prompt, a reference and a note are cut the same way."""
+    table = fixture_table("sft_basic")
+    long_answer, long_prompt = "a" * 99_000 + "END-OF-ANSWER", "q" * 1_990 + "END-OF-PROMPT"
+    table["runs"]["1"]["generations"].append(
+        {"epoch": 0, "chunk": 1, "step": 4, "samples_seen": 16, "texts": [long_answer, "short"],
+         "prompts": [long_prompt, "p2"], "references": [None, "r" * 2_500]})
+    table["runs"]["1"]["note"] = "n" * 3_000
+    page = report_html(table)
+    assert "END-OF-ANSWER" not in page and "END-OF-PROMPT" not in page
+    assert "a" * 2_000 + "\u2026 [97,013 more characters not shown]" in page
+    assert "q" * 1_990 + "END-OF-PRO\u2026 [3 more characters not shown]" in page
+    assert "r" * 2_000 + "\u2026 [500 more characters not shown]" in page
+    assert "n" * 2_000 + "\u2026 [1,000 more characters not shown]" in page
+    assert "n" * 2_001 not in page and "a" * 2_001 not in page
+
+
+def test_the_generations_section_finds_each_answer_of_many_prompts(tmp_path):
+    """Each answer is found by its prompt in one pass (a table of where each prompt is), also
+    when runs answered the prompts in different orders."""
+    table = fixture_table("sft_basic")
+    prompts = [f"prompt {i}" for i in range(8)]
+    for rid, order in (("1", prompts), ("2", prompts[::-1])):
+        table["runs"][rid]["generations"].append(
+            {"epoch": 0, "chunk": 1, "step": 4, "samples_seen": 16,
+             "texts": [f"run {rid} answers {p}" for p in order], "prompts": order,
+             "references": [None] * 8})
+    page = report_html(table)
+    for p in prompts:
+        row = page.split(f">{p}</td>", 1)[1].split("</tr>", 1)[0]
+        assert f"run 1 answers {p}<" in row and f"run 2 answers {p}<" in row

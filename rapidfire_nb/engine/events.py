@@ -53,6 +53,10 @@ class MetricNamesError(RapidFireError, ValueError):
     """A metric event names more metrics than one event, or one experiment, may hold."""
 
 
+class EventTextsError(RapidFireError, ValueError):
+    """A note or a generation event carries more, or longer, texts than the log takes."""
+
+
 # Bounds on metric names. A real trainer logs tens of names per event (GRPO's per-reward-function
 # means and deviations are the most), and an experiment a few hundred at most; the folding,
 # the trackers and the report draw one series per name, so a crafted log of 100,000 names in one
@@ -60,6 +64,48 @@ class MetricNamesError(RapidFireError, ValueError):
 # log is read.
 MAX_METRICS_PER_EVENT = 1_000
 MAX_METRIC_NAMES = 10_000
+
+# Bounds on the texts an event carries, as the engine writes them: a note (Experiment.note and
+# the panel take at most 2,000 characters), and a generation's sample prompts (run_fit takes at
+# most 8, each at most 2,000 characters, and longer ones from the eval set are logged cut to
+# that: engine/generation.py) and answers (at most 256 new tokens each: 100,000 characters is
+# hundreds a token, which no vocabulary has). A crafted event of 200,000 prompts held the report
+# for minutes and the panel drew every one; each bound is checked where an event is written and
+# where a log is read.
+MAX_NOTE_CHARS = 2_000
+MAX_ANSWER_CHARS = 100_000
+
+
+def _sample_bounds() -> tuple[int, int]:
+    from rapidfire_nb.engine.generation import MAX_SAMPLE_PROMPT_CHARS, MAX_SAMPLE_PROMPTS
+
+    return MAX_SAMPLE_PROMPTS, MAX_SAMPLE_PROMPT_CHARS
+
+
+def _texts_problem(event: dict) -> str | None:
+    """What makes a note's or a generation's texts larger than the engine writes them (None when
+    nothing does); the types are the schema's to check."""
+    kind = event.get("type")
+    if kind == "note":
+        text = event.get("text")
+        if isinstance(text, str) and len(text) > MAX_NOTE_CHARS:
+            return f"note.text: {len(text):,} characters, more than the {MAX_NOTE_CHARS:,} a note holds"
+        return None
+    if kind != "generation":
+        return None
+    most, chars = _sample_bounds()
+    for field, limit in (("prompts", chars), ("references", chars), ("texts", MAX_ANSWER_CHARS)):
+        items = event.get(field)
+        if not isinstance(items, list):
+            continue
+        if len(items) > most:
+            return (f"generation.{field}: {len(items):,} entries, more than the {most} sample "
+                    "prompts a run answers")
+        for i, item in enumerate(items):
+            if isinstance(item, str) and len(item) > limit:
+                return (f"generation.{field}[{i}]: {len(item):,} characters, more than the "
+                        f"{limit:,} logged of one")
+    return None
 
 
 def _metric_names_problem(metrics: Any, seen: set, where: str = "metric.metrics") -> tuple[str | None, set]:
@@ -161,6 +207,11 @@ class EventLog:
                         raise MetricNamesError(f"run {run}: {problem}; nothing of it was logged. "
                                                "Log fewer distinct metric names (aggregate them)")
                     added |= names
+            for type_, payload in items:
+                problem = _texts_problem({"type": type_, **payload})
+                if problem is not None:
+                    raise EventTextsError(f"run {payload.get('run_id')}: {problem}; nothing of it "
+                                          "was logged")
             self._metric_names |= added
             seq = self._events[-1]["seq"] if self._events else 0
             now = time.time()
@@ -330,41 +381,56 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
-    """``os.open`` that refuses to follow a symbolic link at ``path`` (ELOOP); opened for
-    writing, it also refuses a file with other hard links (``fsio.open_in_place``)."""
+    """``os.open`` of a regular file that refuses to follow a symbolic link at ``path``
+    (``FolderLinkError``) and anything but a regular file (``NotRegularFileError``: a FIFO would
+    hold the open for ever); opened for writing, it also refuses a file with other hard links
+    (``fsio.open_in_place``)."""
     import errno
 
-    if flags & (os.O_WRONLY | os.O_RDWR):
-        from rapidfire_nb.engine.fsio import LinkedFileError, open_in_place
+    from rapidfire_nb.engine.fsio import LinkedFileError, NotRegularFileError, open_in_place, open_regular
 
+    if flags & (os.O_WRONLY | os.O_RDWR):
         try:
             return open_in_place(path, flags, mode)
         except LinkedFileError as exc:
             raise FolderLinkError(exc.strerror) from None
     try:
-        return os.open(path, flags | _NOFOLLOW, mode)
+        return open_regular(path, flags, mode)
+    except NotRegularFileError:
+        raise
     except OSError as exc:
         if exc.errno == errno.ELOOP or (os.path.islink(path)):
-            raise FolderLinkError(
-                f"{path} is a symbolic link (to {os.readlink(path)!r}); rapidfire does not follow "
-                "links in an experiment folder, since they could read or overwrite files outside "
-                "it. Replace the link with the file itself; nothing was changed") from None
+            raise _link_error(path) from None
         raise
 
 
-def read_nofollow(path: Path) -> bytes:
-    """A file's bytes; a symbolic link at ``path`` raises ``FolderLinkError``."""
-    fd = _open_nofollow(path, os.O_RDONLY)
+def _link_error(path: Path) -> FolderLinkError:
     try:
-        chunks = []
-        while True:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                break
-            chunks.append(b)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return FolderLinkError(
+        f"{path} is a symbolic link (to {target!r}); rapidfire does not follow links in an "
+        "experiment folder, since they could read or overwrite files outside it. Replace the "
+        "link with the file itself; nothing was changed")
+
+
+def read_nofollow(path: Path, limit: int | None = None, what: str = "event log") -> bytes:
+    """A regular file's bytes, at most ``limit`` (the event log's bound by default): a symbolic
+    link raises ``FolderLinkError``; a FIFO, a device node or a larger file
+    ``NotRegularFileError`` naming it, before anything past the bound is read."""
+    import errno
+
+    from rapidfire_nb.engine.fsio import MAX_LOG_BYTES, NotRegularFileError, read_regular
+
+    try:
+        return read_regular(path, MAX_LOG_BYTES if limit is None else limit, what)
+    except NotRegularFileError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise _link_error(Path(path)) from None
+        raise
 
 
 # The largest run id, everywhere (the log, the ops, the panel's messages): ids count up from 1,
@@ -431,6 +497,9 @@ def check_logged_event(event: dict) -> str | None:
         if name in ("run_id", "parent_run_id", "new_run_id") and value > MAX_RUN_ID:
             return (f"{event['type']}.{name}: {value} is above {MAX_RUN_ID}, the largest run id "
                     "(run ids count up from 1)")
+    texts = _texts_problem(event)
+    if texts is not None:
+        return texts
     if event["type"] == "metric":
         if len(event["metrics"]) > MAX_METRICS_PER_EVENT:
             return _metric_names_problem(event["metrics"], set())[0]

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any
+
+from rapidfire_nb.errors import RapidFireError
 
 TMP_MARK = ".tmp-"
 
@@ -109,15 +112,126 @@ class LinkedFileError(OSError):
     """A file that would be written in place is a symbolic link or has other hard links."""
 
 
+class NotRegularFileError(RapidFireError, OSError):
+    """A file of an experiment folder that is not a regular file (a named pipe, a device node,
+    a socket, a directory), or one larger than its reader takes. ``str(exc)`` names it and says
+    what to do; nothing was changed."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+# The most bytes read of each kind of file in an experiment folder. Each is far above what the
+# engine writes (a long experiment's log is tens of MB; its metadata files a few hundred KB; the
+# lock's note a hundred bytes), and far below what would exhaust a notebook's memory: a sparse
+# file of terabytes, or a crafted one, is refused before it is read.
+MAX_LOG_BYTES = 1 << 30
+MAX_JSON_BYTES = 64 << 20
+MAX_NOTE_BYTES = 64 << 10
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _not_regular(path: Path, mode: int) -> NotRegularFileError:
+    import errno
+
+    return NotRegularFileError(
+        errno.EINVAL, f"{path} is {_kind(mode)}, not a regular file: rapidfire reads and writes "
+        "only regular files in an experiment folder (reading a pipe waits for a writer that may "
+        "never come, and a device may never end). Remove it, or put the file itself there; "
+        "nothing was changed")
+
+
+def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """``os.open`` of a regular file, never through a symbolic link: anything else at ``path``
+    (a FIFO, a device node, a socket) raises ``NotRegularFileError`` naming it, before it is
+    read or written. The open itself does not block (``O_NONBLOCK``: a FIFO with no writer
+    would hold ``open`` for ever) and a device is not opened at all where ``lstat`` sees it."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    else:
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+    import errno
+
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), mode)
+    except OSError as exc:
+        # a FIFO put there since the lstat above (opened for writing with no reader)
+        if exc.errno == errno.ENXIO:
+            try:
+                now = os.lstat(path).st_mode
+            except OSError:
+                raise exc from None
+            if not stat.S_ISREG(now):
+                raise _not_regular(path, now) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path, limit: int, what: str = "file") -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit`` of them: a symbolic link
+    (``OSError`` ELOOP), anything not a regular file, or a file larger than ``limit`` (``what``
+    names it in the error: "event log") raises, and nothing was read past the limit."""
+    import errno
+
+    path = Path(path)
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise _too_large(path, size, limit, what, errno.EFBIG)
+        chunks, got = [], 0
+        while got <= limit:
+            b = os.read(fd, min(1 << 20, limit + 1 - got))
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        if got > limit:   # it grew while it was read
+            raise _too_large(path, got, limit, what, errno.EFBIG)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _too_large(path: Path, size: int, limit: int, what: str, code: int) -> NotRegularFileError:
+    return NotRegularFileError(
+        code, f"{path} is {size:,} bytes or more, larger than the {limit:,} bytes rapidfire reads "
+        f"of {'an' if what[:1] in 'aeiou' else 'a'} {what}; it was not read, and nothing was changed")
+
+
 def open_in_place(path: Path, flags: int, mode: int = 0o644) -> int:
     """``os.open`` for a file written in place (appended, truncated, rewritten): never through a
-    symbolic link, and never a file with more than one hard link, whose other names may lie
-    outside the folder. Raises ``LinkedFileError`` naming the file; nothing is written."""
+    symbolic link, never a file with more than one hard link, whose other names may lie
+    outside the folder, and never anything but a regular file. Raises ``LinkedFileError`` or
+    ``NotRegularFileError`` naming the file; nothing is written."""
     import errno
 
     path = Path(path)
     try:
-        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), mode)
+        fd = open_regular(path, flags, mode)   # a FIFO or a device is refused, never opened
+    except NotRegularFileError:
+        raise
     except OSError as exc:
         if exc.errno == errno.ELOOP or os.path.islink(path):
             try:

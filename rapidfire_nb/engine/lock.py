@@ -136,7 +136,9 @@ def _lock_fd(fd: int) -> None:
 
 def _describe_holder(path: Path) -> str:
     try:
-        info = json.loads(path.read_text(encoding="utf-8") or "{}")
+        from rapidfire_nb.engine.fsio import MAX_NOTE_BYTES, read_regular
+
+        info = json.loads(read_regular(path, MAX_NOTE_BYTES, "lock note").decode("utf-8") or "{}")
         return f" (pid {int(info['pid'])} on {str(info.get('host'))[:64]}, since {str(info.get('since'))[:32]})"
     except Exception:
         return ""

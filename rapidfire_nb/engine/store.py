@@ -84,8 +84,10 @@ def read_json(path: Path, default: Any = None, expect: type | None = None) -> An
     path = Path(path)
     try:
         from rapidfire_nb.engine.events import read_nofollow
+        from rapidfire_nb.engine.fsio import MAX_JSON_BYTES
 
-        raw = read_nofollow(path)
+        # a regular file only (a FIFO would wait for ever), and a bounded read
+        raw = read_nofollow(path, MAX_JSON_BYTES, "metadata file")
     except FileNotFoundError:
         return default
     try:

@@ -12,12 +12,14 @@ Experiment.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rapidfire_nb.engine import (ACTIVE, COMPLETED, DELETED, FAILED, PENDING, RUNNING, STOPPED, RunSpec,
-                                 atomic_write_json, check_runs_json, failed_by_the_disk, read_json)
+                                 atomic_write_json, check_runs_json, failed_by_the_disk, read_json,
+                                 read_nofollow)
 from rapidfire_nb.errors import ConfigError, RapidFireError
 
 
@@ -41,7 +43,9 @@ def refuse_lost_history(store) -> None:
 
     path = store.events_path
     try:
-        empty = not path.exists() or not path.read_bytes().strip()
+        empty = not os.path.lexists(path) or not read_nofollow(path).strip()
+    except RapidFireError:
+        raise    # a FIFO, a device or an oversized file, named by its own error
     except OSError as exc:
         raise EventLogError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if not empty:
@@ -392,7 +396,7 @@ def _line_of(path: Path, rid: int, field: str, value) -> str:
              "epoch": ("epoch",), "chunk": ("chunk", "base_chunk")}.get(field, (field,))
     found = ""
     try:
-        for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        for number, raw in enumerate(read_nofollow(path).split(b"\n"), start=1):
             if str(value).encode() not in raw:
                 continue
             ev = json.loads(raw)

@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rapidfire_nb.engine import (FolderLinkError, fold, lower_is_better, read_events, read_nofollow,
-                                 runs_by_id)
+from rapidfire_nb.engine import (FolderLinkError, MetadataError, fold, lower_is_better, read_events,
+                                 read_json, runs_by_id)
 from rapidfire_nb.errors import RapidFireError
 
 
@@ -90,10 +90,10 @@ def read_folder(folder: str | Path) -> tuple[dict, dict]:
     meta_path = folder / "experiment.json"
     if meta_path.is_symlink() or meta_path.is_file():
         try:
-            loaded = json.loads(read_nofollow(meta_path).decode("utf-8"))
+            loaded = read_json(meta_path)   # a bounded read of a regular file
         except FolderLinkError:
             raise
-        except (OSError, ValueError):
+        except (OSError, ValueError, MetadataError):
             loaded = None   # display only: a damaged experiment.json leaves the report as is
         meta = loaded if isinstance(loaded, dict) else {}
     if table["experiment"] is None:
@@ -189,11 +189,25 @@ def lineage(table: dict, run: dict) -> str:
     return f"{kind} of {' ← '.join(chain)}"
 
 
+# the most characters of one text (an answer, a prompt, a reference, a note, a reason) the
+# report shows, as the live panel carries at most that many of one string; the rest is said
+MAX_SHOWN_CHARS = 2000
+_CUT = "\u2026 [{n:,} more characters not shown]"
+
+
+def cut_text(text: str | None, limit: int = MAX_SHOWN_CHARS) -> str | None:
+    """``text`` whole up to ``limit`` characters, else its first ones and how many were left out
+    (the whole text stays in the log: exp.get_generations(), get_runs_info())."""
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return text[:limit] + _CUT.format(n=len(text) - limit)
+
+
 def run_note(run: dict) -> str:
     """Why the run is where it is (the pruner's reason, an open suggestion, a stop or failure),
-    then the user's own note (``exp.note``)."""
-    why = _why(run)
-    mine = run.get("note")
+    then the user's own note (``exp.note``), each cut to what the report shows of one text."""
+    why = cut_text(_why(run))
+    mine = cut_text(run.get("note"))
     return f"{why} · note: {mine}" if why and mine else (f"note: {mine}" if mine else why)
 
 

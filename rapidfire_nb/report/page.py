@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rapidfire_nb._version import __version__
 from rapidfire_nb.engine import lower_is_better, runs_by_id
-from rapidfire_nb.report.model import (ReportError, differing_knobs, knob_text, leaderboard,
-                                       lineage, ranking_metric, run_note)
+from rapidfire_nb.report.model import (ReportError, cut_text, differing_knobs, knob_text,
+                                       leaderboard, lineage, ranking_metric, run_note)
 from rapidfire_nb.report.style import run_color
 
 _STATUS_ORDER = ("running", "pending", "completed", "stopped", "failed", "deleted")
@@ -145,10 +145,10 @@ MAX_GENERATION_POINTS = 24   # earlier answer tables kept in the report, newest 
 
 def _shown_text(text: str) -> str:
     """An answer as the page shows it: control characters (other than line breaks and tabs) as
-    U+FFFD, an empty answer said in words rather than left as a blank cell."""
+    U+FFFD, an empty answer said in words rather than left as a blank cell, a long one cut."""
     if not text.strip():
         return '<i style="color:#888" title="the run generated no text (its first new token ended the answer)">(empty answer)</i>'
-    return _e("".join(c if c in "\n\t" or ord(c) >= 32 and ord(c) != 127 else "\ufffd" for c in text))
+    return _e("".join(c if c in "\n\t" or ord(c) >= 32 and ord(c) != 127 else "\ufffd" for c in cut_text(text)))
 
 
 def generations_html(table: dict) -> str:
@@ -185,11 +185,17 @@ def generations_html(table: dict) -> str:
         head = [_e("prompt")] + ([_e("reference")] if has_refs else []) + [
             f'<span style="color:{run_color(r["run_id"])}">&#9632;</span> {_e(short_name(r["run_id"], r["knobs"]))}'
             for r, _ in latest.values()]
+        # where each shown answer answered each prompt (its first answer to it): one pass per
+        # answer, not a search of its prompts per row
+        where_in = [(g, {}) for _, g in latest.values()]
+        for g, index in where_in:
+            for j, prompt in enumerate(g["prompts"]):
+                index.setdefault(prompt, j)
         rows = []
         for prompt, ref in asked.items():
-            cells = [_e(prompt)] + ([_e(ref) if ref is not None else "—"] if has_refs else [])
-            for _, g in latest.values():
-                j = g["prompts"].index(prompt) if prompt in g["prompts"] else None
+            cells = [_e(cut_text(prompt))] + ([_e(cut_text(ref)) if ref is not None else "—"] if has_refs else [])
+            for g, index in where_in:
+                j = index.get(prompt)
                 text = g["texts"][j] if j is not None and j < len(g["texts"]) else None
                 mark = " ✓" if text is not None and ref is not None and text.strip() == ref.strip() else ""
                 cells.append("—" if text is None else _shown_text(text) + mark)

@@ -11,7 +11,6 @@ reaches the training thread or the other trackers.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterable
 
-from ..engine import EventLog, atomic_write_json, get_run, metric_x, new_table, reduce
+from ..engine import EventLog, atomic_write_json, get_run, metric_x, new_table, read_json, reduce
 from .base import RunState, Tracker, TrackerContext, metric_tag, numeric, run_params
 
 STATE_DIR = "tracking"
@@ -305,13 +304,13 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _read_state(path: Path) -> dict:
+    from rapidfire_nb.errors import RapidFireError
+
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        # a regular file, read up to a bound (a named pipe there would hold the open for ever)
+        data = read_json(path, {})
         return data if isinstance(data, dict) else {}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RapidFireError):
         # written atomically, so a broken file means someone else touched it: start over
         # rather than refuse to track
         return {}
