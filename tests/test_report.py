@@ -528,6 +528,76 @@ def test_plot_takes_the_split_that_logs_the_metric():
         curves_figure(table, "loss", runs=[])
 
 
+SMALL = {"peft_config.r": 8, "peft_config.lora_alpha": 16, "peft_config.target_modules": ["q_proj", "v_proj"]}
+BIG = {"peft_config.r": 32, "peft_config.lora_alpha": 64,
+       "peft_config.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def knob_table(knobs: list[dict]) -> dict:
+    """The pruned fixture's table with its first runs given ``knobs`` (the others deleted)."""
+    table = fixture_table("pruned")
+    ids = sorted(table["runs"])
+    for rid, k in zip(ids, knobs):
+        table["runs"][rid]["knobs"] = k
+    for rid in ids[len(knobs):]:
+        table["runs"][rid]["status"] = "deleted"
+    return table
+
+
+def test_knobs_that_vary_together_share_one_plot_and_long_labels_wrap():
+    """The quickstart's grid: two LoRA configs (r, lora_alpha and target_modules set at once) x two
+    learning rates. Three identical plots would repeat the same points; one plot on r names the
+    other two. A lone target_modules knob gets its lists as words wrapped to the plot's width."""
+    from rapidfire_nb.report.figures import KNOB_COLUMNS, knobs_figure, linked_knobs, wrap_label
+
+    grid = [{**lora, "training_args.learning_rate": lr} for lr in (2e-2, 5e-3) for lora in (SMALL, BIG)]
+    fig = knobs_figure(knob_table(grid))
+    assert [t.name for t in fig.data] == ["r", "learning_rate"]
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles[:2] == ["r · lora_alpha · target_modules", "learning_rate"], titles
+    assert "target_modules q_proj, k_proj, v_proj" in fig.data[0].text[1]   # the hover has the linked knobs
+    runs = list(knob_table(grid)["runs"].values())[:4]
+    assert linked_knobs(runs, ["peft_config.lora_alpha", "peft_config.r", "peft_config.target_modules",
+                               "training_args.learning_rate"]) == [
+        ("peft_config.r", ["peft_config.lora_alpha", "peft_config.target_modules"]),
+        ("training_args.learning_rate", [])]
+
+    # target_modules alone varies against r: its own plot, labels as lists of words, wrapped
+    alone = [SMALL, {**BIG, "peft_config.lora_alpha": 16, "peft_config.r": 8},
+             {**SMALL, "peft_config.r": 32, "peft_config.target_modules": ["q_proj"]}, {**SMALL, "peft_config.r": 32}]
+    fig = knobs_figure(knob_table(alone))
+    assert [t.name for t in fig.data] == ["r", "target_modules"]
+    axis = fig.layout.xaxis2
+    assert axis.type == "category" and axis.tickangle == 0
+    assert list(axis.tickvals) == ["q_proj", "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj", "q_proj, v_proj"]
+    chars = int(1100 / 2 / 3 / 7) - 1
+    for text in axis.ticktext:
+        assert all(len(line) <= chars for line in text.split("<br>")), axis.ticktext
+        assert "[" not in text and '"' not in text
+    assert wrap_label("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj", 16) == \
+        "q_proj, k_proj,<br>v_proj, o_proj,<br>gate_proj…"
+
+    # many knobs: rows of at most KNOB_COLUMNS plots
+    # six knobs over four runs, no two splitting the runs alike
+    columns = [[0, 0, 1, 1], [0, 1, 0, 1], [0, 1, 1, 0], [0, 0, 0, 1], [0, 1, 1, 1], [0, 1, 0, 0]]
+    many = [{f"training_args.k{j}": col[i] for j, col in enumerate(columns)} for i in range(4)]
+    fig = knobs_figure(knob_table(many))
+    assert len(fig.data) == 6 and {t.xaxis for t in fig.data} == {"x", "x2", "x3", "x4", "x5", "x6"}
+    assert fig.layout.xaxis5.domain == fig.layout.xaxis.domain   # the fifth starts the second row
+    assert KNOB_COLUMNS == 4
+
+
+def test_resources_say_the_memory_on_a_cpu_is_the_process_s():
+    from rapidfire_nb.report.figures import resources_figure
+
+    table = fixture_table("pruned")
+    assert all(not str(r.get("device")).startswith("cuda") for r in table["timeline"])
+    assert "process peak memory" in resources_figure(table).layout.annotations[0].text
+    for r in table["timeline"]:
+        r["device"] = "cuda:0"
+    assert resources_figure(table).layout.annotations[0].text == "peak memory (MB)"
+
+
 def test_knob_views_show_each_varying_knob_against_the_metric():
     from rapidfire_nb.report.figures import knobs_figure, plot_figure
 

@@ -321,6 +321,86 @@ def varying_knobs(runs: list[dict]) -> list[str]:
     return out
 
 
+def _knob_column(runs: list[dict], key: str) -> list[str]:
+    return [json.dumps(r["knobs"][key], sort_keys=True, default=str)
+            if r["knobs"].get(key) is not None else "\u0000" for r in runs]
+
+
+def _together(a: list[str], b: list[str]) -> bool:
+    """One value of each knob with one value of the other, run for run, both ways."""
+    ab: dict[str, str] = {}
+    ba: dict[str, str] = {}
+    for x, y in zip(a, b):
+        if ab.setdefault(x, y) != y or ba.setdefault(y, x) != x:
+            return False
+    return True
+
+
+def knob_label(v) -> str:
+    """A knob value as an axis reads it: a list (target_modules) as the table writes it."""
+    if isinstance(v, (list, tuple)):
+        return ", ".join(x if isinstance(x, str) else json.dumps(x, default=str) for x in v)
+    return v if isinstance(v, str) else json.dumps(v, default=str)
+
+
+def _numeric(runs: list[dict], key: str) -> bool:
+    vals = [r["knobs"].get(key) for r in runs if r["knobs"].get(key) is not None]
+    return bool(vals) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
+
+
+def linked_knobs(runs: list[dict], keys: list[str]) -> list[tuple[str, list[str]]]:
+    """The panel's rule (``linkAxes`` in js/src/knobview.ts): knobs whose values go together run
+    for run (the two LoRA configs of a grid set r, lora_alpha and target_modules at once) make one
+    plot, the same points over other labels. Each group as (the knob its axis shows, the others):
+    its number knob with the shortest name (r before lora_alpha), else its shortest-labelled one."""
+    cols = {k: _knob_column(runs, k) for k in keys}
+
+    def rank(k: str):
+        if _numeric(runs, k):
+            return (0, len(k.split(".")[-1]), k)
+        labels = [knob_label(r["knobs"][k]) for r in runs if r["knobs"].get(k) is not None]
+        return (1, max(map(len, labels), default=0), k)
+
+    taken: set[str] = set()
+    out = []
+    for k in keys:
+        if k in taken:
+            continue
+        group = [b for b in keys if b not in taken and _together(cols[k], cols[b])]
+        taken.update(group)
+        lead = min(group, key=rank)
+        out.append((lead, [b for b in group if b != lead]))
+    return out
+
+
+def wrap_label(text: str, chars: int, max_lines: int = 3) -> str:
+    """``text`` in lines of at most ``chars`` characters (broken at spaces, after commas), joined
+    with ``<br>`` for plotly; past ``max_lines`` the last line ends in "…"."""
+    chars = max(4, chars)
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        if not line or len(line) + 1 + len(word) <= chars:
+            line = f"{line} {word}" if line else word
+        else:
+            lines.append(line)
+            line = word
+    if line:
+        lines.append(line)
+    lines = [x if len(x) <= chars else x[:chars - 1] + "…" for x in lines]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][:chars - 1].rstrip(", ") + "…"
+    return "<br>".join(_esc(x) for x in lines)
+
+
+# The knob plots are laid out for a report read at 1280 px (about 1180 px of figure): at most
+# KNOB_COLUMNS plots a row, and tick labels wrapped to the width each one gets.
+KNOB_COLUMNS = 4
+_KNOB_FIGURE_PX = 1100
+_CHAR_PX = 7
+
+
 def knobs_figure(table: dict, metric: str | None = None, value: str = "best",
                  kind: str = "scatter", split: str | None = None) -> go.Figure:
     """Every run's knob values against ``metric`` (default: the leaderboard's, eval_loss): its
@@ -384,33 +464,52 @@ def knobs_figure(table: dict, metric: str | None = None, value: str = "best",
             dimensions=dims))
         fig.update_layout(title=dict(text=_esc(title)), **{**_LAYOUT, "margin": dict(l=60, r=60, t=80, b=40)})
         return fig
-    fig = make_subplots(rows=1, cols=len(keys), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[_esc(short[k]) for k in keys])
-    for i, k in enumerate(keys, start=1):
+    groups = linked_knobs(runs, keys)
+    cols = min(KNOB_COLUMNS, len(groups))
+    rows = -(-len(groups) // cols)
+    plot_px = _KNOB_FIGURE_PX / cols
+    titles = [wrap_label(" · ".join(short[k] for k in (lead, *linked)), int(plot_px / _CHAR_PX), 2)
+              for lead, linked in groups]
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, horizontal_spacing=0.06,
+                        vertical_spacing=min(0.3, 0.9 / rows), subplot_titles=titles)
+    label_lines = 1
+    for i, (k, linked) in enumerate(groups):
+        row, col = i // cols + 1, i % cols + 1
         xs, ys, colors, symbols, lines, texts = [], [], [], [], [], []
         for r, v in with_value:
             kv = r["knobs"].get(k)
             mark = _mark(r)
             symbol, line = MARKS[mark]
-            xs.append(kv if isinstance(kv, (int, float, str)) and not isinstance(kv, bool) else json.dumps(kv, default=str))
+            xs.append(kv if isinstance(kv, (int, float, str)) and not isinstance(kv, bool) else knob_label(kv))
             ys.append(v)
             colors.append(run_color(r["run_id"]))
             symbols.append(symbol)
             lines.append(line or run_color(r["run_id"]))
-            texts.append(_esc(f"{trace_name(r)} · {mark}" if mark != "run" else trace_name(r)))
+            also = "".join(f"<br>{_esc(short[b])} {_esc(knob_label(r['knobs'].get(b)))}" for b in linked)
+            texts.append(_esc(f"{trace_name(r)} · {mark}" if mark != "run" else trace_name(r)) + also)
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="markers", showlegend=False, text=texts, name=_esc(short[k]),
             marker=dict(color=colors, symbol=symbols, size=10, line=dict(width=2, color=lines)),
             hovertemplate=f"%{{text}}<br>{_esc(short[k])} %{{x}}<br>{_esc(name)} %{{y:.4g}}<extra></extra>"),
-            row=1, col=i)
+            row=row, col=col)
         nums = [x for x in xs if isinstance(x, (int, float))]
         if len(nums) == len(xs) and nums and min(nums) > 0 and max(nums) / min(nums) >= 20:
-            fig.update_xaxes(type="log", row=1, col=i)
+            fig.update_xaxes(type="log", nticks=4, row=row, col=col)
         elif len(nums) != len(xs):
-            fig.update_xaxes(type="category", row=1, col=i)
-    fig.update_yaxes(title=dict(text=_esc(name)), row=1, col=1)
+            # categories: every label level, each wrapped to its share of the plot's width
+            cats = sorted({str(x) for x in xs})
+            wrapped = [wrap_label(c, int(plot_px / max(1, len(cats)) / _CHAR_PX) - 1) for c in cats]
+            label_lines = max(label_lines, *(w.count("<br>") + 1 for w in wrapped))
+            fig.update_xaxes(type="category", tickmode="array", tickvals=cats, ticktext=wrapped,
+                             tickangle=0, categoryorder="array", categoryarray=cats, row=row, col=col)
+        else:
+            fig.update_xaxes(nticks=4, row=row, col=col)
+        if col == 1:
+            fig.update_yaxes(title=dict(text=_esc(name)), row=row, col=col)
+    fig.update_xaxes(automargin=True)
     fig.update_layout(title=dict(text=_esc(title) + "<br><sup>✕ pruned · ○ stopped · □ failed</sup>"),
-                      **{**_LAYOUT, "height": 380, "margin": dict(l=60, r=20, t=90, b=50)})
+                      **{**_LAYOUT, "height": 380 + (rows - 1) * 300 + 14 * (label_lines - 1) * rows,
+                         "margin": dict(l=60, r=20, t=90, b=50 + 14 * (label_lines - 1))})
     return fig
 
 
@@ -421,7 +520,10 @@ def resources_figure(table: dict) -> go.Figure:
     on a CPU) and the tokens trained per second, from the log's chunk_done events."""
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["peak memory (MB)", "tokens / s"])
+    # off CUDA the engine reads the process's resident set: one figure for all runs, said as such
+    own = any(str(r.get("device") or "").startswith("cuda") for r in table["timeline"])
+    memory = "peak memory (MB)" if own else "process peak memory (MB; on a CPU shared by every run)"
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[memory, "tokens / s"])
     by_run: dict[int, list[dict]] = {}
     for row in table["timeline"]:
         if isinstance(row.get("run_id"), int):
