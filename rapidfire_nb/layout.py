@@ -3,9 +3,11 @@
 - ``<experiment>/runs/<id>/checkpoints/final_checkpoint/``: each completed run's
   ``trainer_state.json`` (its logged metrics as transformers' ``log_history``), written when the
   run completes (again if it completes again after a resume) by ``FinalCheckpoints``, a
-  subscriber of the event log with its own thread; and, for a LoRA run, its adapter, written by
-  ``end()``: building the adapter's files while other runs train would draw on the process's
-  torch random state beside them, and every run's result must not depend on what trains beside it.
+  subscriber of the event log with its own thread; and, for a LoRA run, its adapter and
+  tokenizer, written from its checkpoint by the checkpoint writer before the run is logged
+  completed (``engine/export.py``'s ``write_final_checkpoint``: made aside and renamed into place,
+  drawing no random number), and again by ``end()`` (where the writer could not: a base loaded
+  only in a Ray worker).
 - ``<experiments path>/tensorboard_logs/<name>/`` (RapidFire's ``RF_TENSORBOARD_LOG_DIR``) is made
   by the ``RfDb`` compat call (``compat/fit/db/rf_db.py``), as RapidFire's notebooks make it.
 

@@ -33,6 +33,11 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     train, evald = make_demo_datasets(16, 4)
     exp = Experiment("export", experiment_path=root, tracking=[])
+    # what the folder holds at the moment each run is logged completed
+    exp.completed_with = {}
+    exp.events.subscribe(lambda ev: exp.completed_with.setdefault(ev["run_id"], sorted(
+        p.name for p in exp.final_checkpoint_path(ev["run_id"]).glob("*")))
+        if ev.get("type") == "run_status" and ev.get("status") == "completed" else None)
     exp.run_fit(RFGridSearch(List([config(LORAS[0]), config(LORAS[1]), config(None)]),
                              trainer_type="SFT"), tiny_create_model, train, evald, num_chunks=2)
     assert set(exp.get_runs_info().status) == {"completed"}
@@ -129,3 +134,73 @@ def test_warm_start_state_that_does_not_fit_is_refused_and_changes_nothing():
         load_adapter_state(model, "run_1", dict(list(parent.items())[1:]))
     after = get_peft_model_state_dict(model, adapter_name="run_2", save_embedding_layers=False)
     assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize("run_id", [1, 2])
+def test_a_completed_runs_final_checkpoint_holds_its_adapter_before_end(trained, run_id):
+    """RapidFire's layout, as its notebooks read it after training: the best run's
+    final_checkpoint folder loads with PeftModel.from_pretrained, before end(), every tensor the
+    run's (a DoRA run and a modules_to_save run: PEFT's own names)."""
+    from peft import PeftModel
+
+    exp, _ = trained
+    final = exp.final_checkpoint_path(run_id)
+    # whole when the run was logged completed (trainer_state.json follows from the log)
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(exp.completed_with[run_id])
+    assert (final / "trainer_state.json").is_file()
+    model, _ = tiny_create_model({"model_kwargs": {}})
+    loaded = PeftModel.from_pretrained(model, str(final)).state_dict()
+    weights = exp.engine.run_weights(run_id)
+    assert weights
+    for k, v in weights.items():
+        key = ".".join("default" if p == f"run_{run_id}" else p for p in k.split("."))
+        assert key in loaded and loaded[key].shape == v.shape and torch.equal(loaded[key], v), k
+    assert not [p for p in final.parent.iterdir() if p.name.startswith(".final_checkpoint")]
+
+
+def test_a_full_fine_tuning_run_leaves_its_model_to_end_and_export(trained):
+    exp, _ = trained
+    assert "adapter_config.json" not in exp.completed_with[3]
+    assert not (exp.final_checkpoint_path(3) / "adapter_config.json").exists()
+
+
+def test_the_final_checkpoint_is_replaced_whole_when_the_run_completes_again(trained):
+    """A run that completes again (resumed, retrained after a crash) has its folder made aside
+    and renamed over the old one: trainer_state.json stays beside the adapter meanwhile."""
+    from rapidfire_nb.engine.export import write_final_checkpoint
+
+    exp, _ = trained
+    final = exp.final_checkpoint_path(1)
+    state = (final / "trainer_state.json").read_bytes()
+    (final / "adapter_model.safetensors").write_bytes(b"stale")
+    rec = exp.engine.snapshot()[1]
+    before = torch.get_rng_state()
+    assert write_final_checkpoint(exp.store, rec) == final
+    # it runs beside training runs: it must not draw from their random stream
+    assert torch.equal(torch.get_rng_state(), before)
+    assert (final / "trainer_state.json").read_bytes() == state
+    from safetensors.torch import load_file
+
+    assert load_file(str(final / "adapter_model.safetensors"))
+    assert not [p for p in final.parent.iterdir() if p.name.startswith(".final_checkpoint")]
+
+
+def test_a_warm_clone_gets_its_own_final_checkpoint_when_it_completes(tmp_path):
+    from helpers import on_chunk_done
+    from peft import PeftModel
+
+    train, evald = make_demo_datasets(16, 4)
+    exp = Experiment("clone", experiment_path=tmp_path, tracking=[])
+    ids = []
+    on_chunk_done(exp, 1, 0, lambda: ids.append(exp.clone_modify(1, {"training_args.learning_rate": 5e-2},
+                                                                 warm_start=True)))
+    exp.run_fit(RFGridSearch(config(dict(r=4, target_modules=["q_proj"])), trainer_type="SFT"),
+                tiny_create_model, train, evald, num_chunks=2)
+    assert ids == [2] and set(exp.get_runs_info().status) == {"completed"}
+    for rid in (1, 2):
+        model, _ = tiny_create_model({"model_kwargs": {}})
+        loaded = PeftModel.from_pretrained(model, str(exp.final_checkpoint_path(rid))).state_dict()
+        for k, v in exp.engine.run_weights(rid).items():
+            key = ".".join("default" if p == f"run_{rid}" else p for p in k.split("."))
+            assert torch.equal(loaded[key], v), (rid, k)
+    exp.end()

@@ -47,11 +47,21 @@ def adapter_state_dict(base_model, lora_config, weights: dict, adapter: str) -> 
     ``...lora_A.run_3.weight``) in PEFT's saved form, as ``get_peft_model_state_dict`` names it:
     what ``adapter_model.safetensors`` holds and ``set_peft_model_state_dict`` loads under any
     adapter name. Raises ``ExportError`` when they do not fit a fresh model with ``lora_config``."""
+    return _saved_form(_meta_skeleton(base_model), lora_config, weights, adapter)
+
+
+def _saved_form(base_skeleton, lora_config, weights: dict, adapter: str) -> dict:
     from peft import get_peft_model, get_peft_model_state_dict
 
     skeleton_config = copy.deepcopy(lora_config)
     skeleton_config.base_model_name_or_path = None   # the skeleton's name; the file keeps the real one
-    skeleton = get_peft_model(_meta_skeleton(base_model), skeleton_config, adapter_name=adapter)
+    import torch
+
+    # the adapter's tensors made on the meta device too: made on the CPU and moved, they would
+    # be initialised from the process's random stream, which the runs training beside a final
+    # checkpoint's write draw from (their results must not depend on it)
+    with torch.device("meta"):
+        skeleton = get_peft_model(base_skeleton, skeleton_config, adapter_name=adapter, low_cpu_mem_usage=True)
     # PEFT marks exactly the adapter's own tensors trainable (LoRA factors, DoRA magnitudes,
     # modules_to_save copies)
     wanted = {name for name, p in skeleton.named_parameters() if p.requires_grad}
@@ -224,3 +234,141 @@ def _write_export(engine, spec, run_id: int, weights: dict, lora_config, path: P
         model.save_pretrained(str(path))
         del model
     tokenizer.save_pretrained(str(path))
+
+
+# -- RapidFire's final checkpoint, written when a run completes ------------------------------
+
+_BASES: dict = {}   # base key -> (weak reference to the loaded base model, its tokenizer)
+
+
+def remember_base(spec, model, tokenizer) -> None:
+    """Note the base model a run of ``spec`` trains on (run_fit calls this before training):
+    ``write_final_checkpoint`` builds the adapter's files from its architecture, on the
+    checkpoint writer's thread, which has no engine to ask. Weak: an ended experiment's base is
+    not kept alive by this."""
+    import weakref
+
+    try:
+        _BASES[spec.base_key()] = (weakref.ref(model), tokenizer)
+    except TypeError:   # a model that takes no weak reference: no final checkpoint before end()
+        _BASES.pop(spec.base_key(), None)
+
+
+def _base_skeleton(model):
+    """``model``'s architecture on the meta device, from its class and config: no copy of the
+    live (shared, in-training) model is read, and no value is initialised, so no random number
+    is drawn. The config's dtype is dropped: building under it would set the process's default
+    dtype while other runs train."""
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    from_config = getattr(type(base), "_from_config", None)
+    config = getattr(base, "config", None)
+    if from_config is None or config is None:
+        return None
+    config = copy.deepcopy(config)
+    # transformers 5 reads ``dtype``, 4 ``torch_dtype`` (5 keeps it as a deprecated alias)
+    attr = "dtype" if "dtype" in config.to_dict() or not hasattr(config, "torch_dtype") else "torch_dtype"
+    setattr(config, attr, None)
+    with torch.device("meta"):
+        return from_config(config)
+
+
+def write_final_checkpoint(store, rec) -> Path | None:
+    """RapidFire's ``runs/<id>/checkpoints/final_checkpoint/`` of a run that just completed: its
+    adapter (``adapter_config.json``, ``adapter_model.safetensors``) and tokenizer, written from
+    its checkpoint on disk (``store.load_checkpoint``) on the checkpoint writer's thread, after
+    that checkpoint is durable and before the run is logged as completed: when a notebook sees
+    the run completed, the adapter is there. The folder is made aside and renamed into place,
+    so it appears whole; a run that completes again (resumed, or retrained after a crash)
+    replaces it the same way, keeping the ``trainer_state.json`` beside it until that is
+    rewritten for the new completion. Full fine-tuning is left to ``end()`` and ``export`` (a
+    full model can be many GB). Never raises: a convenience copy must not fail a run."""
+    import shutil
+    import tempfile
+    import warnings
+
+    from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
+
+    spec = rec.spec
+    if spec.peft_config is None:
+        return None
+    known = _BASES.get(spec.base_key())
+    model = known[0]() if known is not None else None
+    if model is None:
+        return None   # a base this process did not load (a Ray worker's): end() writes it
+    # RapidFire's layout (rapidfire_nb/layout.py names it for the facade)
+    path = Path(store.root) / "runs" / str(int(rec.run_id)) / "checkpoints" / "final_checkpoint"
+    staging = None
+    try:
+        ckpt = store.load_checkpoint(rec.run_id)
+        if not ckpt:
+            return None
+        weights = ckpt["trainer"]["weights"]
+        lora = _lora_config(spec)
+        lora.base_model_name_or_path = spec.model_name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=".final_checkpoint.writing-"))
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)
+        # transformers 5 deprecates a name PEFT still calls while it wraps the skeleton; the user
+        # can do nothing about it. catch_warnings swaps the process's filters, which another
+        # thread may be using, so this one filter is added for good instead
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        # building the skeleton and saving the tokenizer touch process-wide state of
+        # transformers and the tokenizer the runs generate with: between two training steps
+        with HF_STATE_LOCK:
+            skeleton = _base_skeleton(model)
+            if skeleton is None:
+                shutil.rmtree(staging, ignore_errors=True)
+                return None
+            state = _saved_form(skeleton, lora, weights, f"run_{rec.run_id}")
+            tokenizer = known[1]
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(staging))
+        from safetensors.torch import save_file
+
+        lora.save_pretrained(str(staging))
+        save_file({k: v.detach().contiguous() for k, v in state.items()},
+                  str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
+        old_state = path / "trainer_state.json"
+        if old_state.is_file() and not old_state.is_symlink():
+            shutil.copyfile(old_state, staging / "trainer_state.json")
+        _replace_dir(staging, path)
+        staging = None
+        return path
+    except Exception as exc:  # noqa: BLE001 - a convenience copy never fails a run
+        warnings.warn(f"final checkpoint of run {rec.run_id} not written to {path} when it completed "
+                      f"({type(exc).__name__}: {exc}); end() writes it", stacklevel=2)
+        return None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _lora_config(spec):
+    """The run's ``peft.LoraConfig`` as the run was built with it (its knobs were checked when
+    the run was made), ``task_type`` filled in for a causal LM as the run's own config has it."""
+    from peft import LoraConfig
+
+    kwargs = dict(spec.peft_config)
+    if "task_type" not in kwargs and spec.model_type == "causal_lm":
+        kwargs["task_type"] = "CAUSAL_LM"
+    return LoraConfig(**kwargs)
+
+
+def _replace_dir(staging: Path, path: Path) -> None:
+    """Rename ``staging`` to ``path``; what was at ``path`` is moved aside first (a link as a
+    link, never followed) and removed after."""
+    import shutil
+    import tempfile
+
+    if not os.path.lexists(path):
+        os.rename(staging, path)
+        return
+    old = Path(tempfile.mkdtemp(dir=path.parent, prefix=".final_checkpoint.old-"))
+    os.rename(path, old / "previous")
+    os.rename(staging, path)
+    shutil.rmtree(old, ignore_errors=True)

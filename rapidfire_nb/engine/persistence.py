@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from rapidfire_nb.engine.events import EventLog
+from rapidfire_nb.engine.export import write_final_checkpoint
 from rapidfire_nb.engine.fsio import atomic_write_json
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.store import (
@@ -118,6 +119,8 @@ class Persistence:
             # the log has its own lock; holding the engine's through an fsync would stall it
             logged = self.events.extend(batch + [("chunk_done", chunk_event)])
             if done:
+                # RapidFire's final checkpoint, whole before the run reads as completed
+                write_final_checkpoint(self.store, rec)
                 complete(rec)
             saved = self.save_runs()
             failure = durable_write_failure(self.events, logged[-1]["seq"], saved,

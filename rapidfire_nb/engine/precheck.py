@@ -204,11 +204,14 @@ def check_model_has_weights(spec, model) -> None:
 def check_before_training(specs, bases_for, train_dataset, eval_dataset, cache: dict | None = None) -> None:
     """Every check above, for every run; ``bases_for(spec)`` gives the loaded base (model,
     tokenizer). Raises the first ``ConfigError``, naming the run."""
+    from rapidfire_nb.engine.export import remember_base
     from rapidfire_nb.engine.genconfig import check_generation_settings
 
     done_rows: set = set()
     for i, spec in enumerate(specs, start=1):
         model, tokenizer = bases_for(spec)
+        # what a run's final checkpoint is built from when it completes (export.py)
+        remember_base(spec, model, tokenizer)
         try:
             check_model_has_weights(spec, model)
             check_target_modules(spec, model)
