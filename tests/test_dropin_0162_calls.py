@@ -132,6 +132,31 @@ def test_cancel_current_stops_every_run_of_the_fit_at_its_next_boundary(here, ti
     exp.end()
 
 
+def test_cancel_current_ends_an_optuna_search_without_new_trials(here, tiny_data):
+    pytest.importorskip("optuna")
+    from rapidfire_nb.automl import List, Range, RFOptuna
+
+    train, evald = tiny_data
+    cfg = RFModelConfig(model_name="tiny", model_kwargs={"hidden_size": 32},
+                        peft_config=RFLoraConfig(r=List([4, 8]), target_modules=["q_proj", "v_proj"]),
+                        training_args=RFSFTConfig(learning_rate=Range(1e-4, 5e-2, log=True),
+                                                  per_device_train_batch_size=8, max_length=64))
+    group = RFOptuna(cfg, trainer_type="SFT", n_initial=2, budget=6, seed=3)
+    exp = Experiment("cancel-optuna")
+    fired = on_chunk_done(exp, 1, 0, exp.cancel_current)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=4, seed=3, block=True)
+    assert fired == [True]
+    info = exp.get_runs_info()
+    assert list(info.run_id) == [1, 2] and set(info.status) == {"stopped"}, info
+    # resuming one run trains that run alone: the search does not refill the slot of the
+    # other (stopped) trial with a new one, as it would for a run stopped by hand
+    exp.resume(1)
+    assert exp.wait(timeout=300)
+    info = exp.get_runs_info()
+    assert list(info.run_id) == [1, 2] and list(info.status) == ["completed", "stopped"], info
+    exp.end()
+
+
 def test_cancel_current_with_nothing_training_says_so_and_changes_nothing(here, capsys):
     exp = Experiment("idle")
     assert exp.cancel_current() == []
