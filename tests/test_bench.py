@@ -49,6 +49,12 @@ def test_bench_smoke_json(capsys):
         assert _finite_positive(med[key]), key
     assert med["swap_ms"] >= 0
 
+    # the checkpoint writer's share: one checkpoint per chunk, its CPU time within its busy time
+    w = med["writer"]
+    assert report["checkpoints"] is True
+    assert w["writer_jobs"] == p["n_configs"] * p["num_chunks"]
+    assert 0 < w["writer_encode_s"] <= w["writer_busy_s"] and 0 < w["writer_cpu_s"]
+
     mem = report["memory"]
     assert mem["n1"]["runs"] == 1 and mem["n8"]["runs"] == 8
     assert mem["n1"]["rss_peak_mb"] > 50 and mem["n8"]["rss_peak_mb"] > 50
@@ -69,6 +75,35 @@ def test_bench_human_report_without_eval(capsys):
     assert "wall-time ratio" in out and "engine overhead" in out and "time per swap" in out
     assert "3 LoRA configs" in out and "eval: none" in out
     assert "peak memory" not in out      # --no-memory
+
+
+def test_bench_without_checkpoints_writes_none_and_says_so(capsys, monkeypatch):
+    """--no-checkpoints (measuring only): chunks are still logged, no checkpoint is written, the
+    engine's switch is back on afterwards, and the report says why the writer had nothing to do."""
+    from rapidfire_nb.engine import store as store_mod
+    from rapidfire_nb.engine.persistence import Persistence
+
+    writes = []
+    real = store_mod.ExperimentStore.save_checkpoint
+    monkeypatch.setattr(store_mod.ExperimentStore, "save_checkpoint",
+                        lambda self, rid, state: writes.append(rid) or real(self, rid, state))
+    rc = bench.main(["--preset", "smoke", "--repeats", "1", "--no-memory", "--no-warmup",
+                     "--no-checkpoints"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert writes == [] and Persistence._write_checkpoints is True
+    assert "checkpoints off (--no-checkpoints" in out
+
+
+def test_the_launch_preset_is_the_launch_bound_shape():
+    """The shape where a CPU step is mostly host work, as a LoRA step is on a GPU: 22 layers of
+    width 64, 4 configs of r=16 on q/k/v/o, 16 chunks of 2 steps, eval off, one torch thread."""
+    p = bench.PRESETS["launch"]
+    assert (p.hidden, p.layers, p.n_configs, p.lora_r) == (64, 22, 4, 16)
+    assert set(p.lora_targets) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert (p.num_chunks, p.steps_per_chunk, p.eval, p.threads) == (16, 2, False, 1)
+    args = bench._parser().parse_args(["--preset", "launch", "--no-checkpoints"])
+    assert args.no_checkpoints and args.eval is None
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -24,7 +24,9 @@ def _parser() -> argparse.ArgumentParser:
                     "about 1 minute); the smoke preset takes seconds (about a minute with "
                     "--workers: Ray and the workers start for every side and repeat).")
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS),
-                    help="cpu: ~4.5M-param Llama, fp32 (default); tinyllama: 1.1B-shaped, bf16, CUDA; "
+                    help="cpu: ~4.5M-param Llama, fp32 (default); launch: hidden 64 x 22 layers on 1 "
+                         "thread, 16 chunks x 2 steps, eval off, where a step is mostly host work "
+                         "(the GPU's launch-bound regime); tinyllama: 1.1B-shaped, bf16, CUDA; "
                          "vs: tinyllama's shape at 256 tokens, 8 chunks x 2 steps, for --vs on a GPU; "
                          "smoke: seconds, numbers mean nothing")
     ap.add_argument("--repeats", type=int, default=3, help="repeats (medians are reported); default 3")
@@ -32,11 +34,17 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--chunks", type=int, default=None, help="chunks per run (default: preset's)")
     ap.add_argument("--steps-per-chunk", type=int, default=None, help="optimizer steps per chunk")
     ap.add_argument("--device", default=None, help="override the preset's device (cpu, cuda)")
-    ap.add_argument("--eval", choices=("both", "none"), default="both",
-                    help="both: the same eval after every chunk on both sides (default); none: no eval")
+    ap.add_argument("--eval", choices=("both", "none"), default=None,
+                    help="both: the same eval after every chunk on both sides (default; the launch "
+                         "preset: none); none: no eval")
     ap.add_argument("--no-memory", action="store_true", help="skip the 1-vs-8-run memory probes")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's; the launch preset: 1)")
+    ap.add_argument("--no-checkpoints", action="store_true",
+                    help="measuring only: the engine side writes no chunk checkpoints (its log and "
+                         "snapshots stay), to size the writes' share of the time; not a mode "
+                         "anything else can run in")
     ap.add_argument("--offload", choices=("auto", "always", "never"), default="auto",
                     help="the engine's Experiment(offload=...): 'always' parks every idle run in host "
                          "memory, to measure what a swap costs when runs do not fit on the device")
@@ -110,10 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         (lambda *a, **k: print(*a, flush=True))
     log(f"rapidfire bench: preset {p.name}, {p.n_configs} configs x {p.num_chunks} chunks x "
         f"{p.steps_per_chunk} steps, {args.repeats} repeat(s)...")
-    report = run_bench(p, repeats=args.repeats, use_eval=args.eval == "both",
+    use_eval = p.eval if args.eval is None else args.eval == "both"
+    report = run_bench(p, repeats=args.repeats, use_eval=use_eval,
                        memory=not args.no_memory, warmup=not args.no_warmup, tracking=tracking,
-                       offload=args.offload,
-                       threads=args.threads, sequential_main_thread=args.sequential_main_thread,
+                       offload=args.offload, checkpoints=not args.no_checkpoints,
+                       threads=args.threads or p.threads, sequential_main_thread=args.sequential_main_thread,
                        log=log)
     text = json.dumps(report, indent=1, default=_json_default)
     if args.output:

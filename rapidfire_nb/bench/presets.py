@@ -31,6 +31,8 @@ class Preset:
     lora_r: int
     lora_targets: tuple[str, ...]
     n_eval: int
+    threads: int | None = None  # torch intra-op threads (None: torch's default; --threads wins)
+    eval: bool = True           # the preset's --eval default (both sides evaluate, or neither)
 
     @property
     def steps_per_run(self) -> int:
@@ -62,6 +64,17 @@ PRESETS: dict[str, Preset] = {
         hidden=2048, layers=22, heads=32, kv_heads=4, intermediate=5632, vocab=32000,
         dtype="bfloat16", device="cuda", batch=4, seq_len=256, steps_per_chunk=2, num_chunks=8,
         n_configs=8, lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), n_eval=8),
+    # the GPU's launch-bound regime on a CPU: a step of this narrow, deep model is mostly host work
+    # (Python, op dispatch) rather than arithmetic, as a 1.1B LoRA step is on an H100, so work on
+    # another thread that holds the interpreter costs step time directly; 16 chunks of 2 steps
+    # make a chunk boundary (snapshot, checkpoint write) every other step, eval off
+    "launch": Preset(
+        name="launch", description="launch-bound: Llama hidden 64, 22 layers, fp32, CPU, 1 thread, "
+                                   "16 chunks x 2 steps, eval off (a step is mostly host work)",
+        hidden=64, layers=22, heads=4, kv_heads=4, intermediate=256, vocab=None, dtype="float32",
+        device="cpu", batch=4, seq_len=None, steps_per_chunk=2, num_chunks=16, n_configs=4,
+        lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), n_eval=8,
+        threads=1, eval=False),
     "smoke": Preset(
         name="smoke", description="seconds-long run of the bench machinery (numbers mean nothing)",
         hidden=32, layers=2, heads=4, kv_heads=4, intermediate=64, vocab=None, dtype="float32",

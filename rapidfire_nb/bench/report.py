@@ -51,6 +51,7 @@ def format_report(report: dict) -> str:
         "  engine split (s): " + ", ".join(f"{k[:-2]} {v:.2f}" for k, v in med["engine_split_s"].items()
                                           if k != "checkpoint_s")
         + f"; checkpoint writes {med['engine_split_s']['checkpoint_s']:.2f} (writer thread)",
+        _writer_line(report),
         f"  first all-run comparison: {med['first_all_s']:.2f} s interleaved vs "
         f"{med['sequential_first_all_s']:.2f} s sequential",
         "",
@@ -94,6 +95,20 @@ def format_report(report: dict) -> str:
         lines.append(f"  memory ({m['measure']}): {desc}; RSS growth during training "
                      + ", ".join(f"{k} {v:.1f} MiB" for k, v in m["rss_training_growth_mb"].items()))
     return "\n".join(lines)
+
+
+def _writer_line(report: dict) -> str:
+    """The checkpoint writer thread's share, beside the training threads' step times."""
+    w = report["median"].get("writer")
+    if not w:
+        return "  checkpoint writer: not measured"
+    if report.get("checkpoints") is False:
+        return "  checkpoint writer: checkpoints off (--no-checkpoints, measuring only)"
+    jobs = w["writer_jobs"] or 0
+    per = 1000 * w["writer_busy_s"] / jobs if jobs else math.nan
+    return (f"  checkpoint writer busy {w['writer_busy_s']:.2f} s ({jobs:.0f} checkpoints, "
+            f"{per:.1f} ms each); its CPU time {w['writer_cpu_s']:.2f} s (the most it can have held "
+            f"the interpreter), of which encoding {w['writer_encode_s']:.2f} s")
 
 
 def _json_default(obj):

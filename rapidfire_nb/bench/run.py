@@ -18,6 +18,7 @@ from rapidfire_nb.bench.runners import run_interleaved, run_sequential
 
 def run_bench(p: Preset, repeats: int = 3, use_eval: bool = True, memory: bool = True,
               warmup: bool = True, tracking=None, threads: int | None = None, offload: str = "auto",
+              checkpoints: bool = True,
               mem_runs: tuple[int, int] = (1, 8), sequential_main_thread: bool = False,
               log=print) -> dict:
     """Everything ``rapidfire bench`` measures, as one JSON-able dict."""
@@ -39,6 +40,7 @@ def run_bench(p: Preset, repeats: int = 3, use_eval: bool = True, memory: bool =
         "sequential_thread": "main" if sequential_main_thread else "worker",
         "tracking": list(tracking or []),
         "offload": offload,
+        "checkpoints": checkpoints,
         "machine": {"device": p.device,
                     "device_name": torch.cuda.get_device_name(0) if p.device.startswith("cuda") else "cpu",
                     "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count()},
@@ -61,7 +63,7 @@ def run_bench(p: Preset, repeats: int = 3, use_eval: bool = True, memory: bool =
                 wtrain, wevald = make_datasets(wp, n_train=wp.n_train)
                 wgroup = make_group(wp, 1)
                 run_interleaved(wp, wgroup, (copy.deepcopy(pristine), tok), wtrain,
-                                wevald if use_eval else None, work, tracking, offload)
+                                wevald if use_eval else None, work, tracking, offload, checkpoints)
                 run_sequential(wp, wgroup.expand(), pristine, tok, wtrain, wevald, work, use_eval,
                                sequential_main_thread)
             rows = []
@@ -71,7 +73,8 @@ def run_bench(p: Preset, repeats: int = 3, use_eval: bool = True, memory: bool =
                 for side in order:
                     if side == "interleaved":
                         row["interleaved"] = run_interleaved(p, group, (copy.deepcopy(pristine), tok),
-                                                             train, ev, work, tracking, offload)
+                                                             train, ev, work, tracking, offload,
+                                                             checkpoints)
                     else:
                         row["sequential"] = run_sequential(p, specs, pristine, tok, train, ev, work,
                                                            use_eval, sequential_main_thread)
@@ -111,6 +114,8 @@ def run_bench(p: Preset, repeats: int = 3, use_eval: bool = True, memory: bool =
     split_keys = ("train_s", "eval_s", "swap_s", "setup_s", "snapshot_s", "chunk_misc_s",
                   "outside_chunks_s", "write_wait_s", "checkpoint_s")
     med["engine_split_s"] = {k: _median(r["interleaved"][k] for r in rows) for k in split_keys}
+    med["writer"] = {k: _median(r["interleaved"][k] for r in rows)
+                     for k in ("writer_busy_s", "writer_cpu_s", "writer_encode_s", "writer_jobs")}
     report["median"] = med
     if memory:
         log(f"memory: {mem_runs[0]} vs {mem_runs[1]} LoRA runs, one subprocess each...")

@@ -13,9 +13,29 @@ from typing import Any
 from rapidfire_nb.bench.presets import Preset, _sync
 
 
+@contextlib.contextmanager
+def checkpoint_writes(on: bool):
+    """``--no-checkpoints``: engines made inside write no chunk checkpoint (measuring only)."""
+    from rapidfire_nb.engine.persistence import Persistence
+
+    if on:
+        yield
+        return
+    Persistence._write_checkpoints = False
+    try:
+        yield
+    finally:
+        Persistence._write_checkpoints = True
+
+
 def run_interleaved(p: Preset, group, base, train, evald, workdir: str, tracking=None,
-                    offload: str = "auto") -> dict:
+                    offload: str = "auto", checkpoints: bool = True) -> dict:
     """Train the group through the engine; timings from the engine's own per-chunk split."""
+    with checkpoint_writes(checkpoints):
+        return _run_interleaved(p, group, base, train, evald, workdir, tracking, offload)
+
+
+def _run_interleaved(p: Preset, group, base, train, evald, workdir: str, tracking, offload) -> dict:
     from rapidfire_nb.experiment import Experiment
 
     model, tok = base
@@ -41,6 +61,12 @@ def run_interleaved(p: Preset, group, base, train, evald, workdir: str, tracking
         write_wait = float(exp.engine.write_wait_s)
     finally:
         exp.end()
+    # the writer thread's share (after end(): every write has finished); an engine that does not
+    # count these (the bench run against another version of the package) reports nan
+    writer = exp.engine.persistence.writer
+    writer_busy, writer_cpu = float(writer.busy_s), float(getattr(writer, "cpu_s", math.nan))
+    writer_encode = float(getattr(exp.engine.store, "encode_s", math.nan))
+    writer_jobs = int(writer.jobs_done)
     train_s, eval_s = float(tl["train_s"].sum()), float(tl["eval_s"].sum())
     setup_s, ckpt_s = float(tl["setup_s"].sum()), float(tl["checkpoint_s"].fillna(0).sum())
     snap_s = float(tl["snapshot_s"].fillna(0).sum())
@@ -54,6 +80,10 @@ def run_interleaved(p: Preset, group, base, train, evald, workdir: str, tracking
         "snapshot_s": snap_s,
         "checkpoint_s": ckpt_s,
         "write_wait_s": write_wait,
+        # the checkpoint writer thread: wall time busy, its CPU time (an upper bound on how long it
+        # held the interpreter while the engine thread trained), of which encoding the files
+        "writer_busy_s": writer_busy, "writer_cpu_s": writer_cpu, "writer_encode_s": writer_encode,
+        "writer_jobs": writer_jobs,
         # other_s includes setup and the snapshot; the rest is bookkeeping inside the chunk
         "chunk_misc_s": max(0.0, other_s - setup_s - snap_s),
         "outside_chunks_s": max(0.0, wall - in_chunks),
