@@ -6,6 +6,7 @@ between cells). What a notebook run top to bottom sees, in a real kernel (nbclie
   run_fit cell starts once the runs are done, and says so;
 - the same experiment, with that cell run by hand after a pause: it starts at once and reads the
   runs as they train (the panel and the code can steer them);
+- the queued cell's wait interrupted (Kernel > Interrupt): it runs at once, the runs go on;
 - an experiment created without ``mode`` (our own notebooks, which steer between cells): the
   queued cell starts at once, as before.
 """
@@ -47,8 +48,12 @@ print("TRAINING", exp.engine.busy(timeout=1))
 END = "exp.end(wait=False)"
 
 
-def run_cells(tmp_path, mode: str, pause_before_read: float = 0.0) -> list[str]:
-    """Run SETUP, FIT, READ, END in a fresh kernel; the text each cell printed."""
+def run_cells(tmp_path, mode: str, pause_before_read: float = 0.0,
+              interrupt_read_after: float | None = None) -> list[str]:
+    """Run SETUP, FIT, READ, END in a fresh kernel; the text each cell printed.
+    ``interrupt_read_after``: Kernel > Interrupt that many seconds into the READ cell."""
+    import threading
+
     from jupyter_client.manager import KernelManager
 
     nb = nbformat.v4.new_notebook()
@@ -64,7 +69,13 @@ def run_cells(tmp_path, mode: str, pause_before_read: float = 0.0) -> list[str]:
             for index, cell in enumerate(nb.cells):
                 if index == 2 and pause_before_read:
                     time.sleep(pause_before_read)    # a person reading the panel first
+                timer = None
+                if index == 2 and interrupt_read_after is not None:
+                    timer = threading.Timer(interrupt_read_after, km.interrupt_kernel)
+                    timer.start()
                 client.execute_cell(cell, index)
+                if timer is not None:
+                    timer.join()
     finally:
         km.shutdown_kernel(now=True)
         km.cleanup_resources()
@@ -88,3 +99,10 @@ def test_our_own_notebooks_steer_between_queued_cells_as_before(tmp_path):
     out = run_cells(tmp_path, mode="")
     assert QUEUED_LINE not in out[2]
     assert "TRAINING True" in out[2], out[2]
+
+
+def test_interrupting_the_queued_cells_wait_runs_it_on_the_runs_as_they_are(tmp_path):
+    out = run_cells(tmp_path, mode=', mode="fit"', interrupt_read_after=3.0)
+    assert QUEUED_LINE in out[2]
+    assert "interrupted the wait only" in out[2], out[2]
+    assert "TRAINING True" in out[2], out[2]     # the runs went on; the cell read them as they were
