@@ -127,6 +127,11 @@ class Experiment:
             ``Experiment.open``). The second positional argument is ``mode``, as in RapidFire AI
             0.16.2 (``Experiment("name", "fit")``); a path given there (a ``Path``, or a string
             with a ``/``) is still taken as ``experiment_path``, and anything else is refused.
+            ``mode="fit"`` written out, as RapidFire code writes it, also keeps RapidFire's
+            blocking ``run_fit`` for a notebook run top to bottom: a cell queued behind the
+            ``run_fit`` cell (Run All) starts once the runs are done (one printed line says so;
+            Kernel > Interrupt starts it at once), while a cell run by hand reads the runs as
+            they train.
         experiment_path: parent folder (default ``./rapidfire_experiments``); the third
             positional argument.
         num_cpus: accepted for RapidFire AI 0.16.2 code (a positive integer); training here uses
@@ -329,7 +334,9 @@ class Experiment:
                 such as ``stop`` work meanwhile); in a plain script or terminal IPython block until
                 every run is finished. ``False``: return at once everywhere (call ``wait()`` or
                 ``end()`` later); ``True``: block everywhere. An integer here is RapidFire
-                0.16.2's seventh positional argument, ``num_gpus``, and is taken as that.
+                0.16.2's seventh positional argument, ``num_gpus``, and is taken as that. With
+                ``None``, an experiment created with ``mode="fit"`` makes the cells queued behind
+                this one in a notebook wait for the runs (see the constructor's ``mode``).
             allow_concurrent: ``False`` (default): refuse while another experiment of this
                 process (kernel) still has runs pending or running, naming it and how to end it
                 (``%rapidfire end NAME``, or ``.end(wait=False)`` on it): two engines would share
