@@ -225,3 +225,17 @@ def test_notebook_ui_and_end_button_import_from_rapidfires_path(here, tiny_data)
     assert set(panel.snapshot["runs"]) == {"1", "2"}  # the panel shown before run_fit saw the runs
     with pytest.raises(ValueError, match="mode"):
         NotebookUI(mode="train")
+
+
+def test_the_end_button_of_an_ended_experiment_says_so_and_without_one_is_refused(here):
+    from rapidfire_nb.compat.utils.notebook_ui import end_experiment_button
+    from rapidfire_nb.errors import RapidFireError
+
+    exp = Experiment("ended", mode="fit")
+    exp.end()
+    button = end_experiment_button(exp)
+    assert button.button.disabled and "has ended" in button.label.value
+    button.click()                                    # nothing more to do, nothing raised
+    assert button.wait(timeout=5) and button.error is None
+    with pytest.raises(RapidFireError, match="no experiment is open"):
+        end_experiment_button()

@@ -99,8 +99,10 @@ class EndButton:
         self.label.value = f"experiment {self.experiment.name!r} has ended"
 
     def _clicked(self, _button=None) -> None:
-        if self.thread is not None or self.experiment.ended:
-            self._show_ended() if self.experiment.ended else None
+        if self.experiment.ended:
+            self._show_ended()
+            return
+        if self.thread is not None:   # a second click while it ends
             return
         self.button.disabled = True
         self.button.description = "Ending…"
@@ -119,8 +121,7 @@ class EndButton:
             self.button.description = "End failed"
             self.label.value = f"{type(exc).__name__}: {exc}"
             return
-        self._show_ended()
-        print("Done!")
+        self._show_ended()   # on the button's line: a print here would land in whatever cell runs
 
     def wait(self, timeout: float | None = None) -> bool:
         """After a click: block until the experiment has ended (True) or ``timeout`` passed."""
