@@ -140,7 +140,9 @@ def test_export_from_a_listener_while_a_checkpoint_is_in_flight(tiny_data, tmp_p
 
     def save_checkpoint(self, run_id, state):
         if run_id == 1 and not first_snapshot:
-            first_snapshot.update(state["trainer"]["weights"])
+            # copies: the state's tensors live in the run's snapshot buffers, reused at its next
+            # chunk boundary
+            first_snapshot.update({k: v.clone() for k, v in state["trainer"]["weights"].items()})
         time.sleep(0.15)
         return real(self, run_id, state)
 
@@ -238,3 +240,90 @@ def test_warnings_in_the_writer_thread_go_to_the_engine_log_not_the_cell(tiny_da
     out, err = capfd.readouterr()
     assert "rf-writer-thread-warning-7f3a" not in out + err
     assert "rf-writer-thread-warning-7f3a" in (exp.path / "logs" / "engine.log").read_text()
+
+
+# -- the checkpoint file: flat buffers, and the files of earlier versions ----------------------------
+
+
+def _run_like_state():
+    """What a LoRA run's checkpoint holds: weights, Adam's state, schedule, RNG (numpy too)."""
+    import torch
+
+    from rapidfire_nb.engine.rng import capture_rng
+
+    params = [torch.nn.Parameter(torch.randn(4, 8)) for _ in range(6)]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    return {"trainer": {"weights": {f"layer.{i}.lora_A.run_1.weight": p for i, p in enumerate(params)},
+                        "optimizer": opt.state_dict(), "scheduler": {"last_epoch": 3, "lr": [1e-3]},
+                        "scaler": None, "rng": capture_rng(), "odd": float("nan")},
+            "counters": {"completed_steps": 2, "chunk": 1}, "events": [("metric", {"loss": 1.5})],
+            "chunk_event": {"run_id": 1, "text": "caf\u00e9 \"quoted\""}}
+
+
+def _same(a, b) -> bool:
+    import numpy as np
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a.detach(), b)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and a != a:
+        return b != b
+    return a == b
+
+
+def test_a_flat_checkpoint_reads_back_exactly_and_older_files_still_load(tmp_path):
+    """A chunk's checkpoint is a few flat buffers plus a JSON index (written from the run's reused
+    snapshot buffer); a checkpoint of the earlier layout, one safetensors entry per tensor, in a
+    folder made by an earlier version, loads the same."""
+    from safetensors.torch import load
+
+    from rapidfire_nb.engine.safeformat import SnapshotBuffers, encode, flat_snapshot
+
+    state = _run_like_state()
+    store = store_mod.ExperimentStore(tmp_path)
+    buffers = SnapshotBuffers()
+    flat = flat_snapshot(state, buffers)
+    assert _same(state, dict(flat))           # the snapshot is the state, copied
+    store.save_checkpoint(1, flat)
+    stored = load(store.checkpoint_path(1).read_bytes())
+    assert set(stored) == {"flat.float32", "flat.int64", "flat.uint8"}   # one buffer per dtype
+    assert _same(state, store.load_checkpoint(1))
+    # the same buffer at the next boundary, and the file still reads back what was current then
+    state["counters"]["chunk"] = 2
+    ptr = buffers.file.data_ptr()
+    store.save_checkpoint(1, flat_snapshot(state, buffers))
+    assert buffers.file.data_ptr() == ptr and buffers.allocations == 1
+    assert store.load_checkpoint(1)["counters"]["chunk"] == 2
+    # a file of the per-tensor layout, with its owner, as earlier versions wrote them
+    store.checkpoint_path(1).write_bytes(encode(state, owner={"run_id": 1, "fingerprint": None}))
+    assert len(load(store.checkpoint_path(1).read_bytes())) > 20
+    assert _same(state, store.load_checkpoint(1))
+
+
+@pytest.mark.parametrize("index, reason", [
+    ('{"t0": ["float32", 0, [1000]]}', "does not fit a stored buffer"),
+    ('{"t0": ["float64", 0, [2]]}', "does not fit a stored buffer"),
+    ('{"t0": ["float32", -1, [2]]}', "does not fit a stored buffer"),
+    ('{"t0": ["float32", 0, "2"]}', "does not fit a stored buffer"),
+    ('[1]', "index is missing or damaged"),
+])
+def test_a_flat_checkpoint_with_a_damaged_index_is_refused(tmp_path, index, reason):
+    import torch
+    from safetensors.torch import save
+
+    store = store_mod.ExperimentStore(tmp_path)
+    path = store.checkpoint_path(1)
+    path.parent.mkdir(parents=True)
+    doc = '{"version": 2, "index": ' + index + ', "state": {"$t": "t0"}}'
+    path.write_bytes(save({"flat.float32": torch.zeros(4)}, metadata={"rapidfire_state": doc}))
+    with pytest.raises(store_mod.CheckpointReadError, match=reason):
+        store.load_checkpoint(1)

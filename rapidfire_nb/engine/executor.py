@@ -16,13 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapidfire_nb.engine.adapters.base import RunTrainer, merge_window
+from rapidfire_nb.engine.adapters.base import RunTrainer, merge_window, read_step_metrics
 from rapidfire_nb.engine.factory import TrainerFactory
 from rapidfire_nb.engine.generation import sample_generations
 from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.resources import MemoryMeter
 from rapidfire_nb.engine.runs import RunRecord
+from rapidfire_nb.engine.safeformat import flat_snapshot
 from rapidfire_nb.engine.store import ExperimentStore
 
 COUNTERS = ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done")
@@ -100,8 +101,9 @@ class ChunkExecutor:
     It does not change the record's counters for the chunk it trained: the engine applies
     ``ChunkResult.counters`` under its lock. ``ChunkResult.state`` is the chunk-boundary checkpoint
     (``{"trainer": ..., "counters": ..., "events": ..., "chunk_event": ...}``) that the engine's
-    writer saves with ``ExperimentStore.save_checkpoint``; its tensors may be shared with the live
-    trainer, so the engine does not train that run again until the write is done. Errors: any
+    writer saves with ``ExperimentStore.save_checkpoint``; its tensors live in the run's reusable
+    snapshot buffers (``safeformat.flat_snapshot``), so the engine does not train that run again
+    until the write is done. Errors: any
     exception means this run failed (the engine marks it failed with the traceback and calls
     ``release``); other runs are not affected. Results are bit-identical whatever ran before on
     the executor (exactness): everything a run owns is restored at its swap-in.
@@ -344,11 +346,13 @@ class LocalChunkExecutor(ChunkExecutor):
                            tokens_per_s=tokens / train_s if train_s > 0 else None)
         if peak_mb is not None:
             chunk_event["peak_mem_mb"] = peak_mb
-        # the snapshot: weights copied now, optimizer/scheduler state by reference (this run is
-        # not trained again until the writer is done with it)
+        # the snapshot: every tensor of the run's state copied into its reusable host buffers
+        # (on CUDA without waiting: the writer waits for the copies), so the writer thread
+        # writes a few flat buffers and never touches the live state; the run is not trained
+        # again until the writer is done with those buffers
         t0 = time.perf_counter()
-        state = {"trainer": rt.state_dict(), "counters": counters, "events": batch,
-                 "chunk_event": dict(chunk_event)}
+        state = flat_snapshot({"trainer": rt.boundary_state(), "counters": counters, "events": batch,
+                               "chunk_event": dict(chunk_event)}, rt.snapshot_buffers)
         chunk_event["snapshot_s"] = time.perf_counter() - t0
         chunk_event["end"] = time.time()
         chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - gen_s - swap_s)
@@ -366,6 +370,8 @@ class LocalChunkExecutor(ChunkExecutor):
         samples = rec.samples_seen
         log_every, eval_every = rt.intervals(rec.total_steps - rec.step_offset)
         window: list[dict] = []
+        windows: list[tuple[dict, list[dict]]] = []   # train metric events, filled at the end
+        steps: list[dict] = []
         mid_eval_s = 0.0
         tokens = 0
         for g in range(first, end):
@@ -376,10 +382,12 @@ class LocalChunkExecutor(ChunkExecutor):
             tokens += out.get("tokens", 0)
             own = g + 1 - rec.step_offset
             window.append(out["metrics"])
+            steps.append(out["metrics"])
             if log_every is None or own % log_every == 0 or g + 1 == end:
-                batch.append(("metric", dict(run_id=rec.run_id, split="train", step=g + 1,
-                                             samples_seen=samples, epoch=epoch, chunk=chunk,
-                                             metrics=merge_window(window))))
+                payload = dict(run_id=rec.run_id, split="train", step=g + 1, samples_seen=samples,
+                               epoch=epoch, chunk=chunk, metrics=None)
+                batch.append(("metric", payload))
+                windows.append((payload, window))
                 window = []
             if eval_every and own % eval_every == 0 and g + 1 < end:
                 t1 = time.perf_counter()   # eval_strategy="steps" inside the chunk (RNG untouched)
@@ -390,5 +398,9 @@ class LocalChunkExecutor(ChunkExecutor):
                                                  samples_seen=samples, epoch=epoch, chunk=chunk,
                                                  metrics=mid)))
                 mid_eval_s += time.perf_counter() - t1
+        # what the steps left on the device (gradient norms), read once for the whole chunk
+        read_step_metrics(steps)
+        for payload, win in windows:
+            payload["metrics"] = merge_window(win)
         train_s = time.perf_counter() - t0 - mid_eval_s
-        return batch, samples, train_s, mid_eval_s, tokens
+        return batch, samples, train_s, mid_eval_s, int(tokens)   # the one read of the token count

@@ -25,6 +25,11 @@ from rapidfire_nb.engine.writer import CheckpointWriter
 
 
 class Persistence:
+    # measuring only (``rapidfire bench --no-checkpoints``): chunks are logged without their
+    # checkpoint, to size what writing costs. Nothing else sets it: without checkpoints a crash
+    # would lose every chunk.
+    _write_checkpoints = True
+
     def __init__(self, store: ExperimentStore, events: EventLog, lock: threading.RLock,
                  runs: dict[int, RunRecord]):
         self.store = store
@@ -106,7 +111,8 @@ class Persistence:
         """Writer thread: make the chunk durable, then log it (never the other way round)."""
         t0 = time.perf_counter()
         try:
-            self.store.save_checkpoint(rec.run_id, state)
+            if self._write_checkpoints:
+                self.store.save_checkpoint(rec.run_id, state)
         except Exception as exc:
             with self._lock:
                 self._unwritten.pop(rec.run_id, None)

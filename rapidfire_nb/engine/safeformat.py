@@ -11,6 +11,13 @@ The JSON skeleton marks what JSON cannot say on its own:
 ``{"$map": [[key, value], ...]}`` a dict whose keys are not all strings (optimizer state is keyed
 by parameter index), ``{"$float": "nan"|"inf"|"-inf"}``. A plain dict whose keys start with "$"
 is written as ``$map`` too, so a marker is never mistaken for data.
+
+Two layouts share that skeleton. Version 1 stores each tensor as its own safetensors entry.
+Version 2 (chunk-boundary checkpoints, ``flat_snapshot``) stores one flat buffer per dtype and a
+JSON index (tensor name -> buffer, offset, shape) beside the skeleton: a run's checkpoint holds
+hundreds of small tensors (adapter weights, two Adam moments and a step each), and writing them
+one by one is milliseconds of Python work per file on the writer thread, which holds the
+interpreter the training thread needs to launch its ops. Both are read.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 
 FORMAT_KEY = "rapidfire_state"
 FORMAT_VERSION = 1
+FLAT_VERSION = 2
 # whose file this is: {"run_id": int, "fingerprint": str | None}. A checkpoint copied or swapped
 # into another run's folder is refused instead of silently giving that run foreign weights.
 OWNER_KEY = "rapidfire_owner"
@@ -32,6 +40,8 @@ class UnsafeFormatError(ValueError):
 
 def encode(obj: Any, owner: dict | None = None) -> bytes:
     """Serialise ``obj`` to the bytes of one safetensors file (``owner`` goes in its metadata)."""
+    if isinstance(obj, FlatState):
+        return bytes(encode_view(obj, owner))
     import torch
     from safetensors.torch import save
 
@@ -95,6 +105,265 @@ def encode(obj: Any, owner: dict | None = None) -> bytes:
     return save(tensors, metadata=meta)
 
 
+class FlatState(dict):
+    """A checkpoint's nest whose tensors are views of the run's snapshot buffer, and what
+    ``encode`` needs to write it without visiting a tensor: the skeleton (already JSON) and the
+    buffer, laid out as the safetensors file itself (``SnapshotBuffers``).
+
+    Made by ``flat_snapshot`` on the training thread; the buffer is the run's own and is reused at
+    its next chunk boundary, so the state must be written (or copied) before that run trains
+    again. On CUDA the copies into the buffer may still be running: reading through the top-level
+    dict (``[]``, ``get``, ``items``, ``values``) waits for them first."""
+
+    skeleton_json: str
+    cache: Any
+    ready: Any = None       # a CUDA event the copies signal, or None when they are done
+
+    def wait(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+
+    @property
+    def buffers(self) -> dict:
+        """dtype name -> this snapshot's flat buffer of that dtype."""
+        return self.cache.buffers
+
+    def __getitem__(self, key):
+        self.wait()
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.wait()
+        return super().get(key, default)
+
+    def items(self):
+        self.wait()
+        return super().items()
+
+    def values(self):
+        self.wait()
+        return super().values()
+
+
+# safetensors' names of the dtypes a flat buffer may hold
+_ST_DTYPES = {"float64": "F64", "int64": "I64", "float32": "F32", "int32": "I32",
+              "float16": "F16", "bfloat16": "BF16", "int16": "I16", "int8": "I8", "uint8": "U8",
+              "bool": "BOOL"}
+
+
+class SnapshotBuffers:
+    """A run's reusable host memory for ``flat_snapshot``: one byte buffer laid out as the
+    checkpoint file (8-byte header length, a header area of fixed capacity padded with spaces,
+    then one flat segment per dtype, widest first so each is aligned). The engine copies the
+    tensors into the segments; the writer fills in the header and writes the buffer as it is.
+    Remade only when the layout (the tensors' dtypes and shapes) changes or the header outgrows
+    its area, which after a run's first chunk boundary does not happen."""
+
+    def __init__(self):
+        self.index: list | None = None     # the layout the buffer and views were made for
+        self.index_json = ""
+        self.file = None                   # the uint8 buffer, file-shaped
+        self.header_cap = 0                # bytes of header area (a multiple of 8)
+        self.tensor_entries = ""           # the header's JSON entries of the segments
+        self.buffers: dict = {}            # dtype name -> its segment, typed
+        self.views: list = []              # per tensor slot: its view of its segment
+        self.groups: list = []             # (positions, device type) of one copy call each
+        self.stream = None                 # CUDA side stream for the copies
+        self.allocations = 0               # how many times the buffer was (re)made
+
+    def allocate(self, index: list, sizes: dict, header_need: int, pin: bool) -> None:
+        import torch
+
+        order = sorted(sizes, key=lambda dt: -torch.empty(0, dtype=getattr(torch, dt)).element_size())
+        cap = header_need * 2 + 4096
+        cap += -cap % 8
+        entries, nbytes = [], {}
+        offset = 0
+        for dt in order:
+            nbytes[dt] = sizes[dt] * torch.empty(0, dtype=getattr(torch, dt)).element_size()
+            entries.append(f'"flat.{dt}":{{"dtype":"{_ST_DTYPES[dt]}","shape":[{sizes[dt]}],'
+                           f'"data_offsets":[{offset},{offset + nbytes[dt]}]}}')
+            offset += nbytes[dt]
+        self.file = torch.empty(8 + cap + offset, dtype=torch.uint8, pin_memory=pin)
+        self.header_cap, self.tensor_entries = cap, ",".join(entries)
+        start = 8 + cap
+        self.buffers = {}
+        for dt in order:
+            self.buffers[dt] = self.file[start:start + nbytes[dt]].view(getattr(torch, dt))
+            start += nbytes[dt]
+        self.views = [self.buffers[dt][off:off + math.prod(shape)].view(shape)
+                      for dt, off, shape in index]
+        self.index = index
+        self.index_json = json.dumps({f"t{i}": [dt, off, list(shape)] for i, (dt, off, shape)
+                                      in enumerate(index)}, separators=(",", ":"))
+        self.allocations += 1
+
+
+_DTYPE_NAMES: dict | None = None
+
+
+def flat_snapshot(obj: Any, cache: SnapshotBuffers) -> FlatState:
+    """``obj`` (as ``encode`` takes it) with every tensor and numpy array copied into ``cache``'s
+    host buffer. One ``_foreach_copy_`` per dtype and source device does the copying; from a CUDA
+    device the buffer is pinned and the copies run on a side stream after the work already
+    queued, without blocking this thread (``FlatState.ready``)."""
+    import torch
+
+    global _DTYPE_NAMES
+    if _DTYPE_NAMES is None:
+        _DTYPE_NAMES = {getattr(torch, n): n for n in _ST_DTYPES if hasattr(torch, n)}
+    sources: list = []
+    index: list = []
+    sizes: dict[str, int] = {}
+    tensor_type = torch.Tensor
+
+    def walk(x):
+        # returns (skeleton, the nest with each tensor's position in ``sources``); the checks go
+        # most frequent first: this visits every tensor of the run's state at every boundary
+        if isinstance(x, dict):
+            pairs = [(k, walk(v)) for k, v in x.items()]
+            nest = {k: b for k, (_, b) in pairs}
+            if all(type(k) is str and not k.startswith("$") for k in x):
+                return {k: a for k, (a, _) in pairs}, nest
+            return {"$map": [[walk(k)[0], a] for k, (a, _) in pairs]}, nest
+        if isinstance(x, tensor_type):
+            return tensor_slot(x)
+        if x is None or isinstance(x, (bool, str)):
+            return x, x
+        if isinstance(x, int):
+            return int(x), x
+        if isinstance(x, float):
+            return (x if math.isfinite(x) else {"$float": repr(x)}), x
+        if isinstance(x, (tuple, list)):
+            if all(type(v) is int for v in x):   # the Python RNG state: 625 ints
+                return ({"$tuple": list(x)} if isinstance(x, tuple) else list(x)), x
+            pairs = [walk(v) for v in x]
+            skel = [a for a, _ in pairs]
+            nest = [b for _, b in pairs]
+            return ({"$tuple": skel}, tuple(nest)) if isinstance(x, tuple) else (skel, nest)
+        if type(x).__module__ == "numpy":
+            import numpy as np
+
+            if isinstance(x, np.ndarray):
+                t = torch.from_numpy(np.ascontiguousarray(x).astype(np.int64)
+                                     if x.dtype.kind in "iub" else np.ascontiguousarray(x))
+                return {"$np": tensor_slot(t)[0]["$t"], "dtype": x.dtype.str}, x.copy()
+            if isinstance(x, np.generic):
+                return walk(x.item())
+        raise TypeError(f"cannot store a {type(x).__module__}.{type(x).__qualname__} in a "
+                        "checkpoint (tensors, numpy arrays, numbers, strings, lists, tuples, "
+                        "dicts only)")
+
+    def tensor_slot(t):
+        i = len(sources)
+        dtype = _DTYPE_NAMES.get(t.dtype)
+        if dtype is None:
+            raise TypeError(f"cannot store a {t.dtype} tensor in a checkpoint")
+        off = sizes.get(dtype, 0)
+        sizes[dtype] = off + t.numel()
+        sources.append(t)
+        index.append([dtype, off, t.shape])
+        return {"$t": f"t{i}"}, _Slot(i)
+
+    skeleton, nest = walk(obj)
+    skeleton_json = json.dumps(skeleton, allow_nan=False, separators=(",", ":"))
+    cuda = any(t.device.type == "cuda" for t in sources)
+    # the header: the skeleton and index, escaped once more as metadata strings, and the owner
+    need = 2 * (len(skeleton_json) + len(cache.index_json)) + 1024
+    if index != cache.index or need > cache.header_cap:
+        cache.allocate(index, sizes, need if index == cache.index else need + 2 * 20 * len(index), cuda)
+        groups: dict = {}
+        for i, ((dt, _, _), t) in enumerate(zip(index, sources)):
+            groups.setdefault((dt, t.device.type), []).append(i)
+        cache.groups = [(pos, dev) for (_, dev), pos in groups.items()]
+    views = cache.views
+    ready = None
+    with torch.no_grad():   # sources that require grad (live parameters) copied as data
+        for pos, dev in cache.groups:
+            dst, src = [views[i] for i in pos], [sources[i] for i in pos]
+            if dev == "cuda":
+                if cache.stream is None:
+                    cache.stream = torch.cuda.Stream(src[0].device)
+                cache.stream.wait_stream(torch.cuda.current_stream(src[0].device))
+                with torch.cuda.stream(cache.stream):
+                    torch._foreach_copy_(dst, src, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(cache.stream)
+            else:
+                torch._foreach_copy_(dst, src)
+
+    def fill(x):
+        if isinstance(x, _Slot):
+            return views[x.i]
+        if isinstance(x, dict):
+            return {k: fill(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [fill(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(fill(v) for v in x)
+        return x
+
+    out = FlatState(fill(nest))
+    out.skeleton_json, out.cache, out.ready = skeleton_json, cache, ready
+    return out
+
+
+class _Slot:
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+
+def encode_view(obj: Any, owner: dict | None = None) -> memoryview | bytes:
+    """``encode(obj, owner)``; for a ``FlatState``, its snapshot buffer itself with the header
+    filled in: writing it is one write of memory the engine already copied, during which the
+    interpreter is released."""
+    import sys
+
+    if not isinstance(obj, FlatState) or sys.byteorder != "little":
+        return encode(dict(obj) if isinstance(obj, FlatState) else obj, owner)
+    obj.wait()
+    cache = obj.cache
+    doc = f'{{"version":{FLAT_VERSION},"index":{cache.index_json},"state":{obj.skeleton_json}}}'
+    meta = {FORMAT_KEY: doc}
+    if owner is not None:
+        meta[OWNER_KEY] = json.dumps(owner, separators=(",", ":"))
+    head = ('{"__metadata__":' + json.dumps(meta, separators=(",", ":")) + ","
+            + cache.tensor_entries + "}").encode("utf-8")
+    import numpy as np
+
+    raw = cache.file.numpy()
+    cap = cache.header_cap
+    if len(head) > cap:   # not expected (flat_snapshot sizes the area); a copy, then
+        head += b" " * (-len(head) % 8)
+        return b"".join([len(head).to_bytes(8, "little"), head, memoryview(raw[8 + cap:])])
+    raw[:8] = np.frombuffer(cap.to_bytes(8, "little"), dtype=np.uint8)
+    raw[8:8 + len(head)] = np.frombuffer(head, dtype=np.uint8)
+    raw[8 + len(head):8 + cap] = 0x20   # safetensors pads its header with spaces
+    return memoryview(raw)
+
+
+def _unflatten(stored: dict, index: Any, what: str) -> dict:
+    """Version 2: each indexed tensor cut out of its flat buffer (an owned copy)."""
+    if not isinstance(index, dict):
+        raise UnsafeFormatError(f"{what}: its flat-buffer index is missing or damaged")
+    out = {}
+    for name, entry in index.items():
+        ok = (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+              and isinstance(entry[1], int) and not isinstance(entry[1], bool) and entry[1] >= 0
+              and isinstance(entry[2], list)
+              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry[2]))
+        buf = stored.get(f"flat.{entry[0]}") if ok else None
+        n = math.prod(entry[2]) if ok else 0
+        if buf is None or buf.dim() != 1 or entry[1] + n > buf.numel():
+            raise UnsafeFormatError(f"{what}: the index entry of {name!r} ({entry!r:.80}) does "
+                                    "not fit a stored buffer")
+        out[name] = buf[entry[1]:entry[1] + n].view(entry[2]).clone()
+    return out
+
+
 def read_owner(data: bytes) -> dict | None:
     """The ``owner`` that ``encode`` stored, None for files written before it was recorded."""
     try:
@@ -127,9 +396,11 @@ def decode(data: bytes, what: str = "checkpoint") -> Any:
         doc = json.loads(meta[FORMAT_KEY])
     except (json.JSONDecodeError, RecursionError) as exc:
         raise UnsafeFormatError(f"{what}: its {FORMAT_KEY!r} metadata is not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
+    if not isinstance(doc, dict) or doc.get("version") not in (FORMAT_VERSION, FLAT_VERSION):
         raise UnsafeFormatError(f"{what}: unknown checkpoint format version "
                                 f"{doc.get('version') if isinstance(doc, dict) else doc!r}")
+    if doc["version"] == FLAT_VERSION:
+        tensors = _unflatten(tensors, doc.get("index"), what)
 
     def tensor(name):
         if not isinstance(name, str) or name not in tensors:

@@ -36,6 +36,9 @@ class CheckpointWriter:
         self._pending: collections.Counter[int] = collections.Counter()
         self._worker: threading.Thread | None = None
         self.busy_s = 0.0      # time spent writing (off the engine thread)
+        # the writer thread's CPU time: the part of busy_s that is not waiting on the disk, an
+        # upper bound on how long it held the interpreter (``rapidfire bench`` reports it)
+        self.cpu_s = 0.0
         self.jobs_done = 0
         self.errors: list[str] = []
 
@@ -88,7 +91,7 @@ class CheckpointWriter:
 
     def _run(self, run_id: int, job: Callable[[], None]) -> None:
         self._worker = threading.current_thread()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             job()
         except Exception:  # jobs handle their own errors; this keeps the writer going
@@ -96,6 +99,7 @@ class CheckpointWriter:
         finally:
             with self._lock:
                 self.busy_s += time.perf_counter() - t0
+                self.cpu_s += time.thread_time() - c0
                 self.jobs_done += 1
                 self._pending[run_id] -= 1
                 if self._pending[run_id] <= 0:

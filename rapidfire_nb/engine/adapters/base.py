@@ -282,10 +282,15 @@ class RunTrainer:
         self.scheduler = None
         self._eval_batches = None
         self.rng = seeded_rng(derive_seed(seed, self.spec.seed_fingerprint()) + 1)
-        self._parked: list | None = None   # where each moved tensor came from, while parked
+        self._parked: list | None = None   # (container, key, device, host view) while parked
+        self._park_buffer = _ParkBuffer()
         self._parked_bytes = 0
         self._host = torch.device("cpu")
         self._weight_slots: list | None = None
+        from rapidfire_nb.engine.safeformat import SnapshotBuffers
+
+        # the chunk-boundary snapshot's host buffers, made at the run's first boundary and reused
+        self.snapshot_buffers = SnapshotBuffers()
 
     # -- hooks for trainer types ----------------------------------------------------------------
     def make_trainer(self, args, train_dataset, eval_dataset):
@@ -399,46 +404,66 @@ class RunTrainer:
         return slots
 
     def park(self, host: torch.device) -> int:
-        """Move this run's own weights and optimizer state to ``host`` memory, exact copies (pinned
-        when CUDA is present, so moving back is fast); returns the bytes moved. All copies are made
-        before any tensor is replaced: if one fails, the run stays resident and whole."""
+        """Move this run's own weights and optimizer state to ``host`` memory, exact copies into
+        the run's flat host buffer (one per dtype, pinned when they come from a GPU, made at its
+        first park and reused: allocating pinned memory costs far more than the copy); returns
+        the bytes moved. All copies are made before any tensor is replaced: if one fails, the run
+        stays resident and whole."""
         if self._parked is not None:
             return 0
         host = torch.device(host)
-        plan = []
+        slots = self._own_tensor_slots()
+        datas = [_slot_data(container, key) for container, key in slots]
+        views = self._park_buffer.views_for(datas, host)
         with torch.no_grad():
-            for container, key in self._own_tensor_slots():
-                data = _slot_data(container, key)
-                plan.append((container, key, data.device, _host_copy(data, host)))
-            for container, key, _, new in plan:
-                _set_slot(container, key, new)
-        self._parked = [(container, key, device) for container, key, device, _ in plan]
-        self._parked_bytes, self._host = sum(_nbytes(new) for *_, new in plan), host
+            # from a GPU: queued without waiting, then one wait for them all (what is read from a
+            # parked run on the host, an export or a warm clone, is there once park returns)
+            devices = set()
+            for dst, src in _by_dtype_and_device(views, datas):
+                torch._foreach_copy_(dst, src, non_blocking=src[0].device.type == "cuda")
+                if src[0].device.type == "cuda":
+                    devices.add(src[0].device)
+            for device in devices:
+                torch.cuda.current_stream(device).synchronize()
+            for (container, key), view in zip(slots, views):
+                _set_slot(container, key, view)
+        self._parked = [(container, key, data.device, view)
+                        for (container, key), data, view in zip(slots, datas, views)]
+        self._parked_bytes, self._host = sum(_nbytes(v) for v in views), host
         return self._parked_bytes
 
     def keep_parked(self) -> int:
         """Move back to the host whatever of a parked run something else put on the device (a new
         trainer's ``model.to(device)`` moves every adapter of the shared model); bytes moved."""
-        return self._move_parked(lambda device: self._host, only_if_elsewhere=True)
-
-    def unpark(self) -> int:
-        """Bring back what ``park`` moved, each tensor to the device it came from; bytes moved."""
-        moved = self._move_parked(lambda device: device, only_if_elsewhere=False)
-        self._parked = None
-        return moved
-
-    def _move_parked(self, target, only_if_elsewhere: bool) -> int:
         if self._parked is None:
             return 0
         moved = 0
         with torch.no_grad():
-            for container, key, device in self._parked:
-                data, dest = _slot_data(container, key), torch.device(target(device))
-                if only_if_elsewhere and data.device == dest:
-                    continue
-                new = _host_copy(data, dest) if dest.type == "cpu" else data.to(dest, copy=True)
+            for container, key, _, view in self._parked:
+                data = _slot_data(container, key)
+                if data.data_ptr() != view.data_ptr() or data.device != view.device:
+                    view.copy_(data)
+                    _set_slot(container, key, view)
+                    moved += _nbytes(view)
+        return moved
+
+    def unpark(self) -> int:
+        """Bring back what ``park`` moved, each tensor to the device it came from; bytes moved.
+        From pinned memory the copies do not block this thread; the buffer is written again only
+        by the next park, whose copies the device orders after these."""
+        if self._parked is None:
+            return 0
+        moved = 0
+        with torch.no_grad():
+            for container, key, device, _ in self._parked:
+                data = _slot_data(container, key)
+                if device.type == "cpu":
+                    new = data.to(device, copy=True)
+                else:
+                    new = data.to(device, copy=True, non_blocking=data.is_pinned())
                 _set_slot(container, key, new)
                 moved += _nbytes(new)
+        self._parked = None
         return moved
 
     def parked_bytes(self) -> int:
@@ -506,11 +531,12 @@ class RunTrainer:
         model.zero_grad(set_to_none=True)
         metrics = {"loss": loss, "learning_rate": float(lr)}
         if grad_norm is not None:
-            metrics["grad_norm"] = float(grad_norm)
+            # left as a tensor: the chunk reads every step's norm at its end in one go
+            # (``read_step_metrics``), so the step does not wait for the device a second time
+            metrics["grad_norm"] = grad_norm if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
         metrics.update(self.pop_trainer_metrics("train"))
         n_examples = sum(len(i) for i in micro)
-        return {"metrics": metrics, "examples": n_examples,
-                "tokens": sum(batch_tokens(b) for b in batches)}
+        return {"metrics": metrics, "examples": n_examples, "tokens": _tokens(batches)}
 
     def global_items(self, n_items):
         """The loss normaliser of one optimizer step (a sharded run: over the global batch)."""
@@ -603,9 +629,15 @@ class RunTrainer:
 
     # -- checkpoint state ------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The run's whole state, its weights copied (optimizer state by reference)."""
+        return {**self.boundary_state(), "weights": self.weights()}
+
+    def boundary_state(self) -> dict:
+        """The run's whole state by reference, for ``safeformat.flat_snapshot`` to copy into the
+        run's reusable host buffers (``snapshot_buffers``) at a chunk boundary."""
         scaler = self.trainer.accelerator.scaler
         return {
-            "weights": self.weights(),
+            "weights": {n: p.detach() for n, p in self.trainable_named_parameters()},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
@@ -671,6 +703,32 @@ def _gather(logits, labels, outputs, inputs):
     return logits, labels
 
 
+def read_step_metrics(metrics: list[dict]) -> None:
+    """Replace, in place, the tensors that ``train_step`` left in its metrics by their values, read
+    from the device together (one read per dtype and device)."""
+    found = [(m, k, v) for m in metrics for k, v in m.items() if isinstance(v, torch.Tensor)]
+    groups: dict = {}
+    for item in found:
+        groups.setdefault((item[2].dtype, item[2].device), []).append(item)
+    for items in groups.values():
+        values = torch.stack([v.detach().reshape(()) for _, _, v in items]).tolist()
+        for (m, k, _), value in zip(items, values):
+            m[k] = float(value)
+
+
+def _tokens(batches: list) -> Any:
+    """The non-padding tokens of a step's collated batches, as ``resources.batch_tokens`` counts
+    them, left as a tensor where they come from attention masks: the chunk reads the sum once, at
+    its end, instead of once per step."""
+    masks = []
+    for b in batches:
+        found = [v for k, v in b.items() if k.endswith("attention_mask")] if isinstance(b, dict) else []
+        if not found or not all(isinstance(v, torch.Tensor) for v in found):
+            return sum(batch_tokens(b) for b in batches)
+        masks += found
+    return torch.stack([m.sum() for m in masks]).sum()
+
+
 def merge_window(window: list[dict]) -> dict:
     """The train metrics of several steps logged as one point: means (what transformers logs
     every ``logging_steps``), the learning rate as it is at the window's last step."""
@@ -695,12 +753,44 @@ def _set_slot(container, key, new: torch.Tensor) -> None:
         container[key] = new
 
 
-def _host_copy(data: torch.Tensor, host: torch.device) -> torch.Tensor:
-    """An exact copy in host memory: pinned (one copy, straight in) when it comes from a GPU."""
-    if host.type == "cpu" and data.device.type != "cpu" and torch.cuda.is_available():
-        new = torch.empty(data.shape, dtype=data.dtype, device=host, pin_memory=True)
-        return new.copy_(data)
-    return data.to(host, copy=True)
+class _ParkBuffer:
+    """A run's host memory for parking: one flat buffer per dtype, pinned when the run's tensors
+    come from a GPU, cut into one view per tensor; made at the run's first park and remade only
+    when its tensors' dtypes or sizes change."""
+
+    def __init__(self):
+        self.key: list | None = None
+        self.views: list = []
+        self.allocations = 0
+
+    def views_for(self, datas: list, host: torch.device) -> list:
+        key = [(d.dtype, d.shape, d.device.type) for d in datas] + [host]
+        if key != self.key:
+            pin = host.type == "cpu" and torch.cuda.is_available() and any(
+                d.device.type == "cuda" for d in datas)
+            sizes: dict = {}
+            for d in datas:
+                sizes[d.dtype] = sizes.get(d.dtype, 0) + d.numel()
+            flat = {dt: torch.empty(n, dtype=dt, device=host, pin_memory=pin) for dt, n in sizes.items()}
+            offsets: dict = dict.fromkeys(sizes, 0)
+            views = []
+            for d in datas:
+                off = offsets[d.dtype]
+                views.append(flat[d.dtype][off:off + d.numel()].view(d.shape))
+                offsets[d.dtype] = off + d.numel()
+            self.key, self.views = key, views
+            self.allocations += 1
+        return self.views
+
+
+def _by_dtype_and_device(dsts: list, srcs: list):
+    """(destinations, sources) lists of one ``_foreach_copy_`` each: one per dtype and device."""
+    groups: dict = {}
+    for dst, src in zip(dsts, srcs):
+        pair = groups.setdefault((src.dtype, src.device), ([], []))
+        pair[0].append(dst)
+        pair[1].append(src)
+    return groups.values()
 
 
 def _nbytes(t: torch.Tensor) -> int:
