@@ -9,6 +9,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RF_TENSORBOARD_ENABLED", "0")  # tracking tests turn it on themselves
+# Ray on Linux turns a loopback node address ("127.0.0.1") into the machine's network address
+# (ray._private.services.resolve_ip_for_localhost) unless its multi-machine mode is off, which
+# this variable does; read when ray is imported, so it is set before any test module imports it.
+# With it, every Ray the tests start (ray.init and ray.cluster_utils.Cluster alike, each given
+# 127.0.0.1) listens on loopback alone, and so does a gang's rendezvous (engine/fsdp.py)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @pytest.fixture(scope="session")

@@ -261,6 +261,32 @@ def assert_same_weights(a, b):
         assert torch.equal(a[k], b[k]), k
 
 
+def listening_sockets(pids):
+    """pid -> the addresses its process listens on (TCP), for the processes still there."""
+    import psutil
+
+    out = {}
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except psutil.NoSuchProcess:
+            continue
+        out[pid] = sorted((c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN)
+    return out
+
+
+def wait_for_exit(pids, timeout):
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def mixed(ray_session, data, tmp_path_factory):
     """One experiment on one gang: two sharded runs (k=2, batch 4 per device; run 2 at another
@@ -285,7 +311,13 @@ def mixed(ray_session, data, tmp_path_factory):
     print(f"\nfsdp: gang start-up {exp.engine.remote.gang_start_s} s; train_s per chunk by run:",
           tl.groupby("run_id").train_s.mean().round(3).to_dict(), "setup_s:",
           tl.groupby("run_id").setup_s.max().round(3).to_dict())
+    # the sockets the gang's members listen on while the gang lives, and after end()
+    members = [m.info["pid"] for g in exp.engine.remote.gangs.values() for m in g.members]
+    exp.gang_listening = listening_sockets(members)
     exp.end()   # its workers' GPUs are free for the next gang; its log and weights stay readable
+    # end() has Ray kill the workers, which exit a moment later: wait for them (a minute at most)
+    wait_for_exit(members, 60)
+    exp.gang_listening_after = listening_sockets(members)
     yield exp
 
 
@@ -299,6 +331,20 @@ def test_sharded_lora_run_logs_the_losses_of_the_unsharded_run_at_k_times_the_ba
         assert [s for s, _ in sharded] == [s for s, _ in plain] and sharded
         for (_, a), (_, b) in zip(sharded, plain):
             assert abs(a - b) <= 1e-5 * abs(b), (split, a, b)
+
+
+@pytest.mark.slow
+def test_the_gang_listens_on_loopback_only_and_closes_with_the_experiment(mixed):
+    # on a local cluster the rendezvous (rank 0's TCPStore) and gloo's pairs are on loopback, as
+    # Ray's own sockets are: nothing is reachable from another machine
+    import ipaddress
+
+    by_pid = mixed.gang_listening
+    assert len(by_pid) == 2 and all(by_pid.values()), by_pid
+    addrs = {ipaddress.ip_address(ip) for socks in by_pid.values() for ip, _ in socks}
+    # (Ray's own servers listen on IPv6 sockets bound to ::ffff:127.0.0.1, loopback too)
+    assert all((getattr(a, "ipv4_mapped", None) or a).is_loopback for a in addrs), by_pid
+    assert not any(mixed.gang_listening_after.values()), mixed.gang_listening_after
 
 
 @pytest.mark.slow

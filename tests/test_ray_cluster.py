@@ -28,9 +28,12 @@ pytestmark = pytest.mark.slow   # slow tier: a real two-node Ray cluster
 def two_nodes():
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    # every node on loopback (conftest.py keeps Ray from turning 127.0.0.1 into the machine's
+    # network address, without which the driver could not reach a GCS bound to loopback)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                            "node_ip_address": "127.0.0.1"})
     for _ in range(2):
-        cluster.add_node(num_cpus=1, num_gpus=1)
+        cluster.add_node(num_cpus=1, num_gpus=1, node_ip_address="127.0.0.1")
     ray.init(address=cluster.address, log_to_driver=False)
     cluster.wait_for_nodes()
     yield cluster

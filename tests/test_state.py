@@ -338,3 +338,18 @@ def test_get_timeline_moved_can_filter_the_kernel_engines_timeline(tmp_path):
     finally:
         e.end()
 
+
+
+def test_a_creation_write_torn_between_its_two_lines_leaves_a_pending_run(tmp_path):
+    """A run's run_created and first run_status are one write, but two lines: a crash that tears
+    the write between them leaves the run_created alone, read as the pending run it was."""
+    from rapidfire_nb import Experiment
+
+    lines = (FIXTURES / "sft_basic.jsonl").read_bytes().split(b"\n")
+    assert b'"run_created", "run_id": 2' in lines[3] and b'"run_status", "run_id": 2' in lines[4]
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "events.jsonl").write_bytes(b"\n".join(lines[:4]) + b"\n" + lines[4][:20])
+    assert S.fold(read_events(folder / "events.jsonl"))["runs"]["2"]["status"] == "pending"
+    info = Experiment.open(folder).get_runs_info().set_index("run_id")
+    assert list(info.status) == ["pending", "pending"]

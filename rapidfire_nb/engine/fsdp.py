@@ -13,6 +13,13 @@ into plain DDP without a word (nothing would be sharded). The run's trainer is b
 single-process trainer (``fsdp`` off in its args; adapters/sharded.py) and its base is sharded
 here; LoRA adapters are kept out of FSDP (``ignored_params``: added after sharding or not, they
 stay replicated, their gradients summed by the trainer explicitly).
+
+The sockets a gang opens: rank 0 serves the rendezvous (a ``TCPStore``, no authentication) on
+the address it was given and nowhere else (torch's own ``init_method="tcp://..."`` listens on
+every interface), and each member's transport (gloo's pairs, NCCL's bootstrap) listens on the
+one local interface that holds the address it reaches rank 0 from: loopback on a local cluster,
+the node's address on a real one. A member closes them when it leaves the gang (``close``) or
+when its process ends.
 """
 
 from __future__ import annotations
@@ -35,6 +42,66 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def local_address_towards(addr: str) -> str:
+    """The address of this machine that reaches ``addr`` (rank 0's): loopback for loopback, else
+    the source address the routing table picks (a UDP connect sends nothing)."""
+    import ipaddress
+    import socket
+
+    info = socket.getaddrinfo(addr, None, type=socket.SOCK_DGRAM)[0]
+    family, ip = info[0], info[4][0]
+    if ipaddress.ip_address(ip.split("%")[0]).is_loopback:
+        return ip
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((ip, 9))
+        return s.getsockname()[0]
+
+
+def interface_of(ip: str) -> str | None:
+    """The name of the network interface that holds ``ip`` (``lo`` for 127.0.0.1), or None."""
+    import psutil
+
+    bare = ip.split("%")[0]
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == bare for a in addrs):
+            return name
+    return None
+
+
+def rendezvous_store(addr: str, port: int, rank: int, size: int, timeout: datetime.timedelta):
+    """The gang's ``TCPStore``: rank 0 serves it on ``addr``:``port`` alone, the others connect.
+
+    torch's server binds the wildcard address whatever host it is given; a socket bound here to
+    ``addr`` and handed over (``master_listen_fd``, which the store then owns and closes) keeps it
+    to that one address."""
+    import socket
+
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore(addr, port, size, False, timeout)
+    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.create_server((addr, port), family=family, backlog=128)
+    # the store owns the descriptor from here on (it closes it with its server)
+    return dist.TCPStore(addr, port, size, True, timeout, master_listen_fd=sock.detach())
+
+
+_TRANSPORT_ENV = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+def pin_transport(backend: str, local_ip: str) -> None:
+    """Keep the backend's own listening sockets on ``local_ip``'s interface: gloo's pairs bind the
+    address the machine's host name resolves to, NCCL's bootstrap the first interface it likes,
+    either of which may be public on a machine whose gang is all on loopback. A name the user set
+    is kept. Set for the process's life: a member is in one gang for life, and NCCL reads it when
+    its first collective runs, not at the rendezvous."""
+    var = _TRANSPORT_ENV[backend]
+    if not os.environ.get(var):
+        name = interface_of(local_ip)
+        if name is not None:
+            os.environ[var] = name
+
+
 class GangMembership:
     """This process's place in a gang: rank, size, and the device mesh FSDP2 shards over."""
 
@@ -48,11 +115,23 @@ class GangMembership:
             raise RuntimeError("this worker is in a gang already (a process joins one gang for life)")
         cuda = torch.cuda.is_available()
         backend = "nccl" if cuda else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
-                                world_size=size, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        pin_transport(backend, local_address_towards(addr))
+        self._store = rendezvous_store(addr, port, rank, size, timeout)
+        dist.init_process_group(backend, store=self._store, rank=rank, world_size=size,
+                                timeout=timeout)
         self.name, self.rank, self.size, self.backend = name, rank, size, backend
         self.device_type = "cuda" if cuda else "cpu"
         self.mesh = init_device_mesh(self.device_type, (size,))
+
+    def close(self) -> None:
+        """Leave the gang: its process group and, on rank 0, the rendezvous' listening socket."""
+        import torch.distributed as dist
+
+        self.mesh = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._store = None   # the last reference: the store's server closes its socket
 
 
 _WARNED: set = set()
