@@ -831,6 +831,9 @@ def profile_analysis(events, chunk_label: str, boundary: bool) -> dict:
 
     def device_tally(a, b, into):
         for e in dev[bisect.bisect_left(dstarts, a):bisect.bisect_left(dstarts, b)]:
+            if "sync" in e.name.lower():   # CUDA sync events (enable_cuda_sync_events)
+                into["device_sync_events"] += 1
+                continue
             into["device_us"] += max(0.0, e.time_range.end - e.time_range.start)
             kind = _memcpy_kind(e.name)
             if kind:
@@ -882,22 +885,29 @@ def profile_analysis(events, chunk_label: str, boundary: bool) -> dict:
     return out
 
 
-def make_profiler(cuda: bool):
-    """torch.profiler over every thread (the engine trains in its own), with CUDA activity and
-    CUDA sync events where this torch has them; falls back step by step to what it has."""
+def start_profiler(cuda: bool):
+    """A started torch.profiler over every thread (the engine trains in its own), with CUDA
+    activity and CUDA sync events where this torch has them; falls back step by step to what it
+    has. Returns the profiler and whether it follows every thread."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    try:
-        from torch.profiler import _ExperimentalConfig
-    except ImportError:
-        return profile(activities=acts), False
-    for kw in (dict(profile_all_threads=True, enable_cuda_sync_events=cuda), dict(profile_all_threads=True)):
+    tries = [(dict(profile_all_threads=True, enable_cuda_sync_events=cuda), True),
+             (dict(profile_all_threads=True), True), (None, False)]
+    failed = []
+    for kw, all_threads in tries:
         try:
-            return profile(activities=acts, experimental_config=_ExperimentalConfig(**kw)), True
-        except TypeError:
-            continue
-    return profile(activities=acts), False
+            if kw is None:
+                prof = profile(activities=acts)
+            else:
+                from torch.profiler import _ExperimentalConfig
+
+                prof = profile(activities=acts, experimental_config=_ExperimentalConfig(**kw))
+            prof.start()
+            return prof, all_threads, failed
+        except (TypeError, RuntimeError, ImportError) as exc:
+            failed.append(f"{kw}: {type(exc).__name__}: {exc}"[:300])
+    raise RuntimeError(f"torch.profiler would not start: {failed}")
 
 
 def section_profile(p: dict, work: Path) -> dict:
@@ -939,9 +949,9 @@ def section_profile(p: dict, work: Path) -> dict:
             if cuda:
                 torch.cuda.synchronize()
             probes.clear()
-            prof, all_threads = make_profiler(cuda)
+            prof, all_threads, refused = start_profiler(cuda)
             t0 = time.time()
-            with prof:
+            try:
                 if side == "engine":
                     res = run_interleaved(preset, group, (copy.deepcopy(pristine), tok), train_ds, None, str(work),
                                           tracking=None, offload=p.get("offload", "auto"))
@@ -950,10 +960,12 @@ def section_profile(p: dict, work: Path) -> dict:
                                          main_thread=not all_threads)
                 if cuda:
                     torch.cuda.synchronize()
+            finally:
+                prof.stop()
             wall = time.time() - t0
             t1 = time.time()
             label = "chunk_steps" if side == "engine" else "trl_train_loop"
-            rec = {"wall_s": wall, "all_threads": all_threads,
+            rec = {"wall_s": wall, "all_threads": all_threads, "profiler_configs_refused": refused,
                    "step_ms_unprofiled_clock": res.get("step_ms"),
                    "steps": step_times(probes, label)}
             if side == "engine":
@@ -964,6 +976,13 @@ def section_profile(p: dict, work: Path) -> dict:
             if side == "trl" or all_threads:
                 rec["ops"] = profile_analysis(prof.events(), label, boundary=side == "engine")
                 table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+                if cuda:   # the device's side too: the key is named differently across torch versions
+                    for key in ("self_device_time_total", "self_cuda_time_total"):
+                        try:
+                            table += "\n" + prof.key_averages().table(sort_by=key, row_limit=25)
+                            break
+                        except Exception:
+                            continue
                 raw = Path(p.get("raw_dir") or work)
                 (raw / f"profile-{side}.txt").write_text(table)
             else:
@@ -1139,9 +1158,11 @@ def section_packing(p: dict, work: Path) -> dict:
         out["paths"][label] = {"ms": ms, "times_ms": times, "speedup": seq_ms / ms, "grads_allclose": bool(close),
                                "grads_max_rel_err": worst}
     good = {n: x for n, x in out["paths"].items() if "ms" in x and x["grads_allclose"]}
-    if good:
+    if good:   # the figure counts only where the packed gradients are the sequential ones
         best = max(good, key=lambda n: good[n]["speedup"])
         out["best_path"], out["speedup"] = best, good[best]["speedup"]
+    timed = [x["speedup"] for x in out["paths"].values() if "ms" in x]
+    out["speedup_any_path"] = max(timed) if timed else None
     out["tokens_per_s"] = {"sequential": k * b * seq / (seq_ms / 1000),
                            **{n: k * b * seq / (x["ms"] / 1000) for n, x in out["paths"].items() if "ms" in x}}
     return out
