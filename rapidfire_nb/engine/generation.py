@@ -354,35 +354,45 @@ def sample_pairs(rt, explicit: list | None) -> list:
     dataset = getattr(rt, "raw_eval_dataset", None)
     if explicit is None:
         return default_pairs(rt.spec, dataset, tokenizer=getattr(rt, "tokenizer", None))
-    cached = getattr(rt, "_rf_sample_pairs", None)
-    if cached is not None and cached[0] is explicit:
-        return cached[1]
-    pairs = with_references(explicit, dataset)
-    try:
-        rt._rf_sample_pairs = (explicit, pairs)
-    except AttributeError:   # an object without a __dict__: looked up again next time
-        pass
-    return pairs
+    return with_references(explicit, dataset)
+
+
+_REFERENCES: list = []   # [(sample prompts, eval dataset, pairs)]: the last few looked up
 
 
 def with_references(explicit: list, dataset) -> list:
     """``explicit`` (run_fit's ``[(prompt, None), ...]``) with the reference of the first eval
-    row whose prompt is the same (a string equal to the string, or the same chat messages)."""
+    row whose prompt is the same (a string equal to the string, or the same chat messages).
+    The eval set is read once per prompts and dataset (every run, every chunk asks again)."""
     if dataset is None or len(dataset) == 0 or not explicit:
         return list(explicit)
-    wanted = {_message_key(p): i for i, (p, _) in enumerate(explicit) if _message_key(p) is not None}
+    for prompts, data, pairs in _REFERENCES:
+        if prompts is explicit and data is dataset:
+            return pairs
+    wanted = {_message_key(p) for p, _ in explicit} - {None}
     refs: dict = {}
-    for i in range(len(dataset)):
-        if len(refs) == len(wanted):
-            break
-        try:
-            prompt, ref = split_example(dataset[i])
-        except ConfigError:
-            return list(explicit)   # rows of another form: no prompt to match
-        key = _message_key(prompt)
-        if key in wanted and key not in refs:
-            refs[key] = ref
-    return [(p, refs.get(_message_key(p), r) if r is None else r) for p, r in explicit]
+
+    def rows():
+        if not hasattr(dataset, "iter"):   # not a datasets.Dataset: row by row
+            yield from (dataset[i] for i in range(len(dataset)))
+            return
+        for batch in dataset.iter(batch_size=1000):   # a column read per batch, not per row
+            for j in range(len(next(iter(batch.values()), []))):
+                yield {k: v[j] for k, v in batch.items()}
+
+    try:
+        for row in rows() if wanted else ():
+            prompt, ref = split_example(row)
+            key = _message_key(prompt)
+            if key in wanted and key not in refs:
+                refs[key] = ref
+                if len(refs) == len(wanted):
+                    break
+    except ConfigError:
+        refs = {}   # rows of another form: no prompt to match
+    pairs = [(p, refs.get(_message_key(p), r) if r is None else r) for p, r in explicit]
+    _REFERENCES[:] = [*_REFERENCES[-3:], (explicit, dataset, pairs)]
+    return pairs
 
 
 def _unaskable(prompt, tokenizer, settings: dict | None) -> str | None:
