@@ -227,3 +227,29 @@ def test_the_read_bounds_are_the_write_bounds():
     assert events._sample_bounds() == (gen.MAX_SAMPLE_PROMPTS, gen.MAX_SAMPLE_PROMPT_CHARS)
     # an answer is at most MAX_SAMPLE_NEW_TOKENS tokens: the character bound leaves hundreds a token
     assert events.MAX_ANSWER_CHARS >= 300 * gen.MAX_SAMPLE_NEW_TOKENS
+
+
+def test_a_log_naming_too_many_workers_is_refused_naming_file_and_line(tmp_path):
+    """The reducer finds a worker's row by its name: a crafted event of 20,000 workers took 8 s
+    to fold. One event lists at most 4,096, and a log names at most 4,096 distinct workers."""
+    from rapidfire_nb import Experiment
+
+    def workers(names):
+        return {"type": "workers", "workers": [{"worker": n} for n in names], "resources": {}}
+
+    folder = fixture_folder(tmp_path / "exps")
+    append_events(folder, workers([f"w{i}" for i in range(4_097)]))
+    with pytest.raises(RapidFireError, match=r"line 27 \(seq 27\): workers\.workers: 4,097 workers "
+                                             r"in one event, more than the 4,096"):
+        Experiment.open(folder)
+    folder = fixture_folder(tmp_path / "exps2")
+    append_events(folder, workers([f"w{i}" for i in range(4_000)]),
+                  {"type": "worker_lost", "worker": "w0", "node": None, "reason": "x", "runs": [],
+                   "chunk_lost": None, "workers_left": 1},
+                  workers([f"v{i}" for i in range(97)]))
+    with pytest.raises(RapidFireError, match=r"line 29 \(seq 29\): workers: this event brings the "
+                                             r"log to 4,097 distinct worker names"):
+        Experiment.open(folder)
+    folder = fixture_folder(tmp_path / "exps3")
+    append_events(folder, workers([f"w{i}" for i in range(4_096)]))
+    assert len(Experiment.open(folder).get_runs_info()) == 2

@@ -75,6 +75,35 @@ MAX_METRIC_NAMES = 10_000
 MAX_NOTE_CHARS = 2_000
 MAX_ANSWER_CHARS = 100_000
 
+# Bounds on the Ray workers a log names: one entry per live worker in a ``workers`` event, and
+# distinct worker names in the whole log (a lost worker's replacement gets a new one). A kernel
+# drives tens of workers, a big cluster hundreds; the reducer (and the panel's) finds a worker's
+# row by its name, so a crafted event of 20,000 names took 8 s to fold and 200,000 would take
+# many minutes.
+MAX_WORKERS = 4_096
+
+
+def _workers_problem(event: dict, seen: set) -> tuple[str | None, set]:
+    """(what is wrong, the new worker names) of a ``workers`` or ``worker_lost`` event given the
+    names seen before it; the new names are not added to ``seen``."""
+    if event.get("type") == "workers":
+        listed = event.get("workers")
+        if not isinstance(listed, list):
+            return None, set()
+        if len(listed) > MAX_WORKERS:
+            return (f"workers.workers: {len(listed):,} workers in one event, more than the "
+                    f"{MAX_WORKERS:,} a log may name"), set()
+        names = {w.get("worker") for w in listed if isinstance(w, dict) and isinstance(w.get("worker"), str)}
+    elif event.get("type") == "worker_lost" and isinstance(event.get("worker"), str):
+        names = {event["worker"]}
+    else:
+        return None, set()
+    new = names - seen
+    if len(seen) + len(new) > MAX_WORKERS:
+        return (f"{event['type']}: this event brings the log to {len(seen) + len(new):,} distinct "
+                f"worker names, more than the {MAX_WORKERS:,} it may name"), set()
+    return None, new
+
 
 def _sample_bounds() -> tuple[int, int]:
     from rapidfire_nb.engine.generation import MAX_SAMPLE_PROMPT_CHARS, MAX_SAMPLE_PROMPTS
@@ -500,6 +529,10 @@ def check_logged_event(event: dict) -> str | None:
     texts = _texts_problem(event)
     if texts is not None:
         return texts
+    if event["type"] == "workers":
+        workers = _workers_problem(event, set())[0]
+        if workers is not None:
+            return workers
     if event["type"] == "metric":
         if len(event["metrics"]) > MAX_METRICS_PER_EVENT:
             return _metric_names_problem(event["metrics"], set())[0]
@@ -516,6 +549,7 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
     tail = lines.pop()          # b"" when the file ends with a newline
     events: list[dict] = []
     metric_names: set = set()
+    worker_names: set = set()
     expected = 1
     left = "the log was left as it is. Repair or remove that line, then open the experiment again"
     for number, raw in enumerate(lines, start=1):
@@ -538,6 +572,9 @@ def _parse_log(path: Path) -> tuple[list[dict], int, bytes]:
         if problem is None and event["type"] == "metric":
             problem, names = _metric_names_problem(event["metrics"], metric_names)
             metric_names |= names
+        elif problem is None and event["type"] in ("workers", "worker_lost"):
+            problem, names = _workers_problem(event, worker_names)
+            worker_names |= names
         if problem is not None:
             raise EventLogError(f"{where} (seq {event['seq']}): {problem}; {left}")
         expected += 1

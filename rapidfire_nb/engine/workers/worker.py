@@ -338,7 +338,13 @@ class ChunkWorker:
 
     def close(self) -> None:
         """Remove the scratch folder (TRL's output dirs, the worker log) before the actor is
-        killed at ``end()``; a worker that dies keeps its folder (its log may say why)."""
+        killed at ``end()``; a worker that dies keeps its folder (its log may say why). A gang
+        member leaves its gang first: its process group, and on rank 0 the rendezvous' socket."""
+        if self.gang is not None:
+            try:
+                self.gang.close()
+            except Exception:
+                pass   # the kill that follows ends the process, and its sockets, anyway
         self._log.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
