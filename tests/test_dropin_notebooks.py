@@ -3,11 +3,19 @@ changing the import (``rapidfireai`` -> ``rapidfire_nb``, ``rapidfire_nb.compat`
 paths), on local stand-ins for the hub (tests/helpers.py). Cut, for CPU time and offline use only:
 dataset sizes, max_steps/epochs, max_new_tokens, the hub scorers (evaluate's rouge/bleu become a
 word overlap), Colab's service start-up and end button cells, and the name -> local folder lookup
-in create_model."""
+in create_model.
+
+Then RapidFire AI 0.16.2's two Colab fine-tuning tutorials as its wheel ships them
+(tests/fixtures/rapidfireai_0162/), run as notebooks in a real kernel, and what a RapidFire notebook
+run top to bottom sees after ``run_fit`` (each section says more)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +26,13 @@ from rapidfire_nb.automl import (List, RFDPOConfig, RFGridSearch, RFGRPOConfig, 
                                  RFModelConfig, RFSFTConfig)
 
 pytestmark = pytest.mark.slow   # slow tier: trains four of RapidFire's notebooks
+
+try:   # the notebooks run in a real kernel through nbclient
+    import nbclient
+    import nbformat
+except ImportError:
+    nbclient = nbformat = None
+needs_kernel = pytest.mark.skipif(nbclient is None, reason="nbclient and nbformat are not installed")
 
 needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
                                reason="bitsandbytes is not installed: the notebook uses optim='adamw_8bit'")
@@ -327,3 +342,277 @@ def test_rf_tutorial_grpo_mathreasoning(HUB, tmp_path, monkeypatch):
     experiment.end()
     info = completed(experiment, 2)
     assert set(info.epoch) == {2}
+
+# -- RapidFire AI 0.16.2's Colab tutorials, run as notebooks ------------------------------
+# RapidFire AI 0.16.2's two Colab fine-tuning tutorials, as its wheel ships them
+# (tests/fixtures/rapidfireai_0162/), run top to bottom in a real kernel after changing only their
+# ``rapidfireai`` imports, offline.
+#
+# What the test changes, and nothing else:
+# - the imports: ``rapidfireai`` -> ``rapidfire_nb``, and RapidFire's module paths
+#   (``rapidfireai.fit...``, ``rapidfireai.utils...``) -> ``rapidfire_nb.compat...``;
+# - the cell that starts RapidFire's services (``rapidfireai start``): there is nothing to start;
+# - the hub, as the docs test does it: a first cell maps ``from_pretrained`` of a hub name to a tiny
+#   model saved under that name and ``load_dataset`` of the Bitext dataset to look-alike rows
+#   (tests/helpers.py);
+# - sizes, for CPU time: ``max_steps=64`` -> 8, ``max_new_tokens=128`` -> 16.
+#
+# ``evaluate`` is not installed here, so the notebooks' own ``except`` returns no ROUGE-L; the end
+# button returns at once (the cell before it waited for the runs: the notebook was run top to
+# bottom, and its experiment says ``mode="fit"``).
+
+TESTS = Path(__file__).resolve().parent
+FIXTURES = TESTS / "fixtures" / "rapidfireai_0162"
+TENSORBOARD = FIXTURES / "rf-colab-tensorboard-tutorial.ipynb"
+TRACKIO = FIXTURES / "rf-colab-tutorial-sft-trackio.ipynb"
+
+STANDINS = f"""
+# offline stand-ins for the hub (the test's, not the notebook's)
+import os, sys
+sys.path.insert(0, {str(TESTS)!r})
+import datasets, transformers
+from helpers import customer_support_rows, local_model_dir
+
+_root = os.path.abspath("hub")
+def _local(name):
+    return name if os.path.isdir(str(name)) else local_model_dir(__import__("pathlib").Path(_root), str(name))
+for _cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+    _cls.from_pretrained = (lambda _orig: classmethod(
+        lambda cls, name, *a, **k: _orig.__func__(cls, _local(name), *a, **k)))(_cls.from_pretrained)
+def _load_dataset(name, *args, split=None, **kwargs):
+    assert name == "bitext/Bitext-customer-support-llm-chatbot-training-dataset", name
+    rows = customer_support_rows(64)
+    return rows if split is not None else datasets.DatasetDict({{"train": rows}})
+datasets.load_dataset = _load_dataset
+"""
+
+_IMPORT = re.compile(r"^(\s*)(from|import)\s+rapidfireai\b", re.M)
+_SIZES = [(re.compile(r"max_steps=64\b"), "max_steps=8"),
+          (re.compile(r'"max_new_tokens": 128\b'), '"max_new_tokens": 16')]
+
+
+def change_imports(source: str) -> str:
+    def one(m: re.Match) -> str:
+        return f"{m.group(1)}{m.group(2)} rapidfire_nb"
+    source = re.sub(r"^(\s*from\s+)rapidfireai\.(fit|utils)\b", r"\1rapidfire_nb.compat.\2", source, flags=re.M)
+    return _IMPORT.sub(one, source)
+
+
+def prepared(path: Path):
+    nb = nbformat.read(str(path), as_version=4)
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            cells.append(cell)
+            continue
+        if '"rapidfireai", "start"' in cell.source:   # RapidFire's services: nothing to start
+            continue
+        source = change_imports(cell.source)
+        for pattern, small in _SIZES:
+            source = pattern.sub(small, source)
+        cell.source = source
+        cells.append(cell)
+    first = nbformat.v4.new_code_cell(STANDINS)
+    first.pop("id", None)   # the notebook's format (4.4) has no cell ids
+    nb.cells = [first] + cells
+    return nb
+
+
+@needs_kernel
+def test_only_imports_sizes_and_the_services_cell_change():
+    nb = prepared(TENSORBOARD)
+    original = [c.source for c in nbformat.read(str(TENSORBOARD), as_version=4).cells if c.cell_type == "code"]
+    changed = [c.source for c in nb.cells[1:] if c.cell_type == "code"]
+    assert len(changed) == len(original) - 1
+    kept = [s for s in original if '"rapidfireai", "start"' not in s]
+    for before, after in zip(kept, changed):
+        lines = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+        for a, b in lines:
+            assert re.match(r"\s*(from|import) rapidfireai", a) or "max_steps=64" in a \
+                or "max_new_tokens" in a, (a, b)
+    joined = "\n".join(changed)
+    assert "from rapidfire_nb.compat.utils.notebook_ui import NotebookUI" in joined
+    assert "from rapidfire_nb.compat.fit.db.rf_db import RfDb" in joined
+    assert "from rapidfire_nb import Experiment" in joined
+
+
+def execute(nb, tmp_path: Path) -> None:
+    from jupyter_client.manager import KernelManager
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               PYTHONUNBUFFERED="1", GRADIO_ANALYTICS_ENABLED="False", TRACKIO_DIR=str(tmp_path / "trackio-home"),
+               RF_TENSORBOARD_ENABLED="true")   # RapidFire's default (the test suite turns it off)
+    env.pop("RF_TRACKIO_ENABLED", None)
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path), env=env)
+    try:
+        client = nbclient.NotebookClient(nb, km=km, timeout=900, kernel_name="python3",
+                                         resources={"metadata": {"path": str(tmp_path)}})
+        try:
+            client.execute()
+        finally:
+            nbformat.write(nb, str(tmp_path / "executed.ipynb"))
+    finally:
+        km.shutdown_kernel(now=True)
+        km.cleanup_resources()
+        _stop_tensorboards(tmp_path)
+
+
+def _stop_tensorboards(tmp_path: Path) -> None:
+    """The notebook's ``%tensorboard`` started a TensorBoard on its logs: stop that one, by pid."""
+    import signal
+
+    try:
+        from tensorboard import manager
+    except ImportError:
+        return
+    for info in manager.get_all():
+        if str(tmp_path) in (info.logdir or ""):
+            try:
+                os.kill(info.pid, signal.SIGTERM)
+            except OSError:
+                pass
+
+
+def text_of(nb) -> str:
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            out.append(o.get("text", "") or json.dumps(o.get("data", {}).get("text/plain", "")))
+    return "\n".join(out)
+
+
+def runs_of(folder: Path):
+    from rapidfire_nb import Experiment
+
+    return Experiment.open(folder).get_runs_info()
+
+
+@needs_kernel
+def test_tensorboard_tutorial_runs_end_to_end(tmp_path):
+    nb = prepared(TENSORBOARD)
+    execute(nb, tmp_path)
+    experiments = tmp_path / "rapidfire_experiments"
+    info = runs_of(experiments / "tensorboard-demo-1")
+    assert len(info) == 4 and set(info.status) == {"completed"}, info.error.tolist()
+    assert (info.completed_steps == info.total_steps).all()
+    # the TensorBoard folder the notebook pointed %tensorboard at holds every run's event files
+    logs = experiments / "tensorboard_logs" / "tensorboard-demo-1"
+    assert len({p.parent for p in logs.rglob("events.out.tfevents.*")}) >= 4
+    text = text_of(nb)
+    assert "this cell was queued behind run_fit" in text        # the end button's cell waited
+    assert "Last 30 lines of events.jsonl" in text and "Last 30 lines of engine.log" in text
+    assert text.count("End experiment") == 1
+
+
+@needs_kernel
+def test_trackio_tutorial_runs_end_to_end(tmp_path):
+    pytest.importorskip("trackio")
+    nb = prepared(TRACKIO)
+    execute(nb, tmp_path)
+    info = runs_of(tmp_path / "rapidfire_experiments" / "trackio-demo-1")
+    assert len(info) == 4 and set(info.status) == {"completed"}, info.error.tolist()
+    assert (info.completed_steps == info.total_steps).all()
+    assert (tmp_path / "trackio-home" / "trackio-demo-1.db").is_file()   # the TRACKIO_DIR given
+    text = text_of(nb)
+    assert "Last 30 lines of events.jsonl" in text
+    assert text.count("End experiment") == 1   # shown once, though the cell's last line
+
+# -- cells after run_fit in a notebook run top to bottom ----------------------------------
+# RapidFire AI's run_fit blocks until every run is done, so the cells its notebooks put after it
+# read final results and files. Ours returns at once in a kernel (panel clicks reach the kernel only
+# between cells). What a notebook run top to bottom sees, in a real kernel (nbclient, ipykernel):
+#
+# - an experiment written as RapidFire code writes it (``mode="fit"``): the cell queued behind the
+#   run_fit cell starts once the runs are done, and says so;
+# - the same experiment, with that cell run by hand after a pause: it starts at once and reads the
+#   runs as they train (the panel and the code can steer them);
+# - the queued cell's wait interrupted (Kernel > Interrupt): it runs at once, the runs go on;
+# - an experiment created without ``mode`` (our own notebooks, which steer between cells): the
+#   queued cell starts at once, as before.
+
+QUEUED_LINE = "this cell was queued behind run_fit"
+
+SETUP = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+from helpers import LR_A, LR_B, ops_group
+from rapidfire_nb import Experiment
+from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
+train, evald = make_demo_datasets(256, 16)
+"""
+FIT = """
+exp = Experiment("cells"{mode})
+exp.run_fit(ops_group(LR_A, LR_B), tiny_create_model, train, evald, num_chunks=4, seed=5)
+None
+"""
+READ = """
+info = exp.get_runs_info()
+print("STATUSES", sorted(set(info.status)))
+print("TRAINING", exp.engine.busy(timeout=1))
+"""
+END = "exp.end(wait=False)"
+
+
+def run_cells(tmp_path, mode: str, pause_before_read: float = 0.0,
+              interrupt_read_after: float | None = None) -> list[str]:
+    """Run SETUP, FIT, READ, END in a fresh kernel; the text each cell printed.
+    ``interrupt_read_after``: Kernel > Interrupt that many seconds into the READ cell."""
+    import threading
+
+    from jupyter_client.manager import KernelManager
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (SETUP, FIT.format(mode=mode), READ, END)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               RF_TENSORBOARD_ENABLED="0", PYTHONUNBUFFERED="1")
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path), env=env)
+    try:
+        client = nbclient.NotebookClient(nb, km=km, timeout=600, kernel_name="python3",
+                                         resources={"metadata": {"path": str(tmp_path)}})
+        with client.setup_kernel():
+            for index, cell in enumerate(nb.cells):
+                if index == 2 and pause_before_read:
+                    time.sleep(pause_before_read)    # a person reading the panel first
+                timer = None
+                if index == 2 and interrupt_read_after is not None:
+                    timer = threading.Timer(interrupt_read_after, km.interrupt_kernel)
+                    timer.start()
+                client.execute_cell(cell, index)
+                if timer is not None:
+                    timer.join()
+    finally:
+        km.shutdown_kernel(now=True)
+        km.cleanup_resources()
+    return ["".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+            for cell in nb.cells]
+
+
+@needs_kernel
+def test_rapidfire_code_run_top_to_bottom_reads_final_results_after_run_fit(tmp_path):
+    out = run_cells(tmp_path, mode=', mode="fit"')
+    assert QUEUED_LINE in out[2]
+    assert "STATUSES ['completed']" in out[2] and "TRAINING False" in out[2], out[2]
+
+
+@needs_kernel
+def test_a_cell_run_by_hand_after_run_fit_reads_the_runs_as_they_train(tmp_path):
+    out = run_cells(tmp_path, mode=', mode="fit"', pause_before_read=2.0)
+    assert QUEUED_LINE not in out[2]
+    assert "TRAINING True" in out[2], out[2]
+
+
+@needs_kernel
+def test_our_own_notebooks_steer_between_queued_cells_as_before(tmp_path):
+    out = run_cells(tmp_path, mode="")
+    assert QUEUED_LINE not in out[2]
+    assert "TRAINING True" in out[2], out[2]
+
+
+@needs_kernel
+def test_interrupting_the_queued_cells_wait_runs_it_on_the_runs_as_they_are(tmp_path):
+    out = run_cells(tmp_path, mode=', mode="fit"', interrupt_read_after=3.0)
+    assert QUEUED_LINE in out[2]
+    assert "interrupted the wait only" in out[2], out[2]
+    assert "TRAINING True" in out[2], out[2]     # the runs went on; the cell read them as they were
