@@ -122,10 +122,10 @@ def tensorboard_link(exp_path) -> Path:
                           "it was left as it is", stacklevel=3)
         return link
     target.mkdir(parents=True, exist_ok=True)
-    link.parent.mkdir(parents=True, exist_ok=True)
     try:
+        link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target, target_is_directory=True)
-    except OSError as exc:   # e.g. Windows without the symlink privilege
+    except OSError as exc:   # Windows without the symlink privilege, a file in the way, ...
         warnings.warn(f"could not link {link} to {target} ({exc}); point TensorBoard at {target}",
                       stacklevel=3)
     return link

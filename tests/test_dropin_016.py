@@ -497,6 +497,22 @@ def test_a_refused_first_run_fit_takes_the_tensorboard_folder_back_with_the_expe
     assert not os.path.lexists(here / "rapidfire_experiments" / "tensorboard_logs" / "refused")
 
 
+def test_something_in_the_way_of_the_tensorboard_folder_is_left_alone_with_a_warning(here):
+    parent = here / "rapidfire_experiments"
+    parent.mkdir()
+    (parent / "tensorboard_logs").write_text("a file of the user's")
+    with pytest.warns(UserWarning, match="could not link"):
+        exp = Experiment("blocked")
+    assert (parent / "tensorboard_logs").read_text() == "a file of the user's"
+    exp.end()
+    (parent / "tensorboard_logs").unlink()
+    (parent / "tensorboard_logs" / "other").mkdir(parents=True)   # a RapidFire folder of that name
+    with pytest.warns(UserWarning, match="is not this experiment's TensorBoard folder"):
+        exp = Experiment("other")
+    assert not (parent / "tensorboard_logs" / "other").is_symlink()
+    exp.end()
+
+
 # -- cancel_current ----------------------------------------------------------------------------------
 
 def test_cancel_current_stops_every_run_of_the_fit_at_its_next_boundary(here, tiny_data):
