@@ -166,18 +166,19 @@ def _entry(spec, dataset, cache: dict, name: str) -> tuple:
     # the entry holds the function and the source: their ids cannot be reused while cached
     if hit is not None and hit[0] is fn and hit[1] is dataset:
         return hit
+    if len(dataset) == 0:      # nothing to call the function on, nothing learnt of its kind
+        entry = cache[key] = (fn, dataset, dataset, None, None)
+        return entry
     kind, first = _known_kind(fn, cache), _NO_FIRST
     if kind is None:
         kind, first = _probe(spec, dataset, name)
-        if first is None:      # an empty dataset: nothing was called
-            first = _NO_FIRST
     texts = None
     if kind == TEXT:
         out = dataset
-        if len(dataset) and "input_ids" not in dataset.column_names:   # TRL ignores it on tokenized data
+        if "input_ids" not in dataset.column_names:   # TRL ignores the function on tokenized data
             texts = _text_map(fn, dataset, first, name)
     else:
-        out = dataset if len(dataset) == 0 else _map(fn, dataset, first, keep, name)
+        out = _map(fn, dataset, first, keep, name)
     entry = (fn, dataset, out, kind, texts)
     cache[key] = entry
     return entry
@@ -185,7 +186,7 @@ def _entry(spec, dataset, cache: dict, name: str) -> tuple:
 
 def _known_kind(fn, cache: dict) -> str | None:
     for key, hit in cache.items():
-        if isinstance(key, tuple) and key[:1] == ("formatted",) and hit[0] is fn:
+        if isinstance(key, tuple) and key[:1] == ("formatted",) and hit[0] is fn and hit[3] is not None:
             return hit[3]
     return None
 
