@@ -95,7 +95,7 @@ def _workers_for_gpus(num_gpus, num_workers):
                           "the number of Ray workers)")
     if num_gpus <= 1:
         return 0
-    from rapidfire_nb.engine.workers import ray_available
+    import importlib.util
 
     try:
         import torch
@@ -103,7 +103,7 @@ def _workers_for_gpus(num_gpus, num_workers):
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:
         visible = 0
-    if visible < 2 or not ray_available():
+    if visible < 2 or importlib.util.find_spec("ray") is None:
         why = (f"{visible} GPU(s) are visible" if visible < 2
                else "Ray is not installed (pip install 'ray>=2.60')")
         warnings.warn(f"Experiment(num_gpus={num_gpus}): {why}, so training runs in this kernel, "
@@ -588,7 +588,7 @@ class Experiment:
         self._check_writable("cancel_current")
         stopped: list[int] = []
         if self.engine is not None:
-            from rapidfire_nb.engine.ops import known_ids, project
+            from rapidfire_nb.engine import known_ids, project
 
             with self.engine.atomically():   # no run changes status between the check and the op
                 if self.automl is not None:
