@@ -43,10 +43,10 @@ def _looks_like_path(value) -> bool:
 
 def _positional(args: tuple, mode, experiment_path, num_cpus, num_gpus):
     """RapidFire AI 0.16.2's positional order, ``(experiment_name, mode, experiment_path,
-    num_cpus, num_gpus)``, onto the keywords. Before it, ours was ``(experiment_name,
-    experiment_path)``: a second positional that is a path (a ``Path``, or a string with a
-    separator) is still read as ``experiment_path``, a mode name as ``mode``, anything else
-    refused, so a bare folder name can never become a mode nor a mode a folder."""
+    num_cpus, num_gpus)``, onto the keywords. Code written for this package may pass
+    ``(experiment_name, experiment_path)``: a second positional that is a path (a ``Path``, or a
+    string with a separator) is read as ``experiment_path``, a mode name as ``mode``, anything
+    else refused, so a bare folder name can never become a mode nor a mode a folder."""
     if len(args) > 4:
         raise TypeError(f"Experiment() takes at most 5 positional arguments (experiment_name, mode, "
                         f"experiment_path, num_cpus, num_gpus), {len(args) + 1} were given")
@@ -57,7 +57,7 @@ def _positional(args: tuple, mode, experiment_path, num_cpus, num_gpus):
                             f"argument {args[0]!r} and experiment_path=)")
         return mode or "fit", args[0], num_cpus, num_gpus
     names = ("mode", "experiment_path", "num_cpus", "num_gpus")
-    given = dict(zip(names, args))
+    given = {name: value for name, value in zip(names, args) if value is not None}   # None: the default
     if "mode" in given and given["mode"] not in _MODES:
         raise ConfigError(
             f"Experiment(name, {given['mode']!r}): the second positional argument is the mode, as in "

@@ -426,6 +426,9 @@ def test_num_cpus_and_num_gpus_are_accepted_and_mean_the_devices_to_use(here):
     assert Path(exp.path).resolve() == (here / "elsewhere" / "positional").resolve()
     assert exp.num_workers == 0
     exp.end()
+    exp = Experiment("defaults", None, None, None, None)      # None anywhere: its default
+    assert Path(exp.path).resolve() == (here / "rapidfire_experiments" / "defaults").resolve()
+    exp.end()
 
 
 def test_num_gpus_above_one_without_two_gpus_trains_here_and_says_why(here):
