@@ -7,8 +7,8 @@ default ``./rapidfire_experiments``). So the paths those notebooks build from it
 - ``<experiments path>/tensorboard_logs/<name>/``: a link to the experiment's TensorBoard folder
   (``<experiments path>/<name>/tensorboard/``), made when the experiment is created (and by this
   call for a folder whose link is missing);
-- ``<experiments path>/<name>/runs/<id>/checkpoints/final_checkpoint/``: written by
-  ``Experiment.end()`` for every completed run.
+- ``<experiments path>/<name>/runs/<id>/checkpoints/final_checkpoint/``: written when each run
+  completes.
 """
 
 from __future__ import annotations
