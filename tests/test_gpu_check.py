@@ -337,6 +337,20 @@ def test_items_isolated_from_each_other(tmp_path):
     assert len(saved) == len(plan) and list(saved[-1]) == [n for n, _ in plan]
 
 
+def test_a_bench_flag_this_checkout_lacks_is_recorded_not_run(tmp_path):
+    """A variant that needs an option ``rapidfire bench --help`` does not list is skipped with
+    that reason (the check runs on whatever checkout travels)."""
+    spec = importlib.util.spec_from_file_location("gpu_check_sections", REPO / "tests" / "gpu" / "sections.py")
+    sections = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sections)
+    assert "--no-checkpoints" in sections.bench_help()
+    item = {"name": "x", "argv": ["--preset", "smoke", "--no-such-flag"], "needs": ["--no-such-flag"]}
+    res = sections.bench_item(item, {"raw_dir": str(tmp_path)}, tmp_path, True)
+    assert res == {"skipped": True, "reason": "flag not available: rapidfire bench --help has no --no-such-flag "
+                                              "in this checkout"}
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_wheel_tags_refused_for_another_python(tmp_path):
     run = load_run()
     here = f"cp{sys.version_info[0]}{sys.version_info[1]}"

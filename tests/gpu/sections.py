@@ -896,6 +896,7 @@ def start_profiler(cuda: bool):
              (dict(profile_all_threads=True), True), (None, False)]
     failed = []
     for kw, all_threads in tries:
+        prof = None
         try:
             if kw is None:
                 prof = profile(activities=acts)
@@ -907,6 +908,11 @@ def start_profiler(cuda: bool):
             return prof, all_threads, failed
         except (TypeError, RuntimeError, ImportError) as exc:
             failed.append(f"{kw}: {type(exc).__name__}: {exc}"[:300])
+            if prof is not None:   # a start that failed half way must not block the next try
+                try:
+                    prof.stop()
+                except Exception:
+                    pass
     raise RuntimeError(f"torch.profiler would not start: {failed}")
 
 
