@@ -337,12 +337,61 @@ def test_items_isolated_from_each_other(tmp_path):
     assert len(saved) == len(plan) and list(saved[-1]) == [n for n, _ in plan]
 
 
-def test_a_bench_flag_this_checkout_lacks_is_recorded_not_run(tmp_path):
-    """A variant that needs an option ``rapidfire bench --help`` does not list is skipped with
-    that reason (the check runs on whatever checkout travels)."""
+def load_sections():
     spec = importlib.util.spec_from_file_location("gpu_check_sections", REPO / "tests" / "gpu" / "sections.py")
     sections = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sections)
+    return sections
+
+
+def test_profile_analysis_of_cuda_events():
+    """What the profile reads from a CUDA trace, on made-up events of the kinds torch.profiler
+    gives there (the dry run has none): host syncs and launches per step in the training thread,
+    the device's kernels and copies by time, the ops inside a boundary range, other threads."""
+    from types import SimpleNamespace as E
+
+    sections = load_sections()
+
+    def ev(name, thread, a, b, device=False, self_us=None):
+        return E(name=name, thread=thread, time_range=E(start=a, end=b), self_cpu_time_total=self_us or (b - a),
+                 device_type="DeviceType.CUDA" if device else "DeviceType.CPU")
+
+    events = [
+        ev("rfcheck::chunk_steps", 1, 0, 300),
+        ev("aten::mm", 1, 5, 15), ev("cudaLaunchKernel", 1, 6, 7), ev("aten::_local_scalar_dense", 1, 20, 30),
+        ev("cudaStreamSynchronize", 1, 21, 29), ev("rfcheck::step_end", 1, 100, 100),   # step 1 (first)
+        ev("aten::mm", 1, 105, 115), ev("cudaLaunchKernel", 1, 106, 107), ev("cudaLaunchKernel", 1, 108, 109),
+        ev("rfcheck::step_end", 1, 200, 200),                                               # step 2
+        ev("aten::copy_", 1, 205, 215), ev("cudaMemcpyAsync", 1, 206, 207),
+        ev("rfcheck::step_end", 1, 300, 300),                                               # step 3
+        ev("rfcheck::snapshot_refs", 1, 310, 350), ev("aten::copy_", 1, 315, 320), ev("aten::item", 1, 321, 330),
+        ev("aten::_local_scalar_dense", 1, 322, 329),
+        ev("aten::copy_", 2, 150, 160),                                                     # the writer thread
+        ev("gemm_kernel", 0, 10, 50, device=True), ev("gemm_kernel", 0, 110, 130, device=True),
+        ev("Memcpy DtoH (Device -> Pageable)", 0, 210, 212, device=True),
+        ev("Memcpy DtoH (Device -> Pinned)", 0, 316, 318, device=True),
+    ]
+    out = sections.profile_analysis(events, "chunk_steps", boundary=True)
+    assert out["captured"] and out["thread"] == 1 and out["steps"] == 3
+    assert out["first_steps"] == 1 and out["steady_steps"] == 2
+    first, steady = out["per_step_first"], out["per_step_steady"]
+    assert first["item_reads"] == 1 and first["device_syncs"] == 1 and first["launches"] == 1
+    assert first["device_us"] == 40
+    assert steady["launches"] == 1 and steady["copies"] == 0.5 and steady["memcpy_calls"] == 0.5
+    assert steady["memcpy DtoH pageable"] == 0.5 and steady["device_us"] == 11
+    assert out["other_threads_per_steady_step"] == {"aten_ops": 0.5, "copies": 0.5}
+    assert out["profiled_step_ms"] == {"first": 0.1, "steady": 0.1}
+    assert out["self_us_per_step"]["aten::mm"] == (20 / 3, 2 / 3)
+    snap = out["boundary_ops"]["snapshot_refs"]
+    assert snap["calls"] == 1 and snap["copies"] == 1 and snap["item_reads"] == 1 and snap["aten_ops"] == 3
+    assert snap["memcpy DtoH"] == 1
+    assert sections.profile_analysis([ev("aten::mm", 1, 0, 1)], "chunk_steps", False)["captured"] is False
+
+
+def test_a_bench_flag_this_checkout_lacks_is_recorded_not_run(tmp_path):
+    """A variant that needs an option ``rapidfire bench --help`` does not list is skipped with
+    that reason (the check runs on whatever checkout travels)."""
+    sections = load_sections()
     assert "--no-checkpoints" in sections.bench_help()
     item = {"name": "x", "argv": ["--preset", "smoke", "--no-such-flag"], "needs": ["--no-such-flag"]}
     res = sections.bench_item(item, {"raw_dir": str(tmp_path)}, tmp_path, True)
