@@ -264,6 +264,8 @@ def follow_fit(exp) -> None:
 def _post_run_cell(result=None) -> None:
     import time
 
+    if not getattr(getattr(result, "info", None), "store_history", True):
+        return   # a front end's own request (variable viewers, completions): not a cell
     if _Cells.fit_cell is not None:
         _Cells.chain, _Cells.fit_cell = _Cells.fit_cell, None
     _Cells.last_end = time.monotonic()
@@ -272,6 +274,8 @@ def _post_run_cell(result=None) -> None:
 def _pre_run_cell(info=None) -> None:
     import time
 
+    if not getattr(info, "store_history", True):
+        return   # a front end's own request, never held: it neither waits nor ends the chain
     chain, _Cells.chain = _Cells.chain, None   # a cell that was not queued ends the chain
     if chain is None or _Cells.last_end is None or time.monotonic() - _Cells.last_end > QUEUED_GAP_S:
         return

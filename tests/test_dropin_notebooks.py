@@ -555,9 +555,11 @@ END = "exp.end(wait=False)"
 
 
 def run_cells(tmp_path, mode: str, pause_before_read: float = 0.0,
-              interrupt_read_after: float | None = None) -> list[str]:
+              interrupt_read_after: float | None = None, hidden: list | None = None) -> list[str]:
     """Run SETUP, FIT, READ, END in a fresh kernel; the text each cell printed.
-    ``interrupt_read_after``: Kernel > Interrupt that many seconds into the READ cell."""
+    ``interrupt_read_after``: Kernel > Interrupt that many seconds into the READ cell.
+    ``hidden``: gets (seconds, reply) of a front end's own request (``store_history=False``, as
+    variable viewers send) made between FIT and READ."""
     import threading
 
     from jupyter_client.manager import KernelManager
@@ -575,6 +577,11 @@ def run_cells(tmp_path, mode: str, pause_before_read: float = 0.0,
             for index, cell in enumerate(nb.cells):
                 if index == 2 and pause_before_read:
                     time.sleep(pause_before_read)    # a person reading the panel first
+                if index == 2 and hidden is not None:
+                    started = time.monotonic()
+                    reply = client.kc.execute_interactive("exp.engine.busy(timeout=1)", store_history=False,
+                                                          timeout=120)
+                    hidden.append((time.monotonic() - started, reply["content"]["status"]))
                 timer = None
                 if index == 2 and interrupt_read_after is not None:
                     timer = threading.Timer(interrupt_read_after, km.interrupt_kernel)
@@ -616,3 +623,12 @@ def test_interrupting_the_queued_cells_wait_runs_it_on_the_runs_as_they_are(tmp_
     assert QUEUED_LINE in out[2]
     assert "interrupted the wait only" in out[2], out[2]
     assert "TRAINING True" in out[2], out[2]     # the runs went on; the cell read them as they were
+
+
+@needs_kernel
+def test_a_front_ends_own_request_after_run_fit_is_never_held(tmp_path):
+    hidden = []
+    out = run_cells(tmp_path, mode=', mode="fit"', hidden=hidden)
+    (seconds, status), = hidden
+    assert status == "ok" and seconds < 10, hidden   # answered while the runs train
+    assert QUEUED_LINE in out[2] and "STATUSES ['completed']" in out[2], out[2]   # the cell still waits
