@@ -311,21 +311,26 @@ def test_a_failing_or_hanging_section_leaves_the_others_running(tmp_path):
     assert list(report["sections"]) == ["env", "bench", "ray"]
 
 
-def test_items_isolated_from_each_other(tmp_path):
-    """The items of a section run in one process; one that fails is recorded and the next runs
-    there, one that takes its process down or runs past its own limit is recorded and a fresh
-    process goes on with the rest; the report is saved as each item ends."""
+def run_selftest(tmp_path, plan, **params):
     run = load_run()
     out = tmp_path / "out"
     out.mkdir()
     runner = run.Runner(out, budget=60, reserve=0, env=dict(os.environ), inject={})
     runner.log.write_text("")
-    plan = [("a", "ok"), ("b", "error"), ("c", "ok"), ("d", "crash"), ("e", "ok"), ("f", "hang"), ("g", "ok")]
-    params = {"items": [{"name": n, "do": d} for n, d in plan], "item_cap": 4}
+    params = dict(params, items=[{"name": n, "do": d} for n, d in plan], item_cap=4)
     saved = []
     rec = runner.items("selftest", params, cap=40, minimum=1, workdir=tmp_path, later=0,
                        progress=lambda r: saved.append({k: v["status"] for k, v in r["result"]["items"].items()}))
-    items = rec["result"]["items"]
+    assert len(saved) == len(plan) and list(saved[-1]) == [n for n, _ in plan]   # saved as each ends
+    return rec, rec["result"]["items"]
+
+
+def test_items_isolated_from_each_other(tmp_path):
+    """The items of a section run in one process; one that fails is recorded and the next runs
+    there, one that takes its process down or runs past its own limit is recorded and a fresh
+    process goes on with the rest; the report is saved as each item ends."""
+    plan = [("a", "ok"), ("b", "error"), ("c", "ok"), ("d", "crash"), ("e", "ok"), ("f", "hang"), ("g", "ok")]
+    rec, items = run_selftest(tmp_path, plan)
     assert {k: v["status"] for k, v in items.items()} == dict(
         a="ok", b="error", c="ok", d="error", e="ok", f="timeout", g="ok")
     assert "failed on purpose" in items["b"]["error"] and "exited 9 during this item" in items["d"]["error"]
@@ -334,7 +339,16 @@ def test_items_isolated_from_each_other(tmp_path):
     pids = [items[k]["result"]["pid"] for k in "aceg"]
     assert pids[0] == pids[1] != pids[2] != pids[3]   # a, c in the first process; e, g each in a fresh one
     assert [items[k]["result"]["first_in_process"] for k in "aceg"] == [True, False, True, True]
-    assert len(saved) == len(plan) and list(saved[-1]) == [n for n, _ in plan]
+
+
+def test_items_after_a_failure_go_on_in_a_fresh_process(tmp_path):
+    """On CUDA a failed item ends its process (a CUDA error can spoil the context): the next
+    item runs in a fresh one, none is lost."""
+    rec, items = run_selftest(tmp_path, [("a", "ok"), ("b", "error"), ("c", "ok"), ("d", "ok")],
+                              fresh_after_error=True)
+    assert {k: v["status"] for k, v in items.items()} == dict(a="ok", b="error", c="ok", d="ok")
+    assert rec["launches"] == 2 and items["c"]["result"]["first_in_process"]
+    assert items["a"]["result"]["pid"] != items["c"]["result"]["pid"] == items["d"]["result"]["pid"]
 
 
 def load_sections():

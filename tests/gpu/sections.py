@@ -1249,12 +1249,13 @@ def run_items(name: str, params: dict, work: Path) -> int:
         import gc
 
         gc.collect()
-        if "torch" in sys.modules and _cuda():
+        cuda = "torch" in sys.modules and _cuda()
+        if cuda:
             import torch
 
             torch.cuda.empty_cache()
-            if not res["ok"]:
-                return 3   # a CUDA error can leave this process's context unusable: a fresh one goes on
+        if not res["ok"] and (cuda or params.get("fresh_after_error")):
+            return 3   # a CUDA error can leave this process's context unusable: a fresh one goes on
     return 0
 
 
