@@ -629,6 +629,7 @@ PROBES = (
     ("rapidfire_nb.engine.adapters.base", "RunTrainer.state_dict", "snapshot"),
     ("rapidfire_nb.engine.adapters.base", "RunTrainer.boundary_state", "snapshot_refs"),
     ("rapidfire_nb.engine.safeformat", "flat_snapshot", "snapshot_flat"),
+    ("rapidfire_nb.engine.executor", "flat_snapshot", "snapshot_flat"),   # its own binding of the name
     ("rapidfire_nb.engine.adapters.base", "RunTrainer.park", "park"),
     ("rapidfire_nb.engine.adapters.base", "RunTrainer.unpark", "unpark"),
     ("rapidfire_nb.engine.adapters.base", "RunTrainer.swap_in", "swap_in"),
