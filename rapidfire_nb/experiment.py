@@ -755,7 +755,7 @@ class Experiment:
 
     def get_generations(self):
         """Every run's answers to the sample prompts (``run_fit(sample_prompts=...)``), one row per
-        run, chunk and prompt: run_id, name (the run's short name), epoch, chunk (0-based), step,
+        run, chunk and prompt: run_id, name (the run's short name), epoch, chunk (from 1, as the panel counts), step,
         samples_seen, prompt, reference (None where the prompt has none) and text (the new
         tokens, decoded; "" when the run's first new token ended the answer)."""
         return self._state().read(results.generations_frame)

@@ -78,7 +78,11 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
     # title, and a table still wider than the page scrolls in its own box: the page never
     # outgrows a 1280 px window.
     clip = ('style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
-            'white-space:nowrap;max-width:22em;overflow:hidden;text-overflow:ellipsis"')
+            'white-space:nowrap;max-width:12em;overflow:hidden;text-overflow:ellipsis"')
+    # the note is prose the user wrote: it wraps in its own column instead of being cut, so the
+    # last column stays readable in a 1280 px window
+    wrap = ('style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
+            'white-space:normal;min-width:8em;max-width:20em;overflow-wrap:anywhere"')
     out = ['<div style="overflow-x:auto;max-width:100%"><table style="border-collapse:collapse;font-size:13px">',
            "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for rank, run in enumerate(runs, start=1):
@@ -94,7 +98,8 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         if show_lineage:
             row.append(_e(lineage(table, run)))
         row.append(_e(run_note(run)))
-        out.append("<tr>" + "".join(f'<td {clip} title="{_e(_text(c))}">{c}</td>' for c in row) + "</tr>")
+        out.append("<tr>" + "".join(f'<td {wrap if i == len(row) - 1 else clip} title="{_e(_text(c))}">{c}</td>'
+                                    for i, c in enumerate(row)) + "</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
 
