@@ -23,7 +23,7 @@ from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.resources import MemoryMeter
 from rapidfire_nb.engine.runs import RunRecord
-from rapidfire_nb.engine.safeformat import flat_snapshot
+from rapidfire_nb.engine.safeformat import SnapshotBuffers, flat_snapshot
 from rapidfire_nb.engine.store import ExperimentStore
 
 COUNTERS = ("completed_steps", "samples_seen", "epoch", "chunk", "chunks_done")
@@ -101,9 +101,9 @@ class ChunkExecutor:
     It does not change the record's counters for the chunk it trained: the engine applies
     ``ChunkResult.counters`` under its lock. ``ChunkResult.state`` is the chunk-boundary checkpoint
     (``{"trainer": ..., "counters": ..., "events": ..., "chunk_event": ...}``) that the engine's
-    writer saves with ``ExperimentStore.save_checkpoint``; its tensors live in the run's reusable
-    snapshot buffers (``safeformat.flat_snapshot``), so the engine does not train that run again
-    until the write is done. Errors: any
+    writer saves with ``ExperimentStore.save_checkpoint``; its tensors live in a reusable host
+    buffer (``safeformat.flat_snapshot``) that is not handed out again, and the run not trained
+    again, until the write is done (``may_move``). Errors: any
     exception means this run failed (the engine marks it failed with the traceback and calls
     ``release``); other runs are not affected. Results are bit-identical whatever ran before on
     the executor (exactness): everything a run owns is restored at its swap-in.
@@ -199,6 +199,10 @@ class LocalChunkExecutor(ChunkExecutor):
         self.trainers: dict[int, RunTrainer] = {}
         self.pending_weights: dict[int, dict] = {}
         self.on_device: int | None = None
+        # host buffers for the boundary snapshots, least recently used first: (the run whose
+        # snapshot it holds, the buffer). At most one checkpoint is written at a time, so two
+        # serve every run, instead of one copy of its state per run held in host memory
+        self.snapshot_pool: list[tuple[int, SnapshotBuffers]] = []
 
     # -- interface ---------------------------------------------------------------------------
     def live_weights(self, run_id: int) -> dict | None:
@@ -281,6 +285,21 @@ class LocalChunkExecutor(ChunkExecutor):
         self.trainers[rec.run_id] = rt
         return rt
 
+    def _snapshot_buffers(self, run_id: int) -> SnapshotBuffers:
+        """A host buffer for ``run_id``'s boundary snapshot: the run's own from its last boundary
+        when nobody took it since (same layout: nothing to reallocate), else the least recently
+        used one whose checkpoint is written (``may_move``: no write pending for its run); a new
+        one only when every buffer's write is still in flight."""
+        pool = self.snapshot_pool
+        free = [i for i, (owner, _) in enumerate(pool) if owner == run_id or self._may_move(owner)]
+        own = [i for i in free if pool[i][0] == run_id]
+        if own or free:
+            _, buffers = pool.pop((own or free)[0])
+        else:
+            buffers = SnapshotBuffers()
+        pool.append((run_id, buffers))
+        return buffers
+
     # -- one chunk ---------------------------------------------------------------------------
     def train_chunk(self, rec: RunRecord) -> ChunkResult:
         t_start = time.time()
@@ -346,13 +365,12 @@ class LocalChunkExecutor(ChunkExecutor):
                            tokens_per_s=tokens / train_s if train_s > 0 else None)
         if peak_mb is not None:
             chunk_event["peak_mem_mb"] = peak_mb
-        # the snapshot: every tensor of the run's state copied into its reusable host buffers
-        # (on CUDA without waiting: the writer waits for the copies), so the writer thread
-        # writes a few flat buffers and never touches the live state; the run is not trained
-        # again until the writer is done with those buffers
+        # the snapshot: every tensor of the run's state copied into a reusable host buffer (on
+        # CUDA without waiting: the writer waits for the copies), so the writer thread writes
+        # that buffer as it is and never touches the live state
         t0 = time.perf_counter()
         state = flat_snapshot({"trainer": rt.boundary_state(), "counters": counters, "events": batch,
-                               "chunk_event": dict(chunk_event)}, rt.snapshot_buffers)
+                               "chunk_event": dict(chunk_event)}, self._snapshot_buffers(rec.run_id))
         chunk_event["snapshot_s"] = time.perf_counter() - t0
         chunk_event["end"] = time.time()
         chunk_event["other_s"] = max(0.0, (chunk_event["end"] - t_start) - train_s - eval_s - gen_s - swap_s)

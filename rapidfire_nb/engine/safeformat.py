@@ -9,7 +9,8 @@ metadata (key ``rapidfire_state``). Reading it is ``safetensors`` parsing plus `
 The JSON skeleton marks what JSON cannot say on its own:
 ``{"$t": name}`` a tensor, ``{"$np": name, "dtype": ...}`` a numpy array, ``{"$tuple": [...]}``,
 ``{"$map": [[key, value], ...]}`` a dict whose keys are not all strings (optimizer state is keyed
-by parameter index), ``{"$float": "nan"|"inf"|"-inf"}``. A plain dict whose keys start with "$"
+by parameter index), ``{"$float": "nan"|"inf"|"-inf"}``, and (version 2) ``{"$tensors": [i, [key,
+...]]}`` a dict of tensors stored as consecutive tensors ``t<i>``, ``t<i+1>``, .... A plain dict whose keys start with "$"
 is written as ``$map`` too, so a marker is never mistaken for data.
 
 Two layouts share that skeleton. Version 1 stores each tensor as its own safetensors entry.
@@ -112,17 +113,26 @@ class FlatState(dict):
 
     Made by ``flat_snapshot`` on the training thread; the buffer is the run's own and is reused at
     its next chunk boundary, so the state must be written (or copied) before that run trains
-    again. On CUDA the copies into the buffer may still be running: reading through the top-level
-    dict (``[]``, ``get``, ``items``, ``values``) waits for them first."""
+    again. The nest itself is built from the skeleton when first read (the engine's writer never
+    reads it); on CUDA, reading it first waits for the copies into the buffer."""
 
+    skeleton: Any
     skeleton_json: str
     cache: Any
     ready: Any = None       # a CUDA event the copies signal, or None when they are done
+    _built = False
 
     def wait(self) -> None:
         if self.ready is not None:
             self.ready.synchronize()
             self.ready = None
+
+    def _build(self) -> None:
+        if not self._built:
+            self.wait()
+            views = self.cache.views
+            super().update(_build(self.skeleton, lambda name: views[int(name[1:])], "snapshot"))
+            self._built = True
 
     @property
     def buffers(self) -> dict:
@@ -130,20 +140,36 @@ class FlatState(dict):
         return self.cache.buffers
 
     def __getitem__(self, key):
-        self.wait()
+        self._build()
         return super().__getitem__(key)
 
     def get(self, key, default=None):
-        self.wait()
+        self._build()
         return super().get(key, default)
 
     def items(self):
-        self.wait()
+        self._build()
         return super().items()
 
     def values(self):
-        self.wait()
+        self._build()
         return super().values()
+
+    def keys(self):
+        self._build()
+        return super().keys()
+
+    def __iter__(self):
+        self._build()
+        return super().__iter__()
+
+    def __len__(self):
+        self._build()
+        return super().__len__()
+
+    def __contains__(self, key):
+        self._build()
+        return super().__contains__(key)
 
 
 # safetensors' names of the dtypes a flat buffer may hold
@@ -219,54 +245,56 @@ def flat_snapshot(obj: Any, cache: SnapshotBuffers) -> FlatState:
     tensor_type = torch.Tensor
 
     def walk(x):
-        # returns (skeleton, the nest with each tensor's position in ``sources``); the checks go
-        # most frequent first: this visits every tensor of the run's state at every boundary
+        # the skeleton; every tensor goes to ``sources``. The checks go most frequent first: this
+        # visits every tensor of the run's state at every chunk boundary
         if isinstance(x, dict):
-            pairs = [(k, walk(v)) for k, v in x.items()]
-            nest = {k: b for k, (_, b) in pairs}
             if all(type(k) is str and not k.startswith("$") for k in x):
-                return {k: a for k, (a, _) in pairs}, nest
-            return {"$map": [[walk(k)[0], a] for k, (a, _) in pairs]}, nest
+                vals = list(x.values())
+                if len(vals) > 1 and all(isinstance(v, tensor_type) for v in vals):
+                    # adapter weights, one parameter's Adam state: the tensors in one go
+                    base = len(sources)
+                    tensor_slots(vals)
+                    return {"$tensors": [base, list(x)]}
+                return {k: walk(v) for k, v in x.items()}
+            return {"$map": [[walk(k), walk(v)] for k, v in x.items()]}
         if isinstance(x, tensor_type):
-            return tensor_slot(x)
+            tensor_slots([x])
+            return {"$t": f"t{len(sources) - 1}"}
         if x is None or isinstance(x, (bool, str)):
-            return x, x
+            return x
         if isinstance(x, int):
-            return int(x), x
+            return int(x)
         if isinstance(x, float):
-            return (x if math.isfinite(x) else {"$float": repr(x)}), x
+            return x if math.isfinite(x) else {"$float": repr(x)}
         if isinstance(x, (tuple, list)):
             if all(type(v) is int for v in x):   # the Python RNG state: 625 ints
-                return ({"$tuple": list(x)} if isinstance(x, tuple) else list(x)), x
-            pairs = [walk(v) for v in x]
-            skel = [a for a, _ in pairs]
-            nest = [b for _, b in pairs]
-            return ({"$tuple": skel}, tuple(nest)) if isinstance(x, tuple) else (skel, nest)
+                return {"$tuple": list(x)} if isinstance(x, tuple) else list(x)
+            skel = [walk(v) for v in x]
+            return {"$tuple": skel} if isinstance(x, tuple) else skel
         if type(x).__module__ == "numpy":
             import numpy as np
 
             if isinstance(x, np.ndarray):
-                t = torch.from_numpy(np.ascontiguousarray(x).astype(np.int64)
-                                     if x.dtype.kind in "iub" else np.ascontiguousarray(x))
-                return {"$np": tensor_slot(t)[0]["$t"], "dtype": x.dtype.str}, x.copy()
+                tensor_slots([torch.from_numpy(np.ascontiguousarray(x).astype(np.int64)
+                                               if x.dtype.kind in "iub" else np.ascontiguousarray(x))])
+                return {"$np": f"t{len(sources) - 1}", "dtype": x.dtype.str}
             if isinstance(x, np.generic):
                 return walk(x.item())
         raise TypeError(f"cannot store a {type(x).__module__}.{type(x).__qualname__} in a "
                         "checkpoint (tensors, numpy arrays, numbers, strings, lists, tuples, "
                         "dicts only)")
 
-    def tensor_slot(t):
-        i = len(sources)
-        dtype = _DTYPE_NAMES.get(t.dtype)
-        if dtype is None:
-            raise TypeError(f"cannot store a {t.dtype} tensor in a checkpoint")
-        off = sizes.get(dtype, 0)
-        sizes[dtype] = off + t.numel()
-        sources.append(t)
-        index.append([dtype, off, t.shape])
-        return {"$t": f"t{i}"}, _Slot(i)
+    def tensor_slots(ts):
+        for t in ts:
+            dtype = _DTYPE_NAMES.get(t.dtype)
+            if dtype is None:
+                raise TypeError(f"cannot store a {t.dtype} tensor in a checkpoint")
+            off = sizes.get(dtype, 0)
+            sizes[dtype] = off + t.numel()
+            index.append((dtype, off, t.shape))
+        sources.extend(ts)
 
-    skeleton, nest = walk(obj)
+    skeleton = walk(obj)
     skeleton_json = json.dumps(skeleton, allow_nan=False, separators=(",", ":"))
     cuda = any(t.device.type == "cuda" for t in sources)
     # the header: the skeleton and index, escaped once more as metadata strings, and the owner
@@ -292,28 +320,9 @@ def flat_snapshot(obj: Any, cache: SnapshotBuffers) -> FlatState:
                 ready.record(cache.stream)
             else:
                 torch._foreach_copy_(dst, src)
-
-    def fill(x):
-        if isinstance(x, _Slot):
-            return views[x.i]
-        if isinstance(x, dict):
-            return {k: fill(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [fill(v) for v in x]
-        if isinstance(x, tuple):
-            return tuple(fill(v) for v in x)
-        return x
-
-    out = FlatState(fill(nest))
-    out.skeleton_json, out.cache, out.ready = skeleton_json, cache, ready
+    out = FlatState()
+    out.skeleton, out.skeleton_json, out.cache, out.ready = skeleton, skeleton_json, cache, ready
     return out
-
-
-class _Slot:
-    __slots__ = ("i",)
-
-    def __init__(self, i: int):
-        self.i = i
 
 
 def encode_view(obj: Any, owner: dict | None = None) -> memoryview | bytes:
@@ -407,6 +416,17 @@ def decode(data: bytes, what: str = "checkpoint") -> Any:
             raise UnsafeFormatError(f"{what}: the skeleton names a tensor {name!r} that is not stored")
         return tensors[name]
 
+    try:
+        return _build(doc.get("state"), tensor, what)
+    except (TypeError, IndexError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+        if isinstance(exc, UnsafeFormatError):
+            raise
+        raise UnsafeFormatError(f"{what}: damaged skeleton ({type(exc).__name__}: {exc})") from None
+
+
+def _build(skeleton: Any, tensor, what: str) -> Any:
+    """The object a skeleton describes, its tensors given by ``tensor(name)``."""
+
     def walk(x):
         if isinstance(x, list):
             return [walk(v) for v in x]
@@ -434,14 +454,15 @@ def decode(data: bytes, what: str = "checkpoint") -> Any:
             return out
         if len(x) == 1 and "$float" in x:
             return float(x["$float"])
+        if len(x) == 1 and "$tensors" in x:
+            base, keys = x["$tensors"]
+            if not (isinstance(base, int) and isinstance(keys, list)
+                    and all(isinstance(k, str) for k in keys)):
+                raise UnsafeFormatError(f"{what}: damaged skeleton ($tensors {x['$tensors']!r:.80})")
+            return {k: tensor(f"t{base + i}") for i, k in enumerate(keys)}
         return {k: walk(v) for k, v in x.items()}
 
-    try:
-        return walk(doc.get("state"))
-    except (TypeError, IndexError, ValueError, KeyError, AttributeError, RecursionError) as exc:
-        if isinstance(exc, UnsafeFormatError):
-            raise
-        raise UnsafeFormatError(f"{what}: damaged skeleton ({type(exc).__name__}: {exc})") from None
+    return walk(skeleton)
 
 
 def _header_metadata(data: bytes) -> dict:

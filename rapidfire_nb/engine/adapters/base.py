@@ -287,10 +287,6 @@ class RunTrainer:
         self._parked_bytes = 0
         self._host = torch.device("cpu")
         self._weight_slots: list | None = None
-        from rapidfire_nb.engine.safeformat import SnapshotBuffers
-
-        # the chunk-boundary snapshot's host buffers, made at the run's first boundary and reused
-        self.snapshot_buffers = SnapshotBuffers()
 
     # -- hooks for trainer types ----------------------------------------------------------------
     def make_trainer(self, args, train_dataset, eval_dataset):
@@ -633,8 +629,8 @@ class RunTrainer:
         return {**self.boundary_state(), "weights": self.weights()}
 
     def boundary_state(self) -> dict:
-        """The run's whole state by reference, for ``safeformat.flat_snapshot`` to copy into the
-        run's reusable host buffers (``snapshot_buffers``) at a chunk boundary."""
+        """The run's whole state by reference, for ``safeformat.flat_snapshot`` to copy into a
+        reusable host buffer at a chunk boundary."""
         scaler = self.trainer.accelerator.scaler
         return {
             "weights": {n: p.detach() for n, p in self.trainable_named_parameters()},
@@ -680,7 +676,6 @@ class RunTrainer:
             acc._schedulers, acc._optimizers, acc._models, acc._dataloaders = [], [], [], []
         self.trainer = self.optimizer = self.scheduler = self.model = None
         self.train_data = self.eval_data = None
-        self.snapshot_buffers = None
         self._park_buffer = None
 
 
