@@ -198,7 +198,7 @@ class SnapshotBuffers:
         self.stream = None                 # CUDA side stream for the copies
         self.allocations = 0               # how many times the buffer was (re)made
 
-    def allocate(self, index: list, sizes: dict, header_need: int, pin: bool) -> None:
+    def allocate(self, index: list, index_json: str, sizes: dict, header_need: int, pin: bool) -> None:
         import torch
 
         order = sorted(sizes, key=lambda dt: -torch.empty(0, dtype=getattr(torch, dt)).element_size())
@@ -220,9 +220,7 @@ class SnapshotBuffers:
             start += nbytes[dt]
         self.views = [self.buffers[dt][off:off + math.prod(shape)].view(shape)
                       for dt, off, shape in index]
-        self.index = index
-        self.index_json = json.dumps({f"t{i}": [dt, off, list(shape)] for i, (dt, off, shape)
-                                      in enumerate(index)}, separators=(",", ":"))
+        self.index, self.index_json = index, index_json
         self.allocations += 1
 
 
@@ -297,10 +295,14 @@ def flat_snapshot(obj: Any, cache: SnapshotBuffers) -> FlatState:
     skeleton = walk(obj)
     skeleton_json = json.dumps(skeleton, allow_nan=False, separators=(",", ":"))
     cuda = any(t.device.type == "cuda" for t in sources)
+    same = index == cache.index
+    index_json = cache.index_json if same else json.dumps(
+        {f"t{i}": [dt, off, list(shape)] for i, (dt, off, shape) in enumerate(index)},
+        separators=(",", ":"))
     # the header: the skeleton and index, escaped once more as metadata strings, and the owner
-    need = 2 * (len(skeleton_json) + len(cache.index_json)) + 1024
-    if index != cache.index or need > cache.header_cap:
-        cache.allocate(index, sizes, need if index == cache.index else need + 2 * 20 * len(index), cuda)
+    need = 2 * (len(skeleton_json) + len(index_json)) + 1024
+    if not same or need > cache.header_cap:
+        cache.allocate(index, index_json, sizes, need, cuda)
         groups: dict = {}
         for i, ((dt, _, _), t) in enumerate(zip(index, sources)):
             groups.setdefault((dt, t.device.type), []).append(i)
