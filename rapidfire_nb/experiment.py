@@ -408,9 +408,10 @@ class Experiment:
 
     def _start(self, fit) -> None:
         """Every check has passed: log, commit the plan and start the engine."""
-        from rapidfire_nb.engine import refuse_links
+        from rapidfire_nb.engine import refuse_links, refuse_special_files
 
         refuse_links(self.path)   # again: a link planted since Experiment() must not be written through
+        refuse_special_files(self.path)   # nor a pipe waited on
         self._log_open()   # a resumed folder's first write
         self.engine, self.automl = fit.engine, fit.driver
         self.meta = commit(fit, self.name)

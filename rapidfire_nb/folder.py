@@ -39,7 +39,7 @@ def claim(parent: Path, name: str, resume: bool) -> Claim:
     (its ``.lock`` aside, which notes who holds it): a refused resume leaves every other byte as
     it was. ``ExperimentLocked`` when another
     Experiment holds the folder (nothing is left behind)."""
-    from rapidfire_nb.engine import refuse_links
+    from rapidfire_nb.engine import refuse_links, refuse_special_files
     from rapidfire_nb.launch.resume import refuse_lost_history
 
     root = parent / name
@@ -57,6 +57,9 @@ def claim(parent: Path, name: str, resume: bool) -> Claim:
         root = parent / name
     # a link anywhere in the folder could make a read or a write land outside it
     refuse_links(root)
+    # and a pipe or a device node, which a resumed run's checkpoint read or the engine's log
+    # open would wait on for ever or die on after run_fit returned
+    refuse_special_files(root)
     made = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     path = root.resolve()

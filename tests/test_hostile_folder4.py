@@ -253,3 +253,18 @@ def test_a_log_naming_too_many_workers_is_refused_naming_file_and_line(tmp_path)
     folder = fixture_folder(tmp_path / "exps3")
     append_events(folder, workers([f"w{i}" for i in range(4_096)]))
     assert len(Experiment.open(folder).get_runs_info()) == 2
+
+
+@pytest.mark.parametrize("target", ["logs/engine.log", "checkpoints/run_1/state.safetensors",
+                                    "runs/1/checkpoints/final_checkpoint/trainer_state.json"])
+def test_a_named_pipe_deeper_in_the_folder_is_refused_before_training(tmp_path, target):
+    """Files opened only once the engine runs (a resumed run's checkpoint, the engine's log):
+    a pipe there held run_fit for ever, or ended the engine's thread after run_fit returned,
+    leaving runs pending with no error. The resume is refused naming it, nothing changed."""
+    folder = fixture_folder(tmp_path / "exps")
+    (folder / target).parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(folder / target)
+    before = digest(folder)
+    said = _attempt(tmp_path / "exps")["resume"]
+    assert f"{folder / target} is a named pipe (FIFO), not a regular file" in said, said
+    assert digest(folder) == before

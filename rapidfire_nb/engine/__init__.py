@@ -52,7 +52,7 @@ _WHERE = {
     "refuse_links": "store", "check_experiment_name": "store", "MAX_NAME": "store", "failed_by_the_disk": "store", "MetadataError": "store",
     "CheckpointReadError": "store",
     "FolderLock": "lock", "ExperimentLocked": "lock",
-    "atomic_write_json": "fsio", "atomic_write_text": "fsio", "atomic_write_bytes": "fsio",
+    "atomic_write_json": "fsio", "refuse_special_files": "fsio", "atomic_write_text": "fsio", "atomic_write_bytes": "fsio",
 }
 __all__ = sorted(_WHERE)
 

@@ -188,6 +188,25 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int
     return fd
 
 
+def refuse_special_files(root: Path) -> None:
+    """Refuse an experiment folder holding anything but directories and regular files (a named
+    pipe, a device node, a socket): ``NotRegularFileError`` naming the first found. Checked
+    before a folder is trained in, because the engine later reads or appends to files that are
+    opened nowhere else first (a run's checkpoint, the engine's log): a pipe there would hold a
+    resume for ever, or end the engine's thread after run_fit had returned. Symbolic links are
+    ``refuse_links``'s to name; nothing is read or changed."""
+    root = Path(root)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            try:
+                mode = os.lstat(p).st_mode
+            except OSError:
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                raise _not_regular(p, mode)
+
+
 def read_regular(path: Path, limit: int, what: str = "file") -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit`` of them: a symbolic link
     (``OSError`` ELOOP), anything not a regular file, or a file larger than ``limit`` (``what``
