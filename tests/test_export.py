@@ -185,6 +185,29 @@ def test_the_final_checkpoint_is_replaced_whole_when_the_run_completes_again(tra
     assert not [p for p in final.parent.iterdir() if p.name.startswith(".final_checkpoint")]
 
 
+def test_a_planted_trainer_state_is_not_copied_whole_when_the_run_completes_again(trained, monkeypatch):
+    """A sparse trainer_state.json of terabytes planted in a shared folder costs no disk; copied
+    beside the new adapter it was written out whole, filling the disk the runs' checkpoints
+    need. It is read as a metadata file (bounded; the test lowers the bound) and left out."""
+    from rapidfire_nb.engine import fsio
+    from rapidfire_nb.engine.export import write_final_checkpoint
+
+    exp, _ = trained
+    final = exp.final_checkpoint_path(2)
+    state = final / "trainer_state.json"
+    kept = state.read_bytes()
+    monkeypatch.setattr(fsio, "MAX_JSON_BYTES", 1 << 20)
+    state.unlink()
+    with open(state, "wb") as f:
+        f.truncate((1 << 20) + 1)
+    try:
+        assert write_final_checkpoint(exp.store, exp.engine.snapshot()[2]) == final
+        assert (final / "adapter_model.safetensors").is_file()
+        assert not state.exists()
+    finally:
+        state.write_bytes(kept)
+
+
 def test_a_warm_clone_gets_its_own_final_checkpoint_when_it_completes(tmp_path):
     from helpers import on_chunk_done
     from peft import PeftModel

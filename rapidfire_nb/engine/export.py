@@ -333,9 +333,9 @@ def write_final_checkpoint(store, rec) -> Path | None:
         lora.save_pretrained(str(staging))
         save_file({k: v.detach().contiguous() for k, v in state.items()},
                   str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
-        old_state = path / "trainer_state.json"
-        if old_state.is_file() and not old_state.is_symlink():
-            shutil.copyfile(old_state, staging / "trainer_state.json")
+        old_state = _previous_trainer_state(path / "trainer_state.json")
+        if old_state is not None:
+            (staging / "trainer_state.json").write_bytes(old_state)
         _replace_dir(staging, path)
         staging = None
         return path
@@ -346,6 +346,20 @@ def write_final_checkpoint(store, rec) -> Path | None:
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _previous_trainer_state(path: Path) -> bytes | None:
+    """The bytes of the ``trainer_state.json`` a run's earlier completion left, to keep beside the
+    new adapter until it is rewritten; None for anything else found there. Read as a metadata
+    file (a regular file, never through a link, at most ``MAX_JSON_BYTES``): a file planted in
+    a shared folder may be a pipe, or sparse and of terabytes, which a plain copy would wait on
+    or write out whole, filling the disk the runs' checkpoints need."""
+    from rapidfire_nb.engine.fsio import MAX_JSON_BYTES, read_regular
+
+    try:
+        return read_regular(path, MAX_JSON_BYTES, "metadata file")
+    except OSError:
+        return None
 
 
 def _lora_config(spec):
