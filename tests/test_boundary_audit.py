@@ -103,6 +103,7 @@ def _trl_counts(counter: SyncCounter, spec, train, out_dir: str) -> tuple[collec
     return counter.of_thread(threading.current_thread().name), int(result.global_step)
 
 
+@pytest.mark.slow
 def test_a_chunk_makes_no_more_host_syncs_than_trls_own_loop(tiny_data, tmp_path, monkeypatch):
     from rapidfire_nb.engine.executor import LocalChunkExecutor
 
