@@ -113,15 +113,21 @@ def tensorboard_link(exp_path) -> Path:
     exp_path = Path(exp_path)
     target = exp_path / "tensorboard"
     link = exp_path.parent / "tensorboard_logs" / exp_path.name
-    if link.is_symlink() and Path(os.readlink(link)) == target:
+    try:
+        # a file in the way (a folder shared with one there) is the TensorBoard tracker's to
+        # refuse when it is asked to write; opening the experiment does not need the folder
         target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        warnings.warn(f"could not make {target} ({exc}); it was left as it is, and "
+                      f"{link} is not linked to it", stacklevel=3)
+        return link
+    if link.is_symlink() and Path(os.readlink(link)) == target:
         return link
     if link.exists() or link.is_symlink():
         if link.resolve() != target.resolve():
             warnings.warn(f"{link} exists and is not this experiment's TensorBoard folder ({target}); "
                           "it was left as it is", stacklevel=3)
         return link
-    target.mkdir(parents=True, exist_ok=True)
     try:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target, target_is_directory=True)

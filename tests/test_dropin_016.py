@@ -516,6 +516,20 @@ def test_something_in_the_way_of_the_tensorboard_folder_is_left_alone_with_a_war
     exp.end()
 
 
+def test_a_file_in_the_way_of_the_experiments_own_tensorboard_folder_warns_on_resume(here):
+    """A folder shared with a file named ``tensorboard`` in it: resume=True raised a bare
+    FileExistsError while linking RapidFire's TensorBoard folder; it opens, with a warning, and
+    the file is left as it was."""
+    Experiment("shared").end()
+    folder = here / "rapidfire_experiments" / "shared"
+    (folder / "tensorboard").rmdir()
+    (folder / "tensorboard").write_text("a file of the user's")
+    with pytest.warns(UserWarning, match="could not make"):
+        exp = Experiment("shared", resume=True)
+    assert (folder / "tensorboard").read_text() == "a file of the user's"
+    exp.end()
+
+
 # -- cancel_current ----------------------------------------------------------------------------------
 
 def test_cancel_current_stops_every_run_of_the_fit_at_its_next_boundary(here, tiny_data):
