@@ -619,6 +619,22 @@ def test_fsdp_transformer_layer_cls_to_wrap_becomes_the_fsdp_config_entry():
         assert fsdp2_settings(both._knobs)[0]["wrap"] == ["A", "B"]
 
 
+def test_fsdp_transformer_layer_cls_to_wrap_none_is_its_default_and_odd_values_are_config_errors():
+    """None is transformers 4's default (code that spells every knob passes it): nothing to
+    wrap, as there. Anything but a name or a list of names is a ConfigError naming the knob,
+    not a TypeError from inside the mapping."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = RFSFTConfig(fsdp_transformer_layer_cls_to_wrap=None, per_device_train_batch_size=2)
+        assert "fsdp_config" not in cfg._knobs
+        for value in (123, ["A", 3]):
+            with pytest.raises(ConfigError, match="fsdp_transformer_layer_cls_to_wrap"):
+                RFSFTConfig(fsdp_transformer_layer_cls_to_wrap=value)
+        with pytest.raises(ConfigError, match="transformer_layer_cls_to_wrap'. is 5"):
+            RFSFTConfig(fsdp_config={"transformer_layer_cls_to_wrap": 5},
+                        fsdp_transformer_layer_cls_to_wrap="A")
+
+
 # -- rapidfireai.utils.notebook_ui ---------------------------------------------------------------------
 
 def test_notebook_ui_and_end_button_import_from_rapidfires_path(here, tiny_data):

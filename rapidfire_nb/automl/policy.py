@@ -50,6 +50,13 @@ def _fsdp_wrap(value, knobs):
     # transformers 5 reads only the dict entry, so the name joins whatever the user put there.
     from rapidfire_nb.errors import ConfigError
 
+    if value is None:
+        return {}   # transformers 4's default: nothing to wrap, as there
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(
+            f"fsdp_transformer_layer_cls_to_wrap={value!r}: give a layer class name, such as "
+            "'LlamaDecoderLayer', or a list of them")
     given = knobs.get("fsdp_config")
     if given is None:
         given = {}
@@ -59,8 +66,12 @@ def _fsdp_wrap(value, knobs):
             f"{type(given).__name__} {given!r} here: give one dict, with "
             "fsdp_config={'transformer_layer_cls_to_wrap': [...]} instead of both knobs")
     wrap = given.get("transformer_layer_cls_to_wrap") or []
-    wrap = [wrap] if isinstance(wrap, str) else list(wrap)
-    names = [value] if isinstance(value, str) else list(value)
+    wrap = [wrap] if isinstance(wrap, str) else wrap
+    if not isinstance(wrap, (list, tuple)):
+        raise ConfigError(
+            f"fsdp_config['transformer_layer_cls_to_wrap'] is {wrap!r}: give a layer class name or "
+            f"a list of them, which fsdp_transformer_layer_cls_to_wrap={value!r} is added to")
+    wrap = list(wrap)
     return {"fsdp_config": {**given, "transformer_layer_cls_to_wrap":
                             wrap + [n for n in names if n not in wrap]}}
 
