@@ -237,6 +237,29 @@ def test_publisher_pushes_new_events_coalesced_and_off_the_training_thread(wire,
     assert set(wire.send_threads) == {"rapidfire-panel-publisher"}
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_a_display_while_runs_train_pushes_the_log_from_the_start(monkeypatch, exp, training):
+    """A view displayed behind a waiting cell cannot pull (the kernel is busy), and the live
+    pushes start past what it lacks: while runs train, each display is followed by a push of the
+    whole log. When nothing trains the view's own pull answers, and nothing is sent again."""
+    import rapidfire_nb.notebook.panel as panel_mod
+
+    monkeypatch.setattr(panel_mod, "REPLAY_AFTER_DISPLAY_S", (0.1,))
+    exp.engine = type("Engine", (), {"busy": lambda self, timeout=-1: training,
+                                     "queued_ops": lambda self, timeout=-1: []})()
+    panel = Panel(exp)
+    w = Wire(panel)
+    try:
+        panel._repr_mimebundle_()
+        deadline = time.monotonic() + (10 if training else 2)
+        while time.monotonic() < deadline and not w.pushes():
+            time.sleep(0.05)
+        pushed = [e["seq"] for m in w.pushes() for e in m["events"]]
+        assert pushed == (list(range(1, exp.events.last_seq + 1)) if training else [])
+    finally:
+        panel.close()
+
+
 def test_snapshot_tracks_statuses_and_last_seq(wire, exp):
     assert wire.panel.snapshot["experiment"] == "panel-test"
     assert wire.panel.snapshot["runs"] == {"1": "pending", "2": "pending", "3": "pending"}

@@ -69,6 +69,13 @@ _MISSING_BUNDLE_TEXT = (
 
 PUSH_INTERVAL_S = 0.3
 SNAPSHOT_INTERVAL_S = 1.0
+# A view displayed while runs train rebuilds its history by pulling from seq 0, but a pull is
+# answered only when the kernel is free: behind a cell that waits (a cell queued behind a
+# mode="fit" run_fit, or exp.wait() in the displaying cell) it would show nothing until the wait
+# ends, since the live pushes start past what it lacks. So the publisher also pushes the log from
+# the start this long after each display (the view has rendered by then); seqs make the repeat
+# harmless to views that already have it.
+REPLAY_AFTER_DISPLAY_S = (1.0, 4.0)
 
 
 def bundle_path() -> Path:
@@ -178,6 +185,8 @@ class Panel(anywidget.AnyWidget):
         """The widget view plus a static ``text/html`` copy of the run table: front ends with a
         live kernel render the widget, a saved notebook on GitHub or nbviewer shows the table."""
         bundle = super()._repr_mimebundle_(**kwargs)
+        if self._publisher is not None:
+            self._publisher.replay_soon()
         data = bundle[0] if isinstance(bundle, tuple) else bundle
         if isinstance(data, dict):
             try:
@@ -326,7 +335,39 @@ class _Publisher(threading.Thread):
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._last_pushed = self._events.last_seq
+        self._replays: list[float] = []   # when to push the log from the start (time.monotonic)
+        self._replay_lock = threading.Lock()
         self._unsubscribe = self._events.subscribe(lambda _event: self._wake.set())
+
+    def replay_soon(self) -> None:
+        """A view was just displayed: push the whole log to it shortly (REPLAY_AFTER_DISPLAY_S)."""
+        now = time.monotonic()
+        with self._replay_lock:
+            self._replays = sorted(self._replays + [now + d for d in REPLAY_AFTER_DISPLAY_S])
+        self._wake.set()
+
+    def _replay_due(self) -> bool:
+        """Whether a replay is due now (each is used once); also wakes the loop for the next."""
+        now = time.monotonic()
+        with self._replay_lock:
+            due = [t for t in self._replays if t <= now]
+            self._replays = [t for t in self._replays if t > now]
+            return bool(due)
+
+    def _next_wait(self) -> float:
+        with self._replay_lock:
+            upcoming = min(self._replays, default=None)
+        if upcoming is None:
+            return SNAPSHOT_INTERVAL_S
+        return max(0.0, min(SNAPSHOT_INTERVAL_S, upcoming - time.monotonic()))
+
+    def _training(self, panel: Panel) -> bool:
+        """Runs train (so a cell may be waiting on them); otherwise the view's own pull answers."""
+        engine = getattr(panel._exp, "engine", None)
+        try:
+            return engine is not None and bool(engine.busy(timeout=0.2))
+        except Exception:
+            return False
 
     def stop(self) -> None:
         self._halt.set()
@@ -340,7 +381,7 @@ class _Publisher(threading.Thread):
         last_send = 0.0
         last_snapshot = 0.0
         while not self._halt.is_set():
-            self._wake.wait(timeout=SNAPSHOT_INTERVAL_S)
+            self._wake.wait(timeout=self._next_wait())
             if self._halt.is_set():
                 break
             self._wake.clear()
@@ -352,6 +393,8 @@ class _Publisher(threading.Thread):
             if panel is None or panel._closed:
                 break
             try:
+                if self._replay_due() and self._training(panel):
+                    self._last_pushed = 0   # from the start: batches follow until caught up
                 pending = self._events.since(self._last_pushed, limit=proto.MAX_BATCH_EVENTS + 1)
                 if pending:
                     batch, more = proto.batch_events(pending)
