@@ -493,6 +493,8 @@ def test_status_shows_a_dash_for_a_run_no_worker_trained_yet(exp):
     assert table.loc[first, "worker"] == "w0"
     assert set(table.drop(index=first)["worker"]) == {"-"}
     assert "NaN" not in table["worker"].to_string()
+    # no note on a run: an empty cell, not "None"
+    assert "None" not in table["note"].to_string()
 
 
 def test_status_lists_the_ops_queued_for_the_next_chunk_boundary(shell, capsys, tmp_path, tiny_data):

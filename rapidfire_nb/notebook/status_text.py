@@ -29,8 +29,9 @@ def status_table(exp, info=None):
         row = {"run_id": int(r.run_id), "status": r.status}
         for c in knob_cols:
             row[c] = r[c]
-        if "pruning" in row and (row["pruning"] is None or _isna(row["pruning"])):
-            row["pruning"] = ""      # not pruned: an empty cell, as for error
+        for col in ("pruning", "note"):   # not pruned, no note: an empty cell, as for error
+            if col in row and (row[col] is None or _isna(row[col])):
+                row[col] = ""            # (pandas would print None)
         if "worker" in row and not isinstance(row["worker"], str):
             row["worker"] = "-"      # no chunk trained yet: no worker (pandas would print NaN)
         plan = plans.get(int(r.run_id))
