@@ -289,10 +289,16 @@ def _pre_run_cell(info=None) -> None:
     if exp is None or exp.ended or exp.engine is None:
         return
     _Cells.chain = chain   # this cell was queued: so is the next one, if it follows at once
-    if not exp.engine.busy(timeout=1.0):
-        return
-    print(f"rapidfire: this cell was queued behind run_fit (Run All), so it starts once the runs "
-          f"of {exp.name!r} are done, as after RapidFire's run_fit. Kernel > Interrupt starts it "
-          "now: the runs go on training and the panel steers them.", flush=True)
-    if not exp.wait():
-        _Cells.chain = None   # interrupted: this cell and those queued after it run now
+    try:
+        if not exp.engine.busy(timeout=1.0):
+            return
+        print(f"rapidfire: this cell was queued behind run_fit (Run All), so it starts once the runs "
+              f"of {exp.name!r} are done, as after RapidFire's run_fit. Kernel > Interrupt starts it "
+              "now: the runs go on training and the panel steers them.", flush=True)
+        if not exp.wait():
+            _Cells.chain = None   # interrupted: this cell and those queued after it run now
+    except KeyboardInterrupt:
+        # an interrupt outside the wait itself (while busy() takes the engine's lock) means the
+        # same; IPython would print it as a failed callback and keep the later cells waiting
+        _Cells.chain = None
+        print(exp._interrupted_line(), flush=True)

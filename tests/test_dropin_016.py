@@ -635,6 +635,34 @@ def test_fsdp_transformer_layer_cls_to_wrap_none_is_its_default_and_odd_values_a
                         fsdp_transformer_layer_cls_to_wrap="A")
 
 
+def test_an_interrupt_outside_the_queued_cells_wait_still_frees_the_cells_queued_after_it():
+    """Kernel > Interrupt can land before the wait itself (while the engine is asked whether it
+    trains): IPython printed it as a failed callback, and the cells queued after kept waiting.
+    It means what an interrupted wait means: this cell and the ones after run now."""
+    import time
+    import weakref
+    from types import SimpleNamespace
+
+    from rapidfire_nb import session
+
+    def busy(timeout=None):
+        raise KeyboardInterrupt
+
+    class Queued(SimpleNamespace):   # weakly referenced, as the chain holds an Experiment
+        pass
+
+    exp = Queued(ended=False, name="q", engine=SimpleNamespace(busy=busy),
+                 _interrupted_line=lambda: "interrupted the wait only")
+    session._Cells.chain, session._Cells.last_end = weakref.ref(exp), time.monotonic()
+    try:
+        session._pre_run_cell()
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt left the queued cell's hook")
+    finally:
+        chain, session._Cells.chain, session._Cells.last_end = session._Cells.chain, None, None
+    assert chain is None
+
+
 # -- rapidfireai.utils.notebook_ui ---------------------------------------------------------------------
 
 def test_notebook_ui_and_end_button_import_from_rapidfires_path(here, tiny_data):
