@@ -18,6 +18,12 @@ export interface GenPoint {
   chunk: number | null;
   /** Chunks an epoch of the run that logged it; null when unknown. */
   numChunks: number | null;
+  /**
+   * The run that logged it when that is a warm-started clone: x counts its parent's samples too,
+   * but its epoch and chunk are its own, so the label names it (else the epochs of a list of
+   * points sorted by x jump back and forth between the clones and the others); null otherwise.
+   */
+  cloneOf?: { run: number } | null;
 }
 
 /** The distinct points in training where some run generated, by samples seen. */
@@ -26,7 +32,10 @@ export function genPoints(state: PanelState): GenPoint[] {
   for (const run of [...state.runs.values()].sort((a, b) => a.id - b.id)) {
     for (const g of run.generations) {
       if (g.samples_seen === null || byX.has(g.samples_seen)) continue;
-      byX.set(g.samples_seen, { x: g.samples_seen, epoch: g.epoch, chunk: g.chunk, numChunks: run.numChunks });
+      byX.set(g.samples_seen, {
+        x: g.samples_seen, epoch: g.epoch, chunk: g.chunk, numChunks: run.numChunks,
+        cloneOf: run.warmStart && run.parent !== null ? { run: run.id } : null,
+      });
     }
   }
   return [...byX.values()].sort((a, b) => a.x - b.x);
@@ -52,12 +61,16 @@ export function textFor(gen: Generation, prompts: readonly string[], i: number):
   return at >= 0 && at < gen.texts.length ? gen.texts[at] : null;
 }
 
-/** "after 48 samples (chunk 2/4)"; the epoch is named only when training has more than one. */
+/**
+ * "after 48 samples (chunk 2/4)"; the epoch is named only when training has more than one; a
+ * warm clone's point says whose epoch it is ("after 39168 samples (run 5's epoch 27, chunk 1/4)").
+ */
 export function pointLabel(p: GenPoint, multiEpoch: boolean): string {
   const parts: string[] = [];
   if (multiEpoch && p.epoch !== null) parts.push(`epoch ${p.epoch + 1}`);
   if (p.chunk !== null) parts.push(`chunk ${p.chunk + 1}${p.numChunks !== null ? `/${p.numChunks}` : ""}`);
-  return `after ${p.x} sample${p.x === 1 ? "" : "s"}${parts.length ? ` (${parts.join(", ")})` : ""}`;
+  const own = p.cloneOf && parts.length ? `run ${p.cloneOf.run}'s ` : "";
+  return `after ${p.x} sample${p.x === 1 ? "" : "s"}${parts.length ? ` (${own}${parts.join(", ")})` : ""}`;
 }
 
 /**

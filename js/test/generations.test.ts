@@ -135,6 +135,9 @@ describe("generations at a point in training", () => {
     expect(pointLabel(points[1], false)).toBe("after 32 samples (chunk 2/3)");
     expect(pointLabel({ x: 96, epoch: 1, chunk: 0, numChunks: 3 }, true)).toBe("after 96 samples (epoch 2, chunk 1/3)");
     expect(pointLabel({ x: 1, epoch: null, chunk: null, numChunks: null }, false)).toBe("after 1 sample");
+    // a warm clone's x counts its parent's samples but its epochs are its own: the label says whose
+    expect(pointLabel({ x: 39168, epoch: 26, chunk: 0, numChunks: 4, cloneOf: { run: 5 } }, true))
+      .toBe("after 39168 samples (run 5's epoch 27, chunk 1/4)");
   });
 
   it("shows each run's latest generation at or before the point", () => {
