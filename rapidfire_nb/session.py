@@ -128,6 +128,11 @@ def tensorboard_link(exp_path) -> Path:
             warnings.warn(f"{link} exists and is not this experiment's TensorBoard folder ({target}); "
                           "it was left as it is", stacklevel=3)
         return link
+    if link.parent.is_symlink():
+        # a tensorboard_logs planted as a link would put our link in whatever folder it names
+        warnings.warn(f"{link.parent} is a symbolic link (to {os.readlink(link.parent)!r}); nothing "
+                      f"was made through it: point TensorBoard at {target}", stacklevel=3)
+        return link
     try:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target, target_is_directory=True)

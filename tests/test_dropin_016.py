@@ -530,6 +530,20 @@ def test_a_file_in_the_way_of_the_experiments_own_tensorboard_folder_warns_on_re
     exp.end()
 
 
+def test_a_tensorboard_logs_link_is_not_written_through(here, tmp_path):
+    """A ``tensorboard_logs`` planted as a link to another folder: the experiment's link was made
+    in that folder. Nothing is made through it; a warning says where TensorBoard's files are."""
+    parent = here / "rapidfire_experiments"
+    parent.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (parent / "tensorboard_logs").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.warns(UserWarning, match="tensorboard_logs is a symbolic link"):
+        exp = Experiment("linked")
+    assert list(elsewhere.iterdir()) == []
+    exp.end()
+
+
 # -- cancel_current ----------------------------------------------------------------------------------
 
 def test_cancel_current_stops_every_run_of_the_fit_at_its_next_boundary(here, tiny_data):
