@@ -356,12 +356,19 @@ def test_leaderboard_cells_never_break_inside_a_value():
 
     table = fixture_table("clone_delete")
     board = leaderboard_html(table)
-    cells = re.findall(r"<td ([^>]*)>", board)
-    assert cells and "overflow-wrap" not in board and "word-break" not in board
-    for attrs in cells:
-        assert "white-space:nowrap" in attrs and "text-overflow:ellipsis" in attrs and 'title="' in attrs
+    rows = re.findall(r"<tr>(.*?)</tr>", board.split("<tbody>")[1])
+    assert rows and "word-break" not in board and "overflow-wrap:anywhere" not in board
+    for row in rows:
+        cells = re.findall(r"<td ([^>]*)>", row)
+        *values, note = cells
+        for attrs in values:
+            assert "white-space:nowrap" in attrs and "text-overflow:ellipsis" in attrs and 'title="' in attrs
+        # the note is the user's prose: it wraps between words (a word longer than the column
+        # alone may break), so the last column stays inside the window
+        assert "white-space:normal" in note and "overflow-wrap:break-word" in note and 'title="' in note
     ths = re.findall(r"<th ([^>]*)>", board)
-    assert ths and all("white-space:nowrap" in a for a in ths)
+    # headers wrap between their words only
+    assert ths and all("white-space:normal" in a and "overflow-wrap" not in a for a in ths)
     run = next(iter(table["runs"].values()))
     assert f'title="{run["status"]}"' in board
 

@@ -52,6 +52,10 @@ def log_state(table: dict) -> str:
     live = [r["run_id"] for r in runs_by_id(table) if r["status"] == "running"]
     tail = (f"; run{'s' if len(live) > 1 else ''} {', '.join(map(str, live))} "
             f"{'were' if len(live) > 1 else 'was'} training at its last event" if live else "")
+    if not any(r["status"] in ("pending", "running") for r in runs_by_id(table)):
+        # every run finished or stopped: a live kernel that has not called end() reads this way
+        return ("not ended: no run was training or waiting at the last event; end() was not "
+                "called (the experiment may still be open in a notebook, or its process stopped)")
     return ("not ended: the experiment is still training, or its process stopped without "
             f"end() (a crash, a kill, a closed notebook){tail}")
 
@@ -72,7 +76,8 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
         head.append("lineage")
     show_lineage = "lineage" in head
     head.append("note")
-    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;white-space:nowrap"'
+    # a header wraps between its words ("best eval_loss" over "(lowest first)"), never inside one
+    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;white-space:normal"'
     # A cell never breaks inside a number or a name ("0.64" over "21" misreads as two values): a
     # long value (target_modules, a failure's reason) is cut with an ellipsis, whole in the cell's
     # title, and a table still wider than the page scrolls in its own box: the page never
@@ -82,7 +87,7 @@ def leaderboard_html(table: dict, *, compact: bool = False) -> str:
     # the note is prose the user wrote: it wraps in its own column instead of being cut, so the
     # last column stays readable in a 1280 px window
     wrap = ('style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
-            'white-space:normal;min-width:8em;max-width:20em;overflow-wrap:anywhere"')
+            'white-space:normal;min-width:8em;max-width:20em;overflow-wrap:break-word"')
     out = ['<div style="overflow-x:auto;max-width:100%"><table style="border-collapse:collapse;font-size:13px">',
            "<thead><tr>" + "".join(f"<th {cell}>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for rank, run in enumerate(runs, start=1):
@@ -214,7 +219,11 @@ def generations_html(table: dict) -> str:
         if isinstance(newest["chunk"], int):
             total = newest_run["num_chunks"]
             where.append(f"chunk {newest['chunk'] + 1}" + (f"/{total}" if isinstance(total, int) else ""))
-        summary = f"after {x} samples" + (f" ({', '.join(where)})" if where else "") + (" · latest" if i == 0 else "")
+        # a warm clone's samples count its parent's but its epochs are its own: say whose epoch
+        # it is, or points sorted by samples read as epochs going back and forth (as the panel)
+        own = (f"run {newest_run['run_id']}'s " if where and newest_run.get("warm_start")
+               and newest_run.get("parent_run_id") is not None else "")
+        summary = f"after {x} samples" + (f" ({own}{', '.join(where)})" if where else "") + (" · latest" if i == 0 else "")
         out.append(f'<details data-samples="{x}"{" open" if i == 0 else ""}><summary>{_e(summary)}</summary>{body}</details>')
     if len(points) > MAX_GENERATION_POINTS:
         out.append(f'<p class="meta">{len(points) - MAX_GENERATION_POINTS} earlier points left out; '
