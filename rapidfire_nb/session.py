@@ -121,7 +121,9 @@ def tensorboard_link(exp_path) -> Path:
         warnings.warn(f"could not make {target} ({exc}); it was left as it is, and "
                       f"{link} is not linked to it", stacklevel=3)
         return link
-    if link.is_symlink() and Path(os.readlink(link)) == target:
+    # relative, so the link still holds when the experiments folder is moved or copied
+    relative = Path(os.pardir, exp_path.name, "tensorboard")
+    if link.is_symlink() and Path(os.readlink(link)) in (relative, target):
         return link
     if link.exists() or link.is_symlink():
         if link.resolve() != target.resolve():
@@ -135,7 +137,7 @@ def tensorboard_link(exp_path) -> Path:
         return link
     try:
         link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(target, target_is_directory=True)
+        link.symlink_to(relative, target_is_directory=True)
     except OSError as exc:   # Windows without the symlink privilege, a file in the way, ...
         warnings.warn(f"could not link {link} to {target} ({exc}); point TensorBoard at {target}",
                       stacklevel=3)
@@ -150,7 +152,7 @@ def tensorboard_unlink(exp_path) -> None:
     target = exp_path / "tensorboard"
     link = exp_path.parent / "tensorboard_logs" / exp_path.name
     with contextlib.suppress(OSError):
-        if link.is_symlink() and Path(os.readlink(link)) == target:
+        if link.is_symlink() and Path(os.readlink(link)) in (Path(os.pardir, exp_path.name, "tensorboard"), target):
             link.unlink()
     for folder in (target, link.parent):
         with contextlib.suppress(OSError):

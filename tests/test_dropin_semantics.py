@@ -72,8 +72,8 @@ def test_row_mapper_and_trl_string_form_both_train(tmp_path):
     exp.run_fit(RFGridSearch(cfgs, trainer_type="SFT"), tiny_create_model, *DATA, num_chunks=2, seed=3)
     info = exp.get_runs_info()
     assert set(info.status) == {"completed"}, info.error.tolist()
-    # two runs, one mapping: each row once, plus one first-row probe per dataset
-    assert calls["rows"] == len(DATA[0]) + len(DATA[1]) + 2, calls
+    # two runs, one mapping: each row once, the first-row probe's output serving as row 0's
+    assert calls["rows"] == len(DATA[0]) + len(DATA[1]), calls
     assert series(exp, 3, "eval_loss", "eval")     # the string form trained and evaluated too
     exp.end()
 

@@ -268,3 +268,52 @@ def test_a_named_pipe_deeper_in_the_folder_is_refused_before_training(tmp_path, 
     said = _attempt(tmp_path / "exps")["resume"]
     assert f"{folder / target} is a named pipe (FIFO), not a regular file" in said, said
     assert digest(folder) == before
+
+
+def test_a_checkpoint_larger_than_memory_or_not_a_file_is_refused_by_name(tmp_path):
+    """A run's checkpoint is read whole: a sparse file larger than the machine's memory is
+    refused naming it (not a bare MemoryError), and a named pipe there is refused before any
+    read (a read would wait for a writer for ever)."""
+    from rapidfire_nb.engine import CheckpointReadError, ExperimentStore
+
+    store = ExperimentStore(tmp_path / "exp")
+    path = store.checkpoint_path(1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") + 1)
+    with pytest.raises(CheckpointReadError, match="more than this machine's memory"):
+        store.load_checkpoint(1)
+    assert path.stat().st_blocks == 0          # nothing was read into or written to it
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(CheckpointReadError, match="named pipe"):
+        store.load_checkpoint(1)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
+
+
+def test_a_log_folder_that_cannot_be_made_costs_the_log_not_the_runs(tmp_path):
+    """A file named ``logs`` where the engine's log folder goes: the engine thread used to die
+    opening its log, leaving a clone pending for ever while the engine still said it was busy.
+    Now the runs train and the log is what is lost."""
+    from rapidfire_nb.automl import List, RFGridSearch, RFModelConfig, RFSFTConfig
+    from rapidfire_nb.demo_data import make_demo_datasets, tiny_create_model
+
+    from rapidfire_nb import Experiment
+
+    train, evald = make_demo_datasets(n_train=16, n_eval=4)
+    group = RFGridSearch(List([RFModelConfig(model_name="tiny", training_args=RFSFTConfig(
+        learning_rate=1e-3, per_device_train_batch_size=4, max_steps=2, report_to="none"))]),
+        trainer_type="SFT")
+    exp = Experiment("nolog", experiment_path=tmp_path, tracking=[])
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=1, block=True)
+    exp.end()
+    shutil.rmtree(tmp_path / "nolog" / "logs")
+    (tmp_path / "nolog" / "logs").write_text("a file where the log folder goes")
+    again = Experiment("nolog", experiment_path=tmp_path, resume=True, tracking=[])
+    again.run_fit(group, tiny_create_model, train, evald, num_chunks=1, block=True)
+    clone = again.clone_modify(1, {"training_args.learning_rate": 5e-4})
+    assert again.wait(120)
+    info = again.get_runs_info().set_index("run_id")
+    assert info.status[clone] == "completed", info.error.tolist()
+    again.end()
+    assert (tmp_path / "nolog" / "logs").read_text() == "a file where the log folder goes"

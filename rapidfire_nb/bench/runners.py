@@ -13,24 +13,11 @@ from typing import Any
 from rapidfire_nb.bench.presets import Preset, _sync
 
 
-@contextlib.contextmanager
-def checkpoint_writes(on: bool):
-    """``--no-checkpoints``: engines made inside write no chunk checkpoint (measuring only)."""
-    from rapidfire_nb.engine.persistence import Persistence
-
-    if on:
-        yield
-        return
-    Persistence._write_checkpoints = False
-    try:
-        yield
-    finally:
-        Persistence._write_checkpoints = True
-
-
 def run_interleaved(p: Preset, group, base, train, evald, workdir: str, tracking=None,
                     offload: str = "auto", checkpoints: bool = True) -> dict:
     """Train the group through the engine; timings from the engine's own per-chunk split."""
+    from rapidfire_nb.engine import checkpoint_writes
+
     with checkpoint_writes(checkpoints):
         return _run_interleaved(p, group, base, train, evald, workdir, tracking, offload)
 

@@ -50,7 +50,7 @@ _WHERE = {
     # the experiment folder
     "ExperimentStore": "store", "check_experiment_meta": "store", "read_json": "store",
     "refuse_links": "store", "check_experiment_name": "store", "MAX_NAME": "store", "failed_by_the_disk": "store", "MetadataError": "store",
-    "CheckpointReadError": "store",
+    "CheckpointReadError": "store", "checkpoint_writes": "persistence",
     "FolderLock": "lock", "ExperimentLocked": "lock",
     "atomic_write_json": "fsio", "refuse_special_files": "fsio", "atomic_write_text": "fsio", "atomic_write_bytes": "fsio",
 }

@@ -20,6 +20,7 @@ import copy
 import enum
 import gc
 import logging
+import io
 import queue
 import threading
 import time
@@ -115,6 +116,13 @@ def weights_lost_reason(rec: RunRecord, store: ExperimentStore) -> str:
     return (f"run {rec.run_id} ({rec.status}, {rec.completed_steps - rec.step_offset} steps trained) "
             f"has no weights to warm-start from: its checkpoint {store.checkpoint_path(rec.run_id)} "
             f"is missing (deleted, or a partial copy of the folder); clone it cold (warm_start=False)")
+
+
+class _DiscardedLog(io.StringIO):
+    """Where the engine's warnings go when its log file cannot be opened: nowhere."""
+
+    def write(self, text: str) -> int:
+        return len(text)
 
 
 class Engine:
@@ -524,9 +532,16 @@ class Engine:
 
     def _main(self) -> None:
         log_path = self.store.root / "logs" / "engine.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        # local: a thread started while this one cleans up opens its own file and handler
-        log_file = self._log_file = open_append_text(log_path)
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            # local: a thread started while this one cleans up opens its own file and handler
+            log_file = open_append_text(log_path)
+        except OSError:
+            # a log that cannot be opened (a file named logs, no permission, a full disk) costs
+            # the engine's warnings, never the runs: a thread that died here would leave them
+            # pending for ever with the engine still reporting itself busy
+            log_file = _DiscardedLog()
+        self._log_file = log_file
         me = threading.get_ident()
         handler = logging.StreamHandler(log_file)
         handler.addFilter(lambda r: threading.get_ident() == me)

@@ -312,11 +312,10 @@ def write_final_checkpoint(store, rec) -> Path | None:
         umask = os.umask(0)
         os.umask(umask)
         staging.chmod(0o777 & ~umask)
-        # transformers 5 deprecates a name PEFT still calls while it wraps the skeleton; the user
-        # can do nothing about it. catch_warnings swaps the process's filters, which another
-        # thread may be using, so this one filter is added for good instead
-        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
-                                category=FutureWarning)
+        # transformers 5 deprecates a name PEFT still calls while it wraps the skeleton: on the
+        # writer's thread that warning goes to the experiment's log, never to a cell, and no
+        # process-wide filter is installed for it (catch_warnings would swap the filters of every
+        # thread)
         # building the skeleton and saving the tokenizer touch process-wide state of
         # transformers and the tokenizer the runs generate with: between two training steps
         with HF_STATE_LOCK:
@@ -335,7 +334,9 @@ def write_final_checkpoint(store, rec) -> Path | None:
                   str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
         old_state = _previous_trainer_state(path / "trainer_state.json")
         if old_state is not None:
-            (staging / "trainer_state.json").write_bytes(old_state)
+            from rapidfire_nb.engine.fsio import atomic_write_bytes
+
+            atomic_write_bytes(staging / "trainer_state.json", old_state)
         _replace_dir(staging, path)
         staging = None
         return path

@@ -9,6 +9,7 @@ release a run's trainer.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -24,10 +25,23 @@ from rapidfire_nb.engine.store import (
 from rapidfire_nb.engine.writer import CheckpointWriter
 
 
+@contextlib.contextmanager
+def checkpoint_writes(on: bool):
+    """Measuring only (``rapidfire bench --no-checkpoints``): with ``on=False``, engines made
+    inside log their chunks without writing a checkpoint, to size what writing costs. Never a mode
+    to train in: without checkpoints a crash would lose every chunk."""
+    if on:
+        yield
+        return
+    Persistence._write_checkpoints = False
+    try:
+        yield
+    finally:
+        Persistence._write_checkpoints = True
+
+
 class Persistence:
-    # measuring only (``rapidfire bench --no-checkpoints``): chunks are logged without their
-    # checkpoint, to size what writing costs. Nothing else sets it: without checkpoints a crash
-    # would lose every chunk.
+    # set by ``checkpoint_writes`` alone
     _write_checkpoints = True
 
     def __init__(self, store: ExperimentStore, events: EventLog, lock: threading.RLock,

@@ -293,7 +293,7 @@ class ExperimentStore:
                     f"are now {path.name}; this run cannot continue from that file")
             return None
         try:
-            data = path.read_bytes()
+            data = _read_checkpoint_bytes(path)
             obj = decode(data, what=str(path))   # a damaged file reports that first
             owner = read_owner(data) if run_id is not None else None
             if owner is not None and owner["run_id"] != run_id:
@@ -311,6 +311,32 @@ class ExperimentStore:
             raise CheckpointReadError(f"cannot load {path}: {exc}") from None
         except OSError as exc:
             raise CheckpointReadError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _read_checkpoint_bytes(path: Path) -> bytes:
+    """A checkpoint's bytes: a regular file only (a named pipe would hold a resume for ever) and
+    no larger than this machine's memory (a crafted sparse file of terabytes is refused by name
+    instead of failing with a bare MemoryError)."""
+    import errno
+
+    from rapidfire_nb.engine.fsio import NotRegularFileError, open_regular
+
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        limit = _memory_bytes()
+        if limit is not None and size > limit:
+            raise NotRegularFileError(
+                errno.EFBIG, f"{path} is {size:,} bytes, more than this machine's memory "
+                f"({limit:,} bytes): it is not a checkpoint rapidfire wrote here, and it was not read")
+        return f.read()
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _describe_os_error(exc: OSError) -> str:
