@@ -285,6 +285,36 @@ def test_close_stops_the_publisher(exp):
     assert sent == []
 
 
+def test_the_publishers_stop_when_the_process_exits(exp):
+    """At a kernel's exit (a restart) a push could go out on the socket the dying kernel also
+    writes its stderr to, frames interleaved: the publishers stop first, from an exit handler
+    registered after the kernel's own (so run before them)."""
+    import atexit
+
+    from rapidfire_nb.notebook import panel as panel_module
+
+    panel = Panel(exp)
+    publisher = panel._publisher
+    assert publisher.is_alive() and publisher in panel_module._PUBLISHERS
+    calls = []
+    real = atexit.register
+    try:
+        atexit.register = lambda fn, *a, **k: calls.append(fn) or fn
+        panel_module._at_exit_registered = False
+        Panel(exp).close()                         # the next publisher registers the handler
+    finally:
+        atexit.register = real
+    assert calls == [panel_module._stop_all_publishers]
+    sent = []
+    panel.send = lambda c, b=None: sent.append(c)
+    panel_module._stop_all_publishers()
+    assert not publisher.is_alive()
+    exp.events.append("experiment_end")
+    time.sleep(0.5)
+    assert sent == []
+    panel.close()
+
+
 def test_pull_only_panel_has_no_publisher_and_still_serves_pulls(exp):
     panel = Panel(exp, push=False)
     wire = Wire(panel)

@@ -329,6 +329,7 @@ class _Publisher(threading.Thread):
 
     def __init__(self, panel: Panel):
         super().__init__(name="rapidfire-panel-publisher", daemon=True)
+        _stop_publishers_at_exit(self)
         # A weak reference: a panel nobody displays any more can be collected with its thread.
         self._panel = weakref.ref(panel)
         self._events = panel._events
@@ -411,6 +412,36 @@ class _Publisher(threading.Thread):
                 log.debug("rapidfire panel: push failed", exc_info=True)
             del panel
         self.stop()
+
+
+_PUBLISHERS: weakref.WeakSet = weakref.WeakSet()
+_AT_EXIT = threading.Lock()
+_at_exit_registered = False
+
+
+def _stop_publishers_at_exit(publisher: _Publisher) -> None:
+    """Publishers stop when the kernel's process exits (a restart, a shutdown), before the
+    kernel's own exit handlers run (atexit runs the latest registered first, and this is
+    registered after the kernel's). Once the kernel's IOPub thread has stopped, every send goes
+    out directly on one socket: a push from this thread could interleave its frames with the
+    dying kernel's own stderr output, which the front end then fails to parse."""
+    global _at_exit_registered
+    import atexit
+
+    with _AT_EXIT:
+        _PUBLISHERS.add(publisher)
+        if not _at_exit_registered:
+            atexit.register(_stop_all_publishers)
+            _at_exit_registered = True
+
+
+def _stop_all_publishers() -> None:
+    publishers = list(_PUBLISHERS)
+    for publisher in publishers:
+        publisher.stop()
+    for publisher in publishers:
+        if publisher.is_alive() and publisher is not threading.current_thread():
+            publisher.join(timeout=1.0)   # a push in flight ends before the kernel's IO stops
 
 
 _PANELS: weakref.WeakKeyDictionary[Any, Panel] = weakref.WeakKeyDictionary()
