@@ -554,9 +554,16 @@ print("TRAINING", exp.engine.busy(timeout=1))
 END = "exp.end(wait=False)"
 
 
+# rows of the runs' data where a test reads them while they still train: 256 rows train in a
+# second or two on an idle machine, so a READ cell 2-3 s later found them completed
+LONG_TRAIN = 4096
+
+
 def run_cells(tmp_path, mode: str, pause_before_read: float = 0.0,
-              interrupt_read_after: float | None = None, hidden: list | None = None) -> list[str]:
+              interrupt_read_after: float | None = None, hidden: list | None = None,
+              n_train: int = 256) -> list[str]:
     """Run SETUP, FIT, READ, END in a fresh kernel; the text each cell printed.
+    ``n_train``: the training rows (LONG_TRAIN where the READ cell must find the runs training).
     ``interrupt_read_after``: Kernel > Interrupt that many seconds into the READ cell.
     ``hidden``: gets (seconds, reply) of a front end's own request (``store_history=False``, as
     variable viewers send) made between FIT and READ."""
@@ -565,7 +572,9 @@ def run_cells(tmp_path, mode: str, pause_before_read: float = 0.0,
     from jupyter_client.manager import KernelManager
 
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in (SETUP, FIT.format(mode=mode), READ, END)]
+    setup = SETUP.replace("make_demo_datasets(256, 16)", f"make_demo_datasets({n_train}, 16)")
+    assert setup != SETUP or n_train == 256
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (setup, FIT.format(mode=mode), READ, END)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                RF_TENSORBOARD_ENABLED="0", PYTHONUNBUFFERED="1")
     km = KernelManager(kernel_name="python3")
@@ -605,21 +614,21 @@ def test_rapidfire_code_run_top_to_bottom_reads_final_results_after_run_fit(tmp_
 
 @needs_kernel
 def test_a_cell_run_by_hand_after_run_fit_reads_the_runs_as_they_train(tmp_path):
-    out = run_cells(tmp_path, mode=', mode="fit"', pause_before_read=2.0)
+    out = run_cells(tmp_path, mode=', mode="fit"', pause_before_read=2.0, n_train=LONG_TRAIN)
     assert QUEUED_LINE not in out[2]
     assert "TRAINING True" in out[2], out[2]
 
 
 @needs_kernel
 def test_our_own_notebooks_steer_between_queued_cells_as_before(tmp_path):
-    out = run_cells(tmp_path, mode="")
+    out = run_cells(tmp_path, mode="", n_train=LONG_TRAIN)
     assert QUEUED_LINE not in out[2]
     assert "TRAINING True" in out[2], out[2]
 
 
 @needs_kernel
 def test_interrupting_the_queued_cells_wait_runs_it_on_the_runs_as_they_are(tmp_path):
-    out = run_cells(tmp_path, mode=', mode="fit"', interrupt_read_after=3.0)
+    out = run_cells(tmp_path, mode=', mode="fit"', interrupt_read_after=3.0, n_train=LONG_TRAIN)
     assert QUEUED_LINE in out[2]
     assert "interrupted the wait only" in out[2], out[2]
     assert "TRAINING True" in out[2], out[2]     # the runs went on; the cell read them as they were
