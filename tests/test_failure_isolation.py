@@ -11,7 +11,6 @@ leaves its previous checkpoint intact, and the run continues from that checkpoin
 from __future__ import annotations
 
 import errno
-import threading
 import time
 
 import crash_worker as W
@@ -54,20 +53,12 @@ def nan_at_second_chunk():
                          training_args=sft(1e-3, adam_epsilon=0.0, per_device_train_batch_size=8))
 
 
-def broken_formatting(example):
-    # every row passes the check run_fit makes in the caller's thread; the function then breaks
-    # when TRL applies it while the run's trainer is built in the engine thread (a function that
-    # reads state the notebook changed after run_fit returned, say)
-    if threading.current_thread() is not threading.main_thread():
-        raise KeyError("answer")
-    return example["prompt"] + example["completion"]
-
-
 def fails_while_building():
-    # TRL applies formatting_func to the whole dataset when the run's trainer is built
-    return RFModelConfig(model_name="tiny", peft_config=LORA,
-                         training_args=sft(1e-3, completion_only_loss=False),
-                         formatting_func=broken_formatting)
+    # passes every check run_fit makes (its target modules exist in the base), then PEFT finds no
+    # module to adapt while the run's adapter is added in the engine thread. (A formatting_func
+    # can no longer fail there: it is called once per row in run_fit, as TRL calls it.)
+    lora = RFLoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1, layers_to_transform=[99])
+    return RFModelConfig(model_name="tiny", peft_config=lora, training_args=sft(1e-3))
 
 
 def train_losses(exp, run_id):
@@ -130,13 +121,13 @@ def test_run_failing_while_its_trainer_is_built_is_isolated(data, without_failur
     # its TrainingArguments reset accelerate's global state before the build failed: the next
     # healthy step must not go down with it
     configs = healthy_configs() + [fails_while_building()]
-    exp = Experiment("with-bad-format", experiment_path=tmp_path, tracking=[])
+    exp = Experiment("with-bad-adapter", experiment_path=tmp_path, tracking=[])
     exp.run_fit(RFGridSearch(List(configs), trainer_type="SFT"), tiny_create_model, *data,
                 num_chunks=3, seed=5)
     info = exp.get_runs_info().set_index("run_id")
     err = info.loc[3, "error"]
     assert info.loc[3, "status"] == "failed" and info.loc[3, "chunks_done"] == 0
-    assert "broken_formatting" in err and "KeyError: 'answer'" in err
+    assert "NoMatchingPeftModuleError" in err and "layers_to_transform" in err, err
     assert list(info.status) == ["completed", "completed", "failed"], info.error.tolist()
     assert_bit_identical(exp, without_failures)
     exp.end()
