@@ -327,7 +327,12 @@ def _final_saved_form(base_key, model, lora, weights: dict, adapter: str) -> dic
         skeleton.load_state_dict(renamed, strict=False, assign=True)   # raises on a shape mismatch
     except RuntimeError as exc:
         raise ExportError(f"the weights of {adapter} do not fit the model: {exc}") from None
-    state = get_peft_model_state_dict(skeleton, adapter_name=_FIXED_ADAPTER, save_embedding_layers=False)
+    try:
+        state = get_peft_model_state_dict(skeleton, adapter_name=_FIXED_ADAPTER, save_embedding_layers=False)
+    finally:
+        # the cached skeleton keeps no run's weights alive between completions
+        skeleton.load_state_dict({k: torch.empty_like(v, device="meta") for k, v in renamed.items()},
+                                 strict=False, assign=True)
     meta = [k for k, v in state.items() if v.device.type == "meta"]
     if meta:
         raise ExportError(f"the export of {adapter} lacks the tensors {meta[:3]}")
