@@ -64,9 +64,19 @@ def _saved_form(base_skeleton, lora_config, weights: dict, adapter: str) -> dict
         skeleton = get_peft_model(base_skeleton, skeleton_config, adapter_name=adapter, low_cpu_mem_usage=True)
     # PEFT marks exactly the adapter's own tensors trainable (LoRA factors, DoRA magnitudes,
     # modules_to_save copies)
+    _fill_skeleton(skeleton, weights, adapter)
+    state = get_peft_model_state_dict(skeleton, adapter_name=adapter, save_embedding_layers=False)
+    meta = [k for k, v in state.items() if v.device.type == "meta"]
+    if meta:
+        raise ExportError(f"the export of {adapter} lacks the tensors {meta[:3]}")
+    return state
+
+
+def _fill_skeleton(skeleton, weights: dict, adapter: str) -> None:
+    """Put ``weights`` into the adapter tensors of a PEFT skeleton (exactly those PEFT marks
+    trainable: LoRA factors, DoRA magnitudes, modules_to_save copies), or ``ExportError``."""
     wanted = {name for name, p in skeleton.named_parameters() if p.requires_grad}
-    unexpected = sorted(set(weights) - wanted)
-    missing = sorted(wanted - set(weights))
+    unexpected, missing = sorted(set(weights) - wanted), sorted(wanted - set(weights))
     if unexpected or missing:
         raise ExportError(
             f"the weights of {adapter} do not fit a fresh model with its LoRA config: "
@@ -76,11 +86,6 @@ def _saved_form(base_skeleton, lora_config, weights: dict, adapter: str) -> dict
         skeleton.load_state_dict(weights, strict=False, assign=True)   # raises on a shape mismatch
     except RuntimeError as exc:
         raise ExportError(f"the weights of {adapter} do not fit the model: {exc}") from None
-    state = get_peft_model_state_dict(skeleton, adapter_name=adapter, save_embedding_layers=False)
-    meta = [k for k, v in state.items() if v.device.type == "meta"]
-    if meta:
-        raise ExportError(f"the export of {adapter} lacks the tensors {meta[:3]}")
-    return state
 
 
 def load_adapter_state(peft_model, adapter: str, state: dict) -> None:
@@ -316,17 +321,7 @@ def _final_saved_form(base_key, model, lora, weights: dict, adapter: str) -> dic
         _SKELETONS[key] = skeleton
     renamed = {".".join(_FIXED_ADAPTER if part == adapter else part for part in name.split(".")): t
                for name, t in weights.items()}
-    wanted = {name for name, p in skeleton.named_parameters() if p.requires_grad}
-    unexpected, missing = sorted(set(renamed) - wanted), sorted(wanted - set(renamed))
-    if unexpected or missing:
-        raise ExportError(
-            f"the weights of {adapter} do not fit a fresh model with its LoRA config: "
-            + (f"{len(missing)} missing (e.g. {missing[:2]}) " if missing else "")
-            + (f"{len(unexpected)} left over (e.g. {unexpected[:2]})" if unexpected else ""))
-    try:
-        skeleton.load_state_dict(renamed, strict=False, assign=True)   # raises on a shape mismatch
-    except RuntimeError as exc:
-        raise ExportError(f"the weights of {adapter} do not fit the model: {exc}") from None
+    _fill_skeleton(skeleton, renamed, adapter)
     try:
         state = get_peft_model_state_dict(skeleton, adapter_name=_FIXED_ADAPTER, save_embedding_layers=False)
     finally:
