@@ -24,7 +24,7 @@ from rapidfire_nb._environment import cell_number, in_kernel
 from rapidfire_nb.engine import Engine, Op, ProjectedRun, RunSpec, check_status_op, checked_run, interruptible
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireConfigWarning, RapidFireError
 from rapidfire_nb.folder import give_back, open_read_only
-from rapidfire_nb.launch import commit, prepare
+from rapidfire_nb.launch import FitCall, commit, prepare
 from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
 from rapidfire_nb.layout import FinalCheckpoints, export_weights, final_checkpoint_path, log_file_path
 from rapidfire_nb.session import current_experiment  # noqa: F401  (public here: the API docs show it with Experiment)
@@ -365,12 +365,11 @@ class Experiment:
             return self
         self._may_fit(allow_concurrent)
         try:
-            fit = prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
-                          block, num_shards, num_gpus, monte_carlo_simulations, store=self.store,
-                          events=self.events, table=self._state(), name=self.name,
-                          stored_meta=self.meta if self.resumed else None,
-                          num_workers=self.num_workers, offload=self.offload,
-                          sample_prompts=sample_prompts)
+            call = FitCall(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
+                           block, num_shards, num_gpus, monte_carlo_simulations, sample_prompts)
+            fit = prepare(call, store=self.store, events=self.events, table=self._state(),
+                          name=self.name, stored_meta=self.meta if self.resumed else None,
+                          num_workers=self.num_workers, offload=self.offload)
         except BaseException:
             self._unclaim()
             raise

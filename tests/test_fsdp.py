@@ -308,11 +308,11 @@ def mixed(ray_session, data, tmp_path_factory):
     exp.weights = {rid: exp.engine.run_weights(rid) for rid in range(1, 6)}
     # for the record (pytest -s): the gang's start-up, and chunk times sharded vs not
     tl = exp.get_timeline()
-    print(f"\nfsdp: gang start-up {exp.engine.remote.gang_start_s} s; train_s per chunk by run:",
+    print(f"\nfsdp: gang start-up {exp.engine.executor.gang_start_s} s; train_s per chunk by run:",
           tl.groupby("run_id").train_s.mean().round(3).to_dict(), "setup_s:",
           tl.groupby("run_id").setup_s.max().round(3).to_dict())
     # the sockets the gang's members listen on while the gang lives, and after end()
-    members = [m.info["pid"] for g in exp.engine.remote.gangs.values() for m in g.members]
+    members = [m.info["pid"] for g in exp.engine.executor.gangs.values() for m in g.members]
     exp.gang_listening = listening_sockets(members)
     exp.end()   # its workers' GPUs are free for the next gang; its log and weights stay readable
     # end() has Ray kill the workers, which exit a moment later: wait for them (a minute at most)
@@ -573,7 +573,7 @@ def alone(ray_session, data, tmp_path_factory, mixed):
     exp.run_fit(RFGridSearch(sharded_config(k=2, batch=4), trainer_type="SFT"), tiny_create_model,
                 train, evald, num_chunks=2, seed=5, block=False)
     eng = exp.engine
-    wait_for(lambda: 1 in eng.inflight, "run 1's first chunk")
+    wait_for(lambda: 1 in eng.executor.inflight, "run 1's first chunk")
     exp.stop(1)   # applied at the chunk boundary
     assert exp.wait(timeout=300)
     stopped = exp.get_runs_info().set_index("run_id").loc[1]
@@ -582,8 +582,8 @@ def alone(ray_session, data, tmp_path_factory, mixed):
 
     def kill_member():
         with eng.lock:
-            flight = eng.inflight.get(1)
-            if flight is None or 1 in eng.remote.arrived or eng.runs[1].chunks_done < 1:
+            flight = eng.executor.inflight.get(1)
+            if flight is None or 1 in eng.executor.arrived or eng.runs[1].chunks_done < 1:
                 return False
             member = flight.slot.members[1]
             killed["name"], killed["pid"] = member.name, member.info["pid"]

@@ -107,8 +107,8 @@ deadline = time.monotonic() + 300
 killed = False
 while time.monotonic() < deadline and not killed:   # a worker process killed mid-chunk
     with eng.lock:
-        for rid, f in eng.inflight.items():
-            if rid not in eng.remote.arrived and eng.runs[rid].chunks_done >= 1:
+        for rid, f in eng.executor.inflight.items():
+            if rid not in eng.executor.arrived and eng.runs[rid].chunks_done >= 1:
                 os.kill(f.slot.info["pid"], signal.SIGKILL)   # as the OOM killer would
                 killed = True
                 break

@@ -159,8 +159,8 @@ def kill_when_in_flight(exp, run_id, chunks_done=1):
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         with eng.lock:
-            flight = eng.inflight.get(run_id)
-            if (flight is not None and run_id not in eng.remote.arrived
+            flight = eng.executor.inflight.get(run_id)
+            if (flight is not None and run_id not in eng.executor.arrived
                     and eng.runs[run_id].chunks_done >= chunks_done):
                 ray.kill(flight.slot.actor, no_restart=True)
                 return flight.slot
@@ -170,13 +170,14 @@ def kill_when_in_flight(exp, run_id, chunks_done=1):
 
 def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_session, data, tmp_path,
                                                                           four_ref):
-    from rapidfire_nb.engine.workers.engine import WorkerEngine
+    from rapidfire_nb.engine.workers.engine import RemoteChunkExecutor
 
     train, evald = data
     exp = Experiment("workers", experiment_path=tmp_path, num_workers=2)
     exp.run_fit(four_runs(), tiny_create_model, train, evald, num_chunks=4, seed=7)
     ref = four_ref
-    assert isinstance(exp.engine, WorkerEngine) and not isinstance(ref.engine, WorkerEngine)
+    assert isinstance(exp.engine.executor, RemoteChunkExecutor)
+    assert not isinstance(ref.engine.executor, RemoteChunkExecutor)
     info = exp.get_runs_info()
     assert list(info.status) == ["completed"] * 4
     assert (info.completed_steps == info.total_steps).all()
@@ -213,7 +214,7 @@ def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_ses
     assert dict(zip(info.run_id, info.worker)) == last
     assert "worker" not in ref.get_runs_info().columns
     exp.end()
-    assert not any(s.alive for s in exp.engine.pool.slots), "end() releases the workers"
+    assert not any(s.alive for s in exp.engine.executor.pool.slots), "end() releases the workers"
     from pathlib import Path
 
     scratch = [Path(w["log"]).parent for w in workers["workers"]]
@@ -525,7 +526,7 @@ def test_simultaneous_deaths_are_counted_in_workers_left(ray_session, tmp_path, 
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             with eng.lock:
-                flights = [f for rid, f in eng.inflight.items() if rid not in eng.remote.arrived]
+                flights = [f for rid, f in eng.executor.inflight.items() if rid not in eng.executor.arrived]
                 if len(flights) == 2:
                     for f in flights:
                         ray.kill(f.slot.actor, no_restart=True)
@@ -555,9 +556,9 @@ def test_a_replacement_not_needed_any_more_is_not_kept(ray_session, tmp_path, da
         kill_when_in_flight(exp, 1, chunks_done=0)
         assert exp.wait(timeout=600)
         assert exp.get_runs_info().status.tolist() == ["completed"]
-        pool = exp.engine.pool
+        pool = exp.engine.executor.pool
         assert all(s.info for s in pool.live()), [s.name for s in pool.live() if not s.info]
-        assert not exp.engine._starting and not exp.engine._owed
+        assert not exp.engine.executor.replacements.starting and not exp.engine.executor.replacements.owed
     finally:
         exp.end()
 
@@ -841,7 +842,7 @@ def test_a_replacement_that_cannot_build_the_base_is_excluded_and_its_runs_go_to
                    for e in unfit)
         # excluded for good: the actor is killed, never used again
         names = {e["worker"] for e in unfit}
-        assert not any(s.alive for s in exp.engine.pool.slots if s.name in names)
+        assert not any(s.alive for s in exp.engine.executor.pool.slots if s.name in names)
         assert len(unfit) <= MAX_FAILED_STARTS
         assert {c["worker"] for c in events(exp, "chunk_done")} <= {"w0", "w1"}   # none from them
     finally:

@@ -84,8 +84,8 @@ def run_side(p, group, pristine, tok, train, evald, workdir: str, num_workers: i
         for c in chunks:
             w = c.get("worker", "kernel")
             out["by_worker"][w] = out["by_worker"].get(w, 0) + 1
-        remote = getattr(exp.engine, "remote", None)
-        if remote is not None:
+        remote = exp.engine.executor
+        if hasattr(remote, "hops"):   # the Ray executor keeps each chunk's round trip
             hops = remote.hops
             out["moves"] = remote.moves
             out["hop_ms_median"] = 1000 * statistics.median(h["hop_s"] for h in hops)

@@ -23,7 +23,7 @@ _WHERE = {
     "check_generation_settings": "genconfig", "check_prompt_settings": "genconfig",
     "check_sample_prompts": "generation", "check_sample_generation": "precheck",
     # the engine, its ops and their rules
-    "Engine": "controller", "Op": "controller", "Note": "controller", "weights_lost_reason": "controller",
+    "Engine": "controller", "TrainingInputs": "inputs", "Op": "controller", "Note": "controller", "weights_lost_reason": "controller",
     "refusal": "ops", "ProjectedRun": "ops", "known_ids": "ops", "project": "ops",
     "checked_run": "ops", "check_status_op": "ops", "EngineView": "ops",
     "ENDED_REASON": "lifecycle", "wait_with_progress": "lifecycle", "interruptible": "lifecycle",
@@ -36,7 +36,7 @@ _WHERE = {
     "export_run": "export",
     # Ray workers
     "check_num_workers": "workers", "resolve_num_workers": "workers",
-    "WorkerEngine": "workers.engine", "connect": "workers.pool", "init_local_ray": "workers.pool",
+    "RemoteChunkExecutor": "workers.engine", "connect": "workers.pool", "init_local_ray": "workers.pool",
     # FSDP: run_fit's up-front checks of sharded runs
     "apply_num_gpus": "sharding", "check_sharding": "sharding", "warn_unused_fsdp_config": "sharding",
     # the event log and the reducer's run table

@@ -35,6 +35,7 @@ from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.fsio import open_append_text
 from rapidfire_nb.engine.executor import ChunkExecutor, LocalChunkExecutor
 from rapidfire_nb.engine.factory import TrainerFactory
+from rapidfire_nb.engine.inputs import TrainingInputs
 from rapidfire_nb.engine.ops import EngineView
 from rapidfire_nb.engine.persistence import Persistence
 from rapidfire_nb.engine.precheck import check_sample_generation
@@ -126,27 +127,27 @@ class _DiscardedLog(io.StringIO):
 
 
 class Engine:
-    def __init__(self, store: ExperimentStore, events: EventLog, create_model: Callable,
-                 train_dataset, eval_dataset, num_chunks: int, seed: int,
-                 build_args: Callable, build_lora: Callable, devices=("cpu",), offload: str = "auto",
-                 executor: ChunkExecutor | None = None, prep_cache: dict | None = None):
+    def __init__(self, store: ExperimentStore, events: EventLog, inputs: TrainingInputs,
+                 devices=("cpu",), executor: ChunkExecutor | None = None):
+        """``executor``: where chunks train; None for the kernel's own (``LocalChunkExecutor``
+        on ``devices[0]``). Whatever it is, this loop drives it through its seam and its
+        lifecycle hooks (engine/executor.py)."""
         self.store = store
-        store.fingerprint_of = self._fingerprint_of
+        store.name_runs_by(self._fingerprint_of)
         self.events = events
-        self.num_chunks = num_chunks
+        self.inputs = inputs
+        self.num_chunks = inputs.num_chunks
         self.scheduler = FairScheduler(devices)
         self.device_name = devices[0]
         self.lock = threading.RLock()
         self.runs: dict[int, RunRecord] = {}
-        self.factory = TrainerFactory(store, create_model, train_dataset, eval_dataset, num_chunks,
-                                      seed, build_args, build_lora, prep_cache)
+        self.factory = TrainerFactory(store, inputs)
         self.persistence = Persistence(store, events, self.lock, self.runs)
         self.executor = executor if executor is not None else LocalChunkExecutor(
-            self.factory, store, self.device_name, Residency(offload),
+            self.factory, store, self.device_name, Residency(inputs.offload),
             may_move=lambda rid: not self.persistence.writer.pending(rid),
             progress_of=lambda rid: self.runs[rid].progress)
         self.ops: queue.SimpleQueue[Op] = queue.SimpleQueue()
-        self.sample_prompts: list | None = None   # run_fit's, checked (generation.check_sample_prompts)
         self._queued: list[Op] = []      # submitted, not yet applied (under self.lock)
         self._held_ops: list[Op] = []    # taken from the queue, waiting for a chunk in flight
         self._last_booked: int | None = None
@@ -166,6 +167,37 @@ class Engine:
         # ids handed out for runs that do not exist yet (a queued clone, a trial's run): a later
         # id never takes one of them
         self.reserved_ids: set[int] = set()
+
+    @property
+    def sample_prompts(self) -> list | None:
+        """run_fit's sample prompts, checked (None: the eval set's first prompts)."""
+        return self.inputs.sample_prompts
+
+    @property
+    def stopping(self) -> bool:
+        """The loop is leaving for good at its next boundary (``drain``) or the engine closed."""
+        return self._draining or self.closed
+
+    def training_now(self, timeout: float = 1.0) -> dict[str, int]:
+        """Worker name -> the run whose chunk trains there ({} in the kernel, or when the engine
+        holds its lock longer than ``timeout`` seconds: a status line does not wait for it)."""
+        if not self.lock.acquire(timeout=timeout):
+            return {}
+        try:
+            return self.executor.training_now()
+        finally:
+            self.lock.release()
+
+    def has_active_runs(self) -> bool:
+        """Under the lock: some run is pending or running."""
+        return any(r.status in R.ACTIVE for r in self.runs.values())
+
+    def stop_active(self, reason: str) -> None:
+        """Under the lock: every pending or running run becomes ``stopped`` (resumable), for
+        ``reason`` (an executor with nothing left to train on)."""
+        for rec in self.runs.values():
+            if rec.status in R.ACTIVE:
+                self._set_status(rec, R.STOPPED, reason=reason)
 
     # -- set-up (run_fit, in the caller's thread) ---------------------------------------------
     def load_base(self, spec: RunSpec, need_pristine: bool):
@@ -424,6 +456,10 @@ class Engine:
         with self.lock:
             if self.closed:
                 raise RapidFireError("this experiment has ended; create a new Experiment")
+        # the executor's own start (Ray and its workers the first time): in the caller's thread,
+        # so that its errors show where the loop was asked for
+        self.executor.open()
+        with self.lock:
             if self.thread is not None and self.thread.is_alive() and not self._leaving:
                 return
             self._leaving = False
@@ -507,11 +543,14 @@ class Engine:
 
     def close(self) -> None:
         self.persistence.writer.flush()   # normally idle already: the loop flushes before it leaves
-        with self.lock, self._routed_here():
-            self.closed = True
-            self._settle_writes()
-            for rid in list(self.executor.live_run_ids()):
-                self._release(self.runs[rid])
+        try:
+            with self.lock, self._routed_here():
+                self.closed = True
+                self._settle_writes()
+                for rid in list(self.executor.live_run_ids()):
+                    self._release(self.runs[rid])
+        finally:
+            self.executor.close()
 
     @contextlib.contextmanager
     def _routed_here(self):
@@ -575,7 +614,7 @@ class Engine:
         under the lock, ops and dispatch (``_ops_and_dispatch_step``), which says what comes next:
         flush the writer first, wait for a replacement worker, go round again, leave, or collect
         the chunks that come back and book them (``_collect_and_book_step``)."""
-        self._begin_loop()
+        self.executor.begin(self)
         at_boundary = True    # the AutoML hook runs at chunk boundaries, not at every poll
         while True:
             with self.lock:
@@ -634,14 +673,14 @@ class Engine:
             return _Next.FLUSH
         if self.ops_pending():
             return _Next.AGAIN
-        if self._recovering():
+        if self.executor.recovering(self):
             return _Next.PAUSE
         self._leave_step()
         return _Next.LEAVE
 
     def _leave_step(self) -> None:
         """Under the lock: nothing left to train."""
-        self._on_leave()
+        self.executor.leaving(self)
         self._leaving = True  # under the lock: a later submit starts a new thread
         _collect_garbage(full=False)
 
@@ -714,7 +753,10 @@ class Engine:
         return rid if rid in arrived else None
 
     def _dispatch(self) -> None:
-        """Under the lock: every free slot gets the chunk the executor's policy picks for it."""
+        """Under the lock: every free slot gets the chunk the executor's policy picks for it
+        (once the executor's ``tick`` says slots are up)."""
+        if not self.executor.tick(self):
+            return
         for slot, rid in self.executor.assignments(self):
             rec = self.runs[rid]
             try:
@@ -748,19 +790,11 @@ class Engine:
         except Exception as exc:  # failure isolation: this run fails, the others go on
             self._fail(rec, exc)
 
-    # -- what the Ray executor's engine adds (workers/engine.py) --------------------------------
-    def _begin_loop(self) -> None:
-        """In the engine thread, before the first turn."""
-
-    def _recovering(self) -> bool:
-        """Nothing in flight, nothing to do: is something coming back (a replacement worker)?"""
-        return False
-
-    def _on_leave(self) -> None:
-        """Under the lock, when the loop leaves with nothing left to train."""
-
     def _chunk_lost(self, flight, exc: BaseException) -> None:
-        """Under the lock: a dispatched chunk came back as an error instead of a reply."""
+        """Under the lock: a dispatched chunk came back as an error instead of a reply: its slot
+        lost (the executor's to handle), or its run failed."""
+        if self.executor.lost(self, flight, exc):
+            return
         self.executor.drop(flight)
         rec = self.runs.get(flight.run_id)
         if rec is not None:
@@ -870,7 +904,7 @@ class Engine:
     def _release(self, rec: RunRecord, collect: bool = True) -> None:
         """Free a run's trainer, optimizer, adapter and device memory."""
         self.executor.release(rec)
-        if collect:
+        if collect and self.executor.frees_local_memory:
             _collect_garbage()
 
     def _clone(self, op: Op, parent: RunRecord) -> None:
@@ -913,8 +947,10 @@ class Engine:
         return weights
 
     def _fail(self, rec: RunRecord, exc: BaseException) -> None:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        """Failure isolation: this run fails (its reason and error as its executor reads the
+        exception), the others go on."""
+        reason, error = self.executor.failure(exc)
         with self.lock:
             self._release(rec)
             if rec.status not in R.TERMINAL:
-                self._set_status(rec, R.FAILED, error=tb, reason=f"{type(exc).__name__}: {exc}")
+                self._set_status(rec, R.FAILED, error=error, reason=reason)

@@ -12,6 +12,7 @@ holding its own bases and trainers.
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +159,61 @@ class ChunkExecutor:
         self.arrived.pop(flight.run_id, None)
         if flight.slot.busy_with == flight.run_id:
             flight.slot.busy_with = None
+
+    # -- lifecycle hooks: when the engine calls them, and what the kernel's executor does --------
+    # The engine is one class whatever trains its chunks; what another executor adds to the loop
+    # (Ray's: starting workers, replacing lost ones) lives in these hooks. The defaults below are
+    # the kernel's executor's, the reference implementation: nothing to start, nothing to replace.
+    # ``engine`` is the one calling; under its lock unless said otherwise.
+
+    #: whether ``release`` frees memory in this process (the engine then collects garbage)
+    frees_local_memory: bool = True
+
+    def prepare(self, specs) -> None:
+        """run_fit's thread, once the bases are loaded and before any run exists: check that the
+        executor can train these run specs (its errors show in the cell, and change nothing)."""
+
+    def open(self) -> None:
+        """The caller's thread, whenever the engine starts its loop thread: acquire what trains
+        (its errors show in the caller's cell, before any run moves)."""
+
+    def begin(self, engine) -> None:
+        """The engine thread, outside the lock, before the first turn of each loop."""
+
+    def tick(self, engine) -> bool:
+        """Every turn, before the free slots get chunks: False when none may get one this turn
+        (no slot is up)."""
+        return True
+
+    def recovering(self, engine) -> bool:
+        """Nothing in flight and nothing to dispatch: True while a slot is coming back (the loop
+        waits for it instead of leaving)."""
+        return False
+
+    def leaving(self, engine) -> None:
+        """The loop leaves: nothing is left to train."""
+
+    def lost(self, engine, flight: Flight, exc: BaseException) -> bool:
+        """A dispatched chunk came back as ``exc`` instead of a reply. True when the executor took
+        it as the loss of the slot (``is_death``), which it handles (the run trains again from
+        its last checkpoint elsewhere); False when the chunk failed for its run, which the engine
+        then fails (the kernel's case: an exception in a run's chunk is that run's)."""
+        return False
+
+    def failure(self, exc: BaseException) -> tuple[str, str]:
+        """How a run's failure reads: (its one-line reason, its error text), from the exception
+        that failed it."""
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return f"{type(exc).__name__}: {exc}", tb
+
+    def close(self) -> None:
+        """The engine closes, every run released: give back what ``open`` acquired."""
+
+    def training_now(self) -> dict[str, int]:
+        """Under the lock: worker name -> the run whose chunk trains there, for a status line
+        that names workers; {} where there are none to name (the kernel trains on its own
+        device, which the panel shows already)."""
+        return {}
 
     # -- training and run state -----------------------------------------------------------------
     def train_chunk(self, record: RunRecord) -> ChunkResult:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rapidfire_nb.engine.adapters import trainer_class
 from rapidfire_nb.engine.adapters.base import RunTrainer, prepare_quantized_base
+from rapidfire_nb.engine.inputs import TrainingInputs
 from rapidfire_nb.engine.rng import derive_seed, rng_fork
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
@@ -50,22 +50,13 @@ class Base:
 
 
 class TrainerFactory:
-    def __init__(self, store: ExperimentStore, create_model: Callable, train_dataset, eval_dataset,
-                 num_chunks: int, seed: int, build_args: Callable, build_lora: Callable,
-                 prep_cache: dict | None = None):
+    def __init__(self, store: ExperimentStore, inputs: TrainingInputs):
         self.store = store
-        self.create_model = create_model
-        self.train_dataset = train_dataset
-        self.eval_dataset = eval_dataset
-        self.num_chunks = num_chunks
-        self.seed = seed
-        self.build_args = build_args
-        self.build_lora = build_lora
+        # the datasets' prepared forms are shared by the runs' trainers through
+        # ``inputs.prep_cache``; run_fit's checks fill it first
+        self.inputs = inputs
         self.bases: dict[str, Base] = {}
         self.references: dict[str, Any] = {}   # DPO/GRPO references named by ref_model_name
-        # prepared (mapped, tokenized) datasets shared by the runs' trainers; run_fit's checks
-        # fill it first
-        self.prep_cache: dict = prep_cache if prep_cache is not None else {}
         self.create_model_calls = 0
 
     # -- bases -------------------------------------------------------------------------------
@@ -76,7 +67,7 @@ class TrainerFactory:
             self.reference_model(spec)
             return self.bases[key]
         with _no_loading_bars():
-            result = self.create_model(spec.model_config())
+            result = self.inputs.create_model(spec.model_config())
         self.create_model_calls += 1
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ConfigError(
@@ -112,7 +103,7 @@ class TrainerFactory:
         if key in self.references:
             return self.references[key]
         with _no_loading_bars():
-            result = self.create_model(ref_spec.model_config())
+            result = self.inputs.create_model(ref_spec.model_config())
         self.create_model_calls += 1
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ConfigError(f"create_model must return (model, tokenizer); for ref_model_name="
@@ -140,12 +131,13 @@ class TrainerFactory:
     def plan_run(self, spec: RunSpec):
         """(chunk plan, total optimizer steps) of a run, from its config and the data size."""
         cls = trainer_class(spec.trainer_type)
-        args = self.build_args(spec, output_dir=str(self.store.root / "outputs" / "_plan"),
-                               seed=self.seed, **RunTrainer.ENGINE_ARGS)
+        inputs = self.inputs
+        args = inputs.build_args(spec, output_dir=str(self.store.root / "outputs" / "_plan"),
+                                 seed=inputs.seed, **RunTrainer.ENGINE_ARGS)
         from rapidfire_nb.engine.sharding import devices_of
 
         devices = devices_of(spec)   # a sharded run steps on devices x its per-device batch
-        plan = cls.plan_for(args, len(self.train_dataset), self.num_chunks, self.seed,
+        plan = cls.plan_for(args, len(inputs.train_dataset), inputs.num_chunks, inputs.seed,
                             **({"devices": devices} if devices > 1 else {}))
         return plan, plan.total_steps(args.max_steps, args.num_train_epochs)
 
@@ -158,12 +150,12 @@ class TrainerFactory:
         base = self.load_base(spec, need_pristine=spec.peft_config is None)
         cls = self.trainer_class_for(spec)
         out_dir = str(self.store.output_dir(rec.run_id))
-        init_seed = derive_seed(self.seed, spec.seed_fingerprint())
+        init_seed = derive_seed(self.inputs.seed, spec.seed_fingerprint())
         if spec.peft_config is not None:
             from peft import get_peft_model
 
             name = f"run_{rec.run_id}"
-            lora = self.build_lora(spec)
+            lora = self.inputs.build_lora(spec)
             with rng_fork():
                 import torch
 
@@ -182,9 +174,10 @@ class TrainerFactory:
         was = datasets.utils.logging.is_progress_bar_enabled()
         datasets.utils.logging.disable_progress_bar()
         try:
-            return cls(rec, model, base.tokenizer, self.train_dataset, self.eval_dataset,
-                       self.num_chunks, self.seed, out_dir, adapter, self.build_args,
-                       prep_cache=self.prep_cache, ref_model=self.reference_model(spec))
+            inputs = self.inputs
+            return cls(rec, model, base.tokenizer, inputs.train_dataset, inputs.eval_dataset,
+                       inputs.num_chunks, inputs.seed, out_dir, adapter, inputs.build_args,
+                       prep_cache=inputs.prep_cache, ref_model=self.reference_model(spec))
         finally:
             if was:
                 datasets.utils.logging.enable_progress_bar()

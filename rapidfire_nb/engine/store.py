@@ -191,12 +191,19 @@ def refuse_links(root: Path, writing: bool = True) -> None:
 class ExperimentStore:
     def __init__(self, root: Path):
         self.root = Path(root)
-        # run id -> its config fingerprint (None if unknown); the engine sets it, so every
-        # checkpoint names its run and config and a foreign one is refused when loaded
-        self.fingerprint_of: Callable[[int], str | None] = lambda run_id: None
+        self._fingerprint_of: Callable[[int], str | None] = lambda run_id: None
         # time spent encoding checkpoints (Python work that holds the interpreter, unlike the
         # write and fsync after it); ``rapidfire bench`` reports it
         self.encode_s = 0.0
+
+    def name_runs_by(self, fingerprint_of: Callable[[int], str | None]) -> None:
+        """Where a run's config fingerprint comes from (run id -> fingerprint, None if unknown):
+        the engine's runs. Every checkpoint then names its run and config, and one of another
+        run or config is refused when loaded."""
+        self._fingerprint_of = fingerprint_of
+
+    def fingerprint_of(self, run_id: int) -> str | None:
+        return self._fingerprint_of(run_id)
 
     @property
     def events_path(self) -> Path:

@@ -1,6 +1,6 @@
 """run_fit's pipeline: plain values in, a started engine out; it never receives the Experiment.
 
-    fit = prepare(<run_fit's arguments>, name=..., store=..., events=..., table=..., ...)
+    fit = prepare(FitCall(<run_fit's arguments>), name=..., store=..., events=..., table=..., ...)
     ...                                         # the facade logs its session (nothing before)
     meta = commit(fit, name)                    # runs created (or restored), experiment.json
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rapidfire_nb.launch.arguments import (FitArguments, check_clone, check_concurrency_flag,
-                                           check_fit_arguments)
+from rapidfire_nb.launch.arguments import (FitArguments, FitCall, check_clone,
+                                           check_concurrency_flag, check_fit_arguments)
 from rapidfire_nb.launch.plan import FitPlan, make_plan
 from rapidfire_nb.launch.resume import RestorePlan, refuse_lost_history
 
-__all__ = ["FitArguments", "FitPlan", "Launch", "RestorePlan", "check_clone", "check_concurrency_flag",
+__all__ = ["FitArguments", "FitCall", "FitPlan", "Launch", "RestorePlan", "check_clone", "check_concurrency_flag",
            "check_fit_arguments", "commit", "prepare", "refuse_lost_history"]
 
 
@@ -38,40 +38,38 @@ class Launch:
     restore: RestorePlan | None
 
 
-def prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed, block,
-            num_shards, num_gpus, monte_carlo_simulations, *, store, events, table, name: str,
-            stored_meta: dict | None, num_workers, offload: str, sample_prompts=None) -> Launch:
+def prepare(call: FitCall, *, store, events, table, name: str, stored_meta: dict | None,
+            num_workers, offload: str) -> Launch:
     """Everything run_fit checks before it writes: its arguments (``check_fit_arguments``), the data against every run, the engine and
     each run's plan, a resume against the folder, the AutoML objective, the base models (loaded
     here, in the caller's thread, so ``create_model``'s errors show in the cell) and, with Ray,
     the workers. ``stored_meta`` is the resumed folder's experiment.json (None: a new one)."""
     from rapidfire_nb import automl
-    from rapidfire_nb.engine import (Engine, check_before_training, check_run_data, check_sample_generation,
+    from rapidfire_nb.engine import (Engine, TrainingInputs, check_before_training, check_run_data, check_sample_generation,
                                      check_sample_prompts, trainer_class)
     from rapidfire_nb.errors import ConfigError
     from rapidfire_nb.launch.resume import check_resume, plan_restore
     from rapidfire_nb.tuning import check_objective_is_logged, driver_for, needs_driver, pruning_settings
 
-    args = check_fit_arguments(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
-                               block, num_shards, num_gpus, monte_carlo_simulations, num_workers)
-    samples = check_sample_prompts(sample_prompts)
+    args = check_fit_arguments(call, num_workers)
+    samples = check_sample_prompts(call.sample_prompts)
     specs, group = args.specs, args.config_group
     train, evald = args.train_dataset, args.eval_dataset
     prep_cache: dict = {}   # formatting_func's mapped data, shared by the runs' trainers
     for spec in specs:
         check_run_data(spec, trainer_class(spec.trainer_type), train, evald, prep_cache)
     workers = args.workers
-    common = dict(offload=offload, prep_cache=prep_cache)
+    # what every run trains with, as one value, built once here and taken whole by the engine,
+    # its trainer factory and, with Ray, the pool and each worker
+    inputs = TrainingInputs(args.create_model, train, evald, args.num_chunks, args.seed,
+                            automl.build_training_args, automl.build_lora_config, offload=offload,
+                            prep_cache=prep_cache, sample_prompts=samples)
+    executor = None
     if workers:   # Ray is imported only on this path
-        from rapidfire_nb.engine import WorkerEngine
+        from rapidfire_nb.engine import RemoteChunkExecutor
 
-        engine = WorkerEngine(store, events, args.create_model, train, evald, args.num_chunks, args.seed,
-                              automl.build_training_args, automl.build_lora_config, num_workers=workers,
-                              **common)
-    else:
-        engine = Engine(store, events, args.create_model, train, evald, args.num_chunks, args.seed,
-                        automl.build_training_args, automl.build_lora_config, **common)
-    engine.sample_prompts = samples
+        executor = RemoteChunkExecutor(workers, inputs)
+    engine = Engine(store, events, inputs, executor=executor)
     for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
         engine.plan_run(spec)
     plan = make_plan(args, pruning_settings(group))
@@ -98,13 +96,9 @@ def prepare(config_group, create_model, train_dataset, eval_dataset, num_chunks,
     # what needs the base or the data: LoRA targets, the first rows, generation_config
     check_before_training(specs, engine.model_and_tokenizer, train, evald, prep_cache)
     check_sample_generation(specs, engine.model_and_tokenizer, samples, evald, prep_cache)
-    if workers:
-        # seconds of silence otherwise: Ray's start, then each worker imports torch and loads
-        # the model(s) and what the runs need (start_workers checks it before any run exists)
-        print(f"rapidfire: starting {workers} Ray worker{'s' if workers > 1 else ''} (Ray itself "
-              "first if it is not running: 10-30 s the first time); run_fit returns once each "
-              "worker has loaded the model", flush=True)
-        engine.start_workers(specs)   # Ray, the workers, what they must load; errors change nothing
+    # the executor's own checks (with Ray: the workers start and load what the runs need); its
+    # errors change nothing
+    engine.executor.prepare(specs)
     return Launch(args, engine, driver, plan, store, events, stored_meta, restore)
 
 

@@ -13,6 +13,23 @@ from rapidfire_nb.engine import RunSpec
 from rapidfire_nb.errors import ConfigError, OpRefused
 
 
+@dataclass(frozen=True)
+class FitCall:
+    """run_fit's arguments as the user gave them, unchecked: one value from the facade to
+    ``check_fit_arguments``, instead of the same eleven positional values passed on twice."""
+    config_group: Any
+    create_model: Any
+    train_dataset: Any
+    eval_dataset: Any = None
+    num_chunks: Any = None
+    seed: Any = 42
+    block: Any = None
+    num_shards: Any = None
+    num_gpus: Any = 1
+    monte_carlo_simulations: Any = 1000
+    sample_prompts: Any = None
+
+
 @dataclass
 class FitArguments:
     """run_fit's arguments, checked: ``num_chunks`` resolved from RapidFire's ``num_shards``,
@@ -35,12 +52,14 @@ def check_concurrency_flag(allow_concurrent) -> bool:
     return allow_concurrent
 
 
-def check_fit_arguments(config_group, create_model, train_dataset, eval_dataset, num_chunks, seed,
-                        block, num_shards, num_gpus, monte_carlo_simulations,
-                        num_workers=0) -> FitArguments:
+def check_fit_arguments(call: FitCall, num_workers=0) -> FitArguments:
     """Every check of run_fit's arguments that needs no model and no data row, in the order the
     user reads them; last, the sharded runs (FSDP) against the workers there will be
-    (``num_workers``: the Experiment's)."""
+    (``num_workers``: the Experiment's). ``sample_prompts`` are checked with the data."""
+    config_group, create_model = call.config_group, call.create_model
+    train_dataset, eval_dataset = call.train_dataset, call.eval_dataset
+    num_chunks, seed, block, num_gpus = call.num_chunks, call.seed, call.block, call.num_gpus
+    num_shards, monte_carlo_simulations = call.num_shards, call.monte_carlo_simulations
     if not callable(create_model):
         raise ConfigError("create_model must be a function model_config -> (model, tokenizer)")
     if isinstance(block, numbers.Integral) and not isinstance(block, bool):

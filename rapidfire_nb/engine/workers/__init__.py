@@ -10,8 +10,8 @@ events and the state to checkpoint.
 - ``policy.py``  which run an idle worker trains next (pure Python: fairness, stickiness).
 - ``pool.py``    connecting to Ray (or starting it), the actors, their deaths, and the
   replacement policy (``Replacements``).
-- ``engine.py``  ``RemoteChunkExecutor`` (one slot per worker) under the engine's one loop
-  (engine/controller.py), and ``WorkerEngine``: that engine, plus starting and replacing workers.
+- ``engine.py``  ``RemoteChunkExecutor``: one slot per worker under the engine's one loop
+  (engine/controller.py), starting and replacing workers through the executor's lifecycle hooks.
 
 Nothing here imports Ray at module level, and ``rapidfire_nb`` imports this package only when
 an experiment asks for workers: the single-device path never loads Ray.

@@ -1,18 +1,20 @@
-"""``WorkerEngine``: the in-kernel controller, with chunks trained by Ray workers.
+"""``RemoteChunkExecutor``: chunks trained by Ray workers, for the engine's one loop.
 
-Everything the kernel's engine does stays as it is: the op queue, the event log, the checkpoint
-writer (checkpoint first, then the chunk's events), runs.json, the AutoML boundary hook, recovery.
-Two things change:
+The engine (controller.py) is the same whatever trains its chunks: the op queue, the event log,
+the checkpoint writer (checkpoint first, then the chunk's events), runs.json, the AutoML boundary
+hook, recovery. This executor is what changes with Ray, through the executor seam
+(engine/executor.py):
 
-- the chunk executor (engine/executor.py) is ``RemoteChunkExecutor``, one slot per worker:
-  ``dispatch`` starts a chunk on a worker, ``collect`` gathers the replies that came back, and the
-  engine's one loop (controller.py) books them with its own code, as it books the kernel's;
-- workers that are lost are replaced (``pool.Replacements``: when, and when to give up).
+- one slot per worker: ``dispatch`` starts a chunk on a worker, ``collect`` gathers the replies
+  that came back, and the engine books them with its own code, as it books the kernel's;
+- its lifecycle hooks start the workers (``prepare``, ``open``), replace lost ones (``begin``,
+  ``tick``, ``recovering``: ``pool.Replacements`` says when, and when to give up), and handle a
+  lost chunk (``lost``) and a worker's failure text (``failure``).
 
-Where a run trains (see policy.py): on the worker that holds its trainer while it can; it moves only
-at a chunk boundary, by shipping its last checkpoint to the new worker. The experiment folder is
-the controller's alone; state travels through Ray's object store, so workers on other machines need
-no shared file system.
+Where a run trains (engine/scheduling/): on the worker that holds its trainer while it can; it
+moves only at a chunk boundary, by shipping its last checkpoint to the new worker. The experiment
+folder is the controller's alone; state travels through Ray's object store, so workers on other
+machines need no shared file system.
 
 Ops that touch a run whose chunk is in flight (stop, resume, delete, a clone of it) are held until
 that chunk has come back and its checkpoint is written, then applied in order: they see the run at
@@ -25,15 +27,14 @@ the other runs the dead worker held continue the same way. A worker that cannot 
 to the healthy workers instead of failing. A ``worker_lost`` event says what happened. With no
 worker left the active runs are stopped (resumable); resuming one starts replacement workers.
 """
-
 from __future__ import annotations
 
 import copy
 import time
 
 from rapidfire_nb.engine import runs as R
-from rapidfire_nb.engine.controller import Engine
 from rapidfire_nb.engine.executor import ChunkExecutor, ChunkResult, Flight
+from rapidfire_nb.engine.inputs import TrainingInputs
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.scheduler import RunView
 from rapidfire_nb.engine.workers.policy import choose_for_worker
@@ -84,13 +85,16 @@ class RemoteChunkExecutor(ChunkExecutor):
 
     on_device = None   # several devices: no single one
 
-    def __init__(self, pool: RayWorkerPool):
+    frees_local_memory = False   # trainers live in the workers: nothing here to collect
+
+    def __init__(self, num_workers: int, inputs: TrainingInputs):
         super().__init__()
-        self.pool = pool
+        self.pool = RayWorkerPool(num_workers, inputs)
+        self.replacements = self.pool.replacements
         self.home: dict[int, WorkerSlot] = {}     # run -> the live worker holding its trainer
         self.start: dict[int, dict] = {}          # warm clones' starting weights (shipped on arrival)
         self._boundary: dict[int, dict] = {}      # run -> weights of a chunk whose write is pending
-        self.write_pending = lambda run_id: False   # set by the engine (its writer)
+        self.write_pending = lambda run_id: False   # the engine's writer's, from ``begin`` on
         self.moves = 0
         self.hops: list[dict] = []                # per chunk: round trip vs time inside the worker
         self.gangs: dict[int, Gang] = {}          # devices -> the live gang of that size
@@ -380,6 +384,154 @@ class RemoteChunkExecutor(ChunkExecutor):
             del self.inflight[rid]
         return held
 
+    # -- lifecycle hooks (engine/executor.py): starting, replacing and losing workers -----------
+    def prepare(self, specs) -> None:
+        """Before any run exists (run_fit's thread): start the workers and check, with one round
+        trip, that each loads every callable the runs need and builds the same base models;
+        a ConfigError naming the field otherwise."""
+        from rapidfire_nb.engine.workers.pool import dumps_for_workers
+
+        n = self.pool.n
+        # seconds of silence otherwise: Ray's start, then each worker imports torch and loads
+        # the model(s) and what the runs need
+        print(f"rapidfire: starting {n} Ray worker{'s' if n > 1 else ''} (Ray itself first if it "
+              "is not running: 10-30 s the first time); run_fit returns once each worker has "
+              "loaded the model", flush=True)
+        blobs = {}
+        for i, spec in enumerate(specs):
+            where = f"config {i + 1}" if len(specs) > 1 else "the config"
+            for name in ("formatting_func", "compute_metrics"):
+                if getattr(spec, name, None) is not None:
+                    blobs[f"{name} ({where})"] = getattr(spec, name)
+            for j, fn in enumerate(getattr(spec, "reward_funcs", None) or []):
+                blobs[f"reward_funcs[{j}] ({where})"] = fn
+        blobs = {k: dumps_for_workers(k, v) for k, v in blobs.items()}
+        for i, spec in enumerate(specs):   # the rest of a config travels with its runs too
+            dumps_for_workers(f"config {i + 1}", spec)
+        need_pristine: dict = {}
+        for spec in specs:
+            need_pristine[spec.base_key()] = need_pristine.get(spec.base_key(), False) or spec.peft_config is None
+        bases, seen = [], set()
+        for spec in specs:
+            if spec.base_key() not in seen:
+                seen.add(spec.base_key())
+                bases.append((spec, need_pristine[spec.base_key()]))
+        self.pool.start(blobs, bases)
+
+    def open(self) -> None:
+        self.pool.start()   # Ray and the actors: the first time in the caller's thread, errors show
+
+    def begin(self, engine) -> None:
+        """At each loop start: replace dead workers, learn where each one runs, log it."""
+        self.write_pending = engine.persistence.writer.pending
+        with engine.lock:
+            # a loop (re)starts: a user's resume asks to try again after replacements gave up
+            slots = self.replacements.restart()
+        if not slots:
+            return
+        up, lost = self.replacements.describe(slots)
+        with engine.lock:
+            for slot, exc in lost:
+                self._worker_lost(engine, slot, exc, None)
+        engine.events.append("workers", workers=[{"worker": s.name, **s.info} for s in up],
+                             resources=dict(self.pool.resources))
+
+    def tick(self, engine) -> bool:
+        """Replacements first (those owed, those that came up); with no worker left and none
+        coming, the active runs are stopped (resumable: resuming starts new workers)."""
+        up, lost = self.replacements.tick(engine.has_active_runs(), engine.stopping)
+        for slot, exc in lost:
+            self._worker_lost(engine, slot, exc, None)
+        if up:
+            engine.events.append("workers", workers=[{"worker": s.name, **s.info} for s in up],
+                                 resources=dict(self.pool.resources))
+        if any(s.info for s in self.pool.live()):
+            return True
+        if not self.arrived and not self.replacements.recovering():
+            # replies back are booked first; replacements are awaited
+            why = self.replacements.not_replaced
+            why = f" ({why})" if why else ""
+            engine.stop_active("every Ray worker was lost (see the worker_lost events)"
+                               f"{why}; resume the run to continue it on new workers")
+        return False
+
+    def recovering(self, engine) -> bool:
+        return self.replacements.recovering() and engine.has_active_runs()
+
+    def leaving(self, engine) -> None:
+        self.replacements.drop()   # nothing left to train: replacements still starting not needed
+
+    def lost(self, engine, flight: Flight, exc: BaseException) -> bool:
+        """A dead worker (or one unfit for the run) loses only the chunk it trained: the run goes
+        back to the others; a Ray-level error of this call alone (an argument that cannot be
+        unpickled there) fails the run, as in the kernel."""
+        if not self.is_death(exc):
+            return False
+        slot = getattr(exc, "rf_member", None) or _first(flight.slot)
+        if isinstance(exc, WorkerUnfit):
+            self.pool.kill(slot)
+        self._worker_lost(engine, slot, exc, flight)
+        return True
+
+    def failure(self, exc: BaseException) -> tuple[str, str]:
+        """As the kernel: the one line as reason, the worker's traceback as error."""
+        if not isinstance(exc, WorkerTrainingError):
+            if self.pool.ray is None or not isinstance(exc, self.pool.ray.exceptions.RayError):
+                return super().failure(exc)
+            exc = WorkerTrainingError(_root_cause(exc), plain(str(exc)))
+        return exc.reason, exc.traceback
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+    def training_now(self) -> dict[str, int]:
+        return {f.slot.name: rid for rid, f in self.inflight.items()}
+
+    # -- deaths ---------------------------------------------------------------------------------
+    def _notice_other_deaths(self, slot: WorkerSlot) -> None:
+        """Under the lock: workers killed with ``slot`` (a node lost, ray.kill of several) whose
+        errors are back already count as dead before ``workers_left`` is logged (no waiting)."""
+        ray = self.pool.ray
+        others = {f.ref: f.slot for rid, f in self.inflight.items()
+                  if f.slot is not slot and f.slot.alive and rid not in self.arrived
+                  and not isinstance(f.slot, Gang)}
+        if not others or not ray.is_initialized():
+            return
+        ready, _ = ray.wait(list(others), num_returns=len(others), timeout=0)
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as exc:
+                if self.pool.is_death(exc):
+                    others[ref].alive = False
+
+    def _worker_lost(self, engine, slot: WorkerSlot, exc: BaseException, flight: Flight | None) -> None:
+        """Under the lock: forget what ``slot`` held, have it replaced, log ``worker_lost`` (and
+        one for each member of its gang, which ends with it)."""
+        gang = slot.gang if slot.gang is not None and not slot.gang.ended else None
+        held = self.lose(slot)
+        if gang is not None:   # its peers were killed with it: each is lost, and replaced
+            for m in gang.members:
+                if m is not slot:
+                    why = f"its gang {gang.name} lost worker {slot.name}; a gang ends with a member"
+                    replacement = self.replacements.lost(m, why, stopping=engine.stopping,
+                                                         active=engine.has_active_runs())
+                    engine.events.append("worker_lost", worker=m.name, node=m.info.get("node"),
+                                         reason=why, runs=[], chunk_lost=None,
+                                         workers_left=len([s for s in self.pool.live() if s.info]),
+                                         replacement=replacement)
+        self._notice_other_deaths(slot)
+        lost = None
+        if flight is not None:
+            lost = {"run_id": flight.run_id, "epoch": flight.epoch, "chunk": flight.chunk}
+        reason = plain(f"{type(exc).__name__}: {exc}")[:2000]
+        replacement = self.replacements.lost(slot, _root_cause(exc), stopping=engine.stopping,
+                                             active=engine.has_active_runs())
+        engine.events.append("worker_lost", worker=slot.name, node=slot.info.get("node"),
+                             reason=reason, runs=held, chunk_lost=lost,
+                             workers_left=len([s for s in self.pool.live() if s.info]),
+                             replacement=replacement)
+
 
 def _refs(flight: Flight) -> list:
     return flight.ref if isinstance(flight.ref, list) else [flight.ref]
@@ -402,194 +554,3 @@ def _gang_reply(replies: list[dict]) -> dict:
     out["worker_s"] = max(r["worker_s"] for r in replies)
     out["returned"] = max(r.get("returned", 0.0) for r in replies)
     return out
-
-
-class WorkerEngine(Engine):
-    """The engine (controller.py) over the Ray executor; what it adds: starting the workers,
-    replacing lost ones (``pool.Replacements``) and stopping the runs when none is left."""
-
-    def __init__(self, store, events, create_model, train_dataset, eval_dataset, num_chunks: int,
-                 seed: int, build_args, build_lora, *, num_workers: int, offload: str = "auto",
-                 **kwargs):
-        pool = RayWorkerPool(num_workers, create_model, train_dataset, eval_dataset, num_chunks,
-                             seed, build_args, build_lora, offload)
-        self.remote = RemoteChunkExecutor(pool)
-        super().__init__(store, events, create_model, train_dataset, eval_dataset, num_chunks,
-                         seed, build_args, build_lora, offload=offload, executor=self.remote,
-                         **kwargs)
-        self.pool = pool
-        self.replacements = pool.replacements
-        self.remote.write_pending = self.persistence.writer.pending
-
-    @property
-    def inflight(self) -> dict[int, Flight]:
-        return self.remote.inflight
-
-    @property
-    def placement_s(self) -> float:
-        return self.replacements.placement_s
-
-    @placement_s.setter
-    def placement_s(self, value: float) -> None:
-        self.replacements.placement_s = value
-
-    @property
-    def _starting(self) -> dict:
-        return self.replacements.starting
-
-    @property
-    def _owed(self) -> int:
-        return self.replacements.owed
-
-    # -- thread ---------------------------------------------------------------------------------
-    def start_workers(self, specs) -> None:
-        """Before any run exists (run_fit's thread): start the workers and check, with one round
-        trip, that each loads every callable the runs need and builds the same base models;
-        a ConfigError naming the field otherwise."""
-        blobs = {}
-        for i, spec in enumerate(specs):
-            where = f"config {i + 1}" if len(specs) > 1 else "the config"
-            for name in ("formatting_func", "compute_metrics"):
-                if getattr(spec, name, None) is not None:
-                    blobs[f"{name} ({where})"] = getattr(spec, name)
-            for j, fn in enumerate(getattr(spec, "reward_funcs", None) or []):
-                blobs[f"reward_funcs[{j}] ({where})"] = fn
-        from rapidfire_nb.engine.workers.pool import dumps_for_workers
-
-        blobs = {k: dumps_for_workers(k, v) for k, v in blobs.items()}
-        for i, spec in enumerate(specs):   # the rest of a config travels with its runs too
-            dumps_for_workers(f"config {i + 1}", spec)
-        need_pristine: dict = {}
-        for spec in specs:
-            need_pristine[spec.base_key()] = need_pristine.get(spec.base_key(), False) or spec.peft_config is None
-        bases, seen = [], set()
-        for spec in specs:
-            if spec.base_key() not in seen:
-                seen.add(spec.base_key())
-                bases.append((spec, need_pristine[spec.base_key()]))
-        self.pool.start(blobs, bases)
-
-    def start(self) -> None:
-        self.pool.start()   # Ray and the actors: the first time in run_fit's thread, errors show
-        super().start()
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self.pool.shutdown()
-
-    # -- the loop's hooks (controller.py) -------------------------------------------------------
-    def _begin_loop(self) -> None:
-        """At each loop start: replace dead workers, learn where each one runs, log it."""
-        with self.lock:
-            # a loop (re)starts: a user's resume asks to try again after replacements gave up
-            slots = self.replacements.restart()
-        if not slots:
-            return
-        up, lost = self.replacements.describe(slots)
-        with self.lock:
-            for slot, exc in lost:
-                self._worker_lost(slot, exc, None)
-        self.events.append("workers", workers=[{"worker": s.name, **s.info} for s in up],
-                           resources=dict(self.pool.resources))
-
-    def _dispatch(self) -> None:
-        """Under the lock: replacements first (those owed, those that came up), then the workers'
-        chunks; with no worker left and none coming, the active runs are stopped."""
-        active = any(r.status in R.ACTIVE for r in self.runs.values())
-        up, lost = self.replacements.tick(active, self._draining)
-        for slot, exc in lost:
-            self._worker_lost(slot, exc, None)
-        if up:
-            self.events.append("workers", workers=[{"worker": s.name, **s.info} for s in up],
-                               resources=dict(self.pool.resources))
-        if not any(s.info for s in self.pool.live()):
-            if not self.remote.arrived and not self.replacements.recovering():
-                self._no_worker_left()   # replies back are booked first; replacements awaited
-            return
-        super()._dispatch()
-
-    def _recovering(self) -> bool:
-        return self.replacements.recovering() and any(r.status in R.ACTIVE for r in self.runs.values())
-
-    def _on_leave(self) -> None:
-        self.replacements.drop()   # nothing left to train: replacements still starting not needed
-
-    def _chunk_lost(self, flight: Flight, exc: BaseException) -> None:
-        if self.remote.is_death(exc):
-            slot = getattr(exc, "rf_member", None) or _first(flight.slot)
-            if isinstance(exc, WorkerUnfit):
-                self.pool.kill(slot)
-            self._worker_lost(slot, exc, flight)
-            return
-        # a Ray-level error of this call alone (e.g. an argument that cannot be unpickled there)
-        super()._chunk_lost(flight, exc)
-
-    def _no_worker_left(self) -> None:
-        why = self.replacements.not_replaced
-        why = f" ({why})" if why else ""
-        for rec in self.runs.values():
-            if rec.status in R.ACTIVE:
-                self._set_status(rec, R.STOPPED, reason="every Ray worker was lost (see the "
-                                 f"worker_lost events){why}; resume the run to continue it on new "
-                                 "workers")
-
-    # -- deaths and failures --------------------------------------------------------------------
-    def _notice_other_deaths(self, slot: WorkerSlot) -> None:
-        """Under the lock: workers killed with ``slot`` (a node lost, ray.kill of several) whose
-        errors are back already count as dead before ``workers_left`` is logged (no waiting)."""
-        ray = self.pool.ray
-        others = {f.ref: f.slot for rid, f in self.inflight.items()
-                  if f.slot is not slot and f.slot.alive and rid not in self.remote.arrived
-                  and not isinstance(f.slot, Gang)}
-        if not others or not ray.is_initialized():
-            return
-        ready, _ = ray.wait(list(others), num_returns=len(others), timeout=0)
-        for ref in ready:
-            try:
-                ray.get(ref, timeout=0)
-            except Exception as exc:
-                if self.pool.is_death(exc):
-                    others[ref].alive = False
-
-    def _worker_lost(self, slot: WorkerSlot, exc: BaseException, flight: Flight | None) -> None:
-        gang = slot.gang if slot.gang is not None and not slot.gang.ended else None
-        held = self.remote.lose(slot)
-        if gang is not None:   # its peers were killed with it: each is lost, and replaced
-            for m in gang.members:
-                if m is not slot:
-                    why = f"its gang {gang.name} lost worker {slot.name}; a gang ends with a member"
-                    replacement = self.replacements.lost(
-                        m, why, stopping=self._draining or self.closed,
-                        active=any(r.status in R.ACTIVE for r in self.runs.values()))
-                    self.events.append("worker_lost", worker=m.name, node=m.info.get("node"),
-                                       reason=why, runs=[], chunk_lost=None,
-                                       workers_left=len([s for s in self.pool.live() if s.info]),
-                                       replacement=replacement)
-        self._notice_other_deaths(slot)
-        lost = None
-        if flight is not None:
-            lost = {"run_id": flight.run_id, "epoch": flight.epoch, "chunk": flight.chunk}
-        reason = plain(f"{type(exc).__name__}: {exc}")[:2000]
-        replacement = self.replacements.lost(
-            slot, _root_cause(exc), stopping=self._draining or self.closed,
-            active=any(r.status in R.ACTIVE for r in self.runs.values()))
-        self.events.append("worker_lost", worker=slot.name, node=slot.info.get("node"),
-                           reason=reason, runs=held, chunk_lost=lost,
-                           workers_left=len([s for s in self.pool.live() if s.info]),
-                           replacement=replacement)
-
-    def _fail(self, rec: RunRecord, exc: BaseException) -> None:
-        if not isinstance(exc, WorkerTrainingError):
-            if self.pool.ray is not None and isinstance(exc, self.pool.ray.exceptions.RayError):
-                exc = WorkerTrainingError(_root_cause(exc), plain(str(exc)))
-            else:
-                return super()._fail(rec, exc)
-        with self.lock:   # as the kernel: the one line as reason, the traceback as error
-            self._release(rec)
-            if rec.status not in R.TERMINAL:
-                self._set_status(rec, R.FAILED, error=exc.traceback, reason=exc.reason)
-
-    def _release(self, rec: RunRecord, collect: bool = True) -> None:
-        super()._release(rec, collect=False)   # nothing trains here: no local memory to collect

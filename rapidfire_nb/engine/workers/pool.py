@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapidfire_nb.engine.inputs import TrainingInputs
 from rapidfire_nb.errors import ConfigError
 
 RAY_MISSING = ("Ray is not installed; workers need it: pip install -e '.[ray]' from the clone "
@@ -197,11 +198,9 @@ def root_line(exc: BaseException | str) -> str:
 class RayWorkerPool:
     """``n`` ChunkWorker actors, created at ``start`` (in the caller's thread: errors show there)."""
 
-    def __init__(self, n: int, create_model, train_dataset, eval_dataset, num_chunks: int, seed: int,
-                 build_args, build_lora, offload: str = "auto"):
+    def __init__(self, n: int, inputs: TrainingInputs):
         self.n = n
-        self._worker_args = (create_model, train_dataset, eval_dataset, num_chunks, seed,
-                             build_args, build_lora, offload)
+        self.inputs = inputs
         self.slots: list[WorkerSlot] = []
         self.ray = None
         self.resources: dict = {}
@@ -233,7 +232,8 @@ class RayWorkerPool:
                               f"GPU; use num_workers<={cpus}")
         self.resources = {"num_gpus": 1 if gpus else 0, "num_cpus": per_cpu}
         self._wait_for_free_resources(ray, gpus, cpus)
-        create_model, train, evald, *rest = self._worker_args
+        inputs = self.inputs
+        create_model, train, evald = inputs.create_model, inputs.train_dataset, inputs.eval_dataset
         fields = dict(blobs or {})
         model_blob = dumps_for_workers("create_model", create_model)
         bases_blob = dumps_for_workers("the run configs", bases or [])
@@ -246,7 +246,6 @@ class RayWorkerPool:
                 raise ConfigError(f"{what} cannot be sent to the Ray workers: "
                                   f"{type(exc).__name__}: {plain(str(exc))[:300]}") from None
         self._refs = tuple(refs)
-        self._rest = rest
         for _ in range(self.n):
             self._add_worker()
         try:
@@ -317,13 +316,11 @@ class RayWorkerPool:
         cls = ray.remote(ChunkWorker).options(
             num_gpus=self.resources["num_gpus"], num_cpus=self.resources["num_cpus"],
             max_restarts=0, max_task_retries=0, name=None)
-        num_chunks, seed, build_args, build_lora, offload = self._rest
         threads = max(1, self.resources["num_cpus"])
         cap = os.environ.get("RAPIDFIRE_WORKER_THREADS", "")
         if cap.isdigit() and int(cap) > 0:
             threads = min(threads, int(cap))
-        actor = cls.remote(name, *self._refs, num_chunks, seed, build_args, build_lora, offload,
-                           threads)
+        actor = cls.remote(name, *self._refs, self.inputs.without_data(), threads)
         slot = WorkerSlot(index=index, name=name, actor=actor)
         self.slots.append(slot)
         return slot

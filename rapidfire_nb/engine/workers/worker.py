@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rapidfire_nb.engine.executor import LocalChunkExecutor
 from rapidfire_nb.engine.factory import TrainerFactory
+from rapidfire_nb.engine.inputs import TrainingInputs
 from rapidfire_nb.engine.hfstate import HF_STATE_LOCK
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.routing import routed_to
@@ -150,8 +151,10 @@ class ChunkWorker:
     """A long-lived worker; the controller calls ``train_chunk``, one call at a time."""
 
     def __init__(self, name: str, create_model_blob: bytes, train_dataset, eval_dataset,
-                 num_chunks: int, seed: int, build_args, build_lora, offload: str = "auto",
-                 torch_threads: int | None = None):
+                 inputs: TrainingInputs, torch_threads: int | None = None):
+        """``inputs`` comes without its model builder and datasets (``without_data``): the
+        builder comes pickled, the datasets through Ray's object store, as arguments of their own
+        (Ray resolves an object reference only when it is an argument)."""
         import peft  # noqa: F401  (imported now, while the worker starts, not in its first chunk)
         import torch
         import trl  # noqa: F401
@@ -170,11 +173,11 @@ class ChunkWorker:
             create_model = load_blob(create_model_blob)
         except Exception as exc:
             self.load_error = f"{type(exc).__name__}: {exc}"
-        self.factory = _FingerprintingFactory(self.store, create_model, train_dataset, eval_dataset,
-                                              num_chunks, seed, build_args, build_lora)
+        self.inputs = inputs.with_data(create_model, train_dataset, eval_dataset)
+        self.factory = _FingerprintingFactory(self.store, self.inputs)
         device = "cuda:0" if torch.cuda.is_available() else "cpu"   # Ray sets CUDA_VISIBLE_DEVICES
         self.executor = LocalChunkExecutor(
-            self.factory, self.store, f"{name}:{device}", Residency(offload),
+            self.factory, self.store, f"{name}:{device}", Residency(inputs.offload),
             may_move=lambda rid: True,   # no checkpoint is written here: any run may be parked
             progress_of=lambda rid: self.runs[rid].progress)
         from rapidfire_nb.engine.fsio import open_append_text
@@ -182,9 +185,7 @@ class ChunkWorker:
         self._log = open_append_text(self.root / "worker.log")
         # a gang (engine/fsdp.py): joined once, for the worker's life; its sharded runs train on
         # their own factory (bases sharded over the gang) beside the single-device ones
-        self._factory_args = (create_model, train_dataset, eval_dataset, num_chunks, seed,
-                              build_args, build_lora)
-        self._device, self._offload = device, offload
+        self._device = device
         self.gang = None
         self.gang_factory = None
         self.gang_executor = None
@@ -211,11 +212,11 @@ class ChunkWorker:
         class _GangFactory(ShardedFactoryMixin, _FingerprintingFactory):
             pass
 
-        factory = _GangFactory(self.store, *self._factory_args)
+        factory = _GangFactory(self.store, self.inputs)
         factory.membership = membership
         self.gang, self.gang_factory = membership, factory
         self.gang_executor = LocalChunkExecutor(
-            factory, self.store, f"{self.name}:{self._device}", Residency(self._offload),
+            factory, self.store, f"{self.name}:{self._device}", Residency(self.inputs.offload),
             may_move=lambda rid: True, progress_of=lambda rid: self.runs[rid].progress)
         return {"gang": name, "rank": rank, "size": size, "backend": membership.backend}
 
