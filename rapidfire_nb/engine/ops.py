@@ -5,7 +5,7 @@ The rules live in ``ops_rules.json`` beside this file, so that the panel's butto
 against the same data (js/test/ops_rules.test.ts), as the event schema is. Three places use them:
 an op is validated against the run as the queued ops will leave it (``checked_run``,
 ``check_status_op``), that state is projected by replaying queued ops with ``leaves``
-(``project``), and the engine thread re-checks each op when it applies it (``apply_queued``: a
+(``project``), and the engine re-checks each op when it applies it (``apply_queued``: a
 run may have finished meanwhile). Checks that need more than a status (a warm start's weights, a
 clone's changes) are made where the facts are: a warm clone's weights when it is applied
 (``clone``), a clone's changes by the caller that builds its spec.
@@ -149,7 +149,7 @@ def check_status_op(op: str, view: ProjectedRun) -> None:
 #
 # ``engine`` is the controller's Engine (engine/controller.py, which calls in here: this module
 # never imports it). Everything below runs holding the engine's lock, in the engine thread or,
-# once that has left, in the thread that drains the engine: never beside a chunk boundary.
+# once that has left, in the thread that drains the engine.
 
 def apply_queued(engine) -> bool:
     """Apply queued ops in order, holding (in order) those on a run whose chunk is in flight:
