@@ -22,10 +22,12 @@ _WHERE = {
     "PROMPT_KEYS": "genconfig", "check_generation_keys": "genconfig",
     "check_generation_settings": "genconfig", "check_prompt_settings": "genconfig",
     "check_sample_prompts": "generation", "check_sample_generation": "precheck",
-    # the engine, its ops and their rules
-    "Engine": "controller", "TrainingInputs": "inputs", "Op": "controller", "Note": "controller", "weights_lost_reason": "controller",
+    # the engine, what it trains with, its ops (their rules, checks and application) and its
+    # read-only view
+    "Engine": "controller", "TrainingInputs": "inputs", "Op": "controller", "Note": "controller",
+    "weights_lost_reason": "ops",
     "refusal": "ops", "ProjectedRun": "ops", "known_ids": "ops", "project": "ops",
-    "checked_run": "ops", "check_status_op": "ops", "EngineView": "ops",
+    "checked_run": "ops", "check_status_op": "ops", "EngineView": "view",
     "ENDED_REASON": "lifecycle", "wait_with_progress": "lifecycle", "interruptible": "lifecycle",
     "trainer_class": "adapters", "warn_engine_owned_knobs": "adapters.base",
     "check_before_training": "precheck", "check_target_modules": "precheck",

@@ -29,23 +29,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapidfire_nb.engine import ops as rules
+from rapidfire_nb.engine import ops
 from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.events import EventLog
 from rapidfire_nb.engine.fsio import open_append_text
 from rapidfire_nb.engine.executor import ChunkExecutor, LocalChunkExecutor
 from rapidfire_nb.engine.factory import TrainerFactory
 from rapidfire_nb.engine.inputs import TrainingInputs
-from rapidfire_nb.engine.ops import EngineView
+from rapidfire_nb.engine.ops import weights_lost
 from rapidfire_nb.engine.persistence import Persistence
-from rapidfire_nb.engine.precheck import check_sample_generation
 from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.routing import LIBRARY_LOGGERS, routed_to
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
 from rapidfire_nb.engine.scheduler import FairScheduler, RunView
 from rapidfire_nb.engine.store import ExperimentStore
-from rapidfire_nb.errors import OpRefused, RapidFireError
+from rapidfire_nb.engine.view import EngineView
+from rapidfire_nb.errors import RapidFireError
 
 _POLL_S = 0.1          # how long the loop waits for a chunk before looking at the op queue again
 _WRITE_POLL_S = 0.005  # ... and before looking whether the checkpoint writer is done
@@ -107,18 +107,6 @@ def _devices(spec: RunSpec) -> dict:
     return {"devices": k} if k > 1 else {}
 
 
-def weights_lost(rec: RunRecord) -> bool:
-    """A run without live or stored weights whose weights are not just its fresh initialisation:
-    it trained (or started warm), so a clone of it that starts fresh would not be warm."""
-    return rec.warm_start or rec.completed_steps > rec.step_offset or rec.chunks_done > 0
-
-
-def weights_lost_reason(rec: RunRecord, store: ExperimentStore) -> str:
-    return (f"run {rec.run_id} ({rec.status}, {rec.completed_steps - rec.step_offset} steps trained) "
-            f"has no weights to warm-start from: its checkpoint {store.checkpoint_path(rec.run_id)} "
-            f"is missing (deleted, or a partial copy of the folder); clone it cold (warm_start=False)")
-
-
 class _DiscardedLog(io.StringIO):
     """Where the engine's warnings go when its log file cannot be opened: nowhere."""
 
@@ -159,7 +147,7 @@ class Engine:
         # a new thread, even though the old one is still alive in its clean-up
         self._leaving = False
         # called by the engine thread, under the lock, before each scheduling decision (i.e. at
-        # every chunk boundary) with a read-only view of the engine (ops.EngineView); it yields
+        # every chunk boundary) with a read-only view of the engine (view.EngineView); it yields
         # what it decides, as ops and notes, and the engine acts on each before the next chunk
         # (AutoML pruning and refills, rapidfire_nb/tuning/driver.py). The policy never calls
         # the engine.
@@ -840,111 +828,16 @@ class Engine:
 
     # -- ops ----------------------------------------------------------------------------------
     def _apply_ops(self) -> None:
-        """Apply queued ops in order, holding (in order) those on a run whose chunk is in flight:
-        they are applied once it has come back and been booked, so that they see the run at a
-        chunk boundary (in the kernel nothing is in flight between chunks)."""
-        drained = []
-        while True:
-            try:
-                drained.append(self.ops.get_nowait())
-            except queue.Empty:
-                break
-        blocked = set(self.executor.inflight)
-        held, ready = [], []
-        for op in self._held_ops + drained:
-            ids = {op.run_id} | ({op.new_run_id} if op.new_run_id is not None else set())
-            if ids & blocked:
-                held.append(op)
-                blocked |= ids      # later ops on these runs wait behind it
-            else:
-                ready.append(op)
-        self._held_ops = held
-        freed = False
-        for op in ready:
-            self._queued[:] = [q for q in self._queued if q is not op]
-            rec = self.runs.get(op.run_id)
-            ok, reason = True, None
-            try:
-                if rec is None and op.kind != "add":   # a queued clone that was refused when applied
-                    raise OpRefused(f"run {op.run_id} does not exist (its clone was refused)")
-                if op.kind in ("stop", "resume", "delete") and not rules.allowed(op.kind, rec.status):
-                    # the run moved on since the op was validated (it finished, or failed)
-                    ok, reason = False, f"run {op.run_id} is {rec.status}"
-                elif op.kind == "stop":
-                    self._set_status(rec, rules.leaves("stop", rec.status),
-                                     reason=op.reason or "stopped by user", pruned=op.pruned)
-                elif op.kind == "resume":
-                    self._set_status(rec, rules.leaves("resume", rec.status), reason="resumed by user")
-                elif op.kind == "delete":
-                    self._delete(rec)
-                elif op.kind == "clone":
-                    self._clone(op, rec)
-                elif op.kind == "add":
-                    if op.run_id in self.runs:
-                        ok, reason = False, f"run {op.run_id} exists already"
-                    else:
-                        self.add_run(op.spec, run_id=op.run_id)
-            except Exception as exc:
-                ok, reason = False, f"{type(exc).__name__}: {exc}"
-            self.log_answer(op.kind, op.run_id, ok, reason, new_run_id=op.new_run_id,
-                            latency_s=time.time() - op.submitted)
-            freed = freed or (ok and op.kind == "delete")
-        if freed:
-            # one collection per batch of deletes: a gc.collect() is slow with
-            # transformers loaded, and every op queued behind would wait for each one
+        """Queued ops applied (engine/ops.py); one collection for a batch that deleted runs: a
+        gc.collect() is slow with transformers loaded, and every op queued behind would wait."""
+        if ops.apply_queued(self):
             _collect_garbage()
-
-    def _delete(self, rec: RunRecord) -> None:
-        if rec.status == R.DELETED:
-            return
-        self._release(rec, collect=False)  # _apply_ops collects once per batch
-        self.store.delete_checkpoints(rec.run_id)
-        self._set_status(rec, R.DELETED, reason="deleted by user")
 
     def _release(self, rec: RunRecord, collect: bool = True) -> None:
         """Free a run's trainer, optimizer, adapter and device memory."""
         self.executor.release(rec)
         if collect and self.executor.frees_local_memory:
             _collect_garbage()
-
-    def _clone(self, op: Op, parent: RunRecord) -> None:
-        weights = None
-        if op.warm_start:
-            # a delete queued before this clone was validated may have been applied first
-            if parent.status == R.DELETED:
-                raise OpRefused(f"run {parent.run_id} was deleted before this warm clone was "
-                                "applied; its weights are gone")
-            weights = self._warm_start_weights(parent)
-            if weights is None:
-                if weights_lost(parent):
-                    # a silent cold start labelled warm would be a wrong result nobody can see
-                    raise OpRefused(weights_lost_reason(parent, self.store))
-        # the run_fit check of the sample prompts, for the clone's generation settings: refused
-        # now, with the prompt named, rather than failing the clone after its first chunk
-        check_sample_generation([op.spec], self.model_and_tokenizer, self.sample_prompts,
-                                self.factory.eval_dataset, self.factory.prep_cache, run_ids=[op.new_run_id])
-        if weights is not None:
-            # on disk before the run exists: a crash in between leaves only an orphan file
-            self.store.save_warm_start(op.new_run_id, weights, op.spec.fingerprint())
-        rec = self.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
-                           changes=op.changes)
-        if weights is not None:
-            self.executor.set_start_weights(rec.run_id, weights)
-
-    def _warm_start_weights(self, parent: RunRecord) -> dict | None:
-        """Where a warm clone starts: the parent's live weights, else its last checkpoint, else
-        (a warm clone that never finished a chunk, whatever its status) the weights it started
-        from. None when none of these exist."""
-        weights = self.executor.live_weights(parent.run_id)
-        if weights is not None:
-            return weights
-        ckpt = self.store.load_checkpoint(parent.run_id)
-        if ckpt is not None:
-            return ckpt["trainer"]["weights"]
-        weights = self.executor.start_weights(parent.run_id)
-        if weights is None and parent.warm_start:
-            weights = self.store.load_warm_start(parent.run_id)
-        return weights
 
     def _fail(self, rec: RunRecord, exc: BaseException) -> None:
         """Failure isolation: this run fails (its reason and error as its executor reads the

@@ -1,26 +1,36 @@
-"""IC ops: the one table of their rules, the runs as queued ops will leave them, and the
-read-only view of the engine that policies and readers get.
+"""IC ops (stop, resume, delete, clone, add): the one table of their rules, the check of an op
+against the run as the queued ops will leave it, and the ops' application by the engine.
 
 The rules live in ``ops_rules.json`` beside this file, so that the panel's buttons are checked
 against the same data (js/test/ops_rules.test.ts), as the event schema is. Three places use them:
 an op is validated against the run as the queued ops will leave it (``checked_run``,
 ``check_status_op``), that state is projected by replaying queued ops with ``leaves``
-(``project``), and the controller re-checks each op when it applies it (a run may have finished
-meanwhile). Checks that need more
-than a status (a warm start's weights, a clone's changes) stay with the code that has the facts.
+(``project``), and the engine re-checks each op when it applies it (``apply_queued``: a
+run may have finished meanwhile). Checks that need more than a status (a warm start's weights, a
+clone's changes) are made where the facts are: a warm clone's weights when it is applied
+(``clone``), a clone's changes by the caller that builds its spec.
+
+The application functions take the engine as their first argument, as a Ray Tune scheduler's
+hooks take the trial runner: they change runs only through the engine's own methods (its status
+changes, ``add_run``, releasing a run's memory, the answer logged for each op), under its lock,
+in the engine thread (or, once that has left, in the thread that drains the engine).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import queue
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rapidfire_nb.engine import runs as R
+from rapidfire_nb.engine.precheck import check_sample_generation
 from rapidfire_nb.errors import OpRefused
+
+if TYPE_CHECKING:
+    from rapidfire_nb.engine.store import ExperimentStore
 
 RULES_PATH = Path(__file__).with_name("ops_rules.json")
 RULES: dict = json.loads(RULES_PATH.read_text(encoding="utf-8"))
@@ -135,34 +145,129 @@ def check_status_op(op: str, view: ProjectedRun) -> None:
         raise OpRefused(refused)
 
 
-class EngineView:
-    """The engine as a policy (the AutoML driver) sees it: read-only. At a chunk boundary
-    ``runs`` is the live run table, read under the engine's lock; elsewhere hold
-    ``atomically()`` while reading it, or use ``snapshot()``."""
+# -- ops applied, by the engine thread at a chunk boundary ----------------------------------------
+#
+# ``engine`` is the controller's Engine (engine/controller.py, which calls in here: this module
+# never imports it). Everything below runs holding the engine's lock, in the engine thread or,
+# once that has left, in the thread that drains the engine.
 
-    def __init__(self, engine):
-        self._engine = engine
+def apply_queued(engine) -> bool:
+    """Apply queued ops in order, holding (in order) those on a run whose chunk is in flight:
+    they are applied once it has come back and been booked, so that they see the run at a
+    chunk boundary (in the kernel nothing is in flight between chunks). Each op is answered in
+    the event log, accepted or refused. True when a delete was accepted: the caller then frees
+    the deleted runs' memory, once for the whole batch."""
+    drained = []
+    while True:
+        try:
+            drained.append(engine.ops.get_nowait())
+        except queue.Empty:
+            break
+    blocked = set(engine.executor.inflight)
+    held, ready = [], []
+    for op in engine._held_ops + drained:
+        ids = {op.run_id} | ({op.new_run_id} if op.new_run_id is not None else set())
+        if ids & blocked:
+            held.append(op)
+            blocked |= ids      # later ops on these runs wait behind it
+        else:
+            ready.append(op)
+    engine._held_ops = held
+    freed = False
+    for op in ready:
+        engine._queued[:] = [q for q in engine._queued if q is not op]
+        rec = engine.runs.get(op.run_id)
+        ok, reason = True, None
+        try:
+            if rec is None and op.kind != "add":   # a queued clone that was refused when applied
+                raise OpRefused(f"run {op.run_id} does not exist (its clone was refused)")
+            if op.kind in ("stop", "resume", "delete") and not allowed(op.kind, rec.status):
+                # the run moved on since the op was validated (it finished, or failed)
+                ok, reason = False, f"run {op.run_id} is {rec.status}"
+            elif op.kind == "stop":
+                engine._set_status(rec, leaves("stop", rec.status),
+                                   reason=op.reason or "stopped by user", pruned=op.pruned)
+            elif op.kind == "resume":
+                engine._set_status(rec, leaves("resume", rec.status), reason="resumed by user")
+            elif op.kind == "delete":
+                delete(engine, rec)
+            elif op.kind == "clone":
+                clone(engine, op, rec)
+            elif op.kind == "add":
+                if op.run_id in engine.runs:
+                    ok, reason = False, f"run {op.run_id} exists already"
+                else:
+                    engine.add_run(op.spec, run_id=op.run_id)
+        except Exception as exc:
+            ok, reason = False, f"{type(exc).__name__}: {exc}"
+        engine.log_answer(op.kind, op.run_id, ok, reason, new_run_id=op.new_run_id,
+                          latency_s=time.time() - op.submitted)
+        freed = freed or (ok and op.kind == "delete")
+    return freed
 
-    @property
-    def runs(self) -> Mapping:
-        return MappingProxyType(self._engine.runs)
 
-    def atomically(self):
-        return self._engine.atomically()
+def delete(engine, rec: R.RunRecord) -> None:
+    """The run's memory released (not collected: ``apply_queued``'s caller collects once per
+    batch), its checkpoints removed, its status ``deleted``."""
+    if rec.status == R.DELETED:
+        return
+    engine._release(rec, collect=False)
+    engine.store.delete_checkpoints(rec.run_id)
+    engine._set_status(rec, R.DELETED, reason="deleted by user")
 
-    def snapshot(self) -> dict:
-        return self._engine.snapshot()
 
-    def project(self, run_id: int) -> ProjectedRun | None:
-        return project(self._engine, run_id)
+def weights_lost(rec: R.RunRecord) -> bool:
+    """A run without live or stored weights whose weights are not just its fresh initialisation:
+    it trained (or started warm), so a clone of it that starts fresh would not be warm."""
+    return rec.warm_start or rec.completed_steps > rec.step_offset or rec.chunks_done > 0
 
-    def run_ids(self) -> list[int]:
-        return self._engine.run_ids()
 
-    def taken_ids(self) -> set[int]:
-        """Every run id in use: the runs', and those handed out for runs not created yet."""
-        return self._engine.taken_ids()
+def weights_lost_reason(rec: R.RunRecord, store: ExperimentStore) -> str:
+    return (f"run {rec.run_id} ({rec.status}, {rec.completed_steps - rec.step_offset} steps trained) "
+            f"has no weights to warm-start from: its checkpoint {store.checkpoint_path(rec.run_id)} "
+            f"is missing (deleted, or a partial copy of the folder); clone it cold (warm_start=False)")
 
-    def plan_run(self, spec):
-        """The run's plan and total optimizer steps (raises when ``spec`` cannot be planned)."""
-        return self._engine.plan_run(spec)
+
+def clone(engine, op, parent: R.RunRecord) -> None:
+    """The run ``op`` clones from ``parent`` added to the engine: warm (the parent's weights, as
+    ``warm_start_weights`` finds them), or cold. ``OpRefused`` when a warm clone has nothing to
+    start from, or its generation settings do not fit the sample prompts."""
+    weights = None
+    if op.warm_start:
+        # a delete queued before this clone was validated may have been applied first
+        if parent.status == R.DELETED:
+            raise OpRefused(f"run {parent.run_id} was deleted before this warm clone was "
+                            "applied; its weights are gone")
+        weights = warm_start_weights(engine, parent)
+        if weights is None:
+            if weights_lost(parent):
+                # a silent cold start labelled warm would be a wrong result nobody can see
+                raise OpRefused(weights_lost_reason(parent, engine.store))
+    # the run_fit check of the sample prompts, for the clone's generation settings: refused
+    # now, with the prompt named, rather than failing the clone after its first chunk
+    check_sample_generation([op.spec], engine.model_and_tokenizer, engine.sample_prompts,
+                            engine.inputs.eval_dataset, engine.inputs.prep_cache,
+                            run_ids=[op.new_run_id])
+    if weights is not None:
+        # on disk before the run exists: a crash in between leaves only an orphan file
+        engine.store.save_warm_start(op.new_run_id, weights, op.spec.fingerprint())
+    rec = engine.add_run(op.spec, run_id=op.new_run_id, parent=parent, warm_start=op.warm_start,
+                         changes=op.changes)
+    if weights is not None:
+        engine.executor.set_start_weights(rec.run_id, weights)
+
+
+def warm_start_weights(engine, parent: R.RunRecord) -> dict | None:
+    """Where a warm clone starts: the parent's live weights, else its last checkpoint, else
+    (a warm clone that never finished a chunk, whatever its status) the weights it started
+    from. None when none of these exist."""
+    weights = engine.executor.live_weights(parent.run_id)
+    if weights is not None:
+        return weights
+    ckpt = engine.store.load_checkpoint(parent.run_id)
+    if ckpt is not None:
+        return ckpt["trainer"]["weights"]
+    weights = engine.executor.start_weights(parent.run_id)
+    if weights is None and parent.warm_start:
+        weights = engine.store.load_warm_start(parent.run_id)
+    return weights
