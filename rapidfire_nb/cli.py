@@ -58,7 +58,8 @@ def demo(argv: list[str]) -> int:
             tok = AutoTokenizer.from_pretrained(cfg["model_name"])
             return AutoModelForCausalLM.from_pretrained(cfg["model_name"], **cfg["model_kwargs"]), tok
 
-        model_name, targets_small, targets_big = args.model, ["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"]
+        model_name = args.model
+        targets_small, targets_big = ["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"]
     else:
         create_model = demo_data.tiny_create_model
         # the big adapter also covers the MLP: on a randomly initialised base, attention-only

@@ -54,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="run the TRL baseline in the main thread (default: a worker thread, like "
                          "the engine's training thread)")
     ap.add_argument("--pruner", choices=("sha", "median", "hyperband"), default=None,
-                    help="run the pruning comparison instead: an 8-config grid (4 learning rates x 2 LoRA ranks) trained in full "
-                         "and with this pruner; best final eval loss and wall time of each")
+                    help="run the pruning comparison instead: an 8-config grid (4 learning rates x 2 "
+                         "LoRA ranks) trained in full and with this pruner; best final eval loss and wall time of each")
     ap.add_argument("--reduction-factor", type=int, default=2,
                     help="with --pruner or --vs: keep 1/N per rung")
     ap.add_argument("--vs", default=None, metavar="PEERS",

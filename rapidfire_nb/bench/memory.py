@@ -96,7 +96,8 @@ def measure_memory(p: Preset, runs: tuple[int, ...], use_eval: bool, threads: in
     results = {}
     for n in runs:
         cmd = [sys.executable, "-c",
-               "import sys; from rapidfire_nb.bench.memory import _mem_probe_main; sys.exit(_mem_probe_main(sys.argv[1:]))",
+               "import sys; from rapidfire_nb.bench.memory import _mem_probe_main; "
+               "sys.exit(_mem_probe_main(sys.argv[1:]))",
                json.dumps({"preset": asdict(p), "runs": n, "eval": use_eval, "threads": threads})]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(MEM_PROBE_TAG)), None)

@@ -698,7 +698,8 @@ def peer_wins(stats: dict, names: list[str]) -> list[str]:
     out = []
     for f, label in (("t_winner_s", "time to the winner"), ("t_within_1pct_s", "time to within 1 %"),
                      ("wall_s", "time to the end"), ("best_final_eval_loss", "best final eval loss"),
-                     ("steps", "optimizer steps"), ("rss_growth_mb", "RSS growth in training"), ("peak_cuda_mb", "peak CUDA memory")):
+                     ("steps", "optimizer steps"), ("rss_growth_mb", "RSS growth in training"),
+                     ("peak_cuda_mb", "peak CUDA memory")):
         mine = [stats[n][f]["median"] for n in ours if f in stats[n]]
         if not mine:
             continue

@@ -44,17 +44,20 @@ _WHERE = {
     # the event log and the reducer's run table
     "EventLog": "events", "ReadOnlyLog": "events", "read_events": "events",
     "read_nofollow": "events", "EventLogError": "events", "MAX_RUN_ID": "events",
-    "MetricNamesError": "events", "MAX_METRICS_PER_EVENT": "events", "MAX_METRIC_NAMES": "events", "FolderLinkError": "events",
+    "MetricNamesError": "events", "MAX_METRICS_PER_EVENT": "events", "MAX_METRIC_NAMES": "events",
+    "FolderLinkError": "events",
     "LiveTable": "state", "new_table": "state", "reduce": "state", "fold": "state",
     "get_run": "state", "runs_by_id": "state", "metric_x": "state", "lower_is_better": "state",
     "config_fingerprint": "state", "check_automl_state": "state",
     "TIME_KEYS": "state", "TIMELINE_COLUMNS": "state", "time_field": "state",
     # the experiment folder
     "ExperimentStore": "store", "check_experiment_meta": "store", "read_json": "store",
-    "refuse_links": "store", "check_experiment_name": "store", "MAX_NAME": "store", "failed_by_the_disk": "store", "MetadataError": "store",
+    "refuse_links": "store", "check_experiment_name": "store", "MAX_NAME": "store",
+    "failed_by_the_disk": "store", "MetadataError": "store",
     "CheckpointReadError": "store", "checkpoint_writes": "persistence",
     "FolderLock": "lock", "ExperimentLocked": "lock",
-    "atomic_write_json": "fsio", "refuse_special_files": "fsio", "atomic_write_text": "fsio", "atomic_write_bytes": "fsio",
+    "atomic_write_json": "fsio", "refuse_special_files": "fsio", "atomic_write_text": "fsio",
+    "atomic_write_bytes": "fsio",
 }
 __all__ = sorted(_WHERE)
 

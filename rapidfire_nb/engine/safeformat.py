@@ -10,8 +10,8 @@ The JSON skeleton marks what JSON cannot say on its own:
 ``{"$t": name}`` a tensor, ``{"$np": name, "dtype": ...}`` a numpy array, ``{"$tuple": [...]}``,
 ``{"$map": [[key, value], ...]}`` a dict whose keys are not all strings (optimizer state is keyed
 by parameter index), ``{"$float": "nan"|"inf"|"-inf"}``, and (version 2) ``{"$tensors": [i, [key,
-...]]}`` a dict of tensors stored as consecutive tensors ``t<i>``, ``t<i+1>``, .... A plain dict whose keys start with "$"
-is written as ``$map`` too, so a marker is never mistaken for data.
+...]]}`` a dict of tensors stored as consecutive tensors ``t<i>``, ``t<i+1>``, .... A plain dict
+whose keys start with "$" is written as ``$map`` too, so a marker is never mistaken for data.
 
 Two layouts share that skeleton. Version 1 stores each tensor as its own safetensors entry.
 Version 2 (chunk-boundary checkpoints, ``flat_snapshot``) stores one flat buffer per dtype and a

@@ -6,8 +6,9 @@
 
 ``prepare`` checks run_fit's arguments (``arguments.py``: every refusal that needs nothing), then
 everything that needs the data, the folder or the models (``plan.FitPlan``; ``resume.py`` for a
-resumed folder), and writes nothing: a refusal there leaves the folder as it was. ``commit`` creates the runs (or restores them) and wires the AutoML driver
-(``rapidfire_nb.tuning``) to the engine.
+resumed folder), and writes nothing: a refusal there leaves the folder as it was. ``commit``
+creates the runs (or restores them) and wires the AutoML driver (``rapidfire_nb.tuning``) to the
+engine.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ class Launch:
 
 def prepare(call: FitCall, *, store, events, table, name: str, stored_meta: dict | None,
             num_workers, offload: str) -> Launch:
-    """Everything run_fit checks before it writes: its arguments (``check_fit_arguments``), the data against every run, the engine and
-    each run's plan, a resume against the folder, the AutoML objective, the base models (loaded
-    here, in the caller's thread, so ``create_model``'s errors show in the cell) and, with Ray,
-    the workers. ``stored_meta`` is the resumed folder's experiment.json (None: a new one)."""
+    """Everything run_fit checks before it writes: its arguments (``check_fit_arguments``), the
+    data against every run, the engine and each run's plan, a resume against the folder, the
+    AutoML objective, the base models (loaded here, in the caller's thread, so ``create_model``'s
+    errors show in the cell) and the executor's own checks (with Ray: the workers start and load
+    what the runs need). ``stored_meta`` is the resumed folder's experiment.json (None: a new one)."""
     from rapidfire_nb import automl
-    from rapidfire_nb.engine import (Engine, TrainingInputs, check_before_training, check_run_data, check_sample_generation,
-                                     check_sample_prompts, trainer_class)
+    from rapidfire_nb.engine import (Engine, TrainingInputs, check_before_training, check_run_data,
+                                     check_sample_generation, check_sample_prompts, trainer_class)
     from rapidfire_nb.errors import ConfigError
     from rapidfire_nb.launch.resume import check_resume, plan_restore
     from rapidfire_nb.tuning import check_objective_is_logged, driver_for, needs_driver, pruning_settings

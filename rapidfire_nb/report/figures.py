@@ -282,7 +282,8 @@ def timeline_figure(table: dict) -> go.Figure:
             orientation="h", y=d["y"], x=d["x"], base=d["base"], name=f"run {run_id}",
             text=d["text"], textposition="none", customdata=d["base"],
             marker=dict(color=run_color(run_id), line=dict(width=0.5, color="#ffffff")),
-            hovertemplate=f"run {run_id} · %{{text}}<br>starts at %{{customdata:.1f}} s, lasts %{{x:.2f}} s<extra></extra>"))
+            hovertemplate=(f"run {run_id} · %{{text}}<br>starts at %{{customdata:.1f}} s, "
+                           "lasts %{x:.2f} s<extra></extra>")))
     fig = go.Figure(data=traces)
     fig.update_layout(barmode="overlay", title=dict(text=f"chunk timeline · {len(rows)} chunks"),
                       xaxis=dict(title=dict(text="seconds since the first chunk")),
@@ -426,7 +427,8 @@ def knobs_figure(table: dict, metric: str | None = None, value: str = "best",
         (with_value if isinstance(v, (int, float)) and math.isfinite(v) else missing).append((r, v))
     title = f"knobs → {name} ({value})"
     if missing:
-        title += f" · no value for run{'s' if len(missing) > 1 else ''} {', '.join(str(r['run_id']) for r, _ in missing)}"
+        ids = ", ".join(str(r["run_id"]) for r, _ in missing)
+        title += f" · no value for run{'s' if len(missing) > 1 else ''} {ids}"
     if not keys:
         fig = go.Figure()
         fig.add_annotation(text="no knob varies between the runs", showarrow=False, xref="paper",

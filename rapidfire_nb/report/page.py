@@ -157,7 +157,8 @@ def _shown_text(text: str) -> str:
     """An answer as the page shows it: control characters (other than line breaks and tabs) as
     U+FFFD, an empty answer said in words rather than left as a blank cell, a long one cut."""
     if not text.strip():
-        return '<i style="color:#888" title="the run generated no text (its first new token ended the answer)">(empty answer)</i>'
+        return ('<i style="color:#888" title="the run generated no text (its first new token ended '
+                'the answer)">(empty answer)</i>')
     return _e("".join(c if c in "\n\t" or ord(c) >= 32 and ord(c) != 127 else "\ufffd" for c in cut_text(text)))
 
 
@@ -172,7 +173,8 @@ def generations_html(table: dict) -> str:
     points = sorted({g["samples_seen"] for r in runs for g in r["generations"]
                      if isinstance(g["samples_seen"], int)}, reverse=True)
     many_epochs = any((g["epoch"] or 0) > 0 for r in runs for g in r["generations"])
-    cell = 'style="padding:3px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;white-space:pre-wrap;max-width:28em"'
+    cell = ('style="padding:3px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top;'
+            'white-space:pre-wrap;max-width:28em"')
     out = [f'<p class="meta">{len(runs)} runs answer the same prompts after every chunk; at each point '
            "a run shows its latest answer up to it"
            + (" (✓: the answer equals the reference)" if any(ref is not None for r in runs for g in r["generations"]
@@ -223,8 +225,10 @@ def generations_html(table: dict) -> str:
         # it is, or points sorted by samples read as epochs going back and forth (as the panel)
         own = (f"run {newest_run['run_id']}'s " if where and newest_run.get("warm_start")
                and newest_run.get("parent_run_id") is not None else "")
-        summary = f"after {x} samples" + (f" ({own}{', '.join(where)})" if where else "") + (" · latest" if i == 0 else "")
-        out.append(f'<details data-samples="{x}"{" open" if i == 0 else ""}><summary>{_e(summary)}</summary>{body}</details>')
+        summary = (f"after {x} samples" + (f" ({own}{', '.join(where)})" if where else "")
+                   + (" · latest" if i == 0 else ""))
+        out.append(f'<details data-samples="{x}"{" open" if i == 0 else ""}><summary>{_e(summary)}</summary>'
+                   f'{body}</details>')
     if len(points) > MAX_GENERATION_POINTS:
         out.append(f'<p class="meta">{len(points) - MAX_GENERATION_POINTS} earlier points left out; '
                    "exp.get_generations() has them all.</p>")

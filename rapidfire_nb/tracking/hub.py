@@ -2,8 +2,8 @@
 
 Each tracker gets its own daemon thread (a slow or hung backend delays nobody else) that replays
 the event log from the start through the one reducer (``engine/state.py``) to rebuild the run
-table, and calls the tracker only for events after the last seq that tracker handled. That seq is persisted per tracker in
-``<experiment>/tracking/<name>.json`` (written atomically, after the tracker flushed), so a
+table, and calls the tracker only for events after the last seq that tracker handled. That seq
+is persisted per tracker in ``<experiment>/tracking/<name>.json`` (written atomically, after the tracker flushed), so a
 resumed experiment continues the trackers' existing runs without logging a point twice. A
 tracker that raises, at import, open or any event, warns once and is disabled; nothing it does
 reaches the training thread or the other trackers.

@@ -54,7 +54,8 @@ class TensorBoardTracker(Tracker):
 
             # On resume this opens a new event file in the same folder: TensorBoard reads
             # every file of a run folder as one run.
-            writer = SummaryWriter(log_dir=str(self.logdir / tb_run_name(self.logdir, run.run_id, run.knobs)), flush_secs=10)
+            folder = self.logdir / tb_run_name(self.logdir, run.run_id, run.knobs)
+            writer = SummaryWriter(log_dir=str(folder), flush_secs=10)
             self._writers[run.run_id] = writer
         return writer
 

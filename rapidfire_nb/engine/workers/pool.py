@@ -9,8 +9,8 @@ CPUs are shared out evenly and each worker's torch uses as many threads as it cl
 (at most ``RAPIDFIRE_WORKER_THREADS`` when that is set: ``rapidfire bench --threads`` sets it).
 
 A worker's death (a killed actor, out of memory, a lost node) shows as ``RayActorError`` on the
-chunk it was training: the Ray executor (``RemoteChunkExecutor``) then forgets what the worker held and continues its runs
-elsewhere from their last checkpoints.
+chunk it was training: the Ray executor (``RemoteChunkExecutor``) then forgets what the worker
+held and continues its runs elsewhere from their last checkpoints.
 """
 
 from __future__ import annotations
