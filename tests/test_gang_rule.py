@@ -1,4 +1,5 @@
-"""The gang rule (engine/scheduling/gangs.py): pure, property-tested, no Ray, no torch.
+"""The gang rule (engine/scheduling/gangs.py): pure, property-tested, no Ray (and no torch but in
+the last test, which drives the Ray executor's own generator with fake workers).
 
 ``Pool`` below is the Ray executor's state written out as plain mutable objects (workers, gangs,
 which worker holds which run, what is in flight), and ``dispatch_as_you_go`` is the dispatch loop
@@ -298,8 +299,10 @@ def test_a_gang_ahead_of_a_waiting_run_does_not_keep_its_workers(pool):
     gang_of.update({f.size: GangView(f.index, f.members) for f in plan.forms})
     singles_on = {a.worker for a in plan.assignments if a.worker is not None}
     for k, gang in gang_of.items():
-        waiting = [r.progress for r in ready if r.devices == k]
-        others = [r.progress for r in ready if r.devices != k]
+        # what a smaller gang took before this one was looked at is busy by then
+        taken = {a.run_id for a in plan.assignments if a.gang is not None and a.gang < k}
+        waiting = [r.progress for r in ready if r.devices == k and r.run_id not in taken]
+        others = [r.progress for r in ready if r.devices != k and r.run_id not in taken]
         ahead = bool(waiting) and bool(others) and min(waiting) > min(others)
         if ahead or not waiting:
             assert not any(a.gang == k for a in plan.assignments)
@@ -369,3 +372,72 @@ def test_nothing_to_do():
     assert plan_dispatch(view).assignments == ()
     view = DispatchView(workers=(w(0),), runs=(r(1, 0, busy=True), r(2, 0, active=False)))
     assert plan_dispatch(view).assignments == ()
+
+
+# -- the Ray executor's side, with fake workers (Ray is not imported) -------------------------
+@settings(max_examples=150, deadline=None)
+@given(pools())
+def test_the_ray_executor_forms_the_gangs_and_sends_the_runs_the_loop_did(pool):
+    """``RemoteChunkExecutor.assignments`` builds the views, forms the gangs the rule names and
+    yields its assignments; a dispatch that fails (its run fails) has it plan again. What the
+    engine's loop sends must be what the loop that decided as it dispatched sent."""
+    from types import SimpleNamespace
+
+    from rapidfire_nb.engine import runs as R
+    from rapidfire_nb.engine.executor import Flight
+    from rapidfire_nb.engine.workers.engine import RemoteChunkExecutor
+    from rapidfire_nb.engine.workers.pool import Gang as RayGang, WorkerSlot
+
+    slots = {w.index: WorkerSlot(w.index, f"w{w.index}", None, alive=w.alive,
+                                 info={"node": "n"} if w.up else {}, busy_with=w.busy_with, last=w.last)
+             for w in pool.workers}
+    order = [slots[w.index] for w in pool.workers]
+    gangs = {}
+    for g in pool.gangs.values():
+        gangs[g] = RayGang(g.index, [slots[m.index] for m in g.members], alive=g.alive,
+                           busy_with=g.busy_with, last=g.last)
+        for m in g.members:
+            slots[m.index].gang = gangs[g]
+
+    class Sent(RemoteChunkExecutor):
+        def dispatch(self, slot, rec, load_checkpoint):   # what the real one changes, no actor
+            rid = rec.run_id
+            if self.home.get(rid) is not slot:
+                self.home.pop(rid, None)
+            if rec.breaks:
+                raise OSError("unreadable checkpoint")
+            for m in getattr(slot, "members", ()):
+                m.busy_with = m.last = rid
+            slot.busy_with = slot.last = rid
+            self.home[rid] = slot
+            self.inflight[rid] = Flight(rid, slot)
+
+    ex = Sent(SimpleNamespace(live=lambda: [s for s in order if s.alive], release=lambda slot, rid: None))
+    ex.gangs = {k: gangs[g] for k, g in pool.gangs.items()}
+    ex._gang_count = pool.gang_count
+    ex.home = {rid: gangs[h] if isinstance(h, Gang) else slots[h.index] for rid, h in pool.home.items()}
+    ex.inflight = {rid: Flight(rid, None) for rid in pool.inflight}
+    records = {r.run_id: SimpleNamespace(run_id=r.run_id, progress=r.progress, breaks=r.breaks,
+                                         status=R.RUNNING if r.active else R.STOPPED,
+                                         spec=SimpleNamespace(extra={"num_gpus": r.devices}))
+               for r in pool.runs}
+    writing = {r.run_id for r in pool.runs if r.writing}
+    engine = SimpleNamespace(runs=records, boundary_hook=object() if pool.barrier else None,
+                             persistence=SimpleNamespace(writer=SimpleNamespace(pending=writing.__contains__)))
+    sent = []
+    for slot, rid in ex.assignments(engine):   # as the engine's _dispatch drives it
+        sent.append((("gang", slot.size) if isinstance(slot, RayGang) else ("worker", slot.index), rid))
+        try:
+            ex.dispatch(slot, records[rid], None)
+        except OSError:
+            ex.release(records[rid])
+            records[rid].status = R.FAILED
+
+    expected, _ = dispatch_as_you_go(pool)
+    assert sent == expected
+    assert {k: (g.index, [m.index for m in g.members]) for k, g in ex.gangs.items()} \
+        == {k: (g.index, [m.index for m in g.members]) for k, g in pool.gangs.items()}
+    assert ex._gang_count == pool.gang_count
+    for w in pool.workers:
+        assert (slots[w.index].gang and slots[w.index].gang.index) == (w.gang and w.gang.index)
+        assert slots[w.index].busy_with == w.busy_with
