@@ -117,3 +117,21 @@ def test_parking_order_is_the_schedulers_order_reversed(progress):
         order.append(rid)
         left = [v for v in left if v.run_id != rid]
     assert parking_order(views) == order[::-1]
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.booleans(), st.booleans()), max_size=8),
+       st.one_of(st.none(), st.integers(1, 8)))
+@settings(max_examples=300, deadline=None)
+def test_the_fair_choice_is_a_free_run_of_least_progress(runs, last):
+    """Never a busy or unschedulable run; always one of least progress among the others; the run
+    trained last only when it is alone in front."""
+    views = [RunView(i + 1, p, sched, busy) for i, (p, sched, busy) in enumerate(runs)]
+    free = [v for v in views if v.schedulable and not v.busy]
+    rid = choose_fair(views, last=last)
+    if not free:
+        assert rid is None
+        return
+    least = min(v.progress for v in free)
+    front = [v.run_id for v in free if v.progress == least]
+    assert rid in front
+    assert rid != last or front == [last]
