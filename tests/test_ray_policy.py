@@ -1,10 +1,9 @@
-"""Which run an idle worker trains next (engine/workers/policy.py): pure policy, no Ray, no torch."""
+"""Which run an idle worker trains next (engine/scheduling/workers.py): pure policy, no Ray, no torch."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapidfire_nb.engine.scheduler import RunView
-from rapidfire_nb.engine.workers.policy import LAG, choose_for_worker
+from rapidfire_nb.engine.scheduling import LAG, RunView, choose_for_worker
 
 
 def v(rid, progress, busy=False, schedulable=True):

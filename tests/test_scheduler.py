@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rapidfire_nb.engine.chunks import ChunkPlan
-from rapidfire_nb.engine.scheduler import FairScheduler, RunView
+from rapidfire_nb.engine.scheduling import RunView, choose_fair, parking_order
 from rapidfire_nb.errors import ConfigError
 
 
@@ -13,11 +13,10 @@ def simulate(num_runs, num_chunks, epochs, stops):
     progress = {r: 0 for r in range(1, num_runs + 1)}
     limit = {r: epochs[r - 1] * num_chunks for r in progress}
     stopped = set()
-    sched = FairScheduler(["cpu"])
     order, on_device = [], None
     for _ in range(10_000):
         views = [RunView(r, progress[r], r not in stopped and progress[r] < limit[r]) for r in progress]
-        choice = sched.choose(views, "cpu", on_device)
+        choice = choose_fair(views, on_device)
         if choice is None:
             return order, progress, limit, stopped
         order.append((choice, progress[choice]))
@@ -60,22 +59,20 @@ def test_runs_that_start_together_go_round_in_id_order(num_runs, num_chunks):
 
 
 def test_the_run_trained_last_goes_after_those_it_ties_with():
-    sched = FairScheduler(["cpu"])
     views = [RunView(r, 3, True) for r in (1, 2, 3)]
-    assert sched.choose(views, "cpu", last=1) == 2
-    assert sched.choose(views, "cpu", last=3) == 1
-    assert sched.choose(views[:1], "cpu", last=1) == 1   # alone, it goes on
+    assert choose_fair(views, last=1) == 2
+    assert choose_fair(views, last=3) == 1
+    assert choose_fair(views[:1], last=1) == 1   # alone, it goes on
     # a run behind the others still goes first, whichever ran last
-    assert sched.choose([RunView(1, 3, True), RunView(2, 2, True)], "cpu", last=2) == 2
+    assert choose_fair([RunView(1, 3, True), RunView(2, 2, True)], last=2) == 2
 
 
 def test_a_resumed_run_never_trains_twice_in_a_row_while_another_could():
     """Run 1 stopped after its first chunk and resumed later: it catches up alone, then the two
     alternate (not in id order any more: 2, 1 each round), never one run twice in a row."""
-    sched = FairScheduler(["cpu"])
     progress, order, last = {1: 1, 2: 4}, [], 2
     while min(progress.values()) < 8:
-        rid = sched.choose([RunView(r, p, p < 8) for r, p in progress.items()], "cpu", last=last)
+        rid = choose_fair([RunView(r, p, p < 8) for r, p in progress.items()], last=last)
         order.append(rid)
         progress[rid] += 1
         last = rid
@@ -83,11 +80,6 @@ def test_a_resumed_run_never_trains_twice_in_a_row_while_another_could():
     rest = order[3:]
     assert sorted(rest) == [1] * 4 + [2] * 4
     assert all(a != b for a, b in zip(rest, rest[1:]))
-
-
-def test_devices_required():
-    with pytest.raises(ValueError):
-        FairScheduler([])
 
 
 @settings(max_examples=200, deadline=None)
@@ -118,13 +110,28 @@ def test_too_many_chunks_is_a_clear_error():
 @settings(max_examples=200, deadline=None)
 def test_parking_order_is_the_schedulers_order_reversed(progress):
     """What to move off a full device first is what the fair policy will train last."""
-    from rapidfire_nb.engine.scheduler import parking_order
-
     views = [RunView(run_id=i + 1, progress=p, schedulable=True) for i, p in enumerate(progress)]
-    sched = FairScheduler(["cuda:0"])
     order, left = [], list(views)
     while left:   # one chunk each, in the order the scheduler picks them (nothing on the device)
-        rid = sched.choose(left, "cuda:0", last=None)
+        rid = choose_fair(left, last=None)
         order.append(rid)
         left = [v for v in left if v.run_id != rid]
     assert parking_order(views) == order[::-1]
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.booleans(), st.booleans()), max_size=8),
+       st.one_of(st.none(), st.integers(1, 8)))
+@settings(max_examples=300, deadline=None)
+def test_the_fair_choice_is_a_free_run_of_least_progress(runs, last):
+    """Never a busy or unschedulable run; always one of least progress among the others; the run
+    trained last only when it is alone in front."""
+    views = [RunView(i + 1, p, sched, busy) for i, (p, sched, busy) in enumerate(runs)]
+    free = [v for v in views if v.schedulable and not v.busy]
+    rid = choose_fair(views, last=last)
+    if not free:
+        assert rid is None
+        return
+    least = min(v.progress for v in free)
+    front = [v.run_id for v in free if v.progress == least]
+    assert rid in front
+    assert rid != last or front == [last]

@@ -1,5 +1,5 @@
 """The engine: one background thread that applies ops and trains chunks (mechanism only; policy
-lives in scheduler.py).
+lives in scheduling/).
 
 The thread loops: apply queued ops, give each free slot of the chunk executor (engine/executor.py:
 one in the kernel, one per Ray worker) the chunk its policy picks, collect the chunks that come
@@ -42,7 +42,7 @@ from rapidfire_nb.engine.residency import Residency
 from rapidfire_nb.engine.routing import LIBRARY_LOGGERS, routed_to
 from rapidfire_nb.engine.runs import RunRecord
 from rapidfire_nb.engine.runspec import RunSpec
-from rapidfire_nb.engine.scheduler import FairScheduler, RunView
+from rapidfire_nb.engine.scheduling import RunView, choose_fair
 from rapidfire_nb.engine.store import ExperimentStore
 from rapidfire_nb.engine.view import EngineView
 from rapidfire_nb.errors import RapidFireError
@@ -125,7 +125,8 @@ class Engine:
         self.events = events
         self.inputs = inputs
         self.num_chunks = inputs.num_chunks
-        self.scheduler = FairScheduler(devices)
+        if not devices:
+            raise ValueError("the engine needs at least one device")
         self.device_name = devices[0]
         self.lock = threading.RLock()
         self.runs: dict[int, RunRecord] = {}
@@ -796,8 +797,7 @@ class Engine:
         views = [RunView(r.run_id, r.progress, r.status in R.ACTIVE
                          and not (0 < r.total_steps <= r.completed_steps))
                  for r in self.runs.values()]
-        return self.scheduler.choose(views, self.device_name,
-                                     self.executor.on_device if last is None else last)
+        return choose_fair(views, self.executor.on_device if last is None else last)
 
     def _record_chunk(self, rec: RunRecord, result) -> None:
         counters = result.counters

@@ -76,8 +76,8 @@ class ChunkExecutor:
     The asynchronous seam the loop drives (under the engine lock unless said otherwise):
 
     - ``assignments(engine)`` yields ``(slot, run_id)``: which free slot should train which run's
-      next chunk (the policy of this executor: the fair scheduler on one device, workers/policy.py
-      across workers); each one is dispatched before the next is computed.
+      next chunk (the policy of this executor: the fair rule on one device, the workers' and gang
+      rules across workers: engine/scheduling/); each one is dispatched before the next is computed.
     - ``dispatch(slot, record, load_checkpoint)`` starts that chunk; it is in ``inflight`` until
       booked or dropped.
     - ``collect(timeout)`` (outside the lock) waits up to ``timeout`` for chunks in flight and

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 
 from rapidfire_nb.engine.adapters.base import RunTrainer
-from rapidfire_nb.engine.scheduler import RunView, parking_order
+from rapidfire_nb.engine.scheduling import RunView, parking_order
 
 
 class Residency:

@@ -1,6 +1,6 @@
 """Pruning policy at chunk boundaries: which runs to stop, and why. Pure Python, no torch.
 
-Like ``engine/scheduler.py`` this module only decides; the AutoML driver (``tuning/driver.py``)
+Like ``engine/scheduling/`` this module only decides; the AutoML driver (``tuning/driver.py``)
 feeds it each run's objective after every chunk and acts on its decisions (stop a run, or only
 suggest it). Rules shared by every policy here:
 

@@ -7,11 +7,12 @@ events and the state to checkpoint.
 
 - ``worker.py``  ``ChunkWorker``: the actor's body; it trains chunks with the in-kernel engine's
   own chunk executor (``LocalChunkExecutor.train_chunk``), nothing re-implemented.
-- ``policy.py``  which run an idle worker trains next (pure Python: fairness, stickiness).
 - ``pool.py``    connecting to Ray (or starting it), the actors, their deaths, and the
   replacement policy (``Replacements``).
 - ``engine.py``  ``RemoteChunkExecutor``: one slot per worker under the engine's one loop
   (engine/controller.py), starting and replacing workers through the executor's lifecycle hooks.
+
+Which run a worker or a gang of workers trains next is decided in ``engine/scheduling/`` (pure).
 
 Nothing here imports Ray at module level, and ``rapidfire_nb`` imports this package only when
 an experiment asks for workers: the single-device path never loads Ray.

@@ -36,8 +36,7 @@ from rapidfire_nb.engine import runs as R
 from rapidfire_nb.engine.executor import ChunkExecutor, ChunkResult, Flight
 from rapidfire_nb.engine.inputs import TrainingInputs
 from rapidfire_nb.engine.runs import RunRecord
-from rapidfire_nb.engine.scheduler import RunView
-from rapidfire_nb.engine.workers.policy import choose_for_worker
+from rapidfire_nb.engine.scheduling import DispatchView, GangForm, GangView, PlacedRun, WorkerView, plan_dispatch
 from rapidfire_nb.engine.sharding import devices_of
 from rapidfire_nb.engine.workers.pool import Gang, RayWorkerPool, WorkerSlot, plain, root_line
 from rapidfire_nb.engine.workers.worker import COUNTERS, pack_tensors, unpack_tensors
@@ -136,54 +135,44 @@ class RemoteChunkExecutor(ChunkExecutor):
 
     # -- dispatch -------------------------------------------------------------------------------
     def assignments(self, engine):
-        """Every idle worker gets the run the policy picks for it (workers/policy.py): first
-        only runs it may take without moving one, then moves.
-
-        Runs sharded over k devices train on the gang of k workers (one per size, formed from the
-        first k workers), when every member is idle; the policy picks among them as for one
-        worker. Its members train single-device runs too, except while a sharded run is next in
-        line (its progress is the least of the waiting runs): they are then kept free for it,
-        so the gang's runs keep pace with the others."""
+        """Every idle worker, and every gang of workers for runs sharded over several devices,
+        gets the run the gang rule (scheduling/gangs.py) picks for it; the gangs it names are
+        formed here. The rule decides over a snapshot of the workers and runs, and each of its
+        decisions is dispatched (by the engine, between two yields) before the next one counts:
+        the rule assumes each dispatch succeeds, so after one that failed the plan is recomputed
+        from the same snapshot, told of the failure, and continued where it was."""
         live = [s for s in self.pool.live() if s.info]
         writer = engine.persistence.writer
-        sharded = {r.run_id: devices_of(r.spec) for r in engine.runs.values() if devices_of(r.spec) > 1}
-        barrier = engine.boundary_hook is not None
-
-        def views(keep):
-            return [RunView(r.run_id, r.progress, r.status in R.ACTIVE and keep(r.run_id),
-                            busy=r.run_id in self.inflight or writer.pending(r.run_id))
-                    for r in engine.runs.values()]
-
-        reserved: set[int] = set()
-        for k in sorted(set(sharded.values())):
-            gang = self._gang(k, live)
-            if gang is None:
-                continue
-            # the runs waiting for this gang, and the others (single-device, other gangs)
-            waiting = [v for v in views(lambda rid, k=k: sharded.get(rid) == k) if v.schedulable and not v.busy]
-            others = [v for v in views(lambda rid, k=k: sharded.get(rid) != k) if v.schedulable and not v.busy]
-            if not waiting:
-                continue
-            ahead = bool(others) and min(v.progress for v in waiting) > min(v.progress for v in others)
-            if ahead:
-                continue   # a run behind it trains first (on the members, if it is theirs)
-            reserved.update(m.index for m in gang.members)
-            if gang.idle():
-                home = {rid: s.index for rid, s in self.home.items() if s.alive}
-                rid = choose_for_worker(views(lambda rid, k=k: sharded.get(rid) == k), gang.index, home,
-                                        gang.last, True, 1, barrier=barrier)
-                if rid is not None:
-                    yield gang, rid
-        singles = [s for s in live if s.index not in reserved]
-        for allow_move in (False, True):
-            for slot in self.pool.idle():
-                if slot.index in reserved:
-                    continue
-                home = {rid: s.index for rid, s in self.home.items() if s.alive}
-                rid = choose_for_worker(views(lambda rid: rid not in sharded), slot.index, home,
-                                        slot.last, allow_move, len(singles), barrier=barrier)
-                if rid is not None:
-                    yield slot, rid
+        kept = tuple(GangView(g.index, tuple(m.index for m in g.members),
+                              usable=g.alive and all(m.alive for m in g.members),
+                              busy=g.busy_with is not None, last=g.last)
+                     for g in self.gangs.values())
+        held = {rid: s.index for rid, s in self.home.items() if s.alive}
+        view = DispatchView(
+            workers=tuple(WorkerView(s.index, idle=s.busy_with is None, last=s.last,
+                                     gang=s.gang.index if s.gang is not None and s.gang.alive else None)
+                          for s in live),
+            gangs=kept,
+            runs=tuple(PlacedRun(r.run_id, r.progress, r.status in R.ACTIVE,
+                                 busy=r.run_id in self.inflight or writer.pending(r.run_id),
+                                 devices=devices_of(r.spec), home=held.get(r.run_id))
+                       for r in engine.runs.values()),
+            barrier=engine.boundary_hook is not None, gangs_formed=self._gang_count)
+        plan = plan_dispatch(view)
+        slots = {s.index: s for s in live}
+        for form in plan.forms:
+            self._gang(form, slots)
+        failed: set[int] = set()
+        i = 0
+        while i < len(plan.assignments):
+            a = plan.assignments[i]
+            slot = self.gangs[a.gang] if a.gang is not None else slots[a.worker]
+            yield slot, a.run_id
+            flight = self.inflight.get(a.run_id)
+            if flight is None or flight.slot is not slot:   # the dispatch failed
+                failed.add(a.run_id)
+                plan = plan_dispatch(view, failed)
+            i += 1
 
     def arrive(self, flight: Flight, reply) -> None:
         if isinstance(flight.slot, Gang):
@@ -199,19 +188,15 @@ class RemoteChunkExecutor(ChunkExecutor):
                     m.busy_with = None
         super().drop(flight)
 
-    def _gang(self, k: int, live: list) -> Gang | None:
-        """The live gang of ``k`` workers, or a new one from the first ``k`` live workers."""
-        gang = self.gangs.get(k)
-        if gang is not None and gang.alive and all(m.alive for m in gang.members):
-            return gang
-        free = [s for s in live if s.gang is None or not s.gang.alive]
-        if len(free) < k:
-            return None
+    def _gang(self, form: GangForm, slots: dict[int, WorkerSlot]) -> Gang:
+        """The gang the gang rule formed: its workers belong to it from now on, and it is the
+        gang kept for its size."""
         self._gang_count += 1
-        gang = Gang(index=-self._gang_count, members=sorted(free, key=lambda s: s.index)[:k])
+        assert form.index == -self._gang_count, "the gang rule counted the gangs formed differently"
+        gang = Gang(index=form.index, members=[slots[i] for i in form.members])
         for m in gang.members:
             m.gang = gang
-        self.gangs[k] = gang
+        self.gangs[form.size] = gang
         return gang
 
     def _form(self, gang: Gang) -> None:

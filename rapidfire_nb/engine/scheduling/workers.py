@@ -1,4 +1,5 @@
-"""Which run an idle worker trains next. Pure Python, no Ray, no torch.
+"""The workers' rule: which run an idle Ray worker (or gang) trains next. Pure Python, no Ray,
+no torch.
 
 Runs stay on the worker that holds their trainer (a swap there is as cheap as in the kernel);
 moving one costs a trainer build on the new worker and shipping its checkpoint, so it happens
@@ -7,7 +8,7 @@ only to keep the runs level:
 - Per worker, of the runs it holds, least progress first; ties go to the run it trained last
   (nothing to swap), then to the lowest id. A run whose checkpoint the kernel is still writing
   counts as busy, so the worker takes another one rather than wait for the write (the kernel's
-  rule in scheduler.py gets the same by putting the run trained last after those it ties with).
+  rule in fair.py gets the same by putting the run trained last after those it ties with).
 - New runs (and runs whose worker died) are shared out: a worker takes one while it holds fewer
   than its share, ``ceil(schedulable runs / live workers)``.
 - Across workers, progress may differ by at most ``LAG`` chunks: a worker whose own runs are further
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from rapidfire_nb.engine.scheduler import RunView
+from rapidfire_nb.engine.scheduling.fair import RunView
 
 LAG = 1
 
