@@ -24,8 +24,9 @@ from rapidfire_nb.experiment_view import ExperimentView, view_of
 PACKAGE = Path(rapidfire_nb.__file__).resolve().parent
 NOTEBOOK_LAYER = sorted([*(PACKAGE / "notebook").rglob("*.py"), *(PACKAGE / "compat").rglob("*.py")])
 
-# names that receive the Experiment in the notebook layer (parameters, attributes holding it)
-_HOLDERS = {"exp", "experiment", "exp_or_path", "_exp"}
+# names that receive the Experiment in the notebook layer (parameters, attributes holding it);
+# tensorboard.logdir_of's ``exp_or_path`` is not one: it takes anything with a ``path`` or a folder
+_HOLDERS = {"exp", "experiment", "_exp"}
 
 
 def _display_hook(name: str) -> bool:

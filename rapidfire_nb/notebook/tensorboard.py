@@ -39,7 +39,6 @@ from pathlib import Path
 
 from .._environment import frontend
 from ..errors import RapidFireError
-from ..experiment_view import view_of
 
 HOST = "127.0.0.1"
 _LOCK = threading.Lock()
@@ -335,10 +334,9 @@ def logdir_of(exp_or_path) -> Path:
     or a log folder."""
     if exp_or_path is None:
         raise RapidFireError("no experiment given: pass an Experiment or a folder")
-    if not isinstance(exp_or_path, (str, os.PathLike)):
-        path = view_of(exp_or_path).path
-        if path is not None:
-            return Path(path) / "tensorboard"
+    path = getattr(exp_or_path, "path", None)
+    if path is not None and not isinstance(exp_or_path, (str, os.PathLike)):
+        return Path(path) / "tensorboard"
     path = Path(exp_or_path)
     if (path / "tensorboard").is_dir() or (path / "events.jsonl").exists():
         return path / "tensorboard"
