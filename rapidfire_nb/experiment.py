@@ -23,6 +23,7 @@ from rapidfire_nb import _views, results, session
 from rapidfire_nb._environment import cell_number, in_kernel
 from rapidfire_nb.engine import Engine, Op, ProjectedRun, RunSpec, check_status_op, checked_run, interruptible
 from rapidfire_nb.errors import ConfigError, OpRefused, RapidFireConfigWarning, RapidFireError
+from rapidfire_nb.experiment_view import ExperimentView
 from rapidfire_nb.folder import give_back, open_read_only
 from rapidfire_nb.launch import FitCall, commit, prepare
 from rapidfire_nb.launch.arguments import check_clone, check_concurrency_flag
@@ -810,6 +811,11 @@ class Experiment:
                             outside=self.path)
 
     # -- notebook ----------------------------------------------------------------------------
+    def view(self) -> ExperimentView:
+        """A read-only view of this experiment (``rapidfire_nb.experiment_view``): what the panel,
+        the magics and the notebook controls read of it, and the ops they may ask for."""
+        return ExperimentView(self)
+
     def panel(self):
         """The live control panel widget (an anywidget)."""
         self._panel = _views.show("panel", self)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rapidfire_nb.errors import RapidFireError
+from rapidfire_nb.experiment_view import view_of
 
 _current: weakref.ref | None = None
 # every open (not ended) Experiment that holds a folder, by its folder: what a "locked" message
@@ -293,14 +294,17 @@ def _pre_run_cell(info=None) -> None:
     if chain is None or _Cells.last_end is None or time.monotonic() - _Cells.last_end > QUEUED_GAP_S:
         return
     exp = chain()
-    if exp is None or exp.ended or exp.engine is None:
+    if exp is None:
+        return
+    view = view_of(exp)
+    if view.ended or not view.fit_started:
         return
     _Cells.chain = chain   # this cell was queued: so is the next one, if it follows at once
     try:
-        if not exp.engine.busy(timeout=1.0):
+        if not view.busy(timeout=1.0):
             return
         print(f"rapidfire: this cell was queued behind run_fit (Run All), so it starts once the runs "
-              f"of {exp.name!r} are done, as after RapidFire's run_fit. Kernel > Interrupt starts it "
+              f"of {view.name!r} are done, as after RapidFire's run_fit. Kernel > Interrupt starts it "
               "now: the runs go on training and the panel steers them.", flush=True)
         if not exp.wait():
             _Cells.chain = None   # interrupted: this cell and those queued after it run now
@@ -308,4 +312,4 @@ def _pre_run_cell(info=None) -> None:
         # an interrupt outside the wait itself (while busy() takes the engine's lock) means the
         # same; IPython would print it as a failed callback and keep the later cells waiting
         _Cells.chain = None
-        print(exp._interrupted_line(), flush=True)
+        print(view.interrupted_line(), flush=True)

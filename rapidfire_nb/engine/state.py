@@ -1,6 +1,6 @@
 """The one reducer: the event log folded into a run table.
 
-Every reader of run state goes through here: crash recovery (``recovery.restore_runs``),
+Every reader of run state goes through here: crash recovery (``launch.resume.restore_runs``),
 ``get_runs_info`` / ``get_results`` / ``get_timeline``, the panel's snapshot and traceback
 requests, the trackers (``tracking/hub.py``), the CLI demo and ``rapidfire bench``. The panel's
 front end mirrors the same fold in ``js/src/state.ts``; both are checked against the same

@@ -25,9 +25,10 @@ from pathlib import Path
 from IPython.core.magic import Magics, line_magic, magics_class, no_var_expand
 
 from rapidfire_nb.errors import RapidFireError
+from rapidfire_nb.experiment_view import view_of
 from rapidfire_nb.notebook.magic_args import MagicError, parse_clone, parse_run_id, split_args
-from rapidfire_nb.notebook.status_text import (_fmt, _training_now, queued_ops_line, status_table,
-                                               worker_lines, worker_logs)
+from rapidfire_nb.notebook.status_text import (_fmt, queued_ops_line, status_table, worker_lines,
+                                               worker_logs)
 
 USAGE = """\
 %rapidfire <command> [arguments]   (acts on the kernel's current Experiment)
@@ -103,53 +104,50 @@ class RapidFireMagics(Magics):
 
     def _cmd_status(self, args):
         _no_args("status", args)
-        exp = _experiment()
-        store = getattr(exp, "store", None)
-        events_path = getattr(store, "events_path", None)
-        if getattr(exp, "engine", 0) is None and getattr(exp, "_folder", 0) is None \
-                and not getattr(exp, "read_only", True):
+        view = view_of(_experiment())
+        name = view.name
+        events_path = view.events_path
+        if view.folder_given_back:
             # a new experiment whose run_fit was refused gave its folder back: nothing was lost
-            print(f"experiment {exp.name!r} has no runs yet: its last run_fit was refused (and left "
+            print(f"experiment {name!r} has no runs yet: its last run_fit was refused (and left "
                   "no folder behind); fix the call and run it again")
             return None
-        if isinstance(events_path, Path) and not events_path.exists():
+        if events_path is not None and not events_path.exists():
             # the folder (or its log) was removed under the live Experiment: what memory holds is stale
-            where = getattr(exp, "path", events_path.parent)
-            print(f"experiment {exp.name!r}: its folder {where} no longer exists (deleted?) or lost its "
+            where = view.path if view.path is not None else events_path.parent
+            print(f"experiment {name!r}: its folder {where} no longer exists (deleted?) or lost its "
                   "events.jsonl; nothing to show or continue", file=sys.stderr)
             return None
-        table = status_table(exp)
+        table = status_table(view)
         statuses: list[str] = []
-        if getattr(exp, "events", None) is not None and hasattr(exp, "_state"):
+        if view.has_table:
             # ask the engine first, then read the table: never hold the table's lock while waiting
             # for the engine's (its loop holds that one while an AutoML hook reads the table)
-            now = _training_now(exp)
-            engine = getattr(exp, "engine", None)
-            pool = getattr(engine, "pool", None)
-            starting = getattr(pool, "n", 0) if isinstance(getattr(pool, "n", None), int) else 0
-            logs = worker_logs(exp.events.since(0))
-            lines, statuses = exp._state().read(lambda t: (
-                worker_lines(t, now, live=engine is not None and not t.get("ended"), starting=starting,
-                             logs=logs),
+            now = view.training_now(timeout=1.0)
+            live = view.fit_started
+            starting = view.workers_starting
+            logs = worker_logs(view.events.since(0))
+            lines, statuses = view.read_table(lambda t: (
+                worker_lines(t, now, live=live and not t.get("ended"), starting=starting, logs=logs),
                 [str(r.get("status")) for r in t["runs"].values()]))
             if lines:
                 print("\n".join(lines))
-        queued = queued_ops_line(exp)
+        queued = queued_ops_line(view)
         if queued:
             print(queued)
-        if statuses and getattr(exp, "engine", None) is None:
+        if statuses and not view.fit_started:
             # resume=True before run_fit: the log knows the runs (the table shows them), the
             # engine is not started
             open_ = sum(1 for st in statuses if st in ("pending", "running", "stopped"))
             counts = ", ".join(f"{statuses.count(st)} {st}" for st in dict.fromkeys(statuses))
             if open_:
-                print(f"experiment {exp.name!r} has {len(statuses)} run(s) in its log ({counts}); call "
+                print(f"experiment {name!r} has {len(statuses)} run(s) in its log ({counts}); call "
                       "exp.run_fit(...) with the original arguments to continue them")
             else:
-                print(f"experiment {exp.name!r} has {len(statuses)} run(s) in its log, none left to "
+                print(f"experiment {name!r} has {len(statuses)} run(s) in its log, none left to "
                       f"train ({counts}); exp.get_results() and exp.get_runs_info() read them")
         elif len(table) == 0:
-            print(f"experiment {exp.name!r} has no runs yet (call exp.run_fit(...))")
+            print(f"experiment {name!r} has no runs yet (call exp.run_fit(...))")
         if len(table) == 0:
             return None
         return table

@@ -36,6 +36,7 @@ import traitlets
 
 from rapidfire_nb.engine import LiveTable, get_run
 from rapidfire_nb.errors import RapidFireError
+from rapidfire_nb.experiment_view import ExperimentView, view_of
 from rapidfire_nb.notebook import _panel_protocol as proto
 
 __all__ = ["Panel", "panel_for", "bundle_path"]
@@ -78,6 +79,11 @@ SNAPSHOT_INTERVAL_S = 1.0
 REPLAY_AFTER_DISPLAY_S = (1.0, 4.0)
 
 
+def _text(value: Any) -> str:
+    """A name or a path on the wire; "" where the experiment has none."""
+    return "" if value is None else str(value)
+
+
 def bundle_path() -> Path:
     """Where the built view is expected."""
     return _BUNDLE
@@ -96,8 +102,10 @@ def _load_esm() -> str:
 class Panel(anywidget.AnyWidget):
     """Live curves, a run table and Stop / Resume / Delete / Clone-modify buttons for ``exp``.
 
-    ``exp`` needs ``name``, ``path``, ``events`` (an EventLog) and the op methods ``stop``,
-    ``resume``, ``delete``, ``clone_modify``, ``validate_clone`` and ``editable_knobs``.
+    ``exp``: an Experiment or its view (``Experiment.view()``), read through that view only;
+    or a stand-in with ``name``, ``path``, ``events`` (an EventLog) and the op methods ``stop``,
+    ``resume``, ``delete``, ``clone_modify``, ``validate_clone`` and ``editable_knobs``
+    (``rapidfire_nb.experiment_view``).
     """
 
     snapshot = traitlets.Dict().tag(sync=True)
@@ -105,14 +113,15 @@ class Panel(anywidget.AnyWidget):
     def __init__(self, exp: Any, *, push: bool = True, **kwargs: Any):
         """``push=False`` leaves out the publisher thread: the view then lives on its pulls alone,
         which is what it gets in front ends that drop background-thread messages (Colab)."""
-        events = getattr(exp, "events", None)
-        if events is None or not callable(getattr(events, "since", None)):
+        view = view_of(exp)
+        events = view.events
+        if events is None:
             raise TypeError(
                 f"Panel needs an Experiment with an event log (exp.events), got {type(exp).__name__}"
             )
         # anywidget reads `_esm` in __init__; read per instance so a bundle built after import counts.
         self._esm = _load_esm()
-        self._exp = exp
+        self._view: ExperimentView = view
         self._events = events
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -138,14 +147,14 @@ class Panel(anywidget.AnyWidget):
         last_seq, statuses = self._statuses()
         return {
             "protocol": proto.PROTOCOL_VERSION,
-            "experiment": str(getattr(self._exp, "name", "")),
-            "path": str(getattr(self._exp, "path", "")),
+            "experiment": _text(self._view.name),
+            "path": _text(self._view.path),
             "last_seq": last_seq,
             "runs": {str(k): v for k, v in statuses.items()},
             "on_device": self._on_device(),
             "queued": self._queued(),
             # opened for its results only (Experiment.open): the view turns its buttons off
-            "read_only": bool(getattr(self._exp, "read_only", False)),
+            "read_only": self._view.read_only,
         }
 
     def _queued(self) -> list[list] | None:
@@ -153,10 +162,7 @@ class Panel(anywidget.AnyWidget):
         in queue order, so a row can say "stopping…" until the run's next chunk boundary. Read
         from the engine's own op queue; None when the engine is busy holding its lock (the view
         keeps what it last had)."""
-        engine = getattr(self._exp, "engine", None)
-        if engine is None:
-            return []
-        ops = engine.queued_ops(timeout=0.2)
+        ops = self._view.queued_ops(timeout=0.2)
         if ops is None:
             return None
         return [[op.kind, op.run_id] for op in ops
@@ -165,8 +171,7 @@ class Panel(anywidget.AnyWidget):
     def _on_device(self) -> int | None:
         """The run whose adapter is on the device now (the engine's own record), so the view's
         row badges can say which run trains and which wait; None when unknown or idle."""
-        rid = getattr(getattr(self._exp, "engine", None), "on_device", None)
-        return rid if isinstance(rid, int) and not isinstance(rid, bool) else None
+        return self._view.on_device
 
     def _refresh_snapshot(self) -> None:
         with self._lock:
@@ -179,7 +184,8 @@ class Panel(anywidget.AnyWidget):
         for status in self._statuses()[1].values():
             counts[status] = counts.get(status, 0) + 1
         detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs yet"
-        return f"<rapidfire panel: {getattr(self._exp, 'name', '?')} ({detail})>"
+        name = self._view.name
+        return f"<rapidfire panel: {'?' if name is None else name} ({detail})>"
 
     def _repr_mimebundle_(self, **kwargs: Any):
         """The widget view plus a static ``text/html`` copy of the run table: front ends with a
@@ -193,7 +199,7 @@ class Panel(anywidget.AnyWidget):
                 from rapidfire_nb.report import fallback_html, snapshot
 
                 table = self._table.read(snapshot)
-                table["experiment"] = table["experiment"] or str(getattr(self._exp, "name", ""))
+                table["experiment"] = table["experiment"] or _text(self._view.name)
                 data["text/html"] = fallback_html(table)
             except Exception:   # the live view matters more than its static copy
                 log.debug("rapidfire panel: no static fallback", exc_info=True)
@@ -264,24 +270,25 @@ class Panel(anywidget.AnyWidget):
         if req.type == "traceback":
             return self._traceback(req)
         if req.type == "note":
-            self._exp.note(req.run_id, req.text)
+            self._view.note(req.run_id, req.text)
             return proto.reply(rid, True, run_id=req.run_id)
         if req.type == "editable":
-            knobs = self._exp.editable_knobs(req.run_id)
+            knobs = self._view.editable_knobs(req.run_id)
             if not isinstance(knobs, dict):
                 raise TypeError(f"editable_knobs returned {type(knobs).__name__}, not a dict")
             return proto.reply(rid, True, run_id=req.run_id, knobs=proto.to_json(knobs, max_string=proto.MAX_STRING_LEN))
         if req.op == "clone":
             if req.validate_only:
-                self._exp.validate_clone(req.run_id, dict(req.changes), warm_start=req.warm_start)
+                self._view.validate_clone(req.run_id, dict(req.changes), warm_start=req.warm_start)
                 return proto.reply(rid, True, run_id=req.run_id, validated=True)
-            new_id = self._exp.clone_modify(req.run_id, dict(req.changes), warm_start=req.warm_start)
+            new_id = self._view.clone_modify(req.run_id, dict(req.changes), warm_start=req.warm_start)
             return proto.reply(rid, True, run_id=req.run_id, new_run_id=proto.to_json(new_id))
         if req.op in ("confirm_suggestion", "ignore_suggestion"):
-            answer = self._exp.apply_suggestions if req.op == "confirm_suggestion" else self._exp.dismiss_suggestions
+            answer = (self._view.apply_suggestions if req.op == "confirm_suggestion"
+                      else self._view.dismiss_suggestions)
             answer([req.run_id])
             return proto.reply(rid, True, run_id=req.run_id, op=req.op)
-        getattr(self._exp, req.op)(req.run_id)
+        self._view.status_op(req.op, req.run_id)
         # The op is queued now: the reply carries the queue, so the row says "stopping…" at once.
         extra = {} if (queued := self._queued()) is None else {"queued": queued}
         return proto.reply(rid, True, run_id=req.run_id, op=req.op, **extra)
@@ -364,9 +371,8 @@ class _Publisher(threading.Thread):
 
     def _training(self, panel: Panel) -> bool:
         """Runs train (so a cell may be waiting on them); otherwise the view's own pull answers."""
-        engine = getattr(panel._exp, "engine", None)
         try:
-            return engine is not None and bool(engine.busy(timeout=0.2))
+            return panel._view.busy(timeout=0.2)
         except Exception:
             return False
 
@@ -451,12 +457,14 @@ _PANELS_LOCK = threading.Lock()
 def panel_for(exp: Any) -> Panel:
     """The experiment's live panel, created on first use; displaying it twice shows two views
     of one widget (both stay in sync), rather than two widgets with two publisher threads."""
+    view = view_of(exp)
+    key = view.key   # one panel per experiment, however many views of it were made
     with _PANELS_LOCK:
         try:
-            panel = _PANELS.get(exp)
+            panel = _PANELS.get(key)
         except TypeError:  # not weak-referenceable: no reuse
-            return Panel(exp)
+            return Panel(view)
         if panel is None or panel._closed or panel.comm is None:
-            panel = Panel(exp)
-            _PANELS[exp] = panel
+            panel = Panel(view)
+            _PANELS[key] = panel
         return panel

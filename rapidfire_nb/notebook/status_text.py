@@ -7,23 +7,28 @@ import json
 import math
 from typing import Any
 
+from rapidfire_nb.experiment_view import ExperimentView, view_of
+
+
 def status_table(exp, info=None):
     """The compact run table: id, status, the knobs that vary, progress, last eval loss, lineage.
 
     Rows come in the panel's default order (js/src/table.ts effectiveSort): best eval loss first
     once every live run (not deleted, not pruned) has one, the deleted and pruned ones after them;
-    in run order until then. ``info``: ``exp.get_runs_info()`` (read here when not given)."""
+    in run order until then. ``exp``: an Experiment or its view; ``info``: ``exp.get_runs_info()``
+    (read here when not given)."""
     import pandas as pd
 
+    view = view_of(exp)
     if info is None:
-        info = exp.get_runs_info()
+        info = view.get_runs_info()
     if len(info) == 0:
         return pd.DataFrame(columns=["status"])
     fixed = {"run_id", "status", "completed_steps", "total_steps", "samples_seen", "chunks_done",
              "epoch", "parent_run_id", "warm_start", "eval_loss", "error"}
     knob_cols = [c for c in info.columns if c not in fixed]
-    num_chunks = getattr(getattr(exp, "engine", None), "num_chunks", None)
-    plans = _run_plans(exp)
+    num_chunks = view.num_chunks
+    plans = _run_plans(view)
     rows = []
     for _, r in info.iterrows():
         row = {"run_id": int(r.run_id), "status": r.status}
@@ -52,16 +57,16 @@ def status_table(exp, info=None):
         err = r.error
         row["error"] = "" if not isinstance(err, str) or not err else _last_line(err)
         rows.append(row)
-    ranks = _ranking(exp)
+    ranks = _ranking(view)
     order = best_first([row["run_id"] for row in rows], ranks)
     return pd.DataFrame(rows).set_index("run_id").loc[order]
 
 
-def _ranking(exp) -> dict[int, tuple[float | None, bool]]:
+def _ranking(view: ExperimentView) -> dict[int, tuple[float | None, bool]]:
     """run_id -> (best eval loss so far, folded: deleted or pruned), from the folded run table."""
-    if getattr(exp, "events", None) is None or not hasattr(exp, "_state"):
+    if not view.has_table:
         return {}
-    return exp._state().read(lambda table: {
+    return view.read_table(lambda table: {
         run["run_id"]: (run["best"].get("eval_loss"), run["status"] == "deleted" or bool(run["pruned"]))
         for run in table["runs"].values()})
 
@@ -83,9 +88,9 @@ def best_first(run_ids: list[int], ranks: dict[int, tuple[float | None, bool]]) 
 
 def queued_ops_line(exp) -> str | None:
     """The ops accepted but not applied yet (they apply at the run's next chunk boundary), from
-    the live engine's queue; None when nothing is queued or the engine is busy."""
-    engine = getattr(exp, "engine", None)
-    ops = engine.queued_ops(timeout=1.0) if engine is not None else None
+    the live engine's queue; None when nothing is queued or the engine is busy. ``exp``: an
+    Experiment or its view."""
+    ops = view_of(exp).queued_ops(timeout=1.0)
     if ops is None:
         return None
     words = []
@@ -106,13 +111,13 @@ _PLAN_KEYS = ("completed_steps", "total_steps", "base_step", "steps_per_epoch", 
               "last_chunk", "num_chunks", "base_chunk")
 
 
-def _run_plans(exp) -> dict[int, dict]:
+def _run_plans(view: ExperimentView) -> dict[int, dict]:
     """run_id -> the counters the panel's progress is made of (its step counters, where a warm
     clone's data starts, steps per epoch, the last chunk trained), from the Experiment's folded
     run table (engine/state.py), not by rescanning the log."""
-    if getattr(exp, "events", None) is None or not hasattr(exp, "_state"):
+    if not view.has_table:
         return {}
-    return exp._state().read(lambda table: {
+    return view.read_table(lambda table: {
         run["run_id"]: {k: run.get(k) for k in _PLAN_KEYS} for run in table["runs"].values()})
 
 
@@ -269,20 +274,6 @@ def _reason_text(reason: str) -> str:
         last = f"{kind}: {last}"
     text = last.rstrip(".")
     return text if len(text) <= 100 else text[:97] + "..."
-
-
-def _training_now(exp) -> dict[str, int]:
-    """worker -> run id of the chunk in flight there, from a live Ray worker engine (else {})."""
-    engine = getattr(exp, "engine", None)
-    lock = getattr(engine, "lock", None)
-    if engine is None or lock is None or not hasattr(engine, "inflight"):
-        return {}
-    if not lock.acquire(timeout=1.0):   # the engine is busy: say what the log says
-        return {}
-    try:
-        return {f.slot.name: rid for rid, f in engine.inflight.items()}
-    finally:
-        lock.release()
 
 
 def _isna(value: Any) -> bool:

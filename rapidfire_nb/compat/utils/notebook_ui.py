@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from rapidfire_nb.errors import RapidFireError
+from rapidfire_nb.experiment_view import view_of
 
 __all__ = ["NotebookUI", "end_experiment_button"]
 
@@ -106,8 +107,7 @@ class EndButton:
             return
         self.button.disabled = True
         self.button.description = "Ending…"
-        engine = getattr(self.experiment, "engine", None)
-        training = engine is not None and engine.busy(timeout=0.2)
+        training = view_of(self.experiment).busy(timeout=0.2)
         self.label.value = ("unfinished runs stop at their next chunk boundary (resumable)…"
                             if training else "")
         self.thread = threading.Thread(target=self._end, name="rapidfire-end-button", daemon=True)
