@@ -155,23 +155,14 @@ class ExperimentView:
         """Ray worker -> the run whose chunk is in flight there; ``{}`` in the kernel's own
         engine, before ``run_fit``, or when the engine holds its lock past ``timeout``."""
         engine = self._engine()
-        # only the Ray workers' engine (engine/workers/) has chunks in flight by worker
-        lock = getattr(engine, "lock", None)
-        if engine is None or lock is None or not hasattr(engine, "inflight"):
-            return {}
-        if not lock.acquire(timeout=timeout):   # the engine is busy: the caller says what the log says
-            return {}
-        try:
-            return {f.slot.name: rid for rid, f in engine.inflight.items()}
-        finally:
-            lock.release()
+        return {} if engine is None else engine.training_now(timeout=timeout)
 
     @property
     def workers_starting(self) -> int:
         """The number of Ray workers this session's engine starts (they are still starting while
         the log names none); 0 in the kernel's own engine and before ``run_fit``."""
-        n = getattr(getattr(self._engine(), "pool", None), "n", None)
-        return n if isinstance(n, int) else 0
+        engine = self._engine()
+        return 0 if engine is None else engine.executor.worker_count
 
     def interrupted_line(self) -> str:
         """The line printed when a wait for the runs is interrupted (they go on training)."""

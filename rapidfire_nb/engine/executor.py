@@ -209,6 +209,9 @@ class ChunkExecutor:
     def close(self) -> None:
         """The engine closes, every run released: give back what ``open`` acquired."""
 
+    #: the Ray workers this executor trains on (0: none, the kernel trains itself)
+    worker_count: int = 0
+
     def training_now(self) -> dict[str, int]:
         """Under the lock: worker name -> the run whose chunk trains there, for a status line
         that names workers; {} where there are none to name (the kernel trains on its own

@@ -469,6 +469,10 @@ class RemoteChunkExecutor(ChunkExecutor):
     def close(self) -> None:
         self.pool.shutdown()
 
+    @property
+    def worker_count(self) -> int:
+        return self.pool.n
+
     def training_now(self) -> dict[str, int]:
         return {f.slot.name: rid for rid, f in self.inflight.items()}
 
