@@ -30,8 +30,9 @@ describe("panel module imports", () => {
   });
 
   it("the derived logic imports no view and no DOM helper", () => {
-    const views = ["index", "timeline", "canvaschart", "workers", "tableview", "tablehead", "tablerow", "tableops",
-      "tablefilters", "cloneview", "tracebackview", "timesplit", "generationsview", "dom"];
+    const views = ["index", "timeline", "canvaschart", "chartaxes", "chartcurves", "charthover", "chartzoom", "workers",
+      "tableview", "tablehead", "tablerow", "tableops", "tablefilters", "cloneview", "tracebackview", "timesplit",
+      "generationsview", "dom"];
     for (const m of ["table", "chartplan", "format", "palette", "generations"]) {
       expect([m, graph.get(m)!.filter((d) => views.includes(d))]).toEqual([m, []]);
     }
