@@ -495,8 +495,8 @@ const EXPERIMENT_EVENTS = new Map<string, ExperimentHandler>([
   ["worker_lost", workerLost],
 ]);
 
-// The first four may create the run (a log read from its middle still shows it); the others
-// describe a run that must exist already and invent none.
+// The first four create a run not seen before, as Python's `_run_for` does; the others only
+// describe a run that exists already and invent none.
 const RUN_EVENTS = new Map<string, RunHandler>([
   ["run_created", (state, runId, ev, result) => created(runFor(state, runId, result), ev)],
   ["run_status", (state, runId, ev, result) => status(runFor(state, runId, result), ev)],
@@ -507,6 +507,9 @@ const RUN_EVENTS = new Map<string, RunHandler>([
   ["generation", (state, runId, ev, result) => generation(state, state.runs.get(runId), ev, result)],
   ["pruning_suggested", (state, runId, ev, result) => pruningSuggested(state.runs.get(runId), ev, result)],
 ]);
+
+// The handlers, in dispatch order. Where Python's `reduce` handles a type inline (experiment,
+// experiment_end, op, note, pruning_suggested), the handler is named after the type.
 
 function experiment(state: PanelState, ev: WireEvent): void {
   if (typeof ev.name === "string") state.experiment = ev.name;
