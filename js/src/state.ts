@@ -7,7 +7,9 @@
  * after a gap until the gap is filled.
  *
  * `applyEvent` mirrors Python's one reducer, rapidfire_nb/engine/state.py (`reduce`), field for
- * field for what the view shows; the event schema is rapidfire_nb/engine/events_schema.json, as
+ * field for what the view shows, and is shaped like it: the same dispatch order and one handler
+ * per event type, named as Python's helpers are (`_chunk_done` is `chunkDone`), so a change to
+ * one side finds its counterpart on the other. The event schema is rapidfire_nb/engine/events_schema.json, as
  * trimmed for the wire by rapidfire_nb/notebook/_panel_protocol.py (`run_status.error` becomes
  * `has_error`; `run_created.config` is dropped). js/test/state_fixtures.test.ts folds the same
  * recorded logs as tests/test_state.py and compares `viewTable` with the same expected tables.
@@ -466,218 +468,237 @@ function pushPoint(
   s.t.push(t);
 }
 
+/**
+ * Fold one event into the state, as Python's `reduce` does: the events about the experiment
+ * first, then (only with a well-formed run id) the events about one run. Unknown event types
+ * come from newer engines; ignoring them keeps old views working.
+ */
 function applyEvent(state: PanelState, ev: WireEvent, result: IngestResult): void {
-  const runId = isInt(ev.run_id) ? ev.run_id : null;
-  switch (ev.type) {
-    case "experiment": {
-      if (typeof ev.name === "string") state.experiment = ev.name;
-      if (typeof ev.path === "string") state.path = ev.path;
-      state.resumed = ev.resumed === true;
-      state.ended = false;
-      break;
-    }
-    case "experiment_end":
-      state.ended = true;
-      break;
-    case "run_created": {
-      if (runId === null) return;
-      const run = runFor(state, runId, result);
-      run.created = true;
-      run.trainerType = str(ev.trainer_type) ?? run.trainerType;
-      if (ev.knobs && typeof ev.knobs === "object" && !Array.isArray(ev.knobs)) {
-        run.knobs = Object.assign(dict<unknown>(), ev.knobs as Record<string, unknown>);
-      }
-      if (ev.settings && typeof ev.settings === "object" && !Array.isArray(ev.settings)) {
-        run.settings = Object.assign(dict<unknown>(), ev.settings as Record<string, unknown>);
-      }
-      run.parent = isInt(ev.parent_run_id) ? ev.parent_run_id : null;
-      run.warmStart = ev.warm_start === true;
-      run.totalSteps = isInt(ev.total_steps) ? ev.total_steps : null;
-      run.numChunks = isInt(ev.num_chunks) ? ev.num_chunks : null;
-      const base = int(ev.base_samples_seen);
-      if (base !== null && base > run.samplesSeen) run.samplesSeen = base;
-      // A warm-started clone continues its parent's data stream from the parent's step.
-      const baseStep = int(ev.base_step);
-      if (baseStep !== null && baseStep > run.completedSteps) run.completedSteps = baseStep;
-      run.baseStep = baseStep !== null && baseStep > 0 ? baseStep : 0;
-      run.baseChunk = int(ev.base_chunk);
-      const spe = int(ev.steps_per_epoch);
-      run.stepsPerEpoch = spe !== null && spe > 0 ? spe : null;
-      break;
-    }
-    case "run_status": {
-      if (runId === null) return;
-      const run = runFor(state, runId, result);
-      const status = str(ev.status);
-      if (status && (STATUSES as string[]).includes(status)) run.status = status as RunStatus;
-      // The engine marks a run running when it first takes the device.
-      if (status === "running" && isInt(ev.seq)) run.deviceSeq = ev.seq;
-      // An error stays with the run (a deleted failed run keeps its traceback) until it trains
-      // again, as in engine/state.py.
-      if (ev.has_error === true || (typeof ev.error === "string" && ev.error.length > 0)) run.hasError = true;
-      else if (status === "pending" || status === "running") run.hasError = false;
-      run.reason = str(ev.reason);
-      run.pruned = run.status === "stopped" && ev.pruned === true;
-      break;
-    }
-    case "metric": {
-      if (runId === null) return;
-      const run = runFor(state, runId, result);
-      const split = ev.split === "eval" ? "eval" : "train";
-      const metrics = ev.metrics && typeof ev.metrics === "object" ? (ev.metrics as Record<string, unknown>) : {};
-      const step = int(ev.step);
-      const samples = int(ev.samples_seen);
-      // Wall-time axes count from the first metric logged (as the report's figures do).
-      const time = num(ev.time);
-      if (time !== null && (state.t0 === null || time < state.t0)) state.t0 = time;
-      if (step !== null && split === "train" && step > run.completedSteps) run.completedSteps = step;
-      if (samples !== null && samples > run.samplesSeen) run.samplesSeen = samples;
-      // One x axis for both charts: samples seen (engine/state.py's metric_x).
-      const x = samples;
-      const names = split === "train" ? state.trainMetrics : state.evalMetrics;
-      for (const [name, rawValue] of Object.entries(metrics)) {
-        const value = num(rawValue);
-        // A metric that is not a number at all (a string, a list) has no curve.
-        if (value === null && rawValue !== null && typeof rawValue !== "number") continue;
-        if (!names.has(name)) {
-          names.add(name);
-          result.newMetrics = true;
-        }
-        run.latest[name] = value;
-        if (value !== null) {
-          const best = has(run.best, name) ? run.best[name] : undefined;
-          const better = best === undefined || (lowerIsBetter(name) ? value < best : value > best);
-          if (better) run.best[name] = value;
-        }
-        if (x !== null) pushPoint(split === "train" ? run.train : run.eval, name, x, value, step, time);
-      }
-      break;
-    }
-    case "chunk_done": {
-      if (runId === null) return;
-      const run = runFor(state, runId, result);
-      if (isInt(ev.seq)) run.deviceSeq = ev.seq;
-      const cs = int(ev.completed_steps);
-      if (cs !== null) run.completedSteps = cs;
-      const ts = int(ev.total_steps);
-      if (ts !== null) run.totalSteps = ts;
-      const ss = int(ev.samples_seen);
-      if (ss !== null) run.samplesSeen = ss;
-      const cd = int(ev.chunks_done);
-      if (cd !== null) run.chunksDone = cd;
-      if (int(ev.epoch) !== null && int(ev.chunk) !== null) {
-        run.epoch = int(ev.epoch);
-        run.chunk = int(ev.chunk);
-      }
-      // The engine logs moved=true for a run's very first chunk too: that one started there.
-      const moved = ev.moved === true && run.worker !== null;
-      if (typeof ev.worker === "string") run.worker = ev.worker;
-      for (const [key, field] of TIME_FIELDS) {
-        const v = num(ev[field]);
-        if (v !== null && v > 0) {
-          run.time[key] += v;
-          state.time[key] += v;
-        }
-      }
-      const row = {} as TimelineRow;
-      for (const c of TIMELINE_COLUMNS) row[c] = ev[c] ?? null;
-      row.moved = moved;
-      state.timeline.push(row);
-      result.timeChanged = true;
-      break;
-    }
-    case "generation": {
-      if (runId === null) return;
-      // A generation of an unknown run invents no run; one whose texts do not answer its
-      // prompts one for one is skipped whole (engine/state.py's _generation).
-      const run = state.runs.get(runId);
-      const { texts, prompts } = ev;
-      if (!run || !strings(texts) || !strings(prompts) || texts.length !== prompts.length) return;
-      const refs = Array.isArray(ev.references) && ev.references.length === prompts.length
-        ? ev.references.map(str) : prompts.map(() => null);
-      let last = state.samplePrompts;
-      if (last === null || !sameList(last.prompts, prompts) || !sameList(last.references, refs)) {
-        last = state.samplePrompts = { prompts: [...prompts], references: refs };
-      }
-      result.changedRuns.add(runId);
-      run.generations.push({
-        epoch: int(ev.epoch), chunk: int(ev.chunk), step: int(ev.step), samples_seen: int(ev.samples_seen),
-        texts: [...texts], prompts: last.prompts, references: last.references,
-      });
-      state.generationCount++;
-      break;
-    }
-    case "op": {
-      if (runId === null) return;
-      // An op on an unknown run (refused by the controller) must not invent a run row.
-      const run = state.runs.get(runId);
-      if (!run) return;
-      result.changedRuns.add(runId);
-      run.lastOp = { op: str(ev.op) ?? "?", accepted: ev.accepted === true, reason: str(ev.reason) };
-      // Confirmed or ignored (or refused because the run ended): the question is answered.
-      if (ev.op === "confirm_suggestion" || ev.op === "ignore_suggestion") run.suggestion = null;
-      break;
-    }
-    case "note": {
-      if (runId === null) return;
-      const run = state.runs.get(runId);
-      if (!run || typeof ev.text !== "string") return;
-      result.changedRuns.add(runId);
-      run.note = ev.text || null;
-      break;
-    }
-    case "pruning_suggested": {
-      if (runId === null) return;
-      const run = state.runs.get(runId);
-      if (!run) return;
-      result.changedRuns.add(runId);
-      run.suggestion = str(ev.reason) ?? "the pruner would stop this run";
-      break;
-    }
-    case "workers": {
-      // Logged at each loop start and after replacements: the live workers; lost ones keep their row.
-      const list = Array.isArray(ev.workers) ? ev.workers : [];
-      for (const info of list) {
-        if (!info || typeof info !== "object" || typeof (info as Record<string, unknown>).worker !== "string") continue;
-        const rec = info as Record<string, unknown>;
-        const row = workerRow(state, rec.worker as string);
-        if (typeof rec.node === "string") row.node = rec.node;
-        if (typeof rec.device === "string") row.device = rec.device;
-        if (row.lost) {
-          // A resumed experiment's new pool reuses w0, w1...: listed means live again; the loss
-          // stays in lostWorkers, ended here (by log order, not by comparing clocks).
-          row.lost = false;
-          for (const loss of state.lostWorkers) {
-            if (loss.worker === row.worker && loss.until === null) loss.until = num(ev.time) ?? loss.time ?? 0;
-          }
-        }
-      }
-      break;
-    }
-    case "worker_lost": {
-      const name = str(ev.worker);
-      if (name === null) return;
-      const row = workerRow(state, name); // one that died in its constructor was never listed
-      row.lost = true;
-      const lost = ev.chunk_lost as Record<string, unknown> | null | undefined;
-      const chunkLost = lost && typeof lost === "object" && isInt(lost.run_id) && isInt(lost.epoch) && isInt(lost.chunk)
-        ? { run_id: lost.run_id, epoch: lost.epoch, chunk: lost.chunk } : null;
-      state.lostWorkers.push({
-        worker: name,
-        node: str(ev.node) || row.node,
-        reason: str(ev.reason),
-        runs: Array.isArray(ev.runs) ? ev.runs.filter(isInt) : [],
-        chunk_lost: chunkLost,
-        workers_left: isInt(ev.workers_left) ? ev.workers_left : null,
-        time: num(ev.time),
-        until: null,
-      });
-      break;
-    }
-    default:
-      // Unknown event types come from newer engines; ignoring them keeps old views working.
-      break;
+  const onExperiment = EXPERIMENT_EVENTS.get(ev.type);
+  if (onExperiment) {
+    onExperiment(state, ev, result);
+    return;
   }
+  const runId = isInt(ev.run_id) ? ev.run_id : null;
+  if (runId === null) return;
+  RUN_EVENTS.get(ev.type)?.(state, runId, ev, result);
+}
+
+type ExperimentHandler = (state: PanelState, ev: WireEvent, result: IngestResult) => void;
+type RunHandler = (state: PanelState, runId: number, ev: WireEvent, result: IngestResult) => void;
+
+// A Map, not an object literal: an event type such as "constructor" must find no handler.
+const EXPERIMENT_EVENTS = new Map<string, ExperimentHandler>([
+  ["experiment", experiment],
+  ["experiment_end", experimentEnd],
+  ["workers", workers],
+  ["worker_lost", workerLost],
+]);
+
+// The first four create a run not seen before, as Python's `_run_for` does; the others only
+// describe a run that exists already and invent none.
+const RUN_EVENTS = new Map<string, RunHandler>([
+  ["run_created", (state, runId, ev, result) => created(runFor(state, runId, result), ev)],
+  ["run_status", (state, runId, ev, result) => status(runFor(state, runId, result), ev)],
+  ["metric", (state, runId, ev, result) => metric(state, runFor(state, runId, result), ev, result)],
+  ["chunk_done", (state, runId, ev, result) => chunkDone(state, runFor(state, runId, result), ev, result)],
+  ["op", (state, runId, ev, result) => op(state.runs.get(runId), ev, result)],
+  ["note", (state, runId, ev, result) => note(state.runs.get(runId), ev, result)],
+  ["generation", (state, runId, ev, result) => generation(state, state.runs.get(runId), ev, result)],
+  ["pruning_suggested", (state, runId, ev, result) => pruningSuggested(state.runs.get(runId), ev, result)],
+]);
+
+// The handlers, in dispatch order. Where Python's `reduce` handles a type inline (experiment,
+// experiment_end, op, note, pruning_suggested), the handler is named after the type.
+
+function experiment(state: PanelState, ev: WireEvent): void {
+  if (typeof ev.name === "string") state.experiment = ev.name;
+  if (typeof ev.path === "string") state.path = ev.path;
+  state.resumed = ev.resumed === true;
+  state.ended = false;
+}
+
+function experimentEnd(state: PanelState): void {
+  state.ended = true;
+}
+
+function workers(state: PanelState, ev: WireEvent): void {
+  // Logged at each loop start and after replacements: the live workers; lost ones keep their row.
+  const list = Array.isArray(ev.workers) ? ev.workers : [];
+  for (const info of list) {
+    if (!info || typeof info !== "object" || typeof (info as Record<string, unknown>).worker !== "string") continue;
+    const rec = info as Record<string, unknown>;
+    const row = workerRow(state, rec.worker as string);
+    if (typeof rec.node === "string") row.node = rec.node;
+    if (typeof rec.device === "string") row.device = rec.device;
+    if (row.lost) {
+      // A resumed experiment's new pool reuses w0, w1...: listed means live again; the loss
+      // stays in lostWorkers, ended here (by log order, not by comparing clocks).
+      row.lost = false;
+      for (const loss of state.lostWorkers) {
+        if (loss.worker === row.worker && loss.until === null) loss.until = num(ev.time) ?? loss.time ?? 0;
+      }
+    }
+  }
+}
+
+function workerLost(state: PanelState, ev: WireEvent): void {
+  const name = str(ev.worker);
+  if (name === null) return;
+  const row = workerRow(state, name); // one that died in its constructor was never listed
+  row.lost = true;
+  const lost = ev.chunk_lost as Record<string, unknown> | null | undefined;
+  const chunkLost = lost && typeof lost === "object" && isInt(lost.run_id) && isInt(lost.epoch) && isInt(lost.chunk)
+    ? { run_id: lost.run_id, epoch: lost.epoch, chunk: lost.chunk } : null;
+  state.lostWorkers.push({
+    worker: name,
+    node: str(ev.node) || row.node,
+    reason: str(ev.reason),
+    runs: Array.isArray(ev.runs) ? ev.runs.filter(isInt) : [],
+    chunk_lost: chunkLost,
+    workers_left: isInt(ev.workers_left) ? ev.workers_left : null,
+    time: num(ev.time),
+    until: null,
+  });
+}
+
+function created(run: RunState, ev: WireEvent): void {
+  run.created = true;
+  run.trainerType = str(ev.trainer_type) ?? run.trainerType;
+  if (ev.knobs && typeof ev.knobs === "object" && !Array.isArray(ev.knobs)) {
+    run.knobs = Object.assign(dict<unknown>(), ev.knobs as Record<string, unknown>);
+  }
+  if (ev.settings && typeof ev.settings === "object" && !Array.isArray(ev.settings)) {
+    run.settings = Object.assign(dict<unknown>(), ev.settings as Record<string, unknown>);
+  }
+  run.parent = isInt(ev.parent_run_id) ? ev.parent_run_id : null;
+  run.warmStart = ev.warm_start === true;
+  run.totalSteps = isInt(ev.total_steps) ? ev.total_steps : null;
+  run.numChunks = isInt(ev.num_chunks) ? ev.num_chunks : null;
+  const base = int(ev.base_samples_seen);
+  if (base !== null && base > run.samplesSeen) run.samplesSeen = base;
+  // A warm-started clone continues its parent's data stream from the parent's step.
+  const baseStep = int(ev.base_step);
+  if (baseStep !== null && baseStep > run.completedSteps) run.completedSteps = baseStep;
+  run.baseStep = baseStep !== null && baseStep > 0 ? baseStep : 0;
+  run.baseChunk = int(ev.base_chunk);
+  const spe = int(ev.steps_per_epoch);
+  run.stepsPerEpoch = spe !== null && spe > 0 ? spe : null;
+}
+
+function status(run: RunState, ev: WireEvent): void {
+  const next = str(ev.status);
+  if (next && (STATUSES as string[]).includes(next)) run.status = next as RunStatus;
+  // The engine marks a run running when it first takes the device.
+  if (next === "running" && isInt(ev.seq)) run.deviceSeq = ev.seq;
+  // An error stays with the run (a deleted failed run keeps its traceback) until it trains
+  // again, as in engine/state.py.
+  if (ev.has_error === true || (typeof ev.error === "string" && ev.error.length > 0)) run.hasError = true;
+  else if (next === "pending" || next === "running") run.hasError = false;
+  run.reason = str(ev.reason);
+  run.pruned = run.status === "stopped" && ev.pruned === true;
+}
+
+function metric(state: PanelState, run: RunState, ev: WireEvent, result: IngestResult): void {
+  const split = ev.split === "eval" ? "eval" : "train";
+  const metrics = ev.metrics && typeof ev.metrics === "object" ? (ev.metrics as Record<string, unknown>) : {};
+  const step = int(ev.step);
+  const samples = int(ev.samples_seen);
+  // Wall-time axes count from the first metric logged (as the report's figures do).
+  const time = num(ev.time);
+  if (time !== null && (state.t0 === null || time < state.t0)) state.t0 = time;
+  if (step !== null && split === "train" && step > run.completedSteps) run.completedSteps = step;
+  if (samples !== null && samples > run.samplesSeen) run.samplesSeen = samples;
+  // One x axis for both charts: samples seen (engine/state.py's metric_x).
+  const x = samples;
+  const names = split === "train" ? state.trainMetrics : state.evalMetrics;
+  for (const [name, rawValue] of Object.entries(metrics)) {
+    const value = num(rawValue);
+    // A metric that is not a number at all (a string, a list) has no curve.
+    if (value === null && rawValue !== null && typeof rawValue !== "number") continue;
+    if (!names.has(name)) {
+      names.add(name);
+      result.newMetrics = true;
+    }
+    run.latest[name] = value;
+    if (value !== null) {
+      const best = has(run.best, name) ? run.best[name] : undefined;
+      const better = best === undefined || (lowerIsBetter(name) ? value < best : value > best);
+      if (better) run.best[name] = value;
+    }
+    if (x !== null) pushPoint(split === "train" ? run.train : run.eval, name, x, value, step, time);
+  }
+}
+
+function chunkDone(state: PanelState, run: RunState, ev: WireEvent, result: IngestResult): void {
+  if (isInt(ev.seq)) run.deviceSeq = ev.seq;
+  const cs = int(ev.completed_steps);
+  if (cs !== null) run.completedSteps = cs;
+  const ts = int(ev.total_steps);
+  if (ts !== null) run.totalSteps = ts;
+  const ss = int(ev.samples_seen);
+  if (ss !== null) run.samplesSeen = ss;
+  const cd = int(ev.chunks_done);
+  if (cd !== null) run.chunksDone = cd;
+  if (int(ev.epoch) !== null && int(ev.chunk) !== null) {
+    run.epoch = int(ev.epoch);
+    run.chunk = int(ev.chunk);
+  }
+  // The engine logs moved=true for a run's very first chunk too: that one started there.
+  const moved = ev.moved === true && run.worker !== null;
+  if (typeof ev.worker === "string") run.worker = ev.worker;
+  for (const [key, field] of TIME_FIELDS) {
+    const v = num(ev[field]);
+    if (v !== null && v > 0) {
+      run.time[key] += v;
+      state.time[key] += v;
+    }
+  }
+  const row = {} as TimelineRow;
+  for (const c of TIMELINE_COLUMNS) row[c] = ev[c] ?? null;
+  row.moved = moved;
+  state.timeline.push(row);
+  result.timeChanged = true;
+}
+
+function op(run: RunState | undefined, ev: WireEvent, result: IngestResult): void {
+  // An op on an unknown run (refused by the controller) must not invent a run row.
+  if (!run) return;
+  result.changedRuns.add(run.id);
+  run.lastOp = { op: str(ev.op) ?? "?", accepted: ev.accepted === true, reason: str(ev.reason) };
+  // Confirmed or ignored (or refused because the run ended): the question is answered.
+  if (ev.op === "confirm_suggestion" || ev.op === "ignore_suggestion") run.suggestion = null;
+}
+
+function note(run: RunState | undefined, ev: WireEvent, result: IngestResult): void {
+  if (!run || typeof ev.text !== "string") return;
+  result.changedRuns.add(run.id);
+  run.note = ev.text || null;
+}
+
+function generation(state: PanelState, run: RunState | undefined, ev: WireEvent, result: IngestResult): void {
+  // A generation of an unknown run invents no run; one whose texts do not answer its
+  // prompts one for one is skipped whole (engine/state.py's _generation).
+  const { texts, prompts } = ev;
+  if (!run || !strings(texts) || !strings(prompts) || texts.length !== prompts.length) return;
+  const refs = Array.isArray(ev.references) && ev.references.length === prompts.length
+    ? ev.references.map(str) : prompts.map(() => null);
+  let last = state.samplePrompts;
+  if (last === null || !sameList(last.prompts, prompts) || !sameList(last.references, refs)) {
+    last = state.samplePrompts = { prompts: [...prompts], references: refs };
+  }
+  result.changedRuns.add(run.id);
+  run.generations.push({
+    epoch: int(ev.epoch), chunk: int(ev.chunk), step: int(ev.step), samples_seen: int(ev.samples_seen),
+    texts: [...texts], prompts: last.prompts, references: last.references,
+  });
+  state.generationCount++;
+}
+
+function pruningSuggested(run: RunState | undefined, ev: WireEvent, result: IngestResult): void {
+  if (!run) return;
+  result.changedRuns.add(run.id);
+  run.suggestion = str(ev.reason) ?? "the pruner would stop this run";
 }
 
 function strings(v: unknown): v is string[] {

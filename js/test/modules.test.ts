@@ -20,7 +20,8 @@ describe("panel module imports", () => {
 
   it("reads the imports (a parser that finds none checks nothing)", () => {
     expect(graph.get("index")).toEqual(expect.arrayContaining(["state", "table", "chartplan", "tableview", "timesplit"]));
-    expect(graph.get("tableview")).toEqual(expect.arrayContaining(["state", "table", "format", "dom"]));
+    expect(graph.get("tableview")).toEqual(expect.arrayContaining(["state", "table", "tablerow", "dom"]));
+    expect(graph.get("tablerow")).toEqual(expect.arrayContaining(["state", "table", "format", "dom"]));
     for (const deps of graph.values()) for (const d of deps) expect(MODULES).toContain(d);
   });
 
@@ -29,7 +30,8 @@ describe("panel module imports", () => {
   });
 
   it("the derived logic imports no view and no DOM helper", () => {
-    const views = ["index", "timeline", "canvaschart", "workers", "tableview", "cloneview", "tracebackview", "timesplit",
+    const views = ["index", "timeline", "canvaschart", "chartaxes", "chartcurves", "charthover", "chartzoom", "workers",
+      "tableview", "tablehead", "tablerow", "tableops", "tablefilters", "cloneview", "tracebackview", "timesplit",
       "generationsview", "dom"];
     for (const m of ["table", "chartplan", "format", "palette", "generations"]) {
       expect([m, graph.get(m)!.filter((d) => views.includes(d))]).toEqual([m, []]);
