@@ -361,7 +361,7 @@ def test_rf_tutorial_grpo_mathreasoning(HUB, tmp_path, monkeypatch):
 # button returns at once (the cell before it waited for the runs: the notebook was run top to
 # bottom, and its experiment says ``mode="fit"``).
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent
 FIXTURES = TESTS / "fixtures" / "rapidfireai_0162"
 TENSORBOARD = FIXTURES / "rf-colab-tensorboard-tutorial.ipynb"
 TRACKIO = FIXTURES / "rf-colab-tutorial-sft-trackio.ipynb"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from rapidfire_nb.engine import state as S
 from rapidfire_nb.engine.events import EventLog, read_events
 
-FIXTURES = Path(__file__).parent / "fixtures" / "events"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "events"
 NAMES = sorted(p.name[: -len(".jsonl")] for p in FIXTURES.glob("*.jsonl"))
 SCENARIOS = {"sft_basic", "stop_resume", "clone_delete", "failed", "pruned", "suggested",
              "crash_resume", "dpo", "grpo", "ray_workers"}

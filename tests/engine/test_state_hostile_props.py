@@ -19,7 +19,7 @@ from rapidfire_nb.engine.events import ReadOnlyLog
 from rapidfire_nb.engine.state import LiveTable, check_event, fold, load_schema
 from rapidfire_nb.errors import RapidFireError
 
-FIXTURES = sorted((Path(__file__).parent / "fixtures" / "events").glob("*.jsonl"))
+FIXTURES = sorted((Path(__file__).parent.parent / "fixtures" / "events").glob("*.jsonl"))
 LOGS = {p.name: p.read_bytes() for p in FIXTURES}
 SCHEMA = load_schema()
 

@@ -32,7 +32,7 @@ from helpers import customer_support_rows, model, sft, to_chat
 from helpers import events_of as evs
 from helpers import two_chat_runs as grp
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def make_log(path: Path, n: int = 46) -> bytes:
@@ -146,7 +146,7 @@ def test_a_second_process_cannot_train_a_folder_in_use_and_a_killed_one_releases
     from rapidfire_nb.demo_data import tiny_create_model
 
     script = tmp_path / "holder.py"
-    script.write_text(HOLDER.format(tests=str(Path(__file__).parent)))
+    script.write_text(HOLDER.format(tests=str(Path(__file__).parent.parent)))
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

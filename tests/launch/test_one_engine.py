@@ -27,7 +27,7 @@ from rapidfire_nb.session import training_experiments
 
 pytestmark = pytest.mark.slow   # slow tier: several experiments training in one process
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def group(epochs: int = 3):

@@ -124,7 +124,7 @@ def test_help_lists_every_command(shell, capsys):
 
 # -- Ray workers in status (a real recorded log: tests/fixtures/events/ray_workers.jsonl) -----------
 
-RAY_LOG = Path(__file__).parent / "fixtures" / "events" / "ray_workers.jsonl"
+RAY_LOG = Path(__file__).parent.parent / "fixtures" / "events" / "ray_workers.jsonl"
 W1_LOST = ("LOST: ActorDiedError: The actor is dead because it was killed by `ray.kill`; runs 1, 2 continue "
            "on the other workers; run 1's chunk 2 (epoch 1) is trained again")
 

@@ -28,7 +28,7 @@ from tensorboard import manager  # noqa: E402
 
 from rapidfire_nb.notebook import tensorboard as tbmod  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A server that answers /data/environment as a TensorBoard on `logdir` would: what an attacker
 # runs behind a planted entry.

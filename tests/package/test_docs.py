@@ -34,7 +34,7 @@ import pytest
 
 pytestmark = pytest.mark.slow   # slow tier: builds the site and runs every offline code block
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = DOCS / "pages"
 RUNNABLE = ("python", "bash")

@@ -24,7 +24,7 @@ import pytest
 
 pytestmark = pytest.mark.slow   # slow tier: the GPU check's whole CPU dry run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "tests" / "gpu" / "run"
 SECTIONS = ("env", "exactness", "offload", "precision", "memory", "bench", "profile", "packing", "vs", "ray")
 

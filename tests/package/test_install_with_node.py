@@ -20,7 +20,7 @@ import pytest
 
 from helpers import site_dirs, source_files
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 
-PACKAGE = Path(__file__).resolve().parent.parent / "rapidfire_nb"
+PACKAGE = Path(__file__).resolve().parent.parent.parent / "rapidfire_nb"
 ENGINE = "rapidfire_nb.engine"
 FACE = PACKAGE / "engine" / "__init__.py"
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow   # slow tier: executes every tutorial notebook in
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NB_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
 # a hang guard per cell, not a speed target (those live in `rapidfire bench`)

@@ -23,7 +23,7 @@ def test_a_version_outside_the_range_is_named_with_the_range():
 
 
 def test_pyproject_states_the_same_ranges():
-    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     for dist, (low, high) in _compat.SUPPORTED.items():
         assert re.search(rf'"{dist}>={re.escape(low)},<{re.escape(high)}"', text), dist
 

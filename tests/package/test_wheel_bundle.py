@@ -25,7 +25,7 @@ import pytest
 
 from helpers import site_dirs, source_files
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 BUNDLE = ROOT / "rapidfire_nb" / "static" / "panel.js"
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from rapidfire_nb.report import (ReportError, curves_figure, fallback_html, read
                                  report_html, write_report)
 from rapidfire_nb.report import style
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 sys.path.insert(0, str(ROOT / "tests"))
 import crash_worker as W  # noqa: E402

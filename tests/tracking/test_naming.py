@@ -11,7 +11,7 @@ import pytest
 
 from rapidfire_nb.tracking.naming import folder_name, full_name, knob_value_text, short_name
 
-CASES = json.loads((Path(__file__).parent / "fixtures" / "run_names.json").read_text())
+CASES = json.loads((Path(__file__).parent.parent / "fixtures" / "run_names.json").read_text())
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])

@@ -416,7 +416,7 @@ def test_trackio_store_lives_in_the_experiment_folder(tmp_path):
     code = f"""
 import os, sys
 os.environ.pop("TRACKIO_DIR", None)
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 from pathlib import Path
 import helpers as t
 rec, hub = t.track_recorded(Path({str(exp_path)!r}), ["trackio"], name="placement")
@@ -426,7 +426,7 @@ print(len(t.trackio_points(Path({str(exp_path)!r}), 1)["train/loss"]))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRACKIO_DIR"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=str(Path(__file__).parent.parent), timeout=300)
+                         cwd=str(Path(__file__).parent.parent.parent), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == str(RECORDED_STEPS_PER_CHUNK * RECORDED_NUM_CHUNKS)
     assert (exp_path / "trackio" / "placement.db").exists()

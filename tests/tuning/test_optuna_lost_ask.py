@@ -18,7 +18,7 @@ WORKER = Path(__file__).with_name("tuning_worker.py")
 
 
 def worker(root, mode, kill_after=0):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.run([sys.executable, str(WORKER), str(root), mode, str(kill_after)],
                           capture_output=True, text=True, env=env, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -365,7 +365,7 @@ WORKER = Path(__file__).with_name("tuning_worker.py")
 
 
 def worker(root, mode, kill_after=0):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.run([sys.executable, str(WORKER), str(root), mode, str(kill_after)],
                           capture_output=True, text=True, env=env, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -511,7 +511,7 @@ def test_importing_the_package_does_not_import_optuna():
             "assert 'optuna' not in sys.modules, 'optuna imported'\n"
             "from rapidfire_nb.automl import RFOptuna\n"
             "assert 'optuna' not in sys.modules, 'optuna imported by the class alone'\n")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
