@@ -76,7 +76,7 @@ def sample(exp, label: str) -> dict:
         gc.collect()
         tensor_bytes, trainers = live_objects()
         # the boundary's reusable snapshot buffers (as many as checkpoint writes overlap, held in
-        # tests/test_boundary_audit.py) are the engine's, not a run's: left out of what must not grow
+        # tests/engine/test_boundary_audit.py) are the engine's, not a run's: left out of what must not grow
         pool = getattr(exp.engine.executor, "snapshot_pool", [])
         tensor_bytes -= sum(b.file.numel() * b.file.element_size() for _, b in pool if b.file is not None)
     return {"at": label, "tensor_bytes": tensor_bytes, "run_trainers": trainers,

@@ -422,7 +422,7 @@ def test_deleting_ten_runs_frees_their_memory_and_checkpoints(tiny_data, tmp_pat
     exp.run_fit(ops_group(LR_A), tiny_create_model, train.select(range(16)), None, num_chunks=2, seed=5)
     base = exp.engine.factory.bases[exp.engine.snapshot()[1].spec.base_key()]
     # the boundary's reusable snapshot buffers are the engine's, not a run's (as many as checkpoint
-    # writes overlapped; tests/test_boundary_audit.py bounds them): left out of what must be freed
+    # writes overlapped; tests/engine/test_boundary_audit.py bounds them): left out of what must be freed
     def pool_bytes():
         return sum(b.file.numel() for _, b in exp.engine.executor.snapshot_pool if b.file is not None)
 

@@ -4,7 +4,7 @@ A damaged log line is refused, never cuts the history short; a second process ca
 same folder; a planted pickle is refused, never run; damaged metadata is named; names with control
 characters make no folder; a resume refuses an event log emptied or deleted under runs that have
 history; a checkpoint swapped between runs, or copied from another experiment, is refused naming
-the file. (Crafted content of a folder, links and read-only disks: tests/test_hostile_folder.py.)
+the file. (Crafted content of a folder, links and read-only disks: tests/folder/test_hostile_folder.py.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A hostile experiment folder: planted models, symbolic links, crafted counters, logs and
 automl.json, a read-only disk, a log deleted while runs train, exports over other files. Each is
 refused with a reason that names the file (and line and field), or handled, and changes nothing.
-(Damaged logs, the folder lock, pickles and swapped checkpoints: tests/test_folder_safety.py.)"""
+(Damaged logs, the folder lock, pickles and swapped checkpoints: tests/folder/test_folder_safety.py.)"""
 
 from __future__ import annotations
 

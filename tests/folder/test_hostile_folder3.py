@@ -2,7 +2,7 @@
 crafted metric names, unbounded run ids, RfDb names that are paths, path-valued knobs chosen by a
 folder, and bad input that used to fail late. Each attack leaves the outside file (or the folder)
 byte-identical and is refused with a reason that names the file, the field or the knob.
-(Parts 1 and 2: tests/test_folder_safety.py, tests/test_hostile_folder.py.)"""
+(Parts 1 and 2: tests/folder/test_folder_safety.py, tests/folder/test_hostile_folder.py.)"""
 
 from __future__ import annotations
 

@@ -169,7 +169,7 @@ def hub_standins(monkeypatch, tmp_path_factory):
     def load_dataset(name, *args, split=None, keep_in_memory=None, **kwargs):
         if name not in standins:
             raise AssertionError(f"the docs load dataset {name!r}, which has no offline stand-in in "
-                                 "tests/test_docs.py: add one")
+                                 "tests/package/test_docs.py: add one")
         rows = standins[name]()
         return rows if split is not None else datasets.DatasetDict({"train": rows})
 

@@ -5,7 +5,7 @@ into a function to dodge a circle is still that circle.
 The rest of the package uses the engine through its face (``rapidfire_nb/engine/__init__.py``)
 only: the names of its ``__all__``, never a submodule. Tests may reach inside (they are white-box).
 
-Run alone: ``python -m pytest -q tests/test_layering.py`` (no torch, no TRL in this process: it
+Run alone: ``python -m pytest -q tests/package/test_layering.py`` (no torch, no TRL in this process: it
 parses files; the test that every name of the face resolves imports them in a child process).
 """
 

@@ -347,7 +347,7 @@ def test_quickstart_steers_after_the_first_chunk():
 
 
 # What the panel's buttons send, delivered through ipywidgets' comm-message path of the panel that
-# the run_fit cell displayed (the same path as tests/test_panel_protocol.py's comm test).
+# the run_fit cell displayed (the same path as tests/notebook/test_panel_protocol.py's comm test).
 _PANEL_CLICK = '''
 import time as _t
 def _click(op, run_id):

@@ -1,4 +1,4 @@
-"""Subprocess side of the RFOptuna resume test (tests/test_tuning.py).
+"""Subprocess side of the RFOptuna resume test (tests/tuning/test_tuning.py).
 
 ``python tuning_worker.py ROOT fresh|resume KILL_AFTER``: trains (or resumes) a small RFOptuna
 experiment in ROOT; with KILL_AFTER > 0 the process SIGKILLs itself once that many chunks are

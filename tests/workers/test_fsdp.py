@@ -370,7 +370,7 @@ def test_a_cold_clone_of_a_sharded_run_is_bit_identical_to_the_same_config_from_
 # -- RapidFire AI's FSDP tutorials, run as written on this module's Ray (two declared GPUs) -----
 # RapidFireAI/rapidfireai tutorial_notebooks/fine-tuning/rf-tutorial-sft-chatqa-fsdp-lite and
 # post-training/rf-tutorial-dpo-alignment-fsdp-lite with the import changed. Cut as the other
-# tutorials' ports are (tests/test_dropin_tutorials.py), for CPU time and offline use only:
+# tutorials' ports are (tests/compat/test_dropin_tutorials.py), for CPU time and offline use only:
 # dataset sizes, max_new_tokens, the hub scorers (evaluate's rouge/bleu become a word overlap)
 # and the name -> local folder lookup in create_model. Everything else, fsdp_config included, is
 # the notebooks' own. Experiment(mode="fit") with num_workers left at "auto" finds the cluster's
