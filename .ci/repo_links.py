@@ -5,7 +5,7 @@ unset`` while the project has no published home) in docs/pages/contributing.md. 
 each notebook's Colab badge and the ``REPO`` setting of its install cell (what Colab installs),
 and the README's Colab badges. Unset: no badge anywhere and ``REPO = ""``, so that an install cell
 run in Colab stops with one line saying what to set. ``python .ci/repo_links.py`` rewrites them;
-``--check`` only reports and exits 1 if any disagrees (tests/test_notebooks.py checks the same).
+``--check`` only reports and exits 1 if any disagrees (tests/package/test_notebooks.py checks the same).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Subprocess side of the crash tests (tests/test_crash_resume.py).
+"""Subprocess side of the crash tests (tests/launch/test_crash_resume.py).
 
 It trains (or resumes) a small 3-run SFT experiment and can pause inside a chosen file write, so
 the test can SIGKILL it at exactly that point. The experiment itself is defined here too

@@ -12,7 +12,7 @@
  * one side finds its counterpart on the other. The event schema is rapidfire_nb/engine/events_schema.json, as
  * trimmed for the wire by rapidfire_nb/notebook/_panel_protocol.py (`run_status.error` becomes
  * `has_error`; `run_created.config` is dropped). js/test/state_fixtures.test.ts folds the same
- * recorded logs as tests/test_state.py and compares `viewTable` with the same expected tables.
+ * recorded logs as tests/engine/test_state.py and compares `viewTable` with the same expected tables.
  * Every curve, train and eval, is plotted against samples seen (engine/state.py's x axis).
  *
  * Only the fold lives here; what the view derives from it lives beside it: ./table.ts (the run

@@ -1,7 +1,7 @@
 // One palette, one dash rule and one downsampling rule for the panel and the plotly figures:
 // src/palette.ts and src/chartplan.ts must hold what rapidfire_nb/report/palette.json says, and its LTTB must pick the
 // points the Python port picks on shared fixtures (tests/fixtures/report/downsample.json, written
-// by make_downsample.py beside it; tests/test_report.py checks that file is current).
+// by make_downsample.py beside it; tests/report/test_report.py checks that file is current).
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";

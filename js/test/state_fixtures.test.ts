@@ -1,5 +1,5 @@
 // The view's fold (src/state.ts) against the fixtures Python's reducer is tested with
-// (tests/test_state.py): the same recorded event logs, the same expected tables, and the same event
+// (tests/engine/test_state.py): the same recorded event logs, the same expected tables, and the same event
 // schema (rapidfire_nb/engine/events_schema.json). Files are read from the repository, not copied.
 import { readFileSync, readdirSync } from "node:fs";
 import { dirname, join } from "node:path";

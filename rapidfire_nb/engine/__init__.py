@@ -3,7 +3,7 @@
 Nothing in here imports the notebook or tracking layers; they read the event log.
 
 This module is the engine's face: the rest of the package imports the names below from here, and
-only those (tests/test_layering.py checks it); the submodules behind them are the engine's own.
+only those (tests/package/test_layering.py checks it); the submodules behind them are the engine's own.
 """
 
 import importlib

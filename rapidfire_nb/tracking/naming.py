@@ -8,7 +8,7 @@ sentence nobody scans. The id keeps names unique; ``full_name`` has every knob, 
 titles. A name is built from
 the run's own record, so it never changes as other runs come and go, and a replayed log (a
 resumed experiment, a report made from a folder) names every run as before. The panel's
-``js/src/names.ts`` applies the same rule; ``tests/test_naming.py`` checks both on one table.
+``js/src/names.ts`` applies the same rule; ``tests/tracking/test_naming.py`` checks both on one table.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def prepare_in_one_pass(prepare, dataset, processing_class, args, packing, forma
     unexpected returns None and the caller prepares the usual way, where TRL does what it does:
     rows with different columns, a batch whose inferred types differ from the first batch's (no
     value is ever coerced into another batch's types), an error from TRL's iterable path.
-    ``tests/test_sft_prep.py`` checks rows, types and column order equal to TRL's for text,
+    ``tests/engine/test_sft_prep.py`` checks rows, types and column order equal to TRL's for text,
     conversations, prompt-completion, carried columns and truncation that drops rows. Measured on
     2 CPU cores: 32 rows 0.010 s instead of 0.022 s, 256 rows 0.032 s instead of 0.061 s, 20k rows
     2.1-2.7 s instead of 3.9-4.1 s."""

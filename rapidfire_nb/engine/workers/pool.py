@@ -60,7 +60,7 @@ def init_local_ray(ray) -> None:
     ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` sets at import): that mode is chosen for the start."""
     try:
         from ray._private import ray_constants
-    except ImportError:   # another Ray layout: the address alone (tests/test_ray_session.py checks)
+    except ImportError:   # another Ray layout: the address alone (tests/workers/test_ray_session.py checks)
         ray_constants = None
     was = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     if ray_constants is not None and was is not None:
