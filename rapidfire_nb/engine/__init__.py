@@ -38,7 +38,7 @@ _WHERE = {
     "export_run": "export",
     # Ray workers
     "check_num_workers": "workers", "resolve_num_workers": "workers",
-    "RemoteChunkExecutor": "workers.engine", "connect": "workers.pool", "init_local_ray": "workers.pool",
+    "RemoteChunkExecutor": "workers.executor", "connect": "workers.pool", "init_local_ray": "workers.pool",
     # FSDP: run_fit's up-front checks of sharded runs
     "apply_num_gpus": "sharding", "check_sharding": "sharding", "warn_unused_fsdp_config": "sharding",
     # the event log and the reducer's run table

@@ -5,7 +5,7 @@ it, asynchronously: the loop ``dispatch``es a chunk to one of the executor's slo
 the chunks that finished, and ``book``s each one (counters, checkpoint, events) in its turn.
 ``LocalChunkExecutor`` is the one-slot case in this process: it holds the shared bases (through
 the trainer factory), every live ``RunTrainer`` and the residency policy, and its chunk is done
-as soon as it is collected. The Ray executor (workers/engine.py) has one slot per worker, each
+as soon as it is collected. The Ray executor (workers/executor.py) has one slot per worker, each
 holding its own bases and trainers.
 """
 

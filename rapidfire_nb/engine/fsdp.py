@@ -1,7 +1,7 @@
 """The worker's side of a gang: its process group and the sharded copy of a base (FSDP2).
 
 A gang is k Ray workers that train the chunks of sharded runs together, in lockstep (the
-controller sends the same call to every member; workers/engine.py). Each member joins one
+controller sends the same call to every member; workers/executor.py). Each member joins one
 ``torch.distributed`` process group for its life (gloo on CPUs, NCCL on GPUs, with a timeout so
 that a collective whose peer died fails instead of waiting forever) and holds, besides the plain
 bases its single-device runs train on, a separate copy of each base sharded with PyTorch's FSDP2

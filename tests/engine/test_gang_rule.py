@@ -385,7 +385,7 @@ def test_the_ray_executor_forms_the_gangs_and_sends_the_runs_the_loop_did(pool):
 
     from rapidfire_nb.engine import runs as R
     from rapidfire_nb.engine.executor import Flight
-    from rapidfire_nb.engine.workers.engine import RemoteChunkExecutor
+    from rapidfire_nb.engine.workers.executor import RemoteChunkExecutor
     from rapidfire_nb.engine.workers.pool import Gang as RayGang, WorkerSlot
 
     slots = {w.index: WorkerSlot(w.index, f"w{w.index}", None, alive=w.alive,

@@ -112,7 +112,7 @@ def test_chunk_times_from_a_skewed_worker_clock_land_on_the_controllers():
     """A chunk's start/end are read on its worker's clock; the controller saw it dispatched at 100
     and back at 103. Same clock: untouched. A worker 60 s ahead or 5 s behind: moved by the least
     amount into the window, its duration kept."""
-    from rapidfire_nb.engine.workers.engine import on_controller_clock
+    from rapidfire_nb.engine.workers.executor import on_controller_clock
 
     assert on_controller_clock(100.5, 102.5, 100.0, 103.0) == 0.0
     for skew in (60.0, -5.0):

@@ -170,7 +170,7 @@ def kill_when_in_flight(exp, run_id, chunks_done=1):
 
 def test_four_runs_on_two_workers_end_bit_identical_to_the_kernel_engine(ray_session, data, tmp_path,
                                                                           four_ref):
-    from rapidfire_nb.engine.workers.engine import RemoteChunkExecutor
+    from rapidfire_nb.engine.workers.executor import RemoteChunkExecutor
 
     train, evald = data
     exp = Experiment("workers", experiment_path=tmp_path, num_workers=2)

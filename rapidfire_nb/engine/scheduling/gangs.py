@@ -1,6 +1,6 @@
 """The gang rule: at one dispatch, which gangs to form and which worker or gang trains which run.
 Pure Python, no Ray, no torch: it reads frozen views and returns a plan; the Ray executor
-(engine/workers/engine.py) forms the gangs it names and sends the chunks in its order.
+(engine/workers/executor.py) forms the gangs it names and sends the chunks in its order.
 
 A run sharded over k devices trains on the gang of k workers: one gang per size, kept while
 it and its members live, else formed again from the first k live workers (by index) that belong

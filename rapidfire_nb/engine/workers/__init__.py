@@ -9,7 +9,7 @@ events and the state to checkpoint.
   own chunk executor (``LocalChunkExecutor.train_chunk``), nothing re-implemented.
 - ``pool.py``    connecting to Ray (or starting it), the actors, their deaths, and the
   replacement policy (``Replacements``).
-- ``engine.py``  ``RemoteChunkExecutor``: one slot per worker under the engine's one loop
+- ``executor.py``  ``RemoteChunkExecutor``: one slot per worker under the engine's one loop
   (engine/controller.py), starting and replacing workers through the executor's lifecycle hooks.
 
 Which run a worker or a gang of workers trains next is decided in ``engine/scheduling/`` (pure).
