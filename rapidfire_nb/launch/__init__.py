@@ -70,7 +70,7 @@ def prepare(call: FitCall, *, store, events, table, name: str, stored_meta: dict
     if workers:   # Ray is imported only on this path
         from rapidfire_nb.engine import RemoteChunkExecutor
 
-        executor = RemoteChunkExecutor(workers, inputs)
+        executor = RemoteChunkExecutor.for_workers(workers, inputs)
     engine = Engine(store, events, inputs, executor=executor)
     for spec in specs:          # num_chunks vs steps per epoch, for every run, before anything
         engine.plan_run(spec)

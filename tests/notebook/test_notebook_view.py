@@ -11,7 +11,6 @@ tests/package/test_layering.py does); the others pin what the view answers.
 from __future__ import annotations
 
 import ast
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -124,19 +123,19 @@ def test_a_stand_in_reads_as_an_experiment_with_nothing_started():
 
 
 def test_the_engines_facts_come_through_checked():
-    lock = threading.Lock()
-    flight = SimpleNamespace(slot=SimpleNamespace(name="w1"))
+    asked = []
     engine = SimpleNamespace(num_chunks=4, on_device=True, busy=lambda timeout: timeout == 0.5,
-                             queued_ops=lambda timeout: None, lock=lock, inflight={3: flight},
-                             pool=SimpleNamespace(n=2))
+                             queued_ops=lambda timeout: None,
+                             training_now=lambda timeout: asked.append(timeout) or {"w1": 3},
+                             executor=SimpleNamespace(worker_count=2))
     view = view_of(SimpleNamespace(name="x", events=EventLog(None), engine=engine))
     assert view.fit_started and view.num_chunks == 4
     assert view.on_device is None                     # a bool is not a run id
     assert view.busy(timeout=0.5) is True and view.busy(timeout=0.1) is False
     assert view.queued_ops(timeout=0.1) is None       # the engine kept its lock: unknown
     assert view.training_now() == {"w1": 3} and view.workers_starting == 2
-    with lock:                                        # the engine is busy: nothing is waited for
-        assert view.training_now(timeout=0.01) == {}
+    view.training_now(timeout=0.01)                   # the caller's patience reaches the engine
+    assert asked == [1.0, 0.01]
 
 
 def test_the_view_is_read_only():

@@ -86,10 +86,14 @@ class RemoteChunkExecutor(ChunkExecutor):
 
     frees_local_memory = False   # trainers live in the workers: nothing here to collect
 
-    def __init__(self, num_workers: int, inputs: TrainingInputs):
+    @classmethod
+    def for_workers(cls, num_workers: int, inputs: TrainingInputs) -> RemoteChunkExecutor:
+        """The executor over a new pool of ``num_workers`` workers, none started yet."""
+        return cls(RayWorkerPool(num_workers, inputs))
+
+    def __init__(self, pool: RayWorkerPool):
         super().__init__()
-        self.pool = RayWorkerPool(num_workers, inputs)
-        self.replacements = self.pool.replacements
+        self.pool = pool
         self.home: dict[int, WorkerSlot] = {}     # run -> the live worker holding its trainer
         self.start: dict[int, dict] = {}          # warm clones' starting weights (shipped on arrival)
         self._boundary: dict[int, dict] = {}      # run -> weights of a chunk whose write is pending
@@ -368,6 +372,11 @@ class RemoteChunkExecutor(ChunkExecutor):
                     if any(f.slot is g for g in gone) and rid not in self.arrived]:
             del self.inflight[rid]
         return held
+
+    @property
+    def replacements(self):
+        """The pool's policy for replacing lost workers (``pool.Replacements``)."""
+        return self.pool.replacements
 
     # -- lifecycle hooks (engine/executor.py): starting, replacing and losing workers -----------
     def prepare(self, specs) -> None:
