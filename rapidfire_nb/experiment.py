@@ -561,8 +561,10 @@ class Experiment:
         self._queue("stop", run_id)
 
     def note(self, run_id: int, text: str) -> None:
-        """Attach a note to a run (at most 2000 characters; ``""`` clears it). It stays in the event log: ``get_runs_info()``'s ``note``, the panel and the report show it."""
-        results.note_run(self.events, self._state().read(lambda t: {r["run_id"] for r in t["runs"].values()}), run_id, text, writable=not (self.read_only or self._ended))
+        """Attach a note to a run (at most 2000 characters; ``""`` clears it). It stays in the
+        event log: ``get_runs_info()``'s ``note``, the panel and the report show it."""
+        known = self._state().read(lambda t: {r["run_id"] for r in t["runs"].values()})
+        results.note_run(self.events, known, run_id, text, writable=not (self.read_only or self._ended))
 
     def resume(self, run_id: int) -> None:
         """Resume a stopped run from its checkpoint.
@@ -794,8 +796,8 @@ class Experiment:
         (``report.figures.plot_figure`` lists the options: ``smoothing``, ``log_y``, ``x``,
         ``kind``); ``split="eval"`` plots eval metrics (``"loss"`` there means ``eval_loss``), and
         the default ``None`` takes the train metric of that name, else the eval one (so
-        ``plot("eval_loss")`` works); ``runs`` limits it to some run ids. It renders wherever plotly does (a saved notebook,
-        Colab, VS Code) and ``fig.write_html(...)`` / ``fig.show()`` work in scripts."""
+        ``plot("eval_loss")`` works); ``runs`` limits it to some run ids. It renders wherever
+        plotly does (a saved notebook, Colab, VS Code) and ``fig.write_html(...)`` / ``fig.show()`` work in scripts."""
         from rapidfire_nb.report import plot_figure, snapshot
 
         return plot_figure(self._state().read(snapshot), metric, split, runs, **options)

@@ -107,10 +107,10 @@ class RFOptuna(_SearchGroup):
     ``build_all_indexes`` (RapidFire 0.16.2) is accepted and has no effect here: it decides which
     RAG indexes RapidFire's evals mode builds up front, and there are none in fine-tuning.
     ``pruner_mode="suggest"`` (needs a pruner) only marks the trials the pruner would stop (see
-    ``Experiment.apply_suggestions``); a slot is refilled only once a mark is confirmed. ``reduction_factor`` (default 2): sha/hyperband
-    keep the best ``ceil(n / reduction_factor)`` trials at each rung. ``min_chunks`` (default
-    1): no trial is judged before that many rungs; sha/hyperband rungs are ``min_chunks *
-    reduction_factor**i``. The pruner ranks on the (first) ``objective``.
+    ``Experiment.apply_suggestions``); a slot is refilled only once a mark is confirmed.
+    ``reduction_factor`` (default 2): sha/hyperband keep the best ``ceil(n / reduction_factor)``
+    trials at each rung. ``min_chunks`` (default 1): no trial is judged before that many rungs;
+    sha/hyperband rungs are ``min_chunks * reduction_factor**i``. The pruner ranks on the (first) ``objective``.
 
     Example::
 

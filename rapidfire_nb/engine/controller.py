@@ -3,8 +3,9 @@ lives in scheduling/).
 
 The thread loops: apply queued ops, give each free slot of the chunk executor (engine/executor.py:
 one in the kernel, one per Ray worker) the chunk its policy picks, collect the chunks that come
-back, and hand each one's checkpoint and events to the writer (engine/persistence.py). It never touches a widget or prints: everything it has to say
-goes into the event log or the experiment's log file (engine/routing.py).
+back, and hand each one's checkpoint and events to the writer (engine/persistence.py). It never
+touches a widget or prints: everything it has to say goes into the event log or the experiment's
+log file (engine/routing.py).
 
 The rest of the package talks to it through a narrow API: ``submit`` an op, ``snapshot`` the
 run table, ``wait``, ``drain`` and ``close``; plus ``load_base``/``plan_run``/``add_run`` while

@@ -224,7 +224,8 @@ def parse_message(content: Any, buffers: Any = None) -> Request:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            raise MessageError("the note holds a lone surrogate (half of a UTF-16 pair): not valid Unicode text") from None
+            raise MessageError("the note holds a lone surrogate (half of a UTF-16 pair): not valid "
+                               "Unicode text") from None
         return Request("note", rid, run_id=run_id, text=text)
     if op != "clone":
         return Request("op", rid, run_id=run_id, op=op)

@@ -51,7 +51,8 @@ _MISSING_BUNDLE_ESM = """
 export default {
   render({ el }) {
     const box = document.createElement("div");
-    box.style.cssText = "border:1px solid #c62828;border-radius:4px;padding:8px;color:#c62828;font-family:sans-serif;font-size:13px";
+    box.style.cssText = "border:1px solid #c62828;border-radius:4px;padding:8px;color:#c62828;" +
+      "font-family:sans-serif;font-size:13px";
     const title = document.createElement("b");
     title.textContent = "rapidfire_nb: the panel's JavaScript bundle is missing";
     const text = document.createElement("div");
@@ -276,7 +277,8 @@ class Panel(anywidget.AnyWidget):
             knobs = self._view.editable_knobs(req.run_id)
             if not isinstance(knobs, dict):
                 raise TypeError(f"editable_knobs returned {type(knobs).__name__}, not a dict")
-            return proto.reply(rid, True, run_id=req.run_id, knobs=proto.to_json(knobs, max_string=proto.MAX_STRING_LEN))
+            return proto.reply(rid, True, run_id=req.run_id,
+                               knobs=proto.to_json(knobs, max_string=proto.MAX_STRING_LEN))
         if req.op == "clone":
             if req.validate_only:
                 self._view.validate_clone(req.run_id, dict(req.changes), warm_start=req.warm_start)

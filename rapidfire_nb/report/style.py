@@ -2,8 +2,8 @@
 
 The panel (``js/src/palette.ts``, ``js/src/chartplan.ts``) and these figures must draw run 7 in
 the same colour and dash, and thin a long curve the same way, so a figure and the panel read with
-one key. The numbers live in ``palette.json`` beside this file; ``js/test/palette.test.ts`` checks that those hold the same
-ones and that its LTTB picks the same points as ``lttb`` here on shared fixtures
+one key. The numbers live in ``palette.json`` beside this file; ``js/test/palette.test.ts``
+checks that those hold the same ones and that its LTTB picks the same points as ``lttb`` here on shared fixtures
 (``tests/fixtures/report/downsample.json``).
 """
 
