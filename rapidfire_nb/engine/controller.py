@@ -450,6 +450,8 @@ class Engine:
         # so that its errors show where the loop was asked for
         self.executor.open()
         with self.lock:
+            if self.closed:   # closed while the executor opened: no loop on a closed engine
+                raise RapidFireError("this experiment has ended; create a new Experiment")
             if self.thread is not None and self.thread.is_alive() and not self._leaving:
                 return
             self._leaving = False
@@ -532,8 +534,10 @@ class Engine:
         return stopped
 
     def close(self) -> None:
-        self.persistence.writer.flush()   # normally idle already: the loop flushes before it leaves
         try:
+            # normally idle already: the loop flushes before it leaves; inside the try so that an
+            # interrupt while it waits still gives the executor's resources (Ray's GPUs) back
+            self.persistence.writer.flush()
             with self.lock, self._routed_here():
                 self.closed = True
                 self._settle_writes()
@@ -843,7 +847,7 @@ class Engine:
     def _fail(self, rec: RunRecord, exc: BaseException) -> None:
         """Failure isolation: this run fails (its reason and error as its executor reads the
         exception), the others go on."""
-        reason, error = self.executor.failure(exc)
+        reason, error = self.executor.failure(exc)   # outside the lock: it only reads exc
         with self.lock:
             self._release(rec)
             if rec.status not in R.TERMINAL:

@@ -77,7 +77,8 @@ class ChunkExecutor:
 
     - ``assignments(engine)`` yields ``(slot, run_id)``: which free slot should train which run's
       next chunk (the policy of this executor: the fair rule on one device, the workers' and gang
-      rules across workers: engine/scheduling/); each one is dispatched before the next is computed.
+      rules across workers: engine/scheduling/); each one is dispatched before the next is
+      yielded, and a dispatch that fails leaves its slot free for the next.
     - ``dispatch(slot, record, load_checkpoint)`` starts that chunk; it is in ``inflight`` until
       booked or dropped.
     - ``collect(timeout)`` (outside the lock) waits up to ``timeout`` for chunks in flight and
@@ -105,9 +106,10 @@ class ChunkExecutor:
     writer saves with ``ExperimentStore.save_checkpoint``; its tensors live in a reusable host
     buffer (``safeformat.flat_snapshot``) that is not handed out again, and the run not trained
     again, until the write is done (``may_move``). Errors: any
-    exception means this run failed (the engine marks it failed with the traceback and calls
-    ``release``); other runs are not affected. Results are bit-identical whatever ran before on
-    the executor (exactness): everything a run owns is restored at its swap-in.
+    exception means this run failed (the engine marks it failed, with the reason and error text
+    ``failure`` reads from the exception, and calls ``release``); other runs are not affected.
+    Results are bit-identical whatever ran before on the executor (exactness): everything a run
+    owns is restored at its swap-in.
 
     ``release(record)`` frees a run's trainer, adapter and device memory (idempotent).
     ``live_weights(run_id)`` is the run's current trainable weights (CPU-copyable tensors) or None
@@ -174,8 +176,10 @@ class ChunkExecutor:
         executor can train these run specs (its errors show in the cell, and change nothing)."""
 
     def open(self) -> None:
-        """The caller's thread, whenever the engine starts its loop thread: acquire what trains
-        (its errors show in the caller's cell, before any run moves)."""
+        """Acquire what trains, at every ``Engine.start`` (every submitted op calls it, so it must
+        be idempotent and cheap once done): the first call is in the caller's thread, so that its
+        errors show in the caller's cell before any run moves; later ones may come from the
+        engine thread, under the lock (a boundary policy's op)."""
 
     def begin(self, engine) -> None:
         """The engine thread, outside the lock, before the first turn of each loop."""
@@ -202,7 +206,7 @@ class ChunkExecutor:
 
     def failure(self, exc: BaseException) -> tuple[str, str]:
         """How a run's failure reads: (its one-line reason, its error text), from the exception
-        that failed it."""
+        that failed it. Not necessarily under the lock: it reads the exception, nothing else."""
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return f"{type(exc).__name__}: {exc}", tb
 
@@ -288,7 +292,7 @@ class LocalChunkExecutor(ChunkExecutor):
 
     # -- the loop's seam: one slot ----------------------------------------------------------------
     def assignments(self, engine):
-        """The fair scheduler's choice, unless its last chunk's checkpoint is still being written
+        """The fair rule's choice, unless its last chunk's checkpoint is still being written
         (then nothing: the loop flushes the writer first, so the training order never depends on
         the writer's speed)."""
         if self.slot.busy_with is not None or self.inflight:

@@ -56,7 +56,7 @@ def test_a_stateful_text_formatting_func_trains_on_the_text_plain_trl_gives_it(t
     assert calls == trl_calls
     # SFTTrainer's prepared data, as the engine keeps it for its runs: (source, prepared) by a key
     # whose fifth item is TRL's dataset name
-    prepared = {key[4]: value[1] for key, value in exp.engine.factory.prep_cache.items()
+    prepared = {key[4]: value[1] for key, value in exp.engine.inputs.prep_cache.items()
                 if isinstance(key, tuple) and len(key) == 6 and len(value) == 2
                 and isinstance(value[1], datasets.Dataset)}
     assert prepared_rows(prepared["train"]) == prepared_rows(plain.train_dataset)

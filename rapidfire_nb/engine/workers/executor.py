@@ -196,7 +196,9 @@ class RemoteChunkExecutor(ChunkExecutor):
         """The gang the gang rule formed: its workers belong to it from now on, and it is the
         gang kept for its size."""
         self._gang_count += 1
-        assert form.index == -self._gang_count, "the gang rule counted the gangs formed differently"
+        if form.index != -self._gang_count:   # a bug in the rule, not in a run: say so plainly
+            raise RuntimeError(f"the gang rule numbered a new gang {form.index}, the executor "
+                               f"{-self._gang_count}")
         gang = Gang(index=form.index, members=[slots[i] for i in form.members])
         for m in gang.members:
             m.gang = gang
