@@ -175,8 +175,7 @@ def check_clone(engine, store, run_id, changes, warm_start) -> RunSpec:
     # would accept (dropping fsdp from a sharded run's clone, say, is refused, not trained sharded)
     from rapidfire_nb.engine import check_sharding
 
-    pool = getattr(engine, "pool", None)
-    check_sharding([spec], workers=pool.n if pool is not None else 0, label=f"the clone of run {run_id}")
+    check_sharding([spec], workers=engine.executor.worker_count, label=f"the clone of run {run_id}")
     loaded = engine.model_and_tokenizer(spec)
     if loaded is not None:
         check_target_modules(spec, loaded[0])
